@@ -1,0 +1,3 @@
+//! `brand pack`: turn a source of samples into a dataset (DESIGN.md §2).
+
+pub mod source;

@@ -1,0 +1,1 @@
+//! The plan: Brand's protocol and the other policies, from metadata only.
