@@ -20,7 +20,10 @@ impl Dataset {
     pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
         let dir = dir.as_ref().to_path_buf();
         if !dir.is_dir() {
-            return Err(Error::io(&dir, std::io::Error::new(std::io::ErrorKind::NotFound, "not a dataset directory")));
+            return Err(Error::io(
+                &dir,
+                std::io::Error::new(std::io::ErrorKind::NotFound, "not a dataset directory"),
+            ));
         }
         let mpath = dir.join(MANIFEST_FILE);
         let manifest = Manifest::load(&mpath)?;
@@ -31,7 +34,9 @@ impl Dataset {
     }
 
     fn check(ipath: &Path, m: &Manifest, idx: &Index) -> Result<()> {
-        let mismatch = |what: &str, a: u64, b: u64| Error::format(ipath, 0, format!("index has {a} {what}, manifest.toml says {b}"));
+        let mismatch = |what: &str, a: u64, b: u64| {
+            Error::format(ipath, 0, format!("index has {a} {what}, manifest.toml says {b}"))
+        };
         if idx.samples() != m.samples {
             return Err(mismatch("samples", idx.samples(), m.samples));
         }
@@ -39,7 +44,11 @@ impl Dataset {
             return Err(mismatch("as chunk size", idx.chunk_size() as u64, m.chunk_size as u64));
         }
         if idx.segment_count() as usize != m.segments.len() {
-            return Err(mismatch("segments", idx.segment_count() as u64, m.segments.len() as u64));
+            return Err(mismatch(
+                "segments",
+                idx.segment_count() as u64,
+                m.segments.len() as u64,
+            ));
         }
         Ok(())
     }
@@ -74,14 +83,21 @@ impl Dataset {
         }
         let crc = crc32c::crc32c(stored);
         if crc != idx.crc[i] {
-            return Err(corrupt(format!("crc32c mismatch (stored {:#010x}, computed {crc:#010x})", idx.crc[i])));
+            return Err(corrupt(format!(
+                "crc32c mismatch (stored {:#010x}, computed {crc:#010x})",
+                idx.crc[i]
+            )));
         }
         if !self.zstd() {
             return Ok(stored.to_vec());
         }
         let raw = zstd::bulk::decompress(stored, idx.raw_len[i] as usize).map_err(|e| corrupt(format!("zstd: {e}")))?;
         if raw.len() != idx.raw_len[i] as usize {
-            return Err(corrupt(format!("decompressed to {} bytes, index says {}", raw.len(), idx.raw_len[i])));
+            return Err(corrupt(format!(
+                "decompressed to {} bytes, index says {}",
+                raw.len(),
+                idx.raw_len[i]
+            )));
         }
         Ok(raw)
     }
@@ -91,7 +107,10 @@ impl Dataset {
     pub fn read_sample(&self, id: u64) -> Result<Vec<u8>> {
         use std::os::unix::fs::FileExt;
         if id >= self.index.samples() {
-            return Err(Error::config(format!("sample {id} out of range: the dataset has {}", self.index.samples())));
+            return Err(Error::config(format!(
+                "sample {id} out of range: the dataset has {}",
+                self.index.samples()
+            )));
         }
         let (segment, offset, len) = self.index.record_location(id);
         let path = self.segment_path(segment);

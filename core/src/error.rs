@@ -17,11 +17,7 @@ pub enum Error {
 
     /// A malformed file of the dataset format (manifest, index, chunk header).
     #[error("{}: at byte {offset}: {what}", path.display())]
-    Format {
-        path: PathBuf,
-        offset: u64,
-        what: String,
-    },
+    Format { path: PathBuf, offset: u64, what: String },
 
     /// A record whose bytes do not match what the index promises.
     #[error("{}: chunk {chunk} at byte {offset}, sample {sample}: {what}", segment.display())]

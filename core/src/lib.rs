@@ -7,9 +7,12 @@
 pub mod dataset;
 pub mod error;
 pub mod format;
+pub mod inspect;
 pub mod pack;
 pub mod plan;
 pub mod rng;
+pub mod synthetic;
+pub mod verify;
 
 pub use dataset::Dataset;
 pub use error::{Error, Result};

@@ -67,7 +67,9 @@ pub fn encode(chunk_id: u64, flags: u16, records: &[RecordIn<'_>]) -> Result<(Ve
     let payload: u64 = records.iter().map(|r| r.stored.len() as u64).sum();
     let chunk_len = hlen as u64 + payload;
     if chunk_len > u32::MAX as u64 {
-        return Err(format!("chunk {chunk_id} would be {chunk_len} bytes; a chunk is limited to 4 GiB"));
+        return Err(format!(
+            "chunk {chunk_id} would be {chunk_len} bytes; a chunk is limited to 4 GiB"
+        ));
     }
     let mut out = Vec::with_capacity(align_up(chunk_len) as usize);
     out.extend_from_slice(&CHUNK_MAGIC);
@@ -124,7 +126,9 @@ pub fn peek_lengths(buf: &[u8]) -> Result<(u32, u64), HeaderError> {
     }
     let version = r.u16().ok_or("truncated chunk header")?;
     if version != CHUNK_VERSION {
-        return Err(format!("unsupported chunk version {version} (this build reads {CHUNK_VERSION})"));
+        return Err(format!(
+            "unsupported chunk version {version} (this build reads {CHUNK_VERSION})"
+        ));
     }
     r.pos = 24;
     let hlen = r.u32().ok_or("truncated chunk header")?;
@@ -157,7 +161,9 @@ pub fn parse_header(buf: &[u8]) -> Result<ChunkHeader, HeaderError> {
     crc_input[CRC_FIELD].fill(0);
     let crc = crc32c::crc32c(&crc_input);
     if crc != stored_crc {
-        return Err(format!("chunk header checksum mismatch (stored {stored_crc:#010x}, computed {crc:#010x})"));
+        return Err(format!(
+            "chunk header checksum mismatch (stored {stored_crc:#010x}, computed {crc:#010x})"
+        ));
     }
     if flags & !FLAG_ZSTD != 0 {
         return Err(format!("unknown chunk flags {flags:#06x}"));
@@ -184,7 +190,9 @@ pub fn parse_header(buf: &[u8]) -> Result<ChunkHeader, HeaderError> {
         }
         expected_offset += stored_len as u64;
         if expected_offset > chunk_len {
-            return Err(format!("record {i}: ends at {expected_offset}, past the chunk end {chunk_len}"));
+            return Err(format!(
+                "record {i}: ends at {expected_offset}, past the chunk end {chunk_len}"
+            ));
         }
         let key = head
             .get(key_pos..key_pos.saturating_add(key_len))
@@ -192,7 +200,9 @@ pub fn parse_header(buf: &[u8]) -> Result<ChunkHeader, HeaderError> {
             .to_vec();
         key_pos += key_len;
         if flags & FLAG_ZSTD == 0 && raw_len != stored_len {
-            return Err(format!("record {i}: uncompressed but raw length {raw_len} != stored {stored_len}"));
+            return Err(format!(
+                "record {i}: uncompressed but raw length {raw_len} != stored {stored_len}"
+            ));
         }
         records.push(RecordEntry {
             offset,
@@ -204,10 +214,15 @@ pub fn parse_header(buf: &[u8]) -> Result<ChunkHeader, HeaderError> {
         });
     }
     if key_pos != hlen as usize {
-        return Err(format!("header has {} unexplained bytes after the keys", hlen as usize - key_pos));
+        return Err(format!(
+            "header has {} unexplained bytes after the keys",
+            hlen as usize - key_pos
+        ));
     }
     if expected_offset != chunk_len {
-        return Err(format!("records end at {expected_offset}, chunk length says {chunk_len}"));
+        return Err(format!(
+            "records end at {expected_offset}, chunk length says {chunk_len}"
+        ));
     }
     Ok(ChunkHeader {
         flags,

@@ -68,7 +68,12 @@ pub struct SampleMeta {
 impl Index {
     /// Builds and checks an index: chunk `c` must hold exactly
     /// `min(K, N - c*K)` samples, offsets aligned, records in order.
-    pub fn new(chunk_size: u32, segments: u32, chunks: Vec<ChunkLoc>, samples: Vec<SampleMeta>) -> Result<Self, String> {
+    pub fn new(
+        chunk_size: u32,
+        segments: u32,
+        chunks: Vec<ChunkLoc>,
+        samples: Vec<SampleMeta>,
+    ) -> Result<Self, String> {
         let n = samples.len();
         let mut idx = Index {
             chunk_size,
@@ -107,7 +112,10 @@ impl Index {
         }
         let want_chunks = n.div_ceil(k as u64);
         if self.chunks.len() as u64 != want_chunks {
-            return Err(format!("{} chunks for {n} samples of chunk size {k}; expected {want_chunks}", self.chunks.len()));
+            return Err(format!(
+                "{} chunks for {n} samples of chunk size {k}; expected {want_chunks}",
+                self.chunks.len()
+            ));
         }
         self.chunk_padded_len.clear();
         for (c, loc) in self.chunks.iter().enumerate() {
@@ -162,7 +170,11 @@ impl Index {
     /// `(segment, absolute byte offset, stored length)` of sample `id`.
     pub fn record_location(&self, id: u64) -> (u32, u64, u32) {
         let loc = self.chunks[self.chunk_of(id) as usize];
-        (loc.segment, loc.offset + self.rel_offset[id as usize] as u64, self.stored_len[id as usize])
+        (
+            loc.segment,
+            loc.offset + self.rel_offset[id as usize] as u64,
+            self.stored_len[id as usize],
+        )
     }
     pub fn key(&self, id: u64) -> &[u8] {
         let i = id as usize;
@@ -221,11 +233,17 @@ impl Index {
         let mut t = Reader::new(&buf[body_len..]);
         let stored_crc = t.u32().unwrap_or(0);
         if t.bytes(8) != Some(&INDEX_END[..]) {
-            return Err(bad(body_len + 4, "missing index end marker (truncated or not an index)".into()));
+            return Err(bad(
+                body_len + 4,
+                "missing index end marker (truncated or not an index)".into(),
+            ));
         }
         let crc = crc32c::crc32c(&buf[..body_len]);
         if crc != stored_crc {
-            return Err(bad(body_len, format!("index checksum mismatch (stored {stored_crc:#010x}, computed {crc:#010x})")));
+            return Err(bad(
+                body_len,
+                format!("index checksum mismatch (stored {stored_crc:#010x}, computed {crc:#010x})"),
+            ));
         }
         let mut r = Reader::new(&buf[..body_len]);
         let trunc = |r: &Reader| bad(r.pos, "truncated index".into());
@@ -234,7 +252,10 @@ impl Index {
         }
         let version = r.u32().ok_or_else(|| trunc(&r))?;
         if version != INDEX_VERSION {
-            return Err(bad(8, format!("unsupported index version {version} (this build reads {INDEX_VERSION})")));
+            return Err(bad(
+                8,
+                format!("unsupported index version {version} (this build reads {INDEX_VERSION})"),
+            ));
         }
         let chunk_size = r.u32().ok_or_else(|| trunc(&r))?;
         let n = r.u64().ok_or_else(|| trunc(&r))?;
@@ -245,7 +266,12 @@ impl Index {
         // Sizes come from the file: check they fit before allocating.
         let want = (HEADER as u128) + nchunks as u128 * 16 + n as u128 * 32 + keys_len as u128;
         if want != body_len as u128 {
-            return Err(bad(16, format!("header promises {want} bytes ({n} samples, {nchunks} chunks, {keys_len} key bytes), file body has {body_len}")));
+            return Err(bad(
+                16,
+                format!(
+                    "header promises {want} bytes ({n} samples, {nchunks} chunks, {keys_len} key bytes), file body has {body_len}"
+                ),
+            ));
         }
         r.pos = HEADER;
         let (n, nchunks) = (n as usize, nchunks as usize);
@@ -260,19 +286,26 @@ impl Index {
                 offset,
             });
         }
-        let mut col32 = |r: &mut Reader| -> Result<Vec<u32>> { (0..n).map(|_| r.u32().ok_or_else(|| trunc(r))).collect() };
+        let col32 = |r: &mut Reader| -> Result<Vec<u32>> { (0..n).map(|_| r.u32().ok_or_else(|| trunc(r))).collect() };
         let rel_offset = col32(&mut r)?;
         let stored_len = col32(&mut r)?;
         let raw_len = col32(&mut r)?;
         let crc = col32(&mut r)?;
-        let label = (0..n).map(|_| r.i64().ok_or_else(|| trunc(&r))).collect::<Result<Vec<_>>>()?;
-        let key_end = (0..n).map(|_| r.u64().ok_or_else(|| trunc(&r))).collect::<Result<Vec<_>>>()?;
+        let label = (0..n)
+            .map(|_| r.i64().ok_or_else(|| trunc(&r)))
+            .collect::<Result<Vec<_>>>()?;
+        let key_end = (0..n)
+            .map(|_| r.u64().ok_or_else(|| trunc(&r)))
+            .collect::<Result<Vec<_>>>()?;
         let keys_at = r.pos;
         let keys = r.bytes(keys_len as usize).ok_or_else(|| trunc(&r))?.to_vec();
         let mut prev = 0;
         for (i, &e) in key_end.iter().enumerate() {
             if e < prev || e > keys_len {
-                return Err(bad(keys_at, format!("sample {i}: key end {e} out of order or past {keys_len}")));
+                return Err(bad(
+                    keys_at,
+                    format!("sample {i}: key end {e} out of order or past {keys_len}"),
+                ));
             }
             prev = e;
         }
@@ -366,7 +399,7 @@ mod tests {
         let mut chunks = idx.chunks.clone();
         chunks[2].record_count = 2;
         let samples: Vec<SampleMeta> = (0..5)
-            .map(|i| SampleMeta {
+            .map(|_| SampleMeta {
                 rel_offset: 0,
                 stored_len: 1,
                 raw_len: 1,

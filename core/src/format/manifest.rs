@@ -77,7 +77,11 @@ impl Manifest {
             return Err(Error::format(
                 path,
                 0,
-                format!("format version {} (this build reads {})", m.format_version, super::FORMAT_VERSION),
+                format!(
+                    "format version {} (this build reads {})",
+                    m.format_version,
+                    super::FORMAT_VERSION
+                ),
             ));
         }
         Ok(m)

@@ -1,0 +1,141 @@
+//! `brand gen`: an ImageNet-like directory of synthetic samples, the embedded
+//! default data for the demo, tests and benchmarks.
+//!
+//! Sizes follow a log-normal (right-skewed, like JPEG sizes) clipped to
+//! `[min, max]`, with its location solved so the clipped mean hits the
+//! requested mean. Contents are pseudo-random, hence incompressible like
+//! real JPEG payloads. Everything is a function of the seed.
+
+use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
+
+use crate::error::{Error, IoContext, Result};
+use crate::rng::{Prng, domain};
+
+#[derive(Debug, Clone)]
+pub struct GenOptions {
+    pub samples: u64,
+    pub mean_bytes: u64,
+    pub min_bytes: u64,
+    pub max_bytes: u64,
+    pub classes: u32,
+    pub seed: u64,
+    pub force: bool,
+}
+
+impl Default for GenOptions {
+    fn default() -> Self {
+        GenOptions {
+            samples: 1000,
+            mean_bytes: 110 << 10,
+            min_bytes: 10 << 10,
+            max_bytes: 300 << 10,
+            classes: 100,
+            seed: 0,
+            force: false,
+        }
+    }
+}
+
+/// Spread of the log-normal in log space: ImageNet's JPEG sizes are roughly this skewed.
+const SIGMA: f64 = 0.6;
+
+/// A standard normal draw (Box–Muller on two 53-bit uniforms).
+fn normal(r: &mut Prng) -> f64 {
+    let u = |r: &mut Prng| ((r.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+    let (a, b) = (u(r), u(r));
+    (-2.0 * a.ln()).sqrt() * (std::f64::consts::TAU * b).cos()
+}
+
+/// The sample sizes for `opts`, deterministic in the seed.
+pub fn sizes(opts: &GenOptions) -> Result<Vec<u64>> {
+    let (lo, hi, mean) = (opts.min_bytes, opts.max_bytes, opts.mean_bytes);
+    if !(lo <= mean && mean <= hi) || hi == 0 {
+        return Err(Error::config(format!(
+            "need min ≤ mean ≤ max and max > 0 (got {lo}, {mean}, {hi} bytes)"
+        )));
+    }
+    let mut r = Prng::stream(opts.seed, &[domain::GEN, 0]);
+    let z: Vec<f64> = (0..opts.samples).map(|_| normal(&mut r)).collect();
+    let size_at = |mu: f64, z: f64| (mu + SIGMA * z).exp().clamp(lo as f64, hi as f64);
+    let mean_at = |mu: f64| z.iter().map(|&z| size_at(mu, z)).sum::<f64>() / z.len().max(1) as f64;
+    // The clipped mean is monotone in mu: bisect.
+    let (mut a, mut b) = ((lo.max(1) as f64).ln() - 4.0, (hi as f64).ln() + 4.0);
+    for _ in 0..100 {
+        let m = 0.5 * (a + b);
+        if mean_at(m) < mean as f64 { a = m } else { b = m }
+    }
+    let mu = 0.5 * (a + b);
+    Ok(z.iter().map(|&z| size_at(mu, z).round() as u64).collect())
+}
+
+/// Writes the dataset into `dir` as `dir/class-CCCC/sample-NNNNNNNN.bin`.
+/// Returns the total bytes written. Calls `progress(done, total)`.
+pub fn generate(dir: &Path, opts: &GenOptions, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<u64> {
+    if opts.samples == 0 || opts.classes == 0 {
+        return Err(Error::config("--samples and --classes must be at least 1"));
+    }
+    if dir.exists() {
+        let empty = std::fs::read_dir(dir).at(dir)?.next().is_none();
+        if !empty && !opts.force {
+            return Err(Error::config(format!(
+                "{} exists and is not empty (use --force)",
+                dir.display()
+            )));
+        }
+    }
+    let sizes = sizes(opts)?;
+    let mut r = Prng::stream(opts.seed, &[domain::GEN, 1]);
+    let classes: Vec<u32> = (0..opts.samples).map(|_| r.below(opts.classes as u64) as u32).collect();
+    for c in 0..opts.classes {
+        let d = class_dir(dir, c);
+        std::fs::create_dir_all(&d).at(&d)?;
+    }
+    let done = std::sync::atomic::AtomicU64::new(0);
+    (0..opts.samples).into_par_iter().try_for_each(|i| -> Result<()> {
+        let mut bytes = vec![0u8; sizes[i as usize] as usize];
+        let mut r = Prng::stream(opts.seed, &[domain::GEN, 2, i]);
+        for word in bytes.chunks_mut(8) {
+            let v = r.next_u64().to_le_bytes();
+            word.copy_from_slice(&v[..word.len()]);
+        }
+        let path = class_dir(dir, classes[i as usize]).join(format!("sample-{i:08}.bin"));
+        std::fs::write(&path, &bytes).at(&path)?;
+        let d = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        if d % 256 == 0 || d == opts.samples {
+            progress(d, opts.samples);
+        }
+        Ok(())
+    })?;
+    Ok(sizes.iter().sum())
+}
+
+fn class_dir(dir: &Path, class: u32) -> PathBuf {
+    dir.join(format!("class-{class:04}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_hit_the_mean_within_bounds() {
+        let opts = GenOptions {
+            samples: 5000,
+            ..Default::default()
+        };
+        let s = sizes(&opts).expect("sizes");
+        let mean = s.iter().sum::<u64>() as f64 / s.len() as f64;
+        assert!(
+            (mean - opts.mean_bytes as f64).abs() < 0.01 * opts.mean_bytes as f64,
+            "mean {mean}"
+        );
+        assert!(s.iter().all(|&x| (opts.min_bytes..=opts.max_bytes).contains(&x)));
+        // Skewed: the median sits below the mean.
+        let mut sorted = s.clone();
+        sorted.sort_unstable();
+        assert!((sorted[s.len() / 2] as f64) < mean);
+        assert_eq!(s, sizes(&opts).expect("sizes"), "deterministic");
+    }
+}
