@@ -334,8 +334,9 @@ fn bad_input_gives_a_named_error_and_no_dataset() {
     std::fs::write(t.path().join("list.txt"), "x.bin\tcat\n").expect("write");
     assert!(fails(&["pack", "--from", "list", s(&t.path().join("list.txt")), "-o", o]).contains("line 1"));
 
-    // A file that becomes unreadable after listing: a read error mid-pack
-    // names the file and leaves neither OUT nor a temp dir behind.
+    // A sample that cannot be read (a dangling symlink) is named, and
+    // neither OUT nor a temp dir is left behind. (A read failing after
+    // chunks were written is in tests/pack_atomic.rs.)
     let src = t.path().join("src");
     gen_samples(&src, 300, 6);
     let victim = src.join("class-0003");
