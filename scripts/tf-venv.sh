@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Creates (or reuses) the Python venv with the pinned TensorFlow, outside the
+# repository, and prints its path. Reuse is keyed by a stamp holding the
+# requirements, so changing the pin rebuilds it.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+req="$here/tests/python/requirements.txt"
+venv="${BRAND_VENV:-$HOME/.cache/brand/venv-py311}"
+stamp="$venv/.brand-stamp"
+want=$(cat "$req")
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$venv/bin/python" ]; then
+  echo "$venv"
+  exit 0
+fi
+echo "setting up $venv (TensorFlow and pytest; about a minute)" >&2
+rm -rf "$venv"
+mkdir -p "$(dirname "$venv")"
+python3 -m venv "$venv"
+"$venv/bin/python" -m pip install --quiet --upgrade pip uv >&2
+"$venv/bin/python" -m uv pip install --quiet --python "$venv/bin/python" -r "$req" >&2
+printf '%s' "$want" > "$stamp"
+echo "$venv"
