@@ -8,6 +8,7 @@ pub mod dataset;
 pub mod error;
 pub mod format;
 pub mod inspect;
+pub mod io;
 pub mod pack;
 pub mod plan;
 pub mod rng;

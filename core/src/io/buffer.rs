@@ -1,0 +1,126 @@
+//! Page-aligned heap buffers: what O_DIRECT reads need, and what io_uring can
+//! register as fixed buffers.
+
+use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::ptr::NonNull;
+
+use crate::format::ALIGN;
+
+/// A heap buffer aligned to [`ALIGN`], with a capacity that is a multiple of
+/// it. `len` counts the initialised bytes (the io_uring "init" mark).
+pub struct AlignedBuf {
+    ptr: NonNull<u8>,
+    cap: usize,
+    len: usize,
+}
+
+// SAFETY: AlignedBuf owns its allocation exclusively (like Vec<u8>); moving it
+// between threads moves that ownership.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: shared references only give `&[u8]` access, which is safe to share.
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    /// A zeroed buffer of at least `cap` bytes (rounded up to [`ALIGN`], at
+    /// least one block).
+    pub fn new(cap: usize) -> Self {
+        let cap = cap.max(1).div_ceil(ALIGN as usize) * ALIGN as usize;
+        let layout = Self::layout(cap);
+        // SAFETY: layout has a non-zero size.
+        let raw = unsafe { alloc_zeroed(layout) };
+        let Some(ptr) = NonNull::new(raw) else {
+            std::alloc::handle_alloc_error(layout)
+        };
+        AlignedBuf { ptr, cap, len: 0 }
+    }
+
+    fn layout(cap: usize) -> Layout {
+        // cap is a non-zero multiple of ALIGN, a power of two: always valid
+        // unless cap overflows isize, which alloc would reject anyway.
+        Layout::from_size_align(cap, ALIGN as usize).unwrap_or_else(|e| panic!("buffer of {cap} bytes: {e}"))
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Forgets the contents (keeps the allocation) so the buffer can be reused.
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: ptr is valid for cap ≥ len bytes, all initialised (zeroed at allocation).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The whole capacity, for synchronous reads into it.
+    pub fn spare_mut(&mut self) -> &mut [u8] {
+        // SAFETY: ptr is valid for cap bytes, zero-initialised at allocation, uniquely borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.cap) }
+    }
+
+    /// Marks the first `len` bytes as holding data.
+    pub fn set_len(&mut self, len: usize) {
+        assert!(len <= self.cap, "set_len {len} beyond capacity {}", self.cap);
+        self.len = len;
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with exactly this layout.
+        unsafe { dealloc(self.ptr.as_ptr(), Self::layout(self.cap)) }
+    }
+}
+
+// SAFETY: the pointer is stable for the buffer's life (never reallocated);
+// bytes_init ≤ bytes_total = the allocation's size.
+unsafe impl tokio_uring::buf::IoBuf for AlignedBuf {
+    fn stable_ptr(&self) -> *const u8 {
+        self.ptr.as_ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        self.len
+    }
+    fn bytes_total(&self) -> usize {
+        self.cap
+    }
+}
+
+// SAFETY: as above; set_init only raises the mark within the allocation, and
+// all bytes of the allocation are initialised (zeroed at allocation).
+unsafe impl tokio_uring::buf::IoBufMut for AlignedBuf {
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+    unsafe fn set_init(&mut self, pos: usize) {
+        if pos > self.len {
+            self.len = pos.min(self.cap);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligned_and_rounded() {
+        let mut b = AlignedBuf::new(5000);
+        assert_eq!(b.capacity(), 8192);
+        assert_eq!(b.spare_mut().as_ptr() as usize % ALIGN as usize, 0);
+        assert!(b.is_empty());
+        b.spare_mut()[..3].copy_from_slice(b"abc");
+        b.set_len(3);
+        assert_eq!(b.as_slice(), b"abc");
+    }
+}

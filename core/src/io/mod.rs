@@ -1,0 +1,4 @@
+//! The I/O engine: executes the plan's reads (DESIGN.md §4).
+
+pub mod buffer;
+pub mod extents;
