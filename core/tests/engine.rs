@@ -122,3 +122,14 @@ fn a_corrupt_record_is_a_named_error() {
     );
     assert!(msg.contains(&format!("at byte {offset}")), "{msg}");
 }
+
+#[test]
+fn the_probe_measures_a_finite_gap() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let ds = Arc::new(make_dataset(t.path(), 600));
+    let r = brand::io::probe::measure(ds, 16).expect("probe");
+    eprintln!("probe: {r:?}");
+    assert!(r.small_request_secs > 0.0 && r.small_request_secs < 0.1, "{r:?}");
+    assert!(r.large_bytes_per_sec > 1e6, "{r:?}");
+    assert_eq!(r.gap % 4096, 0);
+}

@@ -3,3 +3,4 @@
 pub mod buffer;
 pub mod engine;
 pub mod extents;
+pub mod probe;
