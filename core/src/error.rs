@@ -69,6 +69,41 @@ impl Error {
     pub fn config(what: impl Into<String>) -> Self {
         Error::Config(what.into())
     }
+
+    /// An equal error (io errors keep their kind and message), for errors
+    /// that must be reported again.
+    pub fn duplicate(&self) -> Self {
+        match self {
+            Error::Io { path, source } => Error::Io {
+                path: path.clone(),
+                source: std::io::Error::new(source.kind(), source.to_string()),
+            },
+            Error::Format { path, offset, what } => Error::Format {
+                path: path.clone(),
+                offset: *offset,
+                what: what.clone(),
+            },
+            Error::Corrupt {
+                segment,
+                chunk,
+                offset,
+                sample,
+                what,
+            } => Error::Corrupt {
+                segment: segment.clone(),
+                chunk: *chunk,
+                offset: *offset,
+                sample: *sample,
+                what: what.clone(),
+            },
+            Error::Input { path, position, what } => Error::Input {
+                path: path.clone(),
+                position: position.clone(),
+                what: what.clone(),
+            },
+            Error::Config(what) => Error::Config(what.clone()),
+        }
+    }
 }
 
 /// Attach a path to `std::io::Result`s.

@@ -9,10 +9,12 @@ pub mod error;
 pub mod format;
 pub mod inspect;
 pub mod io;
+pub mod loader;
 pub mod pack;
 pub mod plan;
 pub mod rng;
 pub mod synthetic;
+pub mod units;
 pub mod verify;
 
 pub use dataset::Dataset;

@@ -1,0 +1,458 @@
+//! The Loader: runs the plan, keeps the engine busy with the plan's future
+//! reads (clairvoyant prefetch, bounded by `readahead_bytes`), and hands out
+//! batches in the plan's served order (DESIGN.md §4–5).
+//!
+//! The served sequence is the plan's and nothing else: I/O timing, the read
+//! gap and the queue depth change only how fast it arrives.
+
+pub mod stats;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::dataset::Dataset;
+use crate::error::{Error, Result};
+use crate::io::engine::{Completion, Engine, EngineConfig, Job};
+use crate::io::extents::{Extent, ReadGap, extents};
+pub use stats::Metrics;
+use stats::StallLog;
+
+/// What the loader needs of a plan: reads to issue and samples to serve, in
+/// order, for this rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlanEvent {
+    Read { chunk: u64, mask: u64 },
+    Serve { position: u64, sample: u64 },
+}
+
+/// Produces the events of `epoch` for this rank, skipping the first
+/// `skip` serves (resume).
+pub type EventSource = Box<dyn FnMut(u64, u64) -> Result<Box<dyn Iterator<Item = PlanEvent> + Send>> + Send>;
+
+/// How to choose the read gap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReadGapSetting {
+    /// Read whole chunks (the paper).
+    Whole,
+    /// Read only filled records, merging gaps up to this many bytes.
+    Bytes(u64),
+    /// Measure the device once and choose.
+    Auto,
+}
+
+impl std::str::FromStr for ReadGapSetting {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "whole" => Ok(ReadGapSetting::Whole),
+            "auto" => Ok(ReadGapSetting::Auto),
+            n => crate::units::parse_bytes(n)
+                .map(ReadGapSetting::Bytes)
+                .ok_or_else(|| Error::config(format!("read gap {s:?}: expected whole, auto or a byte count"))),
+        }
+    }
+}
+
+/// Where a loader is: enough to resume it exactly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoaderState {
+    pub epoch: u64,
+    /// Samples of `epoch` already handed out by this rank.
+    pub served: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct IoConfig {
+    pub batch_size: usize,
+    /// Bytes of planned reads issued ahead of consumption; 0 reads only when
+    /// a read is needed.
+    pub readahead_bytes: u64,
+    pub queue_depth: usize,
+    pub read_gap: ReadGapSetting,
+    pub verify: bool,
+}
+
+impl Default for IoConfig {
+    fn default() -> Self {
+        IoConfig {
+            batch_size: 256,
+            readahead_bytes: 64 << 20,
+            queue_depth: 32,
+            read_gap: ReadGapSetting::Auto,
+            verify: true,
+        }
+    }
+}
+
+/// One sample of a batch: borrowed from the batch, no copies.
+#[derive(Debug, Clone, Copy)]
+pub struct SampleRef<'a> {
+    pub id: u64,
+    pub label: i64,
+    pub data: &'a [u8],
+    pub key: &'a [u8],
+}
+
+/// Samples handed out together. Owns their bytes.
+#[derive(Debug)]
+pub struct Batch {
+    pub epoch: u64,
+    ds: Arc<Dataset>,
+    ids: Vec<u64>,
+    data: Vec<Vec<u8>>,
+}
+
+impl Batch {
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+    pub fn get(&self, i: usize) -> Option<SampleRef<'_>> {
+        let id = *self.ids.get(i)?;
+        Some(SampleRef {
+            id,
+            label: self.ds.index.label[id as usize],
+            data: &self.data[i],
+            key: self.ds.index.key(id),
+        })
+    }
+    pub fn iter(&self) -> impl Iterator<Item = SampleRef<'_>> {
+        (0..self.len()).filter_map(|i| self.get(i))
+    }
+    /// Takes the sample bytes out (for interfaces that hand them on).
+    pub fn into_parts(self) -> (Vec<u64>, Vec<Vec<u8>>) {
+        (self.ids, self.data)
+    }
+}
+
+/// A planned read in the lookahead window.
+struct Planned {
+    bytes: u64,
+}
+
+pub struct Loader {
+    ds: Arc<Dataset>,
+    cfg: IoConfig,
+    gap: ReadGap,
+    engine: Engine,
+    source: EventSource,
+    epoch: u64,
+    served: u64,
+    events: Option<Box<dyn Iterator<Item = PlanEvent> + Send>>,
+    /// Events taken from the plan but not yet reached by the consumer.
+    lookahead: VecDeque<PlanEvent>,
+    /// Reads issued for events still in `lookahead`, oldest first.
+    ahead: VecDeque<Planned>,
+    ahead_bytes: u64,
+    next_tag: u64,
+    /// Samples read and not yet served.
+    resident: HashMap<u64, Vec<u8>>,
+    resident_bytes: u64,
+    /// Samples whose read is in flight.
+    pending: HashSet<u64>,
+    /// The samples of each in-flight job, by tag. Completions with a tag not
+    /// here are stale (from before a reset) and are dropped.
+    in_flight: HashMap<u64, Vec<u64>>,
+    /// A read error, reported again on every call until the loader is reset:
+    /// the sample it stopped on cannot be served.
+    failed: Option<Error>,
+    stalls: StallLog,
+    metrics: Metrics,
+}
+
+/// Most plan events held ahead of the consumer (bounds memory when a long
+/// run of serves needs no reads).
+const MAX_LOOKAHEAD_EVENTS: usize = 1 << 16;
+
+impl Loader {
+    /// Builds a loader over `ds` that starts at `state`. `source` yields the
+    /// plan's events (see [`EventSource`]).
+    pub fn new(ds: Arc<Dataset>, cfg: IoConfig, source: EventSource, state: LoaderState) -> Result<Self> {
+        if cfg.batch_size == 0 {
+            return Err(Error::config("batch size must be at least 1"));
+        }
+        let engine = Engine::start(
+            ds.clone(),
+            EngineConfig {
+                queue_depth: cfg.queue_depth,
+                direct: true,
+                verify: cfg.verify,
+            },
+        )?;
+        let gap = match cfg.read_gap {
+            ReadGapSetting::Whole => ReadGap::Whole,
+            ReadGapSetting::Bytes(b) => ReadGap::Bytes(b),
+            ReadGapSetting::Auto => ReadGap::Bytes(crate::io::probe::auto_gap(ds.clone(), cfg.queue_depth)?),
+        };
+        let metrics = Metrics {
+            read_gap: match gap {
+                ReadGap::Whole => None,
+                ReadGap::Bytes(b) => Some(b),
+            },
+            ..Default::default()
+        };
+        Ok(Loader {
+            ds,
+            cfg,
+            gap,
+            engine,
+            source,
+            epoch: state.epoch,
+            served: state.served,
+            events: None,
+            lookahead: VecDeque::new(),
+            ahead: VecDeque::new(),
+            ahead_bytes: 0,
+            next_tag: 0,
+            resident: HashMap::new(),
+            resident_bytes: 0,
+            pending: HashSet::new(),
+            in_flight: HashMap::new(),
+            failed: None,
+            stalls: StallLog::default(),
+            metrics,
+        })
+    }
+
+    pub fn dataset(&self) -> &Arc<Dataset> {
+        &self.ds
+    }
+
+    pub fn state(&self) -> LoaderState {
+        LoaderState {
+            epoch: self.epoch,
+            served: self.served,
+        }
+    }
+
+    pub fn metrics(&self) -> Metrics {
+        let mut m = self.metrics.clone();
+        self.stalls.fill(&mut m);
+        m.buffered_fallback = self.engine.buffered_fallback();
+        m
+    }
+
+    /// Jumps to the start of `epoch` (dropping anything read ahead).
+    pub fn start_epoch(&mut self, epoch: u64) -> Result<()> {
+        self.reset_to(LoaderState { epoch, served: 0 })
+    }
+
+    fn reset_to(&mut self, state: LoaderState) -> Result<()> {
+        self.drain_in_flight();
+        self.epoch = state.epoch;
+        self.served = state.served;
+        self.events = None;
+        self.lookahead.clear();
+        self.ahead.clear();
+        self.ahead_bytes = 0;
+        self.resident.clear();
+        self.resident_bytes = 0;
+        self.failed = None;
+        Ok(())
+    }
+
+    /// Waits for every in-flight read; their data is discarded.
+    fn drain_in_flight(&mut self) {
+        while !self.in_flight.is_empty() {
+            match self.engine.recv() {
+                Ok(c) => {
+                    self.in_flight.remove(&c.tag);
+                }
+                Err(_) => self.in_flight.clear(),
+            }
+        }
+        self.pending.clear();
+    }
+
+    /// The next batch of the current epoch, or `None` at its end; the call
+    /// after `None` starts the next epoch. Errors (a corrupt record, a
+    /// vanished segment) name the file and position; the loader's `state()`
+    /// stays that of the last sample handed out.
+    pub fn next_batch(&mut self) -> Result<Option<Batch>> {
+        if self.events.is_none() {
+            let events = (self.source)(self.epoch, self.served)?;
+            self.events = Some(events);
+        }
+        let mut taken: Vec<(PlanEvent, u64, Vec<u8>)> = Vec::with_capacity(self.cfg.batch_size);
+        while taken.len() < self.cfg.batch_size {
+            match self.next_sample() {
+                Ok(Some(t)) => taken.push(t),
+                Ok(None) => break,
+                Err(e) => {
+                    // All or nothing: put the batch's samples back, so state()
+                    // and a resume still count them as unserved.
+                    for (ev, id, bytes) in taken.into_iter().rev() {
+                        self.unserve(ev, id, bytes);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let (ids, data): (Vec<u64>, Vec<Vec<u8>>) = taken.into_iter().map(|(_, id, b)| (id, b)).unzip();
+        if ids.is_empty() {
+            // End of the epoch: the next call starts the next one.
+            self.epoch += 1;
+            self.served = 0;
+            self.events = None;
+            return Ok(None);
+        }
+        Ok(Some(Batch {
+            epoch: self.epoch,
+            ds: self.ds.clone(),
+            ids,
+            data,
+        }))
+    }
+
+    /// Fills the lookahead window: takes plan events and issues their reads
+    /// while the bytes read ahead stay within `readahead_bytes` (at least
+    /// one read is always allowed, so the consumer can progress).
+    fn fill_lookahead(&mut self) -> Result<()> {
+        while self.lookahead.len() < MAX_LOOKAHEAD_EVENTS {
+            let ahead_full = !self.ahead.is_empty() && self.ahead_bytes >= self.cfg.readahead_bytes;
+            if ahead_full {
+                break;
+            }
+            let Some(ev) = self.events.as_mut().and_then(|e| e.next()) else {
+                break;
+            };
+            if let PlanEvent::Read { chunk, mask } = ev {
+                let ext = extents(&self.ds.index, chunk, mask, self.gap);
+                let bytes: u64 = ext.iter().map(|e| e.len).sum();
+                for e in ext {
+                    self.submit(e)?;
+                }
+                self.ahead.push_back(Planned { bytes });
+                self.ahead_bytes += bytes;
+                self.metrics.refills += 1;
+            }
+            self.lookahead.push_back(ev);
+            if self.cfg.readahead_bytes == 0 && matches!(ev, PlanEvent::Read { .. }) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn submit(&mut self, e: Extent) -> Result<()> {
+        let ids: Vec<u64> = e.records.iter().map(|r| r.0).collect();
+        self.pending.extend(&ids);
+        self.metrics.reads_issued += 1;
+        self.next_tag += 1;
+        self.in_flight.insert(self.next_tag, ids);
+        self.engine.submit(Job {
+            tag: self.next_tag,
+            extent: e,
+        })
+    }
+
+    fn accept(&mut self, c: Completion) -> Result<()> {
+        let Some(ids) = self.in_flight.remove(&c.tag) else {
+            return Ok(());
+        };
+        for id in ids {
+            self.pending.remove(&id);
+        }
+        self.metrics.bytes_read += c.bytes_read;
+        match c.result {
+            Ok(samples) => {
+                for (id, bytes) in samples {
+                    self.resident_bytes += bytes.len() as u64;
+                    self.resident.insert(id, bytes);
+                }
+                self.metrics.peak_resident_bytes = self.metrics.peak_resident_bytes.max(self.resident_bytes);
+                self.metrics.peak_resident_samples = self.metrics.peak_resident_samples.max(self.resident.len() as u64);
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn unserve(&mut self, ev: PlanEvent, id: u64, bytes: Vec<u8>) {
+        self.served -= 1;
+        self.metrics.samples_served -= 1;
+        self.metrics.bytes_served -= self.ds.index.stored_len[id as usize] as u64;
+        self.resident_bytes += bytes.len() as u64;
+        self.resident.insert(id, bytes);
+        self.lookahead.push_front(ev);
+    }
+
+    fn next_sample(&mut self) -> Result<Option<(PlanEvent, u64, Vec<u8>)>> {
+        if let Some(e) = &self.failed {
+            return Err(e.duplicate());
+        }
+        loop {
+            if self.lookahead.is_empty() {
+                self.fill_lookahead()?;
+            }
+            let Some(ev) = self.lookahead.pop_front() else {
+                return Ok(None);
+            };
+            match ev {
+                PlanEvent::Read { .. } => {
+                    if let Some(p) = self.ahead.pop_front() {
+                        self.ahead_bytes -= p.bytes;
+                    }
+                    // Room in the window: read further ahead.
+                    self.fill_lookahead()?;
+                }
+                PlanEvent::Serve { sample, .. } => {
+                    let bytes = match self.wait_for(sample) {
+                        Ok(b) => b,
+                        Err(e) => {
+                            // The serve stays unserved: state() points at it.
+                            self.lookahead.push_front(ev);
+                            self.failed = Some(e.duplicate());
+                            return Err(e);
+                        }
+                    };
+                    self.served += 1;
+                    self.metrics.samples_served += 1;
+                    self.metrics.bytes_served += self.ds.index.stored_len[sample as usize] as u64;
+                    return Ok(Some((ev, sample, bytes)));
+                }
+            }
+        }
+    }
+
+    /// The bytes of `sample`, waiting for its read (or issuing one if the
+    /// plan expected it resident but this process never read it).
+    fn wait_for(&mut self, sample: u64) -> Result<Vec<u8>> {
+        if !self.resident.contains_key(&sample) && !self.pending.contains(&sample) {
+            let chunk = self.ds.index.chunk_of(sample);
+            let slot = sample - chunk * self.ds.index.chunk_size() as u64;
+            for e in extents(&self.ds.index, chunk, 1 << slot, ReadGap::Bytes(0)) {
+                self.submit(e)?;
+            }
+            self.metrics.recovery_reads += 1;
+        }
+        let mut stalled: Option<Instant> = None;
+        loop {
+            if let Some(bytes) = self.resident.remove(&sample) {
+                self.resident_bytes -= bytes.len() as u64;
+                if let Some(t) = stalled {
+                    self.stalls.record(t.elapsed());
+                }
+                return Ok(bytes);
+            }
+            if stalled.is_none() {
+                stalled = Some(Instant::now());
+            }
+            let _span = tracing::trace_span!("stall", sample).entered();
+            let c = self.engine.recv()?;
+            self.accept(c)?;
+        }
+    }
+}
+
+impl Drop for Loader {
+    fn drop(&mut self) {
+        self.drain_in_flight();
+    }
+}
