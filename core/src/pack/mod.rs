@@ -8,7 +8,10 @@
 //! zstd, fixed order).
 
 pub mod files;
+pub mod lmdb;
+mod protobuf;
 pub mod source;
+pub mod tfrecord;
 
 use std::fs::File;
 use std::io::Write;

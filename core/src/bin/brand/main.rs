@@ -209,8 +209,8 @@ fn open_source(a: &PackArgs) -> brand::Result<Box<dyn Source>> {
     Ok(match a.from {
         From::Dir => Box::new(FileSource::image_folder(single()?)?),
         From::List => Box::new(FileSource::list(single()?)?),
-        From::Tfrecord => return Err(brand::Error::config("tfrecord import: not yet merged")),
-        From::Lmdb => return Err(brand::Error::config("lmdb import: not yet merged")),
+        From::Tfrecord => Box::new(pack::tfrecord::TfRecordSource::open(&a.inputs, Some(&a.label_feature))?),
+        From::Lmdb => Box::new(pack::lmdb::LmdbSource::open(single()?)?),
     })
 }
 
