@@ -96,10 +96,10 @@ const UNITS: [(&str, u64); 13] = [
     ("mib", 1 << 20),
     ("gib", 1 << 30),
     ("tib", 1 << 40),
-    ("kb", 1_000),
-    ("mb", 1_000_000),
-    ("gb", 1_000_000_000),
-    ("tb", 1_000_000_000_000),
+    ("kb", 1 << 10),
+    ("mb", 1 << 20),
+    ("gb", 1 << 30),
+    ("tb", 1 << 40),
     ("k", 1 << 10),
     ("m", 1 << 20),
     ("g", 1 << 30),
@@ -111,8 +111,8 @@ impl FromStr for Memory {
     type Err = Error;
 
     /// `"10%"`, `"12.5%"`, `"512MiB"`, `"2G"`, `"1.5GB"`, `"1048576"`, `"4096 slots"`.
-    /// Bare `K/M/G/T` and `KiB…TiB` are binary (`2G` = 2 GiB, as in most
-    /// memory flags); `KB…TB` are decimal.
+    /// Every unit is binary, as in memory flags: `K`, `KB` and `KiB` are
+    /// all 1024 bytes, `2G` is 2 GiB.
     fn from_str(s: &str) -> Result<Self> {
         let text = s.trim();
         let bad = |why: &str| {
@@ -238,7 +238,8 @@ mod tests {
             ("512MiB", Memory::Bytes(512 << 20)),
             ("2G", Memory::Bytes(2 << 30)),
             ("2g", Memory::Bytes(2 << 30)),
-            ("2GB", Memory::Bytes(2_000_000_000)),
+            ("2GB", Memory::Bytes(2 << 30)),
+            ("64 KB", Memory::Bytes(64 << 10)),
             ("1.5GiB", Memory::Bytes(3 << 29)),
             ("4096", Memory::Bytes(4096)),
             ("100B", Memory::Bytes(100)),
