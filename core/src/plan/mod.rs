@@ -44,6 +44,7 @@ mod brand;
 mod config;
 mod global;
 mod rank;
+pub mod simulate;
 
 use std::sync::Arc;
 
