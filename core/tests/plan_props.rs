@@ -8,9 +8,7 @@ use std::sync::Arc;
 use brand::format::index::{ChunkLoc, Index, SampleMeta};
 use brand::format::{ALIGN, align_up};
 use brand::plan::simulate::{SimOptions, simulate, simulate_with};
-use brand::plan::{
-    Event, GlobalEpoch, Layout, Memory, PlanConfig, Planner, Policy, Residency, Start,
-};
+use brand::plan::{Event, GlobalEpoch, Layout, Memory, PlanConfig, Planner, Policy, Residency, Start};
 use brand::rng::Prng;
 use proptest::prelude::*;
 
@@ -85,10 +83,7 @@ impl RankMemory {
                     } else {
                         self.held.contains(&sample)
                     };
-                    assert!(
-                        present,
-                        "sample {sample} served at {position} without being read"
-                    );
+                    assert!(present, "sample {sample} served at {position} without being read");
                     serves.push((position, sample, padding));
                 }
             }
@@ -100,12 +95,7 @@ impl RankMemory {
 
 /// Runs one epoch on every rank from `start` and checks the invariants
 /// every policy must keep. Returns each rank's serves.
-fn check_epoch(
-    p: &Planner,
-    epoch: u64,
-    memory: &mut [RankMemory],
-    start: Start,
-) -> Vec<Vec<(u64, u64, bool)>> {
+fn check_epoch(p: &Planner, epoch: u64, memory: &mut [RankMemory], start: Start) -> Vec<Vec<(u64, u64, bool)>> {
     let g = *p.geometry();
     let global = p.global_epoch(epoch);
     let (n, w) = (g.samples, g.world as u64);
@@ -144,10 +134,7 @@ fn check_epoch(
             g.slots
         );
         if !g.resident {
-            assert_eq!(
-                mem.residency.resident, 0,
-                "rank {rank} ends the epoch holding samples"
-            );
+            assert_eq!(mem.residency.resident, 0, "rank {rank} ends the epoch holding samples");
         }
         all.push(serves);
     }
@@ -181,13 +168,7 @@ struct Case {
 
 impl Case {
     fn config(&self) -> PlanConfig {
-        config(
-            self.policy,
-            self.rank_slots,
-            self.world,
-            self.seed,
-            self.drop_last,
-        )
+        config(self.policy, self.rank_slots, self.world, self.seed, self.drop_last)
     }
     fn planner(&self) -> Planner {
         planner(layout(self.samples, self.chunk_size), &self.config())
@@ -346,17 +327,12 @@ fn resident_budget_reads_once_then_never() {
             let global = p.global_epoch(3);
             let mut fresh = RankMemory::new();
             fresh.run(&events(&global, 0, Start::Cold { position: 500 }), 16);
-            assert_eq!(
-                fresh.held.len(),
-                1000,
-                "{policy}: resume must re-read everything once"
-            );
+            assert_eq!(fresh.held.len(), 1000, "{policy}: resume must re-read everything once");
         }
     }
     // Through the planner's own bookkeeping.
     let mut p = planner(layout(300, 8), &PlanConfig::new(Memory::Percent(100.0)));
-    let reads =
-        |plan: brand::plan::EpochPlan| plan.filter(|e| matches!(e, Event::Read { .. })).count();
+    let reads = |plan: brand::plan::EpochPlan| plan.filter(|e| matches!(e, Event::Read { .. })).count();
     assert_eq!(reads(p.epoch(0)), 38, "one read per chunk");
     assert_eq!(reads(p.epoch(1)), 0);
     assert_eq!(reads(p.epoch(2)), 0);
@@ -373,10 +349,7 @@ fn brand_memory_stays_within_its_slots() {
         let global = p.global_epoch(0);
         let peak = global.peak_resident();
         assert!(peak <= g.abstract_chunks * 64, "{policy}: {peak}");
-        assert!(
-            peak > g.abstract_chunks * 32,
-            "{policy}: memory barely used ({peak})"
-        );
+        assert!(peak > g.abstract_chunks * 32, "{policy}: memory barely used ({peak})");
         let mut mem = RankMemory::new();
         mem.run(&events(&global, 0, Start::Continue), 64);
         assert_eq!(mem.residency.peak, peak);
@@ -426,18 +399,12 @@ fn golden_brand_order() {
     let first: Vec<(u64, u64)> = p
         .epoch(0)
         .filter_map(|e| match e {
-            Event::Serve {
-                position, sample, ..
-            } => Some((position, sample)),
+            Event::Serve { position, sample, .. } => Some((position, sample)),
             _ => None,
         })
         .take(16)
         .collect();
-    let want: Vec<(u64, u64)> = GOLDEN
-        .iter()
-        .enumerate()
-        .map(|(i, &s)| (i as u64, s))
-        .collect();
+    let want: Vec<(u64, u64)> = GOLDEN.iter().enumerate().map(|(i, &s)| (i as u64, s)).collect();
     assert_eq!(first, want);
 }
 
@@ -462,8 +429,7 @@ fn synthetic_index(samples: u64, k: u32, min_kib: u32, max_kib: u32) -> Index {
         let records = (samples - c * k as u64).min(k as u64) as u32;
         let mut rel = 512u32; // room for a header
         for _ in 0..records {
-            let len = (min_kib + rng.below((max_kib - min_kib) as u64) as u32) * 1024
-                + rng.below(1024) as u32;
+            let len = (min_kib + rng.below((max_kib - min_kib) as u64) as u32) * 1024 + rng.below(1024) as u32;
             metas.push(SampleMeta {
                 rel_offset: rel,
                 stored_len: len,
@@ -499,11 +465,7 @@ fn simulate_metrics_tell_policies_apart() {
     let sequential = run(Policy::Sequential, ten);
     for r in [&brand, &direct, &sequential] {
         for e in &r.epochs {
-            assert!(
-                e.exactly_once && e.reads_cover_serves,
-                "{}: {e:?}",
-                r.policy
-            );
+            assert!(e.exactly_once && e.reads_cover_serves, "{}: {e:?}", r.policy);
             assert_eq!(e.requests, 20_000);
         }
     }
@@ -520,13 +482,8 @@ fn simulate_metrics_tell_policies_apart() {
     );
     assert!(b.peak_resident <= brand.geometry.slots);
 
-    let dispersion =
-        |r: &brand::plan::simulate::SimReport| r.epochs[1].chunk_mate_dispersion.expect("pairs");
-    assert!(
-        dispersion(&sequential) < 0.05,
-        "sequential {}",
-        dispersion(&sequential)
-    );
+    let dispersion = |r: &brand::plan::simulate::SimReport| r.epochs[1].chunk_mate_dispersion.expect("pairs");
+    assert!(dispersion(&sequential) < 0.05, "sequential {}", dispersion(&sequential));
     assert!(
         (0.95..1.05).contains(&dispersion(&direct)),
         "direct {}",
@@ -534,21 +491,13 @@ fn simulate_metrics_tell_policies_apart() {
     );
     assert!(dispersion(&brand) > 0.5, "brand {}", dispersion(&brand));
 
-    let spearman =
-        |r: &brand::plan::simulate::SimReport| r.epochs[1].spearman_vs_previous.expect("epoch 1");
-    assert!(
-        spearman(&direct).abs() < 0.05,
-        "direct {}",
-        spearman(&direct)
-    );
+    let spearman = |r: &brand::plan::simulate::SimReport| r.epochs[1].spearman_vs_previous.expect("epoch 1");
+    assert!(spearman(&direct).abs() < 0.05, "direct {}", spearman(&direct));
     assert!((spearman(&sequential) - 1.0).abs() < 1e-9);
     assert_eq!(direct.epochs[0].spearman_vs_previous, None);
 
     let labels = direct.epochs[1].label_diversity.expect("batches");
-    assert!(
-        (0.97..1.03).contains(&labels),
-        "direct label diversity {labels}"
-    );
+    assert!((0.97..1.03).contains(&labels), "direct label diversity {labels}");
     // Direct reads one record per sample: sparse bytes are the records.
     assert_eq!(direct.epochs[1].reads, 20_000);
 
@@ -559,10 +508,7 @@ fn simulate_metrics_tell_policies_apart() {
     assert_eq!(resident.epochs[0].reads, 313);
 
     let table = brand.to_string();
-    assert!(
-        table.contains("brand") && table.lines().count() >= 5,
-        "{table}"
-    );
+    assert!(table.contains("brand") && table.lines().count() >= 5, "{table}");
     let json = serde_json::to_value(&brand).expect("serialisable");
     assert_eq!(json["epochs"][1]["requests"], 20_000);
 }
@@ -574,15 +520,7 @@ fn simulate_several_ranks_pads_or_drops() {
         let mut cfg = PlanConfig::new(Memory::Percent(5.0));
         cfg.world = 4;
         cfg.drop_last = drop_last;
-        let r = simulate_with(
-            &index,
-            &cfg,
-            &SimOptions {
-                epochs: 2,
-                batch: 32,
-            },
-        )
-        .expect("simulate");
+        let r = simulate_with(&index, &cfg, &SimOptions { epochs: 2, batch: 32 }).expect("simulate");
         for e in &r.epochs {
             assert!(e.exactly_once && e.reads_cover_serves, "{e:?}");
             let (requests, padding) = if drop_last { (1_000, 0) } else { (1_004, 3) };

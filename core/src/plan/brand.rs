@@ -75,11 +75,7 @@ impl BrandState {
     /// refill done first, if any. `pick(group, choices)` returns an index in
     /// `0..choices` to break a tie between equally good refill chunks.
     #[inline]
-    pub fn request(
-        &mut self,
-        x: u32,
-        pick: &mut impl FnMut(u32, u64) -> u64,
-    ) -> (u32, Option<Refill>) {
+    pub fn request(&mut self, x: u32, pick: &mut impl FnMut(u32, u64) -> u64) -> (u32, Option<Refill>) {
         let k = self.k;
         let c = x / k;
         let s = x % k;
@@ -99,13 +95,7 @@ impl BrandState {
 
     /// Fills the empty slots of group `g` from the best chunk whose record
     /// at slot `s` is still unfilled.
-    fn refill(
-        &mut self,
-        g: u32,
-        s: u32,
-        empty: u64,
-        pick: &mut impl FnMut(u32, u64) -> u64,
-    ) -> Refill {
+    fn refill(&mut self, g: u32, s: u32, empty: u64, pick: &mut impl FnMut(u32, u64) -> u64) -> Refill {
         let bit = 1u64 << s;
         let first = g * self.group_size;
         let end = (first + self.group_size).min(self.chunks);
@@ -114,11 +104,7 @@ impl BrandState {
         // `fillable = |empty ∧ unfilled|`; for brand-random every candidate
         // counts as equally good.
         let score = |u: u64| {
-            if self.random {
-                0
-            } else {
-                (empty & u).count_ones()
-            }
+            if self.random { 0 } else { (empty & u).count_ones() }
         };
         let mut best = 0u32;
         let mut ties = 0u64;
@@ -162,10 +148,7 @@ impl BrandState {
             self.holder[base + m.trailing_zeros() as usize] = chosen;
             m &= m - 1;
         }
-        Refill {
-            chunk: chosen,
-            mask,
-        }
+        Refill { chunk: chosen, mask }
     }
 }
 
@@ -190,9 +173,7 @@ impl TieBreaks {
     pub fn below(&mut self, group: u32, choices: u64) -> u64 {
         let (seed, epoch) = (self.seed, self.epoch);
         self.streams[group as usize]
-            .get_or_insert_with(|| {
-                Box::new(Prng::stream(seed, &[domain::REFILL, epoch, group as u64]))
-            })
+            .get_or_insert_with(|| Box::new(Prng::stream(seed, &[domain::REFILL, epoch, group as u64])))
             .below(choices)
     }
 }
@@ -236,32 +217,16 @@ mod tests {
         };
         let (served, refill) = st.request(P, &mut take_first);
         assert_eq!(ties_seen, vec![(0, 2)]);
-        assert_eq!(
-            refill,
-            Some(Refill {
-                chunk: 0,
-                mask: 0b111
-            })
-        );
+        assert_eq!(refill, Some(Refill { chunk: 0, mask: 0b111 }));
         assert_eq!(served, F, "❷ f is returned for p");
         let mut no_ties = |g: u32, n: u64| -> u64 { panic!("unexpected tie of {n} in group {g}") };
         // ❸ request o: slot 2 holds q, which is served without a read.
-        assert_eq!(
-            st.request(O, &mut no_ties),
-            (Q, None),
-            "❹ q is returned for o"
-        );
+        assert_eq!(st.request(O, &mut no_ties), (Q, None), "❹ q is returned for o");
         // ❺ request e: slot 1 is empty again (f self-invalidated). Chunk 1
         // can fill one slot (p), chunk 2 two (e, o): chunk 2 wins outright,
         // and c in slot 0 is not evicted.
         let (served, refill) = st.request(E, &mut no_ties);
-        assert_eq!(
-            refill,
-            Some(Refill {
-                chunk: 2,
-                mask: 0b110
-            })
-        );
+        assert_eq!(refill, Some(Refill { chunk: 2, mask: 0b110 }));
         assert_eq!(served, E);
         // c is still resident and is what the next slot-0 request gets.
         assert_eq!(st.request(0, &mut no_ties), (C, None));
@@ -271,13 +236,7 @@ mod tests {
     fn figure4_other_tie_choice_reads_chunk_2() {
         let mut st = figure4();
         let (served, refill) = st.request(P, &mut |_, _| 1);
-        assert_eq!(
-            refill,
-            Some(Refill {
-                chunk: 2,
-                mask: 0b111
-            })
-        );
+        assert_eq!(refill, Some(Refill { chunk: 2, mask: 0b111 }));
         assert_eq!(served, E);
     }
 
@@ -292,13 +251,7 @@ mod tests {
             assert_eq!(n, 3);
             0
         });
-        assert_eq!(
-            refill,
-            Some(Refill {
-                chunk: 0,
-                mask: 0b111
-            })
-        );
+        assert_eq!(refill, Some(Refill { chunk: 0, mask: 0b111 }));
         // f was served, so slot 1 is empty again.
         let mut choices = 0;
         let (_, refill) = st.request(E, &mut |_, n| {
@@ -306,13 +259,7 @@ mod tests {
             0
         });
         assert_eq!(choices, 2);
-        assert_eq!(
-            refill,
-            Some(Refill {
-                chunk: 1,
-                mask: 0b010
-            })
-        );
+        assert_eq!(refill, Some(Refill { chunk: 1, mask: 0b010 }));
     }
 
     #[test]

@@ -62,16 +62,10 @@ impl FromStr for Policy {
 
     fn from_str(s: &str) -> Result<Self> {
         let wanted = s.trim().to_ascii_lowercase().replace('_', "-");
-        Policy::ALL
-            .into_iter()
-            .find(|p| p.name() == wanted)
-            .ok_or_else(|| {
-                let names: Vec<&str> = Policy::ALL.iter().map(|p| p.name()).collect();
-                Error::config(format!(
-                    "unknown policy {s:?}: expected one of {}",
-                    names.join(", ")
-                ))
-            })
+        Policy::ALL.into_iter().find(|p| p.name() == wanted).ok_or_else(|| {
+            let names: Vec<&str> = Policy::ALL.iter().map(|p| p.name()).collect();
+            Error::config(format!("unknown policy {s:?}: expected one of {}", names.join(", ")))
+        })
     }
 }
 
@@ -218,15 +212,8 @@ mod tests {
             assert_eq!(p.name().parse::<Policy>().ok(), Some(p));
             assert_eq!(p.to_string().to_uppercase().parse::<Policy>().ok(), Some(p));
         }
-        assert_eq!(
-            "chunk_shuffle".parse::<Policy>().ok(),
-            Some(Policy::ChunkShuffle)
-        );
-        let err = "lru"
-            .parse::<Policy>()
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
+        assert_eq!("chunk_shuffle".parse::<Policy>().ok(), Some(Policy::ChunkShuffle));
+        let err = "lru".parse::<Policy>().err().map(|e| e.to_string()).unwrap_or_default();
         assert!(err.contains("brand-random"), "{err}");
     }
 
@@ -248,17 +235,7 @@ mod tests {
         for (text, want) in cases {
             assert_eq!(text.parse::<Memory>().ok(), Some(want), "{text}");
         }
-        for bad in [
-            "",
-            "%",
-            "-5%",
-            "0%",
-            "NaN%",
-            "ten",
-            "5XB",
-            "99999999999T",
-            "-1G",
-        ] {
+        for bad in ["", "%", "-5%", "0%", "NaN%", "ten", "5XB", "99999999999T", "-1G"] {
             assert!(bad.parse::<Memory>().is_err(), "{bad:?} should not parse");
         }
     }

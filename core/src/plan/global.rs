@@ -45,9 +45,7 @@ impl GlobalEpoch {
         let (served, reads) = match shared.config.policy {
             // Everything stays in memory: serve the permutation itself and
             // let the rank plans read each chunk once when memory is cold.
-            Policy::Brand | Policy::BrandRandom if g.resident => {
-                (permutation(seed, epoch, n), Vec::new())
-            }
+            Policy::Brand | Policy::BrandRandom if g.resident => (permutation(seed, epoch, n), Vec::new()),
             Policy::Brand | Policy::BrandRandom => {
                 let random = shared.config.policy == Policy::BrandRandom;
                 brand_epoch(seed, epoch, n, k, g.group_size as u32, random, |_| true)
@@ -180,13 +178,7 @@ pub(super) fn brand_epoch(
 /// DIESEL's chunk-wise shuffle: chunks in a shuffled order, cut into windows
 /// of consecutive chunks whose samples fit `slots`; each window's chunks are
 /// read whole when it starts and its samples served in shuffled order.
-fn chunk_shuffle_epoch(
-    seed: u64,
-    epoch: u64,
-    n: u64,
-    k: u32,
-    slots: u64,
-) -> (Vec<u32>, Vec<GlobalRead>) {
+fn chunk_shuffle_epoch(seed: u64, epoch: u64, n: u64, k: u32, slots: u64) -> (Vec<u32>, Vec<GlobalRead>) {
     let chunks = n.div_ceil(k as u64);
     let order = Prng::stream(seed, &[domain::CHUNK_ORDER, epoch]).permutation(chunks as usize);
     let mut served = Vec::with_capacity(n as usize);

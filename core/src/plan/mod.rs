@@ -254,8 +254,7 @@ impl Planner {
         let (k, n) = (g.chunk_size, g.group_size);
         let in_group = |x: u32| (x / k) as u64 / n == group;
         let random = cfg.policy == Policy::BrandRandom;
-        let (served, reads) =
-            global::brand_epoch(cfg.seed, epoch, g.samples, k, n as u32, random, in_group);
+        let (served, reads) = global::brand_epoch(cfg.seed, epoch, g.samples, k, n as u32, random, in_group);
         let serves = served
             .iter()
             .enumerate()
@@ -289,29 +288,21 @@ fn geometry(layout: Layout, config: &PlanConfig) -> Result<Geometry> {
         )));
     }
     if k == 0 || k > MAX_CHUNK_SIZE {
-        return Err(Error::config(format!(
-            "chunk size {k} outside 1..={MAX_CHUNK_SIZE}"
-        )));
+        return Err(Error::config(format!("chunk size {k} outside 1..={MAX_CHUNK_SIZE}")));
     }
     if n == 0 {
         return Err(Error::config("the dataset has no samples"));
     }
     if n > u32::MAX as u64 {
-        return Err(Error::config(format!(
-            "{n} samples: at most 2^32 - 1 are supported"
-        )));
+        return Err(Error::config(format!("{n} samples: at most 2^32 - 1 are supported")));
     }
     let rank_slots = match config.memory {
         // Mean size zero: any budget holds everything.
         Memory::Bytes(_) if stored_bytes == 0 => u64::MAX,
-        Memory::Bytes(b) => {
-            (b as u128 * n as u128 / stored_bytes as u128).min(u64::MAX as u128) as u64
-        }
+        Memory::Bytes(b) => (b as u128 * n as u128 / stored_bytes as u128).min(u64::MAX as u128) as u64,
         Memory::Percent(p) if p.is_finite() && p > 0.0 => (p * n as f64 / 100.0).floor() as u64,
         Memory::Percent(p) => {
-            return Err(Error::config(format!(
-                "memory {p}% must be a positive percentage"
-            )));
+            return Err(Error::config(format!("memory {p}% must be a positive percentage")));
         }
         Memory::Slots(m) => m,
     };
@@ -328,11 +319,7 @@ fn geometry(layout: Layout, config: &PlanConfig) -> Result<Geometry> {
     let chunks = n.div_ceil(k as u64);
     let abstract_chunks = (slots / k as u64).max(1);
     let group_size = chunks.div_ceil(abstract_chunks);
-    let steps = if config.drop_last {
-        n / world
-    } else {
-        n.div_ceil(world)
-    };
+    let steps = if config.drop_last { n / world } else { n.div_ceil(world) };
     Ok(Geometry {
         samples: n,
         chunk_size: k,
@@ -372,17 +359,11 @@ mod tests {
         assert_eq!(g.groups, 29);
         assert!(!g.resident);
         // 2 MB at 1000 bytes a sample is the same budget.
-        let g2 = geometry(
-            layout(20_000, 64),
-            &PlanConfig::new(Memory::Bytes(2_000_000)),
-        )
-        .expect("valid");
+        let g2 = geometry(layout(20_000, 64), &PlanConfig::new(Memory::Bytes(2_000_000))).expect("valid");
         assert_eq!(g2, g);
-        let whole =
-            geometry(layout(20_000, 64), &PlanConfig::new(Memory::Percent(100.0))).expect("valid");
+        let whole = geometry(layout(20_000, 64), &PlanConfig::new(Memory::Percent(100.0))).expect("valid");
         assert!(whole.resident);
-        let almost =
-            geometry(layout(20_000, 64), &PlanConfig::new(Memory::Slots(19_999))).expect("valid");
+        let almost = geometry(layout(20_000, 64), &PlanConfig::new(Memory::Slots(19_999))).expect("valid");
         assert!(!almost.resident);
     }
 
@@ -424,8 +405,6 @@ mod tests {
             "{msg}"
         );
         // Fewer samples than a chunk: one chunk is the whole dataset.
-        assert!(
-            geometry(layout(5, 64), &PlanConfig::new(Memory::Slots(5))).is_ok_and(|g| g.resident)
-        );
+        assert!(geometry(layout(5, 64), &PlanConfig::new(Memory::Slots(5))).is_ok_and(|g| g.resident));
     }
 }

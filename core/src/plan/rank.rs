@@ -79,12 +79,7 @@ impl EpochPlan {
             samples: n,
             k,
             steps: geo.steps,
-            next_step: if from <= rank {
-                0
-            } else {
-                (from - rank).div_ceil(world)
-            }
-            .min(geo.steps),
+            next_step: if from <= rank { 0 } else { (from - rank).div_ceil(world) }.min(geo.steps),
             served_limit,
             resident: geo.resident,
             project: !geo.resident && (world > 1 || served_limit < n),
@@ -152,11 +147,10 @@ impl EpochPlan {
             }
         }
         self.restore_reads = merged.len();
-        self.queue
-            .extend(merged.into_iter().map(|(chunk, mask)| Event::Read {
-                chunk: chunk as u64,
-                mask,
-            }));
+        self.queue.extend(merged.into_iter().map(|(chunk, mask)| Event::Read {
+            chunk: chunk as u64,
+            mask,
+        }));
     }
 
     /// Resident mode from a cold start at `from`: every rank will keep the
@@ -176,11 +170,7 @@ impl EpochPlan {
             let y = served[(t % n) as usize];
             let (c, bit) = ((y / k) as usize, 1u64 << (y % k));
             if loaded[c] & bit == 0 {
-                let mask = if per_record {
-                    bit
-                } else {
-                    full(c as u64) & !loaded[c]
-                };
+                let mask = if per_record { bit } else { full(c as u64) & !loaded[c] };
                 loaded[c] |= mask;
                 reads.push(GlobalRead {
                     time: t,

@@ -22,10 +22,7 @@ pub struct SimOptions {
 
 impl Default for SimOptions {
     fn default() -> Self {
-        SimOptions {
-            epochs: 1,
-            batch: 256,
-        }
+        SimOptions { epochs: 1, batch: 256 }
     }
 }
 
@@ -100,11 +97,7 @@ pub fn simulate(index: &Index, config: &PlanConfig, epochs: u64) -> Result<SimRe
 
 /// Plans `options.epochs` epochs of every rank of `config.world` (the
 /// config's own rank is ignored) and measures them.
-pub fn simulate_with(
-    index: &Index,
-    config: &PlanConfig,
-    options: &SimOptions,
-) -> Result<SimReport> {
+pub fn simulate_with(index: &Index, config: &PlanConfig, options: &SimOptions) -> Result<SimReport> {
     let planner = Planner::new(index, config)?;
     let geo = *planner.geometry();
     let n = geo.samples as usize;
@@ -212,9 +205,7 @@ pub fn simulate_with(
         r.amplification_whole = ratio(r.bytes_whole);
         r.amplification_sparse = ratio(r.bytes_sparse);
         r.chunk_mate_dispersion = dispersion(&position, geo.chunk_size as usize);
-        r.spearman_vs_previous = previous
-            .as_deref()
-            .and_then(|prev| spearman(prev, &position));
+        r.spearman_vs_previous = previous.as_deref().and_then(|prev| spearman(prev, &position));
         r.label_diversity = (expected > 0.0).then(|| distinct / expected);
         previous = Some(position);
         epochs.push(r);
@@ -252,10 +243,7 @@ pub fn sparse_bytes(index: &Index, chunk: u64, mask: u64) -> u64 {
     for_each_bit(mask, |j| {
         let id = (first + j as u64) as usize;
         let start = base + index.rel_offset[id] as u64;
-        let (lo, hi) = (
-            align_down(start),
-            align_up(start + index.stored_len[id] as u64),
-        );
+        let (lo, hi) = (align_down(start), align_up(start + index.stored_len[id] as u64));
         run = match run {
             Some((a, b)) if lo <= b => Some((a, b.max(hi))),
             Some((a, b)) => {
@@ -380,9 +368,7 @@ impl LabelExpectation {
                     let absent = if n - nl < b {
                         0.0
                     } else {
-                        (0..b)
-                            .map(|i| (n - nl - i) as f64 / (n - i) as f64)
-                            .product()
+                        (0..b).map(|i| (n - nl - i) as f64 / (n - i) as f64).product()
                     };
                     labels as f64 * (1.0 - absent)
                 })
@@ -437,8 +423,7 @@ impl fmt::Display for SimReport {
             "spearman",
             "labels"
         )?;
-        let opt =
-            |x: Option<f64>, prec: usize| x.map_or("-".to_string(), |v| format!("{v:.prec$}"));
+        let opt = |x: Option<f64>, prec: usize| x.map_or("-".to_string(), |v| format!("{v:.prec$}"));
         for e in &self.epochs {
             writeln!(
                 f,

@@ -4,6 +4,8 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod simulate;
+
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -36,6 +38,8 @@ enum Command {
     Verify(VerifyArgs),
     /// Write one sample's original bytes to stdout.
     Cat(CatArgs),
+    /// Run the plan only: reads, read amplification, exactly-once and order quality for a budget.
+    Simulate(simulate::SimulateArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -148,6 +152,7 @@ fn main() -> ExitCode {
         Command::Inspect(a) => inspect_cmd(a),
         Command::Verify(a) => verify_cmd(a),
         Command::Cat(a) => cat_cmd(a),
+        Command::Simulate(a) => simulate::run(a).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

@@ -62,9 +62,7 @@ pub fn run(args: &SimulateArgs) -> brand::Result<()> {
     };
     match std::io::stdout().lock().write_all(text.as_bytes()) {
         // `brand simulate … | head` is not an error.
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
-            Err(brand::Error::io("<stdout>", e))
-        }
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(brand::Error::io("<stdout>", e)),
         _ => Ok(()),
     }
 }
