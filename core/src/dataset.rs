@@ -6,6 +6,7 @@ use crate::error::{Error, Result};
 use crate::format::index::Index;
 use crate::format::manifest::Manifest;
 use crate::format::{INDEX_FILE, MANIFEST_FILE};
+use crate::io::buffer::AlignedBuf;
 
 #[derive(Debug, Clone)]
 pub struct Dataset {
@@ -68,44 +69,55 @@ impl Dataset {
     /// The sample's original bytes from its stored bytes: checks the crc32c
     /// and decompresses. `stored` must be exactly the record's bytes.
     pub fn decode_record(&self, id: u64, stored: &[u8]) -> Result<Vec<u8>> {
-        self.decode_record_checked(id, stored, true)
+        self.decode(id, stored, true).map(|b| b.to_vec())
     }
 
-    /// [`decode_record`](Self::decode_record), with the crc32c check optional
-    /// (lengths and zstd frames are always checked).
-    pub fn decode_record_checked(&self, id: u64, stored: &[u8], check_crc: bool) -> Result<Vec<u8>> {
-        let idx = &self.index;
-        let i = id as usize;
-        let (segment, offset, len) = idx.record_location(id);
-        let corrupt = |what: String| Error::Corrupt {
+    /// Decodes into a fresh [`SAMPLE_ALIGN`](crate::io::buffer::SAMPLE_ALIGN)-aligned
+    /// buffer, with the crc32c check optional (lengths and zstd frames are
+    /// always checked). The io engine's path: one copy from the read buffer.
+    pub fn decode(&self, id: u64, stored: &[u8], check_crc: bool) -> Result<AlignedBuf> {
+        self.check_stored(id, stored, check_crc)?;
+        let raw_len = self.index.raw_len[id as usize] as usize;
+        let mut out = AlignedBuf::for_sample(raw_len);
+        if !self.zstd() {
+            out.as_mut_slice().copy_from_slice(stored);
+            return Ok(out);
+        }
+        let n = zstd::bulk::decompress_to_buffer(stored, out.as_mut_slice())
+            .map_err(|e| self.corrupt(id, format!("zstd: {e}")))?;
+        if n != raw_len {
+            return Err(self.corrupt(id, format!("decompressed to {n} bytes, index says {raw_len}")));
+        }
+        Ok(out)
+    }
+
+    fn corrupt(&self, id: u64, what: String) -> Error {
+        let (segment, offset, _) = self.index.record_location(id);
+        Error::Corrupt {
             segment: self.segment_path(segment),
-            chunk: idx.chunk_of(id),
+            chunk: self.index.chunk_of(id),
             offset,
             sample: id,
             what,
-        };
-        if stored.len() != len as usize {
-            return Err(corrupt(format!("record is {} bytes, index says {len}", stored.len())));
         }
-        let crc = if check_crc { crc32c::crc32c(stored) } else { idx.crc[i] };
-        if crc != idx.crc[i] {
-            return Err(corrupt(format!(
-                "crc32c mismatch (stored {:#010x}, computed {crc:#010x})",
-                idx.crc[i]
-            )));
+    }
+
+    /// Checks a record's length and (optionally) crc32c against the index.
+    fn check_stored(&self, id: u64, stored: &[u8], check_crc: bool) -> Result<()> {
+        let want = self.index.stored_len[id as usize] as usize;
+        if stored.len() != want {
+            return Err(self.corrupt(id, format!("record is {} bytes, index says {want}", stored.len())));
         }
-        if !self.zstd() {
-            return Ok(stored.to_vec());
+        if check_crc {
+            let (crc, expected) = (crc32c::crc32c(stored), self.index.crc[id as usize]);
+            if crc != expected {
+                return Err(self.corrupt(
+                    id,
+                    format!("crc32c mismatch (stored {expected:#010x}, computed {crc:#010x})"),
+                ));
+            }
         }
-        let raw = zstd::bulk::decompress(stored, idx.raw_len[i] as usize).map_err(|e| corrupt(format!("zstd: {e}")))?;
-        if raw.len() != idx.raw_len[i] as usize {
-            return Err(corrupt(format!(
-                "decompressed to {} bytes, index says {}",
-                raw.len(),
-                idx.raw_len[i]
-            )));
-        }
-        Ok(raw)
+        Ok(())
     }
 
     /// Reads one sample with ordinary buffered I/O (for `cat`, `verify`,

@@ -62,7 +62,11 @@ fn read_all(ds: Arc<Dataset>, gap: ReadGap, queue_depth: usize) -> (u64, u64, bo
         bytes += done.bytes_read;
         for (id, data) in done.result.expect("read ok") {
             assert_eq!(ds.index.chunk_of(id), done.tag);
-            assert_eq!(data, ds.read_sample(id).expect("buffered read"), "sample {id}");
+            assert_eq!(
+                &data[..],
+                &ds.read_sample(id).expect("buffered read")[..],
+                "sample {id}"
+            );
             checked += 1;
         }
     }

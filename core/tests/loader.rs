@@ -8,9 +8,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use brand::Dataset;
-use brand::loader::{EventSource, IoConfig, Loader, LoaderState, PlanEvent, ReadGapSetting};
+use brand::loader::{EventSource, IoConfig, Loader, LoaderConfig, LoaderState, ReadGapSetting};
 use brand::pack::files::FileSource;
 use brand::pack::{PackOptions, pack};
+use brand::plan::{Event, Memory, PlanConfig, Planner, Policy};
 
 fn make_dataset(root: &Path, samples: u64) -> Arc<Dataset> {
     let src = root.join("src");
@@ -53,28 +54,34 @@ fn chunkwise(ds: &Arc<Dataset>) -> EventSource {
         let mut position = 0;
         for i in 0..chunks {
             let c = (i * stride + epoch * 3) % chunks;
-            events.push(PlanEvent::Read {
+            events.push(Event::Read {
                 chunk: c,
                 mask: u64::MAX,
             });
             let lo = c * k;
             let hi = ((c + 1) * k).min(n);
             for sample in (lo..hi).rev() {
-                events.push(PlanEvent::Serve { position, sample });
+                events.push(Event::Serve {
+                    position,
+                    sample,
+                    slot: (sample % k) as u32,
+                    padding: false,
+                    frees: true,
+                });
                 position += 1;
             }
         }
         // Skip already-served samples; their reads stay (the loader skips
         // what it no longer needs only through its own accounting).
         let mut served = 0;
-        let events: Vec<PlanEvent> = events
+        let events: Vec<Event> = events
             .into_iter()
             .filter(|e| match e {
-                PlanEvent::Serve { .. } => {
+                Event::Serve { .. } => {
                     served += 1;
                     served > skip
                 }
-                PlanEvent::Read { .. } => true,
+                Event::Read { .. } => true,
             })
             .collect();
         Ok(Box::new(events.into_iter()))
@@ -90,6 +97,7 @@ fn collect_epoch(loader: &mut Loader, ds: &Dataset) -> Vec<u64> {
     while let Some(batch) = loader.next_batch().expect("batch") {
         for s in batch.iter() {
             assert_eq!(s.data, &ds.read_sample(s.id).expect("buffered")[..], "sample {}", s.id);
+            assert_eq!(s.data.as_ptr() as usize % 64, 0, "64-byte aligned");
             assert_eq!(s.label, ds.index.label[s.id as usize]);
             assert_eq!(s.key, ds.index.key(s.id));
             ids.push(s.id);
@@ -118,13 +126,7 @@ fn every_sample_once_and_the_same_order_whatever_the_io_settings() {
         (ReadGapSetting::Bytes(0), 64, 1 << 20),
         (ReadGapSetting::Auto, 8, 64 << 20),
     ] {
-        let mut l = Loader::new(
-            ds.clone(),
-            cfg(gap, qd, ra),
-            chunkwise(&ds),
-            LoaderState { epoch: 0, served: 0 },
-        )
-        .expect("loader");
+        let mut l = Loader::new(ds.clone(), cfg(gap, qd, ra), chunkwise(&ds), LoaderState::default()).expect("loader");
         let e0 = collect_epoch(&mut l, &ds);
         let e1 = collect_epoch(&mut l, &ds);
         let mut sorted = e0.clone();
@@ -148,22 +150,10 @@ fn resume_mid_epoch_loses_and_repeats_nothing() {
     let t = tempfile::tempdir().expect("tempdir");
     let ds = make_dataset(t.path(), 200);
     let c = cfg(ReadGapSetting::Bytes(0), 8, 1 << 20);
-    let mut full = Loader::new(
-        ds.clone(),
-        c.clone(),
-        chunkwise(&ds),
-        LoaderState { epoch: 0, served: 0 },
-    )
-    .expect("loader");
+    let mut full = Loader::new(ds.clone(), c.clone(), chunkwise(&ds), LoaderState::default()).expect("loader");
     let whole = collect_epoch(&mut full, &ds);
 
-    let mut first = Loader::new(
-        ds.clone(),
-        c.clone(),
-        chunkwise(&ds),
-        LoaderState { epoch: 0, served: 0 },
-    )
-    .expect("loader");
+    let mut first = Loader::new(ds.clone(), c.clone(), chunkwise(&ds), LoaderState::default()).expect("loader");
     let mut got = Vec::new();
     for _ in 0..7 {
         let b = first.next_batch().expect("batch").expect("not the end");
@@ -194,7 +184,7 @@ fn a_corrupt_record_stops_the_loader_with_a_named_error() {
         ds.clone(),
         cfg(ReadGapSetting::Whole, 4, 1 << 20),
         chunkwise(&ds),
-        LoaderState { epoch: 0, served: 0 },
+        LoaderState::default(),
     )
     .expect("loader");
     let mut served = Vec::new();
@@ -219,4 +209,135 @@ fn a_corrupt_record_stops_the_loader_with_a_named_error() {
         state.served as usize,
         served.len() - served.len() % 10 + served.len() % 10
     );
+}
+
+fn plan_cfg(policy: Policy, memory: Memory, rank: u32, world: u32) -> PlanConfig {
+    PlanConfig {
+        memory,
+        policy,
+        seed: 11,
+        rank,
+        world,
+        drop_last: false,
+    }
+}
+
+#[test]
+fn every_policy_serves_every_sample_once_through_the_engine() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let ds = make_dataset(t.path(), 300);
+    for policy in Policy::ALL {
+        let cfg = LoaderConfig {
+            plan: plan_cfg(policy, Memory::Percent(20.0), 0, 1),
+            io: cfg(ReadGapSetting::Bytes(0), 16, 1 << 20),
+        };
+        let mut l = Loader::open(ds.clone(), &cfg, LoaderState::default()).expect("loader");
+        let mut ids = collect_epoch(&mut l, &ds);
+        ids.sort_unstable();
+        assert_eq!(ids, (0..300).collect::<Vec<u64>>(), "{policy}");
+        let m = l.metrics();
+        assert_eq!(m.recovery_reads, 0, "{policy}: the plan read everything it served");
+        assert!(
+            m.read_amplification() < 1.6,
+            "{policy}: sparse reads, amplification {}",
+            m.read_amplification()
+        );
+    }
+}
+
+#[test]
+fn brand_order_is_the_plans_whatever_the_read_gap_and_queue_depth() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let ds = make_dataset(t.path(), 400);
+    let plan = plan_cfg(Policy::Brand, Memory::Percent(10.0), 0, 1);
+    let mut expected = Vec::new();
+    let mut planner = Planner::new(&ds.index, &plan).expect("planner");
+    for e in planner.epoch(0) {
+        if let Event::Serve { sample, .. } = e {
+            expected.push(sample);
+        }
+    }
+    let mut amps = Vec::new();
+    for (gap, qd) in [
+        (ReadGapSetting::Whole, 1),
+        (ReadGapSetting::Bytes(0), 64),
+        (ReadGapSetting::Auto, 8),
+    ] {
+        let c = LoaderConfig {
+            plan: plan.clone(),
+            io: cfg(gap, qd, 4 << 20),
+        };
+        let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
+        assert_eq!(collect_epoch(&mut l, &ds), expected, "{gap:?} qd {qd}");
+        amps.push(l.metrics().read_amplification());
+    }
+    assert!(
+        amps[0] > 3.0 * amps[1],
+        "whole chunks read far more than sparse reads: {amps:?}"
+    );
+}
+
+#[test]
+fn resume_through_the_real_plan_at_any_batch() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let ds = make_dataset(t.path(), 230);
+    for world in [1u32, 3] {
+        for rank in 0..world {
+            let c = LoaderConfig {
+                plan: plan_cfg(Policy::Brand, Memory::Percent(15.0), rank, world),
+                io: cfg(ReadGapSetting::Whole, 8, 1 << 20),
+            };
+            let mut full = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
+            let whole = collect_epoch(&mut full, &ds);
+            for stop in [1usize, 3, 6] {
+                let mut first = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
+                let mut got = Vec::new();
+                for _ in 0..stop {
+                    if let Some(b) = first.next_batch().expect("batch") {
+                        got.extend(b.iter().map(|s| s.id));
+                    }
+                }
+                let state = first.state();
+                drop(first);
+                let mut second = Loader::open(ds.clone(), &c, state).expect("resume");
+                got.extend(collect_epoch(&mut second, &ds));
+                assert_eq!(got, whole, "world {world} rank {rank} stop {stop}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_dataset_that_fits_is_read_once_then_served_from_memory() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let ds = make_dataset(t.path(), 150);
+    let c = LoaderConfig {
+        plan: plan_cfg(Policy::Brand, Memory::Percent(100.0), 0, 1),
+        io: cfg(ReadGapSetting::Whole, 8, 1 << 20),
+    };
+    let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
+    let mut e0 = collect_epoch(&mut l, &ds);
+    let read0 = l.metrics().bytes_read;
+    let mut e1 = collect_epoch(&mut l, &ds);
+    assert!(read0 > 0);
+    assert_eq!(l.metrics().bytes_read, read0, "epoch 1 must read nothing");
+    e0.sort_unstable();
+    e1.sort_unstable();
+    assert_eq!(e0, e1);
+}
+
+#[test]
+fn resident_samples_never_exceed_the_budget_without_readahead() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let ds = make_dataset(t.path(), 500);
+    let plan = plan_cfg(Policy::Brand, Memory::Percent(10.0), 0, 1);
+    let slots = Planner::new(&ds.index, &plan).expect("planner").geometry().rank_slots;
+    let c = LoaderConfig {
+        plan,
+        io: cfg(ReadGapSetting::Bytes(0), 8, 0),
+    };
+    let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
+    collect_epoch(&mut l, &ds);
+    let peak = l.metrics().peak_resident_samples;
+    assert!(peak > 0 && peak <= slots, "peak resident {peak} > M = {slots}");
 }

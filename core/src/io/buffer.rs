@@ -1,17 +1,23 @@
-//! Page-aligned heap buffers: what O_DIRECT reads need, and what io_uring can
-//! register as fixed buffers.
+//! Aligned heap buffers: page-aligned for O_DIRECT reads (and io_uring fixed
+//! buffers), 64-byte-aligned for samples handed to consumers (SIMD decoders,
+//! zero-copy tensors).
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::ptr::NonNull;
 
 use crate::format::ALIGN;
 
-/// A heap buffer aligned to [`ALIGN`], with a capacity that is a multiple of
-/// it. `len` counts the initialised bytes (the io_uring "init" mark).
+/// Alignment of sample buffers handed to consumers.
+pub const SAMPLE_ALIGN: usize = 64;
+
+/// A zeroed heap buffer whose start is aligned to `align` and whose capacity
+/// is a multiple of it. `len` counts the bytes holding data (the io_uring
+/// "init" mark).
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     cap: usize,
     len: usize,
+    align: usize,
 }
 
 // SAFETY: AlignedBuf owns its allocation exclusively (like Vec<u8>); moving it
@@ -21,23 +27,46 @@ unsafe impl Send for AlignedBuf {}
 unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
-    /// A zeroed buffer of at least `cap` bytes (rounded up to [`ALIGN`], at
-    /// least one block).
+    /// A page-aligned buffer of at least `cap` bytes (rounded up to
+    /// [`ALIGN`], at least one block), for device reads.
     pub fn new(cap: usize) -> Self {
-        let cap = cap.max(1).div_ceil(ALIGN as usize) * ALIGN as usize;
-        let layout = Self::layout(cap);
+        Self::with_alignment(cap, ALIGN as usize)
+    }
+
+    /// A [`SAMPLE_ALIGN`]-aligned buffer holding exactly `len` bytes of zeros.
+    pub fn for_sample(len: usize) -> Self {
+        let mut b = Self::with_alignment(len, SAMPLE_ALIGN);
+        b.len = len;
+        b
+    }
+
+    /// `align` must be a power of two.
+    pub fn with_alignment(cap: usize, align: usize) -> Self {
+        let cap = cap.max(1).div_ceil(align) * align;
+        let layout = Self::layout(cap, align);
         // SAFETY: layout has a non-zero size.
         let raw = unsafe { alloc_zeroed(layout) };
         let Some(ptr) = NonNull::new(raw) else {
             std::alloc::handle_alloc_error(layout)
         };
-        AlignedBuf { ptr, cap, len: 0 }
+        AlignedBuf {
+            ptr,
+            cap,
+            len: 0,
+            align,
+        }
     }
 
-    fn layout(cap: usize) -> Layout {
-        // cap is a non-zero multiple of ALIGN, a power of two: always valid
+    fn layout(cap: usize, align: usize) -> Layout {
+        // cap is a non-zero multiple of align, a power of two: always valid
         // unless cap overflows isize, which alloc would reject anyway.
-        Layout::from_size_align(cap, ALIGN as usize).unwrap_or_else(|e| panic!("buffer of {cap} bytes: {e}"))
+        Layout::from_size_align(cap, align).unwrap_or_else(|e| panic!("buffer of {cap} bytes: {e}"))
+    }
+
+    /// The data bytes, writable.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: ptr is valid for cap ≥ len bytes, initialised, uniquely borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 
     pub fn capacity(&self) -> usize {
@@ -75,10 +104,27 @@ impl AlignedBuf {
     }
 }
 
+impl std::fmt::Debug for AlignedBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "AlignedBuf({} of {} bytes, align {})",
+            self.len, self.cap, self.align
+        )
+    }
+}
+
+impl std::ops::Deref for AlignedBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
         // SAFETY: allocated in `new` with exactly this layout.
-        unsafe { dealloc(self.ptr.as_ptr(), Self::layout(self.cap)) }
+        unsafe { dealloc(self.ptr.as_ptr(), Self::layout(self.cap, self.align)) }
     }
 }
 
@@ -122,5 +168,9 @@ mod tests {
         b.spare_mut()[..3].copy_from_slice(b"abc");
         b.set_len(3);
         assert_eq!(b.as_slice(), b"abc");
+        let s = AlignedBuf::for_sample(100);
+        assert_eq!((s.len(), s.capacity()), (100, 128));
+        assert_eq!(s.as_ptr() as usize % SAMPLE_ALIGN, 0);
+        assert!(s.iter().all(|&b| b == 0));
     }
 }

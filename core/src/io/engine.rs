@@ -51,7 +51,7 @@ pub struct Job {
 pub struct Completion {
     pub tag: u64,
     pub bytes_read: u64,
-    pub result: Result<Vec<(u64, Vec<u8>)>>,
+    pub result: Result<Vec<(u64, AlignedBuf)>>,
 }
 
 pub struct Engine {
@@ -240,9 +240,7 @@ impl Reactor {
                 .map(|&(id, at)| {
                     let stored_len = self.ds.index.stored_len[id as usize] as usize;
                     let bytes = &buf.spare_mut()[at as usize..at as usize + stored_len];
-                    self.ds
-                        .decode_record_checked(id, bytes, self.cfg.verify)
-                        .map(|b| (id, b))
+                    self.ds.decode(id, bytes, self.cfg.verify).map(|b| (id, b))
                 })
                 .collect()
         });

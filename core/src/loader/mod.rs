@@ -15,22 +15,40 @@ use serde::{Deserialize, Serialize};
 
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
+use crate::io::buffer::AlignedBuf;
 use crate::io::engine::{Completion, Engine, EngineConfig, Job};
 use crate::io::extents::{Extent, ReadGap, extents};
+use crate::plan::{Event, PlanConfig, Planner};
 pub use stats::Metrics;
 use stats::StallLog;
 
-/// What the loader needs of a plan: reads to issue and samples to serve, in
-/// order, for this rank.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PlanEvent {
-    Read { chunk: u64, mask: u64 },
-    Serve { position: u64, sample: u64 },
+/// A sample's bytes: 64-byte aligned, shared (a sample that stays resident
+/// across epochs is handed out without copying).
+pub type SampleBytes = Arc<AlignedBuf>;
+
+/// Produces this rank's plan events for `epoch`, starting after its first
+/// `served` serves (a resume when `served > 0`).
+pub type EventSource = Box<dyn FnMut(u64, u64) -> Result<Box<dyn Iterator<Item = Event> + Send>> + Send>;
+
+/// The event source of a real plan.
+pub fn plan_events(mut planner: Planner) -> EventSource {
+    Box::new(move |epoch, served| {
+        let plan = if served == 0 {
+            planner.epoch(epoch)
+        } else {
+            let (rank, world) = (planner.config().rank as u64, planner.config().world as u64);
+            planner.seek(epoch, rank + served * world)?
+        };
+        Ok(Box::new(plan))
+    })
 }
 
-/// Produces the events of `epoch` for this rank, skipping the first
-/// `skip` serves (resume).
-pub type EventSource = Box<dyn FnMut(u64, u64) -> Result<Box<dyn Iterator<Item = PlanEvent> + Send>> + Send>;
+/// Everything a loader is configured with: the plan and the I/O.
+#[derive(Debug, Clone)]
+pub struct LoaderConfig {
+    pub plan: PlanConfig,
+    pub io: IoConfig,
+}
 
 /// How to choose the read gap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,7 +76,7 @@ impl std::str::FromStr for ReadGapSetting {
 }
 
 /// Where a loader is: enough to resume it exactly.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LoaderState {
     pub epoch: u64,
     /// Samples of `epoch` already handed out by this rank.
@@ -103,7 +121,7 @@ pub struct Batch {
     pub epoch: u64,
     ds: Arc<Dataset>,
     ids: Vec<u64>,
-    data: Vec<Vec<u8>>,
+    data: Vec<SampleBytes>,
 }
 
 impl Batch {
@@ -125,8 +143,8 @@ impl Batch {
     pub fn iter(&self) -> impl Iterator<Item = SampleRef<'_>> {
         (0..self.len()).filter_map(|i| self.get(i))
     }
-    /// Takes the sample bytes out (for interfaces that hand them on).
-    pub fn into_parts(self) -> (Vec<u64>, Vec<Vec<u8>>) {
+    /// The sample ids and their bytes (for interfaces that hand them on).
+    pub fn into_parts(self) -> (Vec<u64>, Vec<SampleBytes>) {
         (self.ids, self.data)
     }
 }
@@ -144,15 +162,15 @@ pub struct Loader {
     source: EventSource,
     epoch: u64,
     served: u64,
-    events: Option<Box<dyn Iterator<Item = PlanEvent> + Send>>,
+    events: Option<Box<dyn Iterator<Item = Event> + Send>>,
     /// Events taken from the plan but not yet reached by the consumer.
-    lookahead: VecDeque<PlanEvent>,
+    lookahead: VecDeque<Event>,
     /// Reads issued for events still in `lookahead`, oldest first.
     ahead: VecDeque<Planned>,
     ahead_bytes: u64,
     next_tag: u64,
-    /// Samples read and not yet served.
-    resident: HashMap<u64, Vec<u8>>,
+    /// Samples read and not yet served (or kept: resident mode).
+    resident: HashMap<u64, SampleBytes>,
     resident_bytes: u64,
     /// Samples whose read is in flight.
     pending: HashSet<u64>,
@@ -171,8 +189,14 @@ pub struct Loader {
 const MAX_LOOKAHEAD_EVENTS: usize = 1 << 16;
 
 impl Loader {
-    /// Builds a loader over `ds` that starts at `state`. `source` yields the
-    /// plan's events (see [`EventSource`]).
+    /// A loader over `ds` running the plan of `cfg`, starting at `state`
+    /// (`LoaderState::default()` for the first epoch).
+    pub fn open(ds: Arc<Dataset>, cfg: &LoaderConfig, state: LoaderState) -> Result<Self> {
+        let planner = Planner::new(&ds.index, &cfg.plan)?;
+        Self::new(ds, cfg.io.clone(), plan_events(planner), state)
+    }
+
+    /// A loader over `ds` whose events come from `source`, starting at `state`.
     pub fn new(ds: Arc<Dataset>, cfg: IoConfig, source: EventSource, state: LoaderState) -> Result<Self> {
         if cfg.batch_size == 0 {
             return Err(Error::config("batch size must be at least 1"));
@@ -279,7 +303,7 @@ impl Loader {
             let events = (self.source)(self.epoch, self.served)?;
             self.events = Some(events);
         }
-        let mut taken: Vec<(PlanEvent, u64, Vec<u8>)> = Vec::with_capacity(self.cfg.batch_size);
+        let mut taken: Vec<(Event, u64, SampleBytes)> = Vec::with_capacity(self.cfg.batch_size);
         while taken.len() < self.cfg.batch_size {
             match self.next_sample() {
                 Ok(Some(t)) => taken.push(t),
@@ -294,7 +318,7 @@ impl Loader {
                 }
             }
         }
-        let (ids, data): (Vec<u64>, Vec<Vec<u8>>) = taken.into_iter().map(|(_, id, b)| (id, b)).unzip();
+        let (ids, data): (Vec<u64>, Vec<SampleBytes>) = taken.into_iter().map(|(_, id, b)| (id, b)).unzip();
         if ids.is_empty() {
             // End of the epoch: the next call starts the next one.
             self.epoch += 1;
@@ -322,7 +346,7 @@ impl Loader {
             let Some(ev) = self.events.as_mut().and_then(|e| e.next()) else {
                 break;
             };
-            if let PlanEvent::Read { chunk, mask } = ev {
+            if let Event::Read { chunk, mask } = ev {
                 let ext = extents(&self.ds.index, chunk, mask, self.gap);
                 let bytes: u64 = ext.iter().map(|e| e.len).sum();
                 for e in ext {
@@ -333,7 +357,7 @@ impl Loader {
                 self.metrics.refills += 1;
             }
             self.lookahead.push_back(ev);
-            if self.cfg.readahead_bytes == 0 && matches!(ev, PlanEvent::Read { .. }) {
+            if self.cfg.readahead_bytes == 0 && matches!(ev, Event::Read { .. }) {
                 break;
             }
         }
@@ -364,7 +388,7 @@ impl Loader {
             Ok(samples) => {
                 for (id, bytes) in samples {
                     self.resident_bytes += bytes.len() as u64;
-                    self.resident.insert(id, bytes);
+                    self.resident.insert(id, Arc::new(bytes));
                 }
                 self.metrics.peak_resident_bytes = self.metrics.peak_resident_bytes.max(self.resident_bytes);
                 self.metrics.peak_resident_samples = self.metrics.peak_resident_samples.max(self.resident.len() as u64);
@@ -374,16 +398,18 @@ impl Loader {
         }
     }
 
-    fn unserve(&mut self, ev: PlanEvent, id: u64, bytes: Vec<u8>) {
+    fn unserve(&mut self, ev: Event, id: u64, bytes: SampleBytes) {
         self.served -= 1;
         self.metrics.samples_served -= 1;
         self.metrics.bytes_served -= self.ds.index.stored_len[id as usize] as u64;
-        self.resident_bytes += bytes.len() as u64;
-        self.resident.insert(id, bytes);
+        if !self.resident.contains_key(&id) {
+            self.resident_bytes += bytes.len() as u64;
+            self.resident.insert(id, bytes);
+        }
         self.lookahead.push_front(ev);
     }
 
-    fn next_sample(&mut self) -> Result<Option<(PlanEvent, u64, Vec<u8>)>> {
+    fn next_sample(&mut self) -> Result<Option<(Event, u64, SampleBytes)>> {
         if let Some(e) = &self.failed {
             return Err(e.duplicate());
         }
@@ -395,15 +421,15 @@ impl Loader {
                 return Ok(None);
             };
             match ev {
-                PlanEvent::Read { .. } => {
+                Event::Read { .. } => {
                     if let Some(p) = self.ahead.pop_front() {
                         self.ahead_bytes -= p.bytes;
                     }
                     // Room in the window: read further ahead.
                     self.fill_lookahead()?;
                 }
-                PlanEvent::Serve { sample, .. } => {
-                    let bytes = match self.wait_for(sample) {
+                Event::Serve { sample, frees, .. } => {
+                    let bytes = match self.wait_for(sample, frees) {
                         Ok(b) => b,
                         Err(e) => {
                             // The serve stays unserved: state() points at it.
@@ -422,8 +448,9 @@ impl Loader {
     }
 
     /// The bytes of `sample`, waiting for its read (or issuing one if the
-    /// plan expected it resident but this process never read it).
-    fn wait_for(&mut self, sample: u64) -> Result<Vec<u8>> {
+    /// plan expected it resident but this process never read it). With
+    /// `frees` the sample leaves memory; otherwise it stays resident.
+    fn wait_for(&mut self, sample: u64, frees: bool) -> Result<SampleBytes> {
         if !self.resident.contains_key(&sample) && !self.pending.contains(&sample) {
             let chunk = self.ds.index.chunk_of(sample);
             let slot = sample - chunk * self.ds.index.chunk_size() as u64;
@@ -434,8 +461,14 @@ impl Loader {
         }
         let mut stalled: Option<Instant> = None;
         loop {
-            if let Some(bytes) = self.resident.remove(&sample) {
-                self.resident_bytes -= bytes.len() as u64;
+            let found = if frees {
+                self.resident
+                    .remove(&sample)
+                    .inspect(|b| self.resident_bytes -= b.len() as u64)
+            } else {
+                self.resident.get(&sample).cloned()
+            };
+            if let Some(bytes) = found {
                 if let Some(t) = stalled {
                     self.stalls.record(t.elapsed());
                 }
