@@ -85,7 +85,7 @@ impl BrandState {
         let s = x % k;
         let g = c / self.group_size;
         let bit = 1u64 << s;
-        let slot = (g * k + s) as usize;
+        let slot = g as usize * k as usize + s as usize;
         let empty = self.empty[g as usize];
         if empty & bit == 0 {
             // Serve whatever is there and self-invalidate (§3.3).
@@ -108,7 +108,7 @@ impl BrandState {
     ) -> Refill {
         let bit = 1u64 << s;
         let first = g * self.group_size;
-        let end = (first + self.group_size).min(self.chunks);
+        let end = first.saturating_add(self.group_size).min(self.chunks);
         let group = &self.unfilled[first as usize..end as usize];
         // First pass: how good the best candidate is and how many tie.
         // `fillable = |empty ∧ unfilled|`; for brand-random every candidate
@@ -156,7 +156,7 @@ impl BrandState {
         let mask = empty & self.unfilled[chosen as usize];
         self.unfilled[chosen as usize] &= !mask;
         self.empty[g as usize] = empty & !mask;
-        let base = (g * self.k) as usize;
+        let base = g as usize * self.k as usize;
         let mut m = mask;
         while m != 0 {
             self.holder[base + m.trailing_zeros() as usize] = chosen;
