@@ -419,6 +419,25 @@ fn seek_past_the_end_is_an_error() {
     assert!(p.seek(0, 101).is_err());
 }
 
+#[test]
+fn planner_seek_resumes_at_a_step_of_its_rank() {
+    let mut cfg = config(Policy::Brand, 50, 3, 7, false);
+    cfg.rank = 2;
+    let mut p = planner(layout(500, 8), &cfg);
+    let position = p.position_of_step(40);
+    assert_eq!(position, 2 + 40 * 3);
+    let serves: Vec<u64> = p
+        .seek(1, position)
+        .expect("in range")
+        .filter_map(|e| match e {
+            Event::Serve { position, .. } => Some(position),
+            Event::Read { .. } => None,
+        })
+        .collect();
+    assert_eq!(serves.first(), Some(&position));
+    assert_eq!(serves.len() as u64, p.geometry().steps - 40);
+}
+
 /// A packed-looking index with records of `min..max` KiB, 100 labels.
 fn synthetic_index(samples: u64, k: u32, min_kib: u32, max_kib: u32) -> Index {
     let mut rng = Prng::stream(77, &[]);

@@ -81,7 +81,7 @@ impl BrandState {
         let s = x % k;
         let g = c / self.group_size;
         let bit = 1u64 << s;
-        let slot = (g * k + s) as usize;
+        let slot = g as usize * k as usize + s as usize;
         let empty = self.empty[g as usize];
         if empty & bit == 0 {
             // Serve whatever is there and self-invalidate (§3.3).
@@ -98,7 +98,7 @@ impl BrandState {
     fn refill(&mut self, g: u32, s: u32, empty: u64, pick: &mut impl FnMut(u32, u64) -> u64) -> Refill {
         let bit = 1u64 << s;
         let first = g * self.group_size;
-        let end = (first + self.group_size).min(self.chunks);
+        let end = first.saturating_add(self.group_size).min(self.chunks);
         let group = &self.unfilled[first as usize..end as usize];
         // First pass: how good the best candidate is and how many tie.
         // `fillable = |empty ∧ unfilled|`; for brand-random every candidate
@@ -142,7 +142,7 @@ impl BrandState {
         let mask = empty & self.unfilled[chosen as usize];
         self.unfilled[chosen as usize] &= !mask;
         self.empty[g as usize] = empty & !mask;
-        let base = (g * self.k) as usize;
+        let base = g as usize * self.k as usize;
         let mut m = mask;
         while m != 0 {
             self.holder[base + m.trailing_zeros() as usize] = chosen;

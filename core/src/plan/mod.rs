@@ -222,6 +222,13 @@ impl Planner {
         }
     }
 
+    /// The global position of this rank's serve number `step` (from 0), for
+    /// loaders that count their own serves: `rank + step · world`.
+    pub fn position_of_step(&self, step: u64) -> u64 {
+        let c = &self.shared.config;
+        c.rank as u64 + step * c.world as u64
+    }
+
     /// Resume after a restart, before the first serve of this rank at global
     /// position `position` or later of `epoch` (for step `i`, `position =
     /// rank + i·world`). Memory is empty, so the plan first re-reads what

@@ -72,7 +72,7 @@ impl EpochPlan {
                 geo.positions.max(n)
             )));
         }
-        let served_limit = if geo.positions < n { geo.positions } else { n };
+        let served_limit = geo.positions.min(n);
         let mut plan = EpochPlan {
             rank,
             world,
