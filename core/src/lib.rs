@@ -13,6 +13,7 @@ pub mod loader;
 pub mod pack;
 pub mod plan;
 pub mod rng;
+pub mod simulate;
 pub mod synthetic;
 pub mod units;
 pub mod verify;

@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use brand::format::index::{ChunkLoc, Index, SampleMeta};
 use brand::format::{ALIGN, align_up};
-use brand::plan::simulate::{SimOptions, simulate, simulate_with};
 use brand::plan::{Event, GlobalEpoch, Layout, Memory, PlanConfig, Planner, Policy, Residency, Start};
 use brand::rng::Prng;
+use brand::simulate::{SimOptions, simulate, simulate_with};
 use proptest::prelude::*;
 
 fn layout(samples: u64, chunk_size: u32) -> Layout {
@@ -501,7 +501,7 @@ fn simulate_metrics_tell_policies_apart() {
     );
     assert!(b.peak_resident <= brand.geometry.slots);
 
-    let dispersion = |r: &brand::plan::simulate::SimReport| r.epochs[1].chunk_mate_dispersion.expect("pairs");
+    let dispersion = |r: &brand::simulate::SimReport| r.epochs[1].chunk_mate_dispersion.expect("pairs");
     assert!(dispersion(&sequential) < 0.05, "sequential {}", dispersion(&sequential));
     assert!(
         (0.95..1.05).contains(&dispersion(&direct)),
@@ -510,7 +510,7 @@ fn simulate_metrics_tell_policies_apart() {
     );
     assert!(dispersion(&brand) > 0.5, "brand {}", dispersion(&brand));
 
-    let spearman = |r: &brand::plan::simulate::SimReport| r.epochs[1].spearman_vs_previous.expect("epoch 1");
+    let spearman = |r: &brand::simulate::SimReport| r.epochs[1].spearman_vs_previous.expect("epoch 1");
     assert!(spearman(&direct).abs() < 0.05, "direct {}", spearman(&direct));
     assert!((spearman(&sequential) - 1.0).abs() < 1e-9);
     assert_eq!(direct.epochs[0].spearman_vs_previous, None);

@@ -36,8 +36,8 @@ pub fn plan_events(mut planner: Planner) -> EventSource {
         let plan = if served == 0 {
             planner.epoch(epoch)
         } else {
-            let (rank, world) = (planner.config().rank as u64, planner.config().world as u64);
-            planner.seek(epoch, rank + served * world)?
+            let position = planner.position_of_step(served);
+            planner.seek(epoch, position)?
         };
         Ok(Box::new(plan))
     })

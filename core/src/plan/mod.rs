@@ -44,7 +44,6 @@ mod brand;
 mod config;
 mod global;
 mod rank;
-pub mod simulate;
 
 use std::sync::Arc;
 

@@ -5,8 +5,8 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use brand::plan::simulate::{SimOptions, simulate_with};
 use brand::plan::{Memory, PlanConfig, Policy};
+use brand::simulate::{SimOptions, simulate_with};
 
 #[derive(clap::Args, Debug)]
 pub struct SimulateArgs {

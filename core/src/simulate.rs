@@ -7,10 +7,10 @@ use std::fmt;
 
 use serde::Serialize;
 
-use super::{Event, Geometry, PlanConfig, Planner, Policy, Residency, Start};
 use crate::error::Result;
 use crate::format::index::Index;
-use crate::format::{align_down, align_up};
+use crate::io::extents::{ReadGap, extents};
+use crate::plan::{Event, Geometry, PlanConfig, Planner, Policy, Residency, Start};
 
 /// What to simulate besides the plan config.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -236,24 +236,11 @@ fn for_each_bit(mut mask: u64, mut f: impl FnMut(u32)) {
 /// to [`ALIGN`](crate::format::ALIGN) boundaries, ranges that touch or
 /// overlap merged (gap 0: a gap of even one block is not read).
 pub fn sparse_bytes(index: &Index, chunk: u64, mask: u64) -> u64 {
-    let base = index.chunks[chunk as usize].offset;
-    let first = chunk * index.chunk_size() as u64;
-    let (mut total, mut run): (u64, Option<(u64, u64)>) = (0, None);
-    // Records are stored in slot order, so ranges come sorted.
-    for_each_bit(mask, |j| {
-        let id = (first + j as u64) as usize;
-        let start = base + index.rel_offset[id] as u64;
-        let (lo, hi) = (align_down(start), align_up(start + index.stored_len[id] as u64));
-        run = match run {
-            Some((a, b)) if lo <= b => Some((a, b.max(hi))),
-            Some((a, b)) => {
-                total += b - a;
-                Some((lo, hi))
-            }
-            None => Some((lo, hi)),
-        };
-    });
-    total + run.map_or(0, |(a, b)| b - a)
+    // Exactly what the io engine reads with a zero read gap.
+    extents(index, chunk, mask, ReadGap::Bytes(0))
+        .iter()
+        .map(|e| e.len)
+        .sum()
 }
 
 /// `1536` → `"1.5 KiB"`.
