@@ -5,6 +5,7 @@
 //! The served sequence is the plan's and nothing else: I/O timing, the read
 //! gap and the queue depth change only how fast it arrives.
 
+pub mod config;
 pub mod stats;
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -260,6 +261,18 @@ impl Loader {
         self.stalls.fill(&mut m);
         m.buffered_fallback = self.engine.buffered_fallback();
         m
+    }
+
+    /// Starts the counters afresh (e.g. per epoch); peaks restart from what
+    /// is resident now.
+    pub fn reset_metrics(&mut self) {
+        self.metrics = Metrics {
+            read_gap: self.metrics.read_gap,
+            peak_resident_bytes: self.resident_bytes,
+            peak_resident_samples: self.resident.len() as u64,
+            ..Default::default()
+        };
+        self.stalls = StallLog::default();
     }
 
     /// Jumps to the start of `epoch` (dropping anything read ahead).

@@ -4,6 +4,7 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod read;
 mod simulate;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -38,6 +39,8 @@ enum Command {
     Verify(VerifyArgs),
     /// Write one sample's original bytes to stdout.
     Cat(CatArgs),
+    /// Stream epochs through the io engine and report throughput, amplification, stalls and memory.
+    Read(read::ReadArgs),
     /// Run the plan only: reads, read amplification, exactly-once and order quality for a budget.
     Simulate(simulate::SimulateArgs),
 }
@@ -152,6 +155,7 @@ fn main() -> ExitCode {
         Command::Inspect(a) => inspect_cmd(a),
         Command::Verify(a) => verify_cmd(a),
         Command::Cat(a) => cat_cmd(a),
+        Command::Read(a) => read::run(a).map(|ok| if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }),
         Command::Simulate(a) => simulate::run(a).map(|()| ExitCode::SUCCESS),
     };
     match result {

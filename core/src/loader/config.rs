@@ -1,0 +1,174 @@
+//! The loader's configuration as TOML: what `brand read --config`, the C ABI
+//! (`brand_open`) and the TensorFlow op accept. Every key is optional.
+//!
+//! ```toml
+//! batch_size = 256
+//! memory = "10%"        # or "4GiB", bytes, "N slots"; per rank
+//! policy = "brand"      # brand, brand-random, direct, chunk-shuffle, sequential
+//! seed = 0
+//! rank = 0
+//! world = 1
+//! drop_last = false     # false: pad every rank to the same number of steps
+//! readahead = "64MiB"   # planned reads issued ahead of consumption
+//! queue_depth = 32
+//! read_gap = "auto"     # "whole" (paper), "auto" (probe the device) or bytes, e.g. "16KiB"
+//! verify = true         # check every record's crc32c
+//! ```
+
+use serde::Deserialize;
+
+use super::{IoConfig, LoaderConfig, ReadGapSetting};
+use crate::error::{Error, Result};
+use crate::plan::{Memory, PlanConfig, Policy};
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    batch_size: Option<usize>,
+    memory: Option<String>,
+    policy: Option<String>,
+    seed: Option<u64>,
+    rank: Option<u32>,
+    world: Option<u32>,
+    drop_last: Option<bool>,
+    readahead: Option<String>,
+    queue_depth: Option<usize>,
+    read_gap: Option<String>,
+    verify: Option<bool>,
+}
+
+/// Default budget when none is given.
+pub const DEFAULT_MEMORY: Memory = Memory::Percent(10.0);
+
+impl Default for LoaderConfig {
+    fn default() -> Self {
+        LoaderConfig {
+            plan: PlanConfig::new(DEFAULT_MEMORY),
+            io: IoConfig::default(),
+        }
+    }
+}
+
+impl LoaderConfig {
+    /// Parses the TOML text; keys not given keep their defaults.
+    pub fn from_toml(text: &str) -> Result<Self> {
+        let f: ConfigFile = toml::from_str(text).map_err(|e| {
+            // One line that says where: the line number and its text.
+            let at = e.span().map(|s| s.start).unwrap_or(0).min(text.len());
+            let line_no = text[..at].matches('\n').count() + 1;
+            let line = text.lines().nth(line_no - 1).unwrap_or("").trim();
+            Error::config(format!("config line {line_no} `{line}`: {}", e.message().trim()))
+        })?;
+        let mut c = LoaderConfig::default();
+        if let Some(v) = f.batch_size {
+            c.io.batch_size = v;
+        }
+        if let Some(v) = f.memory {
+            c.plan.memory = v.parse()?;
+        }
+        if let Some(v) = f.policy {
+            c.plan.policy = v.parse::<Policy>()?;
+        }
+        if let Some(v) = f.seed {
+            c.plan.seed = v;
+        }
+        if let Some(v) = f.rank {
+            c.plan.rank = v;
+        }
+        if let Some(v) = f.world {
+            c.plan.world = v;
+        }
+        if let Some(v) = f.drop_last {
+            c.plan.drop_last = v;
+        }
+        if let Some(v) = f.readahead {
+            c.io.readahead_bytes = crate::units::parse_bytes(&v)
+                .ok_or_else(|| Error::config(format!("config: readahead {v:?} is not a byte count")))?;
+        }
+        if let Some(v) = f.queue_depth {
+            c.io.queue_depth = v;
+        }
+        if let Some(v) = f.read_gap {
+            c.io.read_gap = v.parse::<ReadGapSetting>()?;
+        }
+        if let Some(v) = f.verify {
+            c.io.verify = v;
+        }
+        c.check()?;
+        Ok(c)
+    }
+
+    /// Rejects settings that cannot work, before anything is opened.
+    pub fn check(&self) -> Result<()> {
+        if self.io.batch_size == 0 {
+            return Err(Error::config("batch_size must be at least 1"));
+        }
+        if self.io.queue_depth == 0 || self.io.queue_depth > 4096 {
+            return Err(Error::config(format!(
+                "queue_depth {} outside 1..=4096",
+                self.io.queue_depth
+            )));
+        }
+        if self.plan.world == 0 || self.plan.rank >= self.plan.world {
+            return Err(Error::config(format!(
+                "rank {} out of range for world {}",
+                self.plan.rank, self.plan.world
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_key() {
+        let c = LoaderConfig::from_toml(
+            r#"batch_size = 8
+               memory = "512MiB"
+               policy = "chunk-shuffle"
+               seed = 3
+               rank = 1
+               world = 2
+               drop_last = true
+               readahead = "1MiB"
+               queue_depth = 4
+               read_gap = "16KiB"
+               verify = false"#,
+        )
+        .expect("valid");
+        assert_eq!(c.io.batch_size, 8);
+        assert_eq!(c.plan.memory, Memory::Bytes(512 << 20));
+        assert_eq!(c.plan.policy, Policy::ChunkShuffle);
+        assert_eq!(
+            (c.plan.seed, c.plan.rank, c.plan.world, c.plan.drop_last),
+            (3, 1, 2, true)
+        );
+        assert_eq!((c.io.readahead_bytes, c.io.queue_depth), (1 << 20, 4));
+        assert_eq!(c.io.read_gap, ReadGapSetting::Bytes(16 << 10));
+        assert!(!c.io.verify);
+        let d = LoaderConfig::from_toml("").expect("empty is all defaults");
+        assert_eq!(d.plan.memory, DEFAULT_MEMORY);
+        assert_eq!(d.io.read_gap, ReadGapSetting::Auto);
+    }
+
+    #[test]
+    fn rejects_bad_settings_by_name() {
+        for (text, word) in [
+            ("batch_size = 0", "batch_size"),
+            ("rank = 2\nworld = 2", "rank 2"),
+            ("policy = \"lru\"", "lru"),
+            ("memory = \"lots\"", "lots"),
+            ("read_gap = \"sometimes\"", "sometimes"),
+            ("readahead = \"x\"", "readahead"),
+            ("queue_depth = 0", "queue_depth"),
+            ("bogus = 1", "bogus"),
+            ("batch_size = \"8\"", "batch_size"),
+        ] {
+            let e = LoaderConfig::from_toml(text).expect_err(text).to_string();
+            assert!(e.contains(word), "{text}: {e}");
+        }
+    }
+}
