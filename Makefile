@@ -3,11 +3,16 @@ SHELL := /bin/bash
 .ONESHELL:
 .SHELLFLAGS := -euo pipefail -c
 
+# Cargo's output directory: an inherited CARGO_TARGET_DIR, else target/ here.
+CARGO_TARGET_DIR ?= $(CURDIR)/target
+export CARGO_TARGET_DIR
+TARGET := $(abspath $(CARGO_TARGET_DIR))
+
 DEMO_DIR ?= target/demo
 DEMO_SAMPLES ?= 2000
-BRAND := target/release/brand
+BRAND := $(TARGET)/release/brand
 
-.PHONY: demo test rust-test python-test lint build
+.PHONY: demo test rust-test python-test lint build capi-build capi-test cpp-test
 
 build:
 	cargo build --release --locked
@@ -33,6 +38,54 @@ rust-test:
 # Tests against real TensorFlow (the venv lives outside the repo, see scripts/tf-venv.sh).
 python-test: build
 	venv=$$(scripts/tf-venv.sh)
-	BRAND_BIN=$(CURDIR)/$(BRAND) "$$venv/bin/python" -m pytest -q tests/python
+	BRAND_BIN=$(BRAND) "$$venv/bin/python" -m pytest -q tests/python
 
-test: lint rust-test python-test
+# The C ABI (capi/): libbrand.a and libbrand.so, and the brand CLI that makes test data.
+capi-build:
+	cargo build --release --locked -p brand-core -p brand-capi
+
+# capi/tests/c/abi_test.c as C11 and as C++17, linked statically and
+# dynamically, under valgrind, and with ASan+UBSan, on a small dataset made
+# by the CLI. The native libraries are what
+# `cargo rustc --release -p brand-capi --crate-type staticlib -- --print native-static-libs` prints.
+CAPI_OUT := $(TARGET)/capi-test
+CAPI_LIBDIR := $(TARGET)/release
+CAPI_NATIVE_LIBS := -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc
+CAPI_WARN := -Wall -Wextra -Wpedantic -Werror -g -O1 -Icapi/include
+CAPI_SAMPLES := 150
+VALGRIND := valgrind -q --error-exitcode=1 --leak-check=full --show-leak-kinds=definite,indirect \
+	--errors-for-leak-kinds=definite,indirect
+
+capi-test: capi-build
+	rm -rf $(CAPI_OUT) && mkdir -p $(CAPI_OUT)
+	$(BRAND) gen $(CAPI_OUT)/files --samples $(CAPI_SAMPLES) --mean-kib 4 --min-kib 1 --max-kib 16 --classes 5 --seed 2
+	$(BRAND) pack $(CAPI_OUT)/files -o $(CAPI_OUT)/ds --chunk-size 16 --seed 2
+	src=capi/tests/c/abi_test.c
+	static="$(CAPI_LIBDIR)/libbrand.a $(CAPI_NATIVE_LIBS)"
+	shared="-L$(CAPI_LIBDIR) -lbrand -Wl,-rpath,$(CAPI_LIBDIR)"
+	gcc -std=c11 $(CAPI_WARN) $$src $$static -o $(CAPI_OUT)/abi_c_static
+	gcc -std=c11 $(CAPI_WARN) $$src $$shared -o $(CAPI_OUT)/abi_c_shared
+	g++ -x c++ -std=c++17 $(CAPI_WARN) $$src -x none $$static -o $(CAPI_OUT)/abi_cxx_static
+	g++ -x c++ -std=c++17 $(CAPI_WARN) $$src -x none $$shared -o $(CAPI_OUT)/abi_cxx_shared
+	gcc -std=c11 $(CAPI_WARN) -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer \
+		$$src $$static -o $(CAPI_OUT)/abi_c_asan
+	nm $(CAPI_OUT)/abi_c_asan | grep __asan_init >/dev/null || { echo "abi_c_asan is not instrumented"; exit 1; }
+	ldd $(CAPI_OUT)/abi_c_shared | grep "libbrand.so => $(CAPI_LIBDIR)" >/dev/null || { echo "abi_c_shared: no libbrand.so"; exit 1; }
+	args="$(CAPI_OUT)/ds $(CAPI_OUT)/files $(CAPI_SAMPLES)"
+	# The panic-path test prints the panic message; no backtrace with it.
+	export RUST_BACKTRACE=0
+	for t in abi_c_static abi_c_shared abi_cxx_static abi_cxx_shared abi_c_asan; do
+		echo "== $$t"; $(CAPI_OUT)/$$t $$args
+	done
+	for t in abi_c_static abi_cxx_shared; do
+		echo "== valgrind $$t"; $(VALGRIND) $(CAPI_OUT)/$$t $$args
+	done
+
+# cpp-examples/ (CMake): the RAII wrapper, train_loop and brand_throughput, tested with ctest.
+CPP_BUILD := $(TARGET)/cpp-examples
+cpp-test: capi-build
+	cmake -S cpp-examples -B $(CPP_BUILD) -DCMAKE_BUILD_TYPE=Release -DBRAND_CARGO_TARGET_DIR=$(TARGET)
+	cmake --build $(CPP_BUILD) -j 2
+	ctest --test-dir $(CPP_BUILD) --output-on-failure
+
+test: lint rust-test capi-test cpp-test python-test
