@@ -156,7 +156,7 @@ typedef struct brand_batch brand_batch;
 typedef struct brand_loader brand_loader;
 
 /**
- * Loader counters, cumulative since the loader was opened. Set
+ * Loader counters (`brand_get_metrics`), cumulative since the loader was opened. Set
  * `struct_size = sizeof(brand_metrics)` before the call: the library fills
  * at most that many bytes and sets `struct_size` to the bytes it filled,
  * so fields appended later never overrun an older caller's struct, and a
@@ -377,7 +377,7 @@ brand_status brand_state_save(const struct brand_loader *loader,
  * Fills `*out` with the loader's counters. The caller sets
  * `out->struct_size` first (at least 4); see `brand_metrics`.
  */
-brand_status brand_metrics(const struct brand_loader *loader, struct brand_metrics *out);
+brand_status brand_get_metrics(const struct brand_loader *loader, struct brand_metrics *out);
 
 /**
  * The number of samples in `batch` (0 for NULL).

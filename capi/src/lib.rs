@@ -89,7 +89,7 @@ pub struct brand_sample {
     pub label: i64,
 }
 
-/// Loader counters, cumulative since the loader was opened. Set
+/// Loader counters (`brand_get_metrics`), cumulative since the loader was opened. Set
 /// `struct_size = sizeof(brand_metrics)` before the call: the library fills
 /// at most that many bytes and sets `struct_size` to the bytes it filled,
 /// so fields appended later never overrun an older caller's struct, and a
@@ -509,7 +509,7 @@ pub extern "C" fn brand_state_save(
 /// Fills `*out` with the loader's counters. The caller sets
 /// `out->struct_size` first (at least 4); see `brand_metrics`.
 #[unsafe(no_mangle)]
-pub extern "C" fn brand_metrics(loader: *const brand_loader, out: *mut brand_metrics) -> brand_status {
+pub extern "C" fn brand_get_metrics(loader: *const brand_loader, out: *mut brand_metrics) -> brand_status {
     boundary(|| {
         if out.is_null() {
             return Err(Failure::invalid("out is NULL"));

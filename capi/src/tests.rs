@@ -214,7 +214,7 @@ fn null_arguments_are_errors_not_crashes() {
         brand_state_save(l, null_mut(), 0, null_mut()),
         BRAND_ERR_INVALID_ARGUMENT
     );
-    assert_eq!(brand_metrics(l, null_mut()), BRAND_ERR_INVALID_ARGUMENT);
+    assert_eq!(brand_get_metrics(l, null_mut()), BRAND_ERR_INVALID_ARGUMENT);
     assert_eq!(brand_batch_len(null()), 0);
     assert_eq!(brand_batch_epoch(null()), 0);
     let mut s = sample_zeroed();
@@ -625,7 +625,7 @@ fn metrics_fill_only_what_the_caller_has_room_for() {
         struct_size: full as u32,
         ..Default::default()
     };
-    assert_eq!(brand_metrics(l, &mut m), BRAND_OK, "{}", last_error());
+    assert_eq!(brand_get_metrics(l, &mut m), BRAND_OK, "{}", last_error());
     assert_eq!(m.struct_size as usize, full);
     assert_eq!(m.samples_served, got.len() as u64);
     assert_eq!(m.bytes_served, got.iter().map(|g| g.data.len() as u64).sum::<u64>());
@@ -637,7 +637,7 @@ fn metrics_fill_only_what_the_caller_has_room_for() {
     let old = std::mem::offset_of!(brand_metrics, samples_served);
     let mut buf = [0xABu8; size_of::<brand_metrics>() + 16];
     buf[..4].copy_from_slice(&(old as u32).to_ne_bytes());
-    assert_eq!(brand_metrics(l, buf.as_mut_ptr().cast()), BRAND_OK);
+    assert_eq!(brand_get_metrics(l, buf.as_mut_ptr().cast()), BRAND_OK);
     assert_eq!(u32::from_ne_bytes(buf[..4].try_into().expect("4")), old as u32);
     assert_eq!(u64::from_ne_bytes(buf[8..16].try_into().expect("8")), m.bytes_read);
     assert!(
@@ -648,7 +648,7 @@ fn metrics_fill_only_what_the_caller_has_room_for() {
     // A newer, longer struct: filled up to ours, told how much.
     let mut buf = [0xCDu8; size_of::<brand_metrics>() + 16];
     buf[..4].copy_from_slice(&((full + 16) as u32).to_ne_bytes());
-    assert_eq!(brand_metrics(l, buf.as_mut_ptr().cast()), BRAND_OK);
+    assert_eq!(brand_get_metrics(l, buf.as_mut_ptr().cast()), BRAND_OK);
     assert_eq!(u32::from_ne_bytes(buf[..4].try_into().expect("4")), full as u32);
     assert!(buf[full..].iter().all(|&x| x == 0xCD));
 
@@ -658,10 +658,10 @@ fn metrics_fill_only_what_the_caller_has_room_for() {
         bytes_read: 77,
         ..Default::default()
     };
-    assert_eq!(brand_metrics(l, &mut four), BRAND_OK);
+    assert_eq!(brand_get_metrics(l, &mut four), BRAND_OK);
     assert_eq!((four.struct_size, four.bytes_read), (4, 77));
     let mut zero = brand_metrics::default();
-    assert_eq!(brand_metrics(l, &mut zero), BRAND_ERR_INVALID_ARGUMENT);
+    assert_eq!(brand_get_metrics(l, &mut zero), BRAND_ERR_INVALID_ARGUMENT);
     assert!(last_error().contains("struct_size"));
     close(l);
 }
