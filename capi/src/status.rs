@@ -1,7 +1,7 @@
 //! Status codes, the thread-local last-error message and the panic boundary
 //! every entry point goes through.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::ffi::{CString, c_char};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
@@ -127,10 +127,17 @@ thread_local! {
     /// The message of the last call on this thread that returned a status
     /// (None: it succeeded).
     static LAST_ERROR: RefCell<Option<CString>> = const { RefCell::new(None) };
+    /// Whether LAST_ERROR holds a message: a plain flag (no destructor to
+    /// register), so clearing after a success is one thread-local load.
+    static HAS_ERROR: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Records the message of the call that is returning (None on success).
 pub(crate) fn set_last_error(message: Option<&str>) {
+    if message.is_none() && !HAS_ERROR.get() {
+        return;
+    }
+    HAS_ERROR.set(message.is_some());
     let text = message.map(|m| {
         // Interior NULs (possible in a panic message) would cut the C string.
         CString::new(m.replace('\0', "\u{FFFD}")).unwrap_or_default()
