@@ -3,10 +3,12 @@
 // peak resident memory). For benchmarking drives (NVMe, Optane) and for
 // measuring the ABI's own cost against `brand read` (bench/capi_vs_rust.sh).
 //
-//   brand_throughput DATASET [--config TOML] [--epochs N] [--touch first|all] [--json]
+//   brand_throughput DATASET [--config TOML] [--epochs N] [--touch none|first|all] [--json]
 //
-// --touch first (default) reads one byte of every sample, as `brand read`
-// does; --touch all sums every byte (a consumer that reads its data).
+// --touch says what is done with each sample: none takes its pointer and
+// length only (what `brand read` does: the interface's cost alone), first
+// (the default) also reads its first byte (one cache miss per sample when
+// the data is not in cache), all sums every byte (a consumer that reads its data).
 #include "brand.hpp"
 
 #include <chrono>
@@ -19,7 +21,7 @@ namespace {
 
 [[noreturn]] void usage(const char *why) {
     std::cerr << "brand_throughput: " << why << "\n"
-              << "usage: brand_throughput DATASET [--config TOML] [--epochs N] [--touch first|all] [--json]\n";
+              << "usage: brand_throughput DATASET [--config TOML] [--epochs N] [--touch none|first|all] [--json]\n";
     std::exit(2);
 }
 
@@ -48,8 +50,8 @@ int main(int argc, char **argv) {
         else dataset = k;
     }
     if (dataset.empty()) usage("no dataset");
-    if (touch != "first" && touch != "all") usage("--touch is first or all");
-    const bool all = touch == "all";
+    if (touch != "none" && touch != "first" && touch != "all") usage("--touch is none, first or all");
+    const bool all = touch == "all", first = touch == "first";
 
     try {
         brand::Loader loader = brand::Loader::open(dataset, config);
@@ -68,8 +70,10 @@ int main(int argc, char **argv) {
                     bytes += s.len;
                     if (all) {
                         for (size_t j = 0; j < s.len; j++) acc += s.data[j];
-                    } else if (s.len > 0) {
+                    } else if (first && s.len > 0) {
                         acc += s.data[0];
+                    } else {
+                        acc ^= reinterpret_cast<uintptr_t>(s.data);
                     }
                 }
                 samples += n;
