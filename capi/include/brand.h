@@ -400,6 +400,17 @@ brand_status brand_batch_sample(const struct brand_batch *batch,
                                 struct brand_sample *out);
 
 /**
+ * Samples `first..first + count` of `batch` into `out[0..count]` in one
+ * call: the same as `brand_batch_sample` for each index, without a call per
+ * sample (use it on hot paths). BRAND_ERR_INVALID_ARGUMENT for NULLs or a
+ * range past the end, with nothing written. `out` may be NULL if `count` is 0.
+ */
+brand_status brand_batch_samples(const struct brand_batch *batch,
+                                 size_t first,
+                                 size_t count,
+                                 struct brand_sample *out);
+
+/**
  * Frees `*batch` and sets `*batch` to NULL; `batch == NULL` or
  * `*batch == NULL` is a no-op. So freeing twice through the same variable
  * is safe; freeing through another copy of a freed pointer is not (batches

@@ -554,6 +554,17 @@ pub extern "C" fn brand_get_metrics(loader: *const brand_loader, out: *mut brand
     })
 }
 
+fn c_sample(s: brand::loader::SampleRef<'_>) -> brand_sample {
+    brand_sample {
+        data: s.data.as_ptr(),
+        len: s.data.len(),
+        key: s.key.as_ptr().cast(),
+        key_len: s.key.len(),
+        id: s.id,
+        label: s.label,
+    }
+}
+
 /// The number of samples in `batch` (0 for NULL).
 #[unsafe(no_mangle)]
 pub extern "C" fn brand_batch_len(batch: *const brand_batch) -> usize {
@@ -585,18 +596,47 @@ pub extern "C" fn brand_batch_sample(batch: *const brand_batch, index: usize, ou
             .batch
             .get(index)
             .ok_or_else(|| Failure::invalid(format!("sample {index} of a batch of {}", b.batch.len())))?;
-        put(
-            out,
-            "out",
-            brand_sample {
-                data: s.data.as_ptr(),
-                len: s.data.len(),
-                key: s.key.as_ptr().cast(),
-                key_len: s.key.len(),
-                id: s.id,
-                label: s.label,
-            },
-        )?;
+        put(out, "out", c_sample(s))?;
+        Ok(BRAND_OK)
+    })
+}
+
+/// Samples `first..first + count` of `batch` into `out[0..count]` in one
+/// call: the same as `brand_batch_sample` for each index, without a call per
+/// sample (use it on hot paths). BRAND_ERR_INVALID_ARGUMENT for NULLs or a
+/// range past the end, with nothing written. `out` may be NULL if `count` is 0.
+#[unsafe(no_mangle)]
+pub extern "C" fn brand_batch_samples(
+    batch: *const brand_batch,
+    first: usize,
+    count: usize,
+    out: *mut brand_sample,
+) -> brand_status {
+    boundary(|| {
+        // SAFETY: a non-NULL batch is a live batch from brand_next (contract).
+        let b = unsafe { batch.as_ref() }.ok_or_else(|| Failure::invalid("batch is NULL"))?;
+        let len = b.batch.len();
+        if first.checked_add(count).is_none_or(|end| end > len) {
+            return Err(Failure::invalid(format!(
+                "samples {first}..{first}+{count} of a batch of {len}"
+            )));
+        }
+        if count == 0 {
+            return Ok(BRAND_OK);
+        }
+        if out.is_null() {
+            return Err(Failure::invalid("out is NULL"));
+        }
+        // SAFETY: out is non-NULL and points to `count` writable brand_sample
+        // structs (contract); brand_sample is Copy, so overwriting needs no drop.
+        let dst = unsafe { std::slice::from_raw_parts_mut(out, count) };
+        for (slot, i) in dst.iter_mut().zip(first..) {
+            let s = b
+                .batch
+                .get(i)
+                .ok_or_else(|| Failure::invalid(format!("sample {i} of a batch of {len}")))?;
+            *slot = c_sample(s);
+        }
         Ok(BRAND_OK)
     })
 }

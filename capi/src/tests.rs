@@ -243,6 +243,57 @@ fn null_arguments_are_errors_not_crashes() {
     close(l);
 }
 
+#[test]
+fn samples_in_bulk_equal_samples_one_by_one() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let path = make_dataset(t.path(), "ds", 40, 1);
+    let l = open(&path, CFG);
+    let mut b = null_mut();
+    assert_eq!(brand_next(l, &mut b), BRAND_OK);
+    let n = brand_batch_len(b);
+    let mut bulk = vec![sample_zeroed(); n];
+    assert_eq!(
+        brand_batch_samples(b, 0, n, bulk.as_mut_ptr()),
+        BRAND_OK,
+        "{}",
+        last_error()
+    );
+    for (i, got) in bulk.iter().enumerate() {
+        let one = sample(b, i);
+        assert_eq!(
+            (got.data, got.len, got.key, got.key_len, got.id, got.label),
+            (one.data, one.len, one.key, one.key_len, one.id, one.label)
+        );
+    }
+    let mut tail = vec![sample_zeroed(); 3];
+    assert_eq!(brand_batch_samples(b, n - 3, 3, tail.as_mut_ptr()), BRAND_OK);
+    assert_eq!(tail[2].id, bulk[n - 1].id);
+    // Out of range (also through overflow): an error, nothing written.
+    let mut untouched = vec![sample_zeroed(); 2];
+    assert_eq!(
+        brand_batch_samples(b, n - 1, 2, untouched.as_mut_ptr()),
+        BRAND_ERR_INVALID_ARGUMENT
+    );
+    assert!(last_error().contains(&format!("of a batch of {n}")), "{}", last_error());
+    assert!(untouched[0].data.is_null(), "nothing written on error");
+    assert_eq!(
+        brand_batch_samples(b, usize::MAX, 2, untouched.as_mut_ptr()),
+        BRAND_ERR_INVALID_ARGUMENT
+    );
+    assert_eq!(
+        brand_batch_samples(b, 0, 0, null_mut()),
+        BRAND_OK,
+        "count 0 needs no out"
+    );
+    assert_eq!(brand_batch_samples(b, 0, 1, null_mut()), BRAND_ERR_INVALID_ARGUMENT);
+    assert_eq!(
+        brand_batch_samples(null(), 0, 0, null_mut()),
+        BRAND_ERR_INVALID_ARGUMENT
+    );
+    brand_batch_free(&mut b);
+    close(l);
+}
+
 fn sample_zeroed() -> brand_sample {
     brand_sample {
         data: null(),

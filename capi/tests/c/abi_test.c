@@ -136,6 +136,18 @@ static int read_epoch(brand_loader *l, uint64_t epoch, uint64_t *order, size_t *
         }
         brand_sample past;
         CHECK_STATUS(brand_batch_sample(b, n, &past), BRAND_ERR_INVALID_ARGUMENT);
+        /* The bulk accessor gives the same samples in one call. */
+        brand_sample *all = (brand_sample *)calloc(n, sizeof(brand_sample));
+        CHECK_STATUS(brand_batch_samples(b, 0, n, all), BRAND_OK);
+        for (size_t i = 0; all && i < n; i++) {
+            brand_sample one;
+            CHECK_STATUS(brand_batch_sample(b, i, &one), BRAND_OK);
+            CHECK(all[i].data == one.data && all[i].len == one.len && all[i].id == one.id && all[i].key == one.key &&
+                      all[i].key_len == one.key_len && all[i].label == one.label,
+                  "bulk sample %zu", i);
+        }
+        CHECK_STATUS(brand_batch_samples(b, 1, n, all), BRAND_ERR_INVALID_ARGUMENT);
+        free(all);
         brand_batch_free(&b);
         CHECK(b == NULL, "brand_batch_free NULLs the variable");
         brand_batch_free(&b); /* the second free through the variable is a no-op */
