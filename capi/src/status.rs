@@ -133,10 +133,16 @@ thread_local! {
 }
 
 /// Records the message of the call that is returning (None on success).
+#[inline]
 pub(crate) fn set_last_error(message: Option<&str>) {
     if message.is_none() && !HAS_ERROR.get() {
         return;
     }
+    store_last_error(message);
+}
+
+#[cold]
+fn store_last_error(message: Option<&str>) {
     HAS_ERROR.set(message.is_some());
     let text = message.map(|m| {
         // Interior NULs (possible in a panic message) would cut the C string.
@@ -176,6 +182,7 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
 /// Runs the body of an entry point that returns a status: a panic becomes
 /// `BRAND_ERR_PANIC`, an error becomes its status, and the thread's last
 /// error describes the outcome either way.
+#[inline]
 pub(crate) fn boundary(body: impl FnOnce() -> Outcome) -> brand_status {
     let outcome = match catch_unwind(AssertUnwindSafe(body)) {
         Ok(o) => o,
