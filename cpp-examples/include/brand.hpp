@@ -79,6 +79,12 @@ class Batch {
         return Sample{s.data, s.len, std::string_view(s.key, s.key_len), s.id, s.label};
     }
 
+    /// Every sample of the batch into `out` with one C call (brand_batch_samples): the fast path.
+    void samples(std::vector<brand_sample> &out) const {
+        out.resize(size());
+        check(brand_batch_samples(b_, 0, out.size(), out.data()), "brand_batch_samples");
+    }
+
     class iterator {
       public:
         iterator(const Batch *b, size_t i) : b_(b), i_(i) {}

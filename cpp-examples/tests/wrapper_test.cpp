@@ -60,6 +60,9 @@ int main(int argc, char **argv) {
             seen.insert(s.id);
             served++;
         }
+        std::vector<brand_sample> bulk;
+        batch->samples(bulk);
+        EXPECT(bulk.size() == batch->size() && bulk.back().id == (*batch)[batch->size() - 1].id);
         if (seen.size() == batch->size()) {  // the first batch: an index out of range throws
             EXPECT(status_of([&] { (*batch)[batch->size()]; }) == BRAND_ERR_INVALID_ARGUMENT);
         }
