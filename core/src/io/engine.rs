@@ -211,18 +211,21 @@ impl Reactor {
         }
     }
 
+    /// A read buffer of at least `len` bytes. Sizes come in power-of-two
+    /// classes (from 64 KiB) so recycled buffers fit later reads.
     fn take_buffer(&self, len: usize) -> AlignedBuf {
+        let class = len.max(64 << 10).next_power_of_two();
         let mut pool = self.pool.borrow_mut();
-        match pool.iter().position(|b| b.capacity() >= len) {
+        match pool.iter().position(|b| b.capacity() == class) {
             Some(i) => pool.swap_remove(i),
-            None => AlignedBuf::new(len),
+            None => AlignedBuf::new(class),
         }
     }
 
     fn return_buffer(&self, mut buf: AlignedBuf) {
         let mut pool = self.pool.borrow_mut();
-        // Keep at most one buffer per queue slot; extra ones are freed.
-        if pool.len() < self.cfg.queue_depth {
+        // At most two buffers per queue slot are kept; others are freed.
+        if pool.len() < 2 * self.cfg.queue_depth {
             buf.clear();
             pool.push(buf);
         }

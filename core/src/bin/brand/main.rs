@@ -4,6 +4,7 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod bench;
 mod read;
 mod simulate;
 
@@ -41,6 +42,9 @@ enum Command {
     Cat(CatArgs),
     /// Stream epochs through the io engine and report throughput, amplification, stalls and memory.
     Read(read::ReadArgs),
+    /// Baselines for benchmarks (bench/compare.py runs them side by side with brand).
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
     /// Run the plan only: reads, read amplification, exactly-once and order quality for a budget.
     Simulate(simulate::SimulateArgs),
 }
@@ -156,6 +160,7 @@ fn main() -> ExitCode {
         Command::Verify(a) => verify_cmd(a),
         Command::Cat(a) => cat_cmd(a),
         Command::Read(a) => read::run(a).map(|ok| if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }),
+        Command::Bench(c) => bench::run(c).map(|()| ExitCode::SUCCESS),
         Command::Simulate(a) => simulate::run(a).map(|()| ExitCode::SUCCESS),
     };
     match result {
