@@ -341,3 +341,66 @@ fn resident_samples_never_exceed_the_budget_without_readahead() {
     let peak = l.metrics().peak_resident_samples;
     assert!(peak > 0 && peak <= slots, "peak resident {peak} > M = {slots}");
 }
+
+#[test]
+fn a_segment_truncated_under_a_running_loader_is_a_named_error() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let ds = make_dataset(t.path(), 200);
+    let c = LoaderConfig {
+        plan: plan_cfg(Policy::Sequential, Memory::Percent(20.0), 0, 1),
+        io: cfg(ReadGapSetting::Whole, 4, 0),
+    };
+    let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
+    let first = l.next_batch().expect("first batch").expect("not the end");
+    assert_eq!(first.len(), 10);
+    let seg = ds.segment_path(0);
+    let len = std::fs::metadata(&seg).expect("stat").len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&seg)
+        .expect("open")
+        .set_len(len / 2)
+        .expect("truncate");
+    let err = loop {
+        match l.next_batch() {
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("a truncated segment went unnoticed"),
+            Err(e) => break e.to_string(),
+        }
+    };
+    assert!(err.contains("data-00000.brd") && err.contains("truncated"), "{err}");
+    assert!(l.state().served < 200);
+}
+
+#[test]
+fn invalid_configurations_fail_when_the_loader_is_built() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let ds = make_dataset(t.path(), 100);
+    let bad = [
+        LoaderConfig {
+            plan: plan_cfg(Policy::Brand, Memory::Percent(10.0), 0, 1),
+            io: IoConfig {
+                batch_size: 0,
+                ..cfg(ReadGapSetting::Whole, 4, 0)
+            },
+        },
+        LoaderConfig {
+            plan: plan_cfg(Policy::Brand, Memory::Bytes(10), 0, 1),
+            io: cfg(ReadGapSetting::Whole, 4, 0),
+        },
+        LoaderConfig {
+            plan: plan_cfg(Policy::Brand, Memory::Percent(10.0), 2, 2),
+            io: cfg(ReadGapSetting::Whole, 4, 0),
+        },
+        LoaderConfig {
+            plan: plan_cfg(Policy::Brand, Memory::Percent(10.0), 0, 1),
+            io: cfg(ReadGapSetting::Whole, 0, 0),
+        },
+    ];
+    for (i, c) in bad.iter().enumerate() {
+        let e = Loader::open(ds.clone(), c, LoaderState::default())
+            .err()
+            .unwrap_or_else(|| panic!("config {i} accepted"));
+        assert!(e.to_string().starts_with("invalid configuration"), "{i}: {e}");
+    }
+}

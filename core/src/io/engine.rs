@@ -232,6 +232,13 @@ impl Reactor {
     }
 
     async fn execute(&self, job: Job) -> Completion {
+        use tracing::Instrument;
+        let ext = &job.extent;
+        let span = tracing::trace_span!("read", segment = ext.segment, offset = ext.offset, len = ext.len);
+        self.execute_in_span(&job).instrument(span).await
+    }
+
+    async fn execute_in_span(&self, job: &Job) -> Completion {
         let ext = &job.extent;
         let len = ext.len as usize;
         let mut buf = self.take_buffer(len);
