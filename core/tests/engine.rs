@@ -2,39 +2,17 @@
 //! the buffered read, whole or sparse, direct or on tmpfs; a corrupt record
 //! comes back as a named error.
 
+mod common;
+
 use std::path::Path;
 use std::sync::Arc;
 
 use brand::Dataset;
 use brand::io::engine::{Engine, EngineConfig, Job};
 use brand::io::extents::{ReadGap, extents};
-use brand::pack::files::FileSource;
-use brand::pack::{PackOptions, pack};
 
 fn make_dataset(root: &Path, samples: u64) -> Dataset {
-    let src = root.join("src");
-    let opts = brand::synthetic::GenOptions {
-        samples,
-        mean_bytes: 9000,
-        min_bytes: 100,
-        max_bytes: 40_000,
-        classes: 3,
-        ..Default::default()
-    };
-    brand::synthetic::generate(&src, &opts, &|_, _| {}).expect("gen");
-    let source = FileSource::image_folder(&src).expect("source");
-    let out = root.join("ds");
-    pack(
-        &source,
-        &out,
-        &PackOptions {
-            chunk_size: 16,
-            ..Default::default()
-        },
-        &|_, _, _| {},
-    )
-    .expect("pack");
-    Dataset::open(&out).expect("open")
+    common::small_dataset(root, samples)
 }
 
 /// Reads every chunk through the engine with `gap` and a mask that selects

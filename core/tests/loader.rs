@@ -4,39 +4,17 @@
 //! whatever the read gap, queue depth or readahead; resume mid-epoch loses
 //! and repeats nothing; a corrupt record stops the loader with a named error.
 
+mod common;
+
 use std::path::Path;
 use std::sync::Arc;
 
 use brand::Dataset;
 use brand::loader::{EventSource, IoConfig, Loader, LoaderConfig, LoaderState, ReadGapSetting};
-use brand::pack::files::FileSource;
-use brand::pack::{PackOptions, pack};
 use brand::plan::{Event, Memory, PlanConfig, Planner, Policy};
 
 fn make_dataset(root: &Path, samples: u64) -> Arc<Dataset> {
-    let src = root.join("src");
-    let opts = brand::synthetic::GenOptions {
-        samples,
-        mean_bytes: 7000,
-        min_bytes: 10,
-        max_bytes: 30_000,
-        classes: 4,
-        ..Default::default()
-    };
-    brand::synthetic::generate(&src, &opts, &|_, _| {}).expect("gen");
-    let source = FileSource::image_folder(&src).expect("source");
-    let out = root.join("ds");
-    pack(
-        &source,
-        &out,
-        &PackOptions {
-            chunk_size: 16,
-            ..Default::default()
-        },
-        &|_, _, _| {},
-    )
-    .expect("pack");
-    Arc::new(Dataset::open(&out).expect("open"))
+    Arc::new(common::small_dataset(root, samples))
 }
 
 /// Chunks in an epoch-dependent order; each chunk is read with a full mask
