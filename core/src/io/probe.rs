@@ -73,6 +73,8 @@ pub fn measure(ds: Arc<Dataset>, queue_depth: usize) -> Result<ProbeResult> {
             queue_depth,
             direct: true,
             verify: false,
+            // The same buffers the loader's small reads use.
+            fixed_buffers: true,
         },
     )?;
     // Best of three: other load only ever makes a run slower.
