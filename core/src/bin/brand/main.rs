@@ -142,6 +142,10 @@ struct CatArgs {
 }
 
 fn main() -> ExitCode {
+    // Like other Unix tools, end quietly when the reader of stdout goes away
+    // (`brand inspect … | head`) instead of panicking in println!.
+    // SAFETY: called first in main, before any thread exists; SIG_DFL is a valid handler.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
     let level = match cli.verbose {
         0 => tracing::Level::WARN,
