@@ -69,6 +69,12 @@ struct GenArgs {
     /// Write into a non-empty directory.
     #[arg(long)]
     force: bool,
+    /// Write small class-dependent PNG images (32x32 RGB; a CNN can learn them) instead of random bytes.
+    #[arg(long)]
+    images: bool,
+    /// Side length of --images.
+    #[arg(long, default_value_t = 32)]
+    image_size: u32,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -202,6 +208,7 @@ fn gen_cmd(a: &GenArgs) -> brand::Result<ExitCode> {
         classes: a.classes,
         seed: a.seed,
         force: a.force,
+        images: a.images.then_some(a.image_size),
     };
     let bar = progress_bar(a.samples, "gen");
     let bytes = brand::synthetic::generate(&a.dir, &opts, &|done, _| bar.set_position(done))?;
