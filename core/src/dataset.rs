@@ -77,12 +77,11 @@ impl Dataset {
     /// always checked). The io engine's path: one copy from the read buffer.
     pub fn decode(&self, id: u64, stored: &[u8], check_crc: bool) -> Result<AlignedBuf> {
         self.check_stored(id, stored, check_crc)?;
+        if !self.zstd() {
+            return Ok(AlignedBuf::copy_of(stored));
+        }
         let raw_len = self.index.raw_len[id as usize] as usize;
         let mut out = AlignedBuf::for_sample(raw_len);
-        if !self.zstd() {
-            out.as_mut_slice().copy_from_slice(stored);
-            return Ok(out);
-        }
         let n = zstd::bulk::decompress_to_buffer(stored, out.as_mut_slice())
             .map_err(|e| self.corrupt(id, format!("zstd: {e}")))?;
         if n != raw_len {

@@ -22,6 +22,9 @@ pub struct GenOptions {
     pub classes: u32,
     pub seed: u64,
     pub force: bool,
+    /// Write small class-dependent PNG images of this side length instead of
+    /// random bytes (sizes then follow from the images, not from the mean).
+    pub images: Option<u32>,
 }
 
 impl Default for GenOptions {
@@ -34,6 +37,7 @@ impl Default for GenOptions {
             classes: 100,
             seed: 0,
             force: false,
+            images: None,
         }
     }
 }
@@ -70,7 +74,8 @@ pub fn sizes(opts: &GenOptions) -> Result<Vec<u64>> {
     Ok(z.iter().map(|&z| size_at(mu, z).round() as u64).collect())
 }
 
-/// Writes the dataset into `dir` as `dir/class-CCCC/sample-NNNNNNNN.bin`.
+/// Writes the dataset into `dir` as `dir/class-CCCC/sample-NNNNNNNN.bin`
+/// (`.png` with `images`).
 /// Returns the total bytes written. Calls `progress(done, total)`.
 pub fn generate(dir: &Path, opts: &GenOptions, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<u64> {
     if opts.samples == 0 || opts.classes == 0 {
@@ -93,14 +98,23 @@ pub fn generate(dir: &Path, opts: &GenOptions, progress: &(dyn Fn(u64, u64) + Sy
         std::fs::create_dir_all(&d).at(&d)?;
     }
     let done = std::sync::atomic::AtomicU64::new(0);
+    let total = std::sync::atomic::AtomicU64::new(0);
     (0..opts.samples).into_par_iter().try_for_each(|i| -> Result<()> {
-        let mut bytes = vec![0u8; sizes[i as usize] as usize];
         let mut r = Prng::stream(opts.seed, &[domain::GEN, 2, i]);
-        for word in bytes.chunks_mut(8) {
-            let v = r.next_u64().to_le_bytes();
-            word.copy_from_slice(&v[..word.len()]);
-        }
-        let path = class_dir(dir, classes[i as usize]).join(format!("sample-{i:08}.bin"));
+        let class = classes[i as usize];
+        let (bytes, ext) = match opts.images {
+            Some(side) => (class_image(class, opts.classes, side, &mut r)?, "png"),
+            None => {
+                let mut bytes = vec![0u8; sizes[i as usize] as usize];
+                for word in bytes.chunks_mut(8) {
+                    let v = r.next_u64().to_le_bytes();
+                    word.copy_from_slice(&v[..word.len()]);
+                }
+                (bytes, "bin")
+            }
+        };
+        total.fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        let path = class_dir(dir, class).join(format!("sample-{i:08}.{ext}"));
         std::fs::write(&path, &bytes).at(&path)?;
         let d = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         if d % 256 == 0 || d == opts.samples {
@@ -108,7 +122,42 @@ pub fn generate(dir: &Path, opts: &GenOptions, progress: &(dyn Fn(u64, u64) + Sy
         }
         Ok(())
     })?;
-    Ok(sizes.iter().sum())
+    Ok(total.into_inner())
+}
+
+/// A `side`×`side` RGB PNG a small CNN can learn to classify: each class has
+/// its own hue, stripe frequency and stripe direction; brightness, phase and
+/// per-pixel noise vary per sample.
+fn class_image(class: u32, classes: u32, side: u32, r: &mut Prng) -> Result<Vec<u8>> {
+    if side == 0 || side > 4096 {
+        return Err(Error::config(format!("image size {side} outside 1..=4096")));
+    }
+    let hue = class as f64 / classes as f64;
+    let base = [0.0, 1.0 / 3.0, 2.0 / 3.0].map(|o: f64| 0.5 + 0.5 * (std::f64::consts::TAU * (hue + o)).cos());
+    let freq = 1.0 + (class % 4) as f64;
+    let vertical = (class / 4) % 2 == 1;
+    let phase = r.below(1000) as f64 / 1000.0 * std::f64::consts::TAU;
+    let gain = 0.7 + r.below(300) as f64 / 1000.0;
+    let mut pixels = Vec::with_capacity((side * side * 3) as usize);
+    for y in 0..side {
+        for x in 0..side {
+            let t = if vertical { x } else { y } as f64 / side as f64;
+            let stripe = 0.65 + 0.35 * (std::f64::consts::TAU * freq * t + phase).sin();
+            for c in base {
+                let noise = r.below(61) as f64 - 30.0;
+                pixels.push((255.0 * c * stripe * gain + noise).clamp(0.0, 255.0) as u8);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let mut enc = png::Encoder::new(&mut out, side, side);
+    enc.set_color(png::ColorType::Rgb);
+    enc.set_depth(png::BitDepth::Eight);
+    let mut w = enc.write_header().map_err(|e| Error::config(format!("png: {e}")))?;
+    w.write_image_data(&pixels)
+        .map_err(|e| Error::config(format!("png: {e}")))?;
+    w.finish().map_err(|e| Error::config(format!("png: {e}")))?;
+    Ok(out)
 }
 
 fn class_dir(dir: &Path, class: u32) -> PathBuf {
@@ -137,5 +186,28 @@ mod tests {
         sorted.sort_unstable();
         assert!((sorted[s.len() / 2] as f64) < mean);
         assert_eq!(s, sizes(&opts).expect("sizes"), "deterministic");
+    }
+
+    #[test]
+    fn images_are_valid_pngs_that_differ_by_class() {
+        let img = |class, seed| class_image(class, 10, 32, &mut Prng::stream(seed, &[])).expect("png");
+        let decode = |bytes: Vec<u8>| {
+            let mut reader = png::Decoder::new(std::io::Cursor::new(bytes))
+                .read_info()
+                .expect("png header");
+            let mut buf = vec![0; reader.output_buffer_size().expect("size")];
+            let info = reader.next_frame(&mut buf).expect("frame");
+            assert_eq!(
+                (info.width, info.height, info.color_type),
+                (32, 32, png::ColorType::Rgb)
+            );
+            buf
+        };
+        let mean = |v: &[u8], ch: usize| v.iter().skip(ch).step_by(3).map(|&x| x as f64).sum::<f64>() / 1024.0;
+        let (a, b) = (decode(img(0, 1)), decode(img(5, 1)));
+        // Classes 0 and 5 have different hues: their channel means differ a lot.
+        let d: f64 = (0..3).map(|c| (mean(&a, c) - mean(&b, c)).abs()).sum();
+        assert!(d > 60.0, "class images too alike: {d}");
+        assert_ne!(decode(img(0, 1)), decode(img(0, 2)), "samples of a class vary");
     }
 }

@@ -2,52 +2,40 @@
 //! the buffered read, whole or sparse, direct or on tmpfs; a corrupt record
 //! comes back as a named error.
 
+mod common;
+
 use std::path::Path;
 use std::sync::Arc;
 
 use brand::Dataset;
 use brand::io::engine::{Engine, EngineConfig, Job};
 use brand::io::extents::{ReadGap, extents};
-use brand::pack::files::FileSource;
-use brand::pack::{PackOptions, pack};
 
 fn make_dataset(root: &Path, samples: u64) -> Dataset {
-    let src = root.join("src");
-    let opts = brand::synthetic::GenOptions {
-        samples,
-        mean_bytes: 9000,
-        min_bytes: 100,
-        max_bytes: 40_000,
-        classes: 3,
-        ..Default::default()
-    };
-    brand::synthetic::generate(&src, &opts, &|_, _| {}).expect("gen");
-    let source = FileSource::image_folder(&src).expect("source");
-    let out = root.join("ds");
-    pack(
-        &source,
-        &out,
-        &PackOptions {
-            chunk_size: 16,
-            ..Default::default()
-        },
-        &|_, _, _| {},
-    )
-    .expect("pack");
-    Dataset::open(&out).expect("open")
+    common::small_dataset(root, samples)
 }
 
 /// Reads every chunk through the engine with `gap` and a mask that selects
 /// some records; returns (samples checked, bytes read).
-fn read_all(ds: Arc<Dataset>, gap: ReadGap, queue_depth: usize) -> (u64, u64, bool) {
+fn read_all(ds: Arc<Dataset>, gap: ReadGap, queue_depth: usize, fixed_buffers: bool) -> (u64, u64, bool) {
     let engine = Engine::start(
         ds.clone(),
         EngineConfig {
             queue_depth,
+            fixed_buffers,
             ..Default::default()
         },
     )
     .expect("engine");
+    // Root may lock the registered memory; elsewhere registration may be refused (and falls back).
+    // SAFETY: geteuid has no preconditions.
+    if fixed_buffers && unsafe { libc::geteuid() } == 0 {
+        assert!(
+            engine.fixed_buffers_in_use(),
+            "fixed buffers were requested and should register as root"
+        );
+    }
+    assert!(fixed_buffers || !engine.fixed_buffers_in_use());
     let mut jobs = 0u64;
     for c in 0..ds.index.chunk_count() {
         let mask = 0x5a5a_5a5a_5a5a_5a5au64.rotate_left(c as u32);
@@ -77,9 +65,12 @@ fn read_all(ds: Arc<Dataset>, gap: ReadGap, queue_depth: usize) -> (u64, u64, bo
 fn engine_reads_match_buffered_reads_whole_and_sparse() {
     let t = tempfile::tempdir().expect("tempdir");
     let ds = Arc::new(make_dataset(t.path(), 300));
-    let (n_whole, b_whole, _) = read_all(ds.clone(), ReadGap::Whole, 8);
-    let (n_sparse, b_sparse, _) = read_all(ds.clone(), ReadGap::Bytes(0), 1);
-    let (n_merged, b_merged, _) = read_all(ds.clone(), ReadGap::Bytes(64 << 10), 64);
+    let (n_whole, b_whole, _) = read_all(ds.clone(), ReadGap::Whole, 8, true);
+    let (n_sparse, b_sparse, _) = read_all(ds.clone(), ReadGap::Bytes(0), 1, true);
+    let (n_merged, b_merged, _) = read_all(ds.clone(), ReadGap::Bytes(64 << 10), 64, true);
+    // Ordinary (unregistered) buffers give the same records.
+    let (n_plain, b_plain, _) = read_all(ds.clone(), ReadGap::Bytes(0), 8, false);
+    assert_eq!((n_plain, b_plain), (n_sparse, b_sparse));
     assert_eq!(n_whole, n_sparse);
     assert_eq!(n_whole, n_merged);
     assert!(n_whole > 100);
@@ -99,7 +90,7 @@ fn engine_works_on_tmpfs() {
     }
     let t = tempfile::tempdir_in(shm).expect("tempdir in /dev/shm");
     let ds = Arc::new(make_dataset(t.path(), 100));
-    let (n, _, fallback) = read_all(ds, ReadGap::Bytes(0), 4);
+    let (n, _, fallback) = read_all(ds, ReadGap::Bytes(0), 4, true);
     assert!(n > 40);
     eprintln!("tmpfs: O_DIRECT fallback used: {fallback}");
 }

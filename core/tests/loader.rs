@@ -4,39 +4,17 @@
 //! whatever the read gap, queue depth or readahead; resume mid-epoch loses
 //! and repeats nothing; a corrupt record stops the loader with a named error.
 
+mod common;
+
 use std::path::Path;
 use std::sync::Arc;
 
 use brand::Dataset;
 use brand::loader::{EventSource, IoConfig, Loader, LoaderConfig, LoaderState, ReadGapSetting};
-use brand::pack::files::FileSource;
-use brand::pack::{PackOptions, pack};
 use brand::plan::{Event, Memory, PlanConfig, Planner, Policy};
 
 fn make_dataset(root: &Path, samples: u64) -> Arc<Dataset> {
-    let src = root.join("src");
-    let opts = brand::synthetic::GenOptions {
-        samples,
-        mean_bytes: 7000,
-        min_bytes: 10,
-        max_bytes: 30_000,
-        classes: 4,
-        ..Default::default()
-    };
-    brand::synthetic::generate(&src, &opts, &|_, _| {}).expect("gen");
-    let source = FileSource::image_folder(&src).expect("source");
-    let out = root.join("ds");
-    pack(
-        &source,
-        &out,
-        &PackOptions {
-            chunk_size: 16,
-            ..Default::default()
-        },
-        &|_, _, _| {},
-    )
-    .expect("pack");
-    Arc::new(Dataset::open(&out).expect("open"))
+    Arc::new(common::small_dataset(root, samples))
 }
 
 /// Chunks in an epoch-dependent order; each chunk is read with a full mask
@@ -340,4 +318,67 @@ fn resident_samples_never_exceed_the_budget_without_readahead() {
     collect_epoch(&mut l, &ds);
     let peak = l.metrics().peak_resident_samples;
     assert!(peak > 0 && peak <= slots, "peak resident {peak} > M = {slots}");
+}
+
+#[test]
+fn a_segment_truncated_under_a_running_loader_is_a_named_error() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let ds = make_dataset(t.path(), 200);
+    let c = LoaderConfig {
+        plan: plan_cfg(Policy::Sequential, Memory::Percent(20.0), 0, 1),
+        io: cfg(ReadGapSetting::Whole, 4, 0),
+    };
+    let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
+    let first = l.next_batch().expect("first batch").expect("not the end");
+    assert_eq!(first.len(), 10);
+    let seg = ds.segment_path(0);
+    let len = std::fs::metadata(&seg).expect("stat").len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&seg)
+        .expect("open")
+        .set_len(len / 2)
+        .expect("truncate");
+    let err = loop {
+        match l.next_batch() {
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("a truncated segment went unnoticed"),
+            Err(e) => break e.to_string(),
+        }
+    };
+    assert!(err.contains("data-00000.brd") && err.contains("truncated"), "{err}");
+    assert!(l.state().served < 200);
+}
+
+#[test]
+fn invalid_configurations_fail_when_the_loader_is_built() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let ds = make_dataset(t.path(), 100);
+    let bad = [
+        LoaderConfig {
+            plan: plan_cfg(Policy::Brand, Memory::Percent(10.0), 0, 1),
+            io: IoConfig {
+                batch_size: 0,
+                ..cfg(ReadGapSetting::Whole, 4, 0)
+            },
+        },
+        LoaderConfig {
+            plan: plan_cfg(Policy::Brand, Memory::Bytes(10), 0, 1),
+            io: cfg(ReadGapSetting::Whole, 4, 0),
+        },
+        LoaderConfig {
+            plan: plan_cfg(Policy::Brand, Memory::Percent(10.0), 2, 2),
+            io: cfg(ReadGapSetting::Whole, 4, 0),
+        },
+        LoaderConfig {
+            plan: plan_cfg(Policy::Brand, Memory::Percent(10.0), 0, 1),
+            io: cfg(ReadGapSetting::Whole, 0, 0),
+        },
+    ];
+    for (i, c) in bad.iter().enumerate() {
+        let e = Loader::open(ds.clone(), c, LoaderState::default())
+            .err()
+            .unwrap_or_else(|| panic!("config {i} accepted"));
+        assert!(e.to_string().starts_with("invalid configuration"), "{i}: {e}");
+    }
 }

@@ -4,7 +4,8 @@
 //! what is used); on throttled or network storage it grows past a chunk
 //! (read whole chunks, as the paper does).
 //!
-//! Results are cached per device (st_dev) in `~/.cache/brand/read-gap.toml`.
+//! Results are cached per device (st_dev), queue depth and blkio cgroup in
+//! `~/.cache/brand/read-gap.toml`.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
@@ -30,39 +31,56 @@ pub struct ProbeResult {
     pub gap: u64,
 }
 
+/// Small reads per round at most (fewer if the time budget runs out first).
 const SMALL_READS: usize = 2048;
-const LARGE: u64 = 1 << 20;
-const LARGE_READS: usize = 96;
+/// Large reads: as large as one block-layer request usually gets (4 MiB), so
+/// that a device limited in requests per second shows its real bandwidth.
+const LARGE: u64 = 4 << 20;
+const LARGE_READS: usize = 48;
+/// Each measurement stops after this long (and at least a few reads), so the
+/// probe stays short on slow or throttled storage.
+const ROUND_SECS: f64 = 0.25;
+const MIN_READS: usize = 8;
 /// The gap never exceeds this: beyond it, whole chunks are the better read anyway.
 const MAX_GAP: u64 = 64 << 20;
 
-/// Times `count` random aligned reads of `len` bytes spread over the
-/// dataset's segments; returns seconds.
-fn time_reads(engine: &Engine, ds: &Dataset, len: u64, count: usize, seed: u64) -> Result<f64> {
+/// Seconds per read of `len` bytes at random aligned offsets over the
+/// dataset's segments, keeping `queue_depth` reads in flight; stops after
+/// `max` reads or [`ROUND_SECS`].
+fn time_reads(engine: &Engine, ds: &Dataset, len: u64, max: usize, queue_depth: usize, seed: u64) -> Result<f64> {
     let mut rng = Prng::stream(seed, &[0x9e0b, len]);
     let sizes: Vec<u64> = ds.manifest.segments.iter().map(|s| s.bytes).collect();
-    let start = Instant::now();
-    let mut submitted = 0;
-    for i in 0..count {
+    let mut submit = |tag: u64| {
         let seg = rng.below(sizes.len() as u64) as usize;
+        let len = len.min(sizes[seg]).div_ceil(ALIGN) * ALIGN;
         let blocks = (sizes[seg].saturating_sub(len) / ALIGN).max(1);
         let offset = rng.below(blocks) * ALIGN;
-        let len = len.min(sizes[seg]).div_ceil(ALIGN) * ALIGN;
         engine.submit(Job {
-            tag: i as u64,
+            tag,
             extent: Extent {
                 segment: seg as u32,
                 offset,
                 len,
                 records: vec![],
             },
-        })?;
+        })
+    };
+    let start = Instant::now();
+    let (mut submitted, mut completed) = (0usize, 0usize);
+    while submitted < max.min(queue_depth) {
+        submit(submitted as u64)?;
         submitted += 1;
     }
-    for _ in 0..submitted {
+    while completed < submitted {
         engine.recv()?.result?;
+        completed += 1;
+        let time_left = start.elapsed().as_secs_f64() < ROUND_SECS || submitted < MIN_READS;
+        if submitted < max && time_left {
+            submit(submitted as u64)?;
+            submitted += 1;
+        }
     }
-    Ok(start.elapsed().as_secs_f64())
+    Ok(start.elapsed().as_secs_f64() / completed as f64)
 }
 
 /// Measures the device under `ds` (no cache).
@@ -73,14 +91,16 @@ pub fn measure(ds: Arc<Dataset>, queue_depth: usize) -> Result<ProbeResult> {
             queue_depth,
             direct: true,
             verify: false,
+            // The same buffers the loader's small reads use.
+            fixed_buffers: true,
         },
     )?;
     // Best of three: other load only ever makes a run slower.
     let mut small = f64::INFINITY;
     let mut large = f64::INFINITY;
     for round in 0..3 {
-        small = small.min(time_reads(&engine, &ds, ALIGN, SMALL_READS, round)? / SMALL_READS as f64);
-        large = large.min(time_reads(&engine, &ds, LARGE, LARGE_READS, round)? / LARGE_READS as f64);
+        small = small.min(time_reads(&engine, &ds, ALIGN, SMALL_READS, queue_depth, round)?);
+        large = large.min(time_reads(&engine, &ds, LARGE, LARGE_READS, queue_depth, round)?);
     }
     let bandwidth = LARGE as f64 / large;
     // A request's cost beyond its own 4 KiB of transfer, in bytes of transfer.
@@ -103,7 +123,15 @@ fn cache_path() -> Option<PathBuf> {
 pub fn auto_gap(ds: Arc<Dataset>, queue_depth: usize) -> Result<u64> {
     let seg0 = ds.segment_path(0);
     let dev = std::fs::metadata(&seg0).map_err(|e| Error::io(&seg0, e))?.dev();
-    let key = format!("dev-{dev}-qd-{queue_depth}");
+    // Throttling (cgroup blkio) changes what a request costs: part of the key.
+    let blkio = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.split_once(":blkio:").map(|(_, p)| p.to_string()))
+        })
+        .unwrap_or_default();
+    let key = format!("dev-{dev}-qd-{queue_depth}-blkio-{blkio}");
     let path = cache_path();
     let mut cache: BTreeMap<String, u64> = path
         .as_ref()

@@ -208,6 +208,7 @@ impl Loader {
                 queue_depth: cfg.queue_depth,
                 direct: true,
                 verify: cfg.verify,
+                fixed_buffers: true,
             },
         )?;
         let gap = match cfg.read_gap {

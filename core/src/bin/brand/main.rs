@@ -4,6 +4,7 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod bench;
 mod read;
 mod simulate;
 
@@ -41,6 +42,9 @@ enum Command {
     Cat(CatArgs),
     /// Stream epochs through the io engine and report throughput, amplification, stalls and memory.
     Read(read::ReadArgs),
+    /// Baselines for benchmarks (bench/compare.py runs them side by side with brand).
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
     /// Run the plan only: reads, read amplification, exactly-once and order quality for a budget.
     Simulate(simulate::SimulateArgs),
 }
@@ -65,6 +69,12 @@ struct GenArgs {
     /// Write into a non-empty directory.
     #[arg(long)]
     force: bool,
+    /// Write small class-dependent PNG images (32x32 RGB; a CNN can learn them) instead of random bytes.
+    #[arg(long)]
+    images: bool,
+    /// Side length of --images.
+    #[arg(long, default_value_t = 32)]
+    image_size: u32,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -138,6 +148,10 @@ struct CatArgs {
 }
 
 fn main() -> ExitCode {
+    // Like other Unix tools, end quietly when the reader of stdout goes away
+    // (`brand inspect … | head`) instead of panicking in println!.
+    // SAFETY: called first in main, before any thread exists; SIG_DFL is a valid handler.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
     let level = match cli.verbose {
         0 => tracing::Level::WARN,
@@ -156,6 +170,7 @@ fn main() -> ExitCode {
         Command::Verify(a) => verify_cmd(a),
         Command::Cat(a) => cat_cmd(a),
         Command::Read(a) => read::run(a).map(|ok| if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }),
+        Command::Bench(c) => bench::run(c).map(|()| ExitCode::SUCCESS),
         Command::Simulate(a) => simulate::run(a).map(|()| ExitCode::SUCCESS),
     };
     match result {
@@ -193,6 +208,7 @@ fn gen_cmd(a: &GenArgs) -> brand::Result<ExitCode> {
         classes: a.classes,
         seed: a.seed,
         force: a.force,
+        images: a.images.then_some(a.image_size),
     };
     let bar = progress_bar(a.samples, "gen");
     let bytes = brand::synthetic::generate(&a.dir, &opts, &|done, _| bar.set_position(done))?;
