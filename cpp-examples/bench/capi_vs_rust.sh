@@ -18,8 +18,10 @@
 #
 #   cpp-examples/bench/capi_vs_rust.sh [SAMPLES=30000] [MEAN_KIB=8] [EPOCHS=101] [ROUNDS=7]
 #
-# Prints each round and the median over rounds of each round's C / Rust ratio
-# (the target is >= 95 %). A benchmark, not a test.
+# Prints each round, the median over rounds of each round's C / Rust ratio,
+# and the ratio of the best rounds (the target is >= 95 %). A benchmark, not
+# a test; on a shared machine the rounds vary by 2x, so read the best row and
+# run it more than once.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$repo"
@@ -72,4 +74,7 @@ for i, clock in enumerate(("wall time", "thread CPU time")):
     print(f"median   {med(x[0] for x in rows):12.0f} {med(x[1] for x in rows):12.0f} "
           f"{med(x[1] / x[0] for x in rows):7.1%} {med(x[2] for x in rows):12.0f} "
           f"{med(x[2] / x[0] for x in rows):7.1%}   (ratio: median of the rounds' ratios)")
+    best = [max(x[k] for x in rows) for k in range(3)]
+    print(f"best     {best[0]:12.0f} {best[1]:12.0f} {best[1] / best[0]:7.1%} {best[2]:12.0f} "
+          f"{best[2] / best[0]:7.1%}   (interference only slows a run down: best of the rounds)")
 PY
