@@ -172,7 +172,7 @@ class BrandDataset(dataset_ops.DatasetSource):
             raise tf.errors.InvalidArgumentError(None, None, f"batch_size must be a positive integer, not {batch!r}")
         if epochs is not None and epochs < 0:
             raise tf.errors.InvalidArgumentError(None, None, f"epochs must be >= 0 or None, not {epochs!r}")
-        self._path = os.fspath(path)
+        self._path = path if tf.is_tensor(path) else os.fspath(path)
         self._config = _config_toml(settings)
         self._batch_size = batch
         self._structure = element_spec(batch is not None)
@@ -205,6 +205,10 @@ def dataset_fn(path, *, global_batch_size=None, **kwargs):
     `input_pipeline_id`, world = `num_input_pipelines`. With
     `global_batch_size` each pipeline's batch size is its per-replica share.
     Other keywords go to `BrandDataset`.
+
+    Prefer this to `strategy.experimental_distribute_dataset(BrandDataset(...))`:
+    tf.data's auto-sharding does not know brand's files, so it would fall
+    back to having every worker read everything and keep every n-th element.
     """
     if "rank" in kwargs or "world" in kwargs:
         raise TypeError("dataset_fn sets rank and world from the InputContext")
