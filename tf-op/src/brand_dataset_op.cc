@@ -1,0 +1,425 @@
+// BrandDataset: a tf.data source dataset over brand's C ABI (brand.h).
+//
+// The op never sees Rust types: it opens a brand_loader, pulls batches with
+// brand_next and copies the samples into tensors. All loading logic (plan,
+// I/O, checksums, sharding, resume) lives behind the C ABI.
+//
+// Inputs (all scalars, so AsGraphDefInternal can rebuild the op):
+//   path        the packed dataset directory
+//   config      loader TOML (built by brand_tf from its keywords)
+//   epoch       first epoch to emit
+//   epochs      how many consecutive epochs to emit; -1 for no end
+//   batch_size  0: one element per sample; N > 0: one element per brand
+//               batch (vectors of at most N), and config must say batch_size = N
+//
+// Element (a flat tuple in the order of brand_tf's element_spec dict, whose
+// keys tf.nest sorts): data string, id int64, key string, label int64.
+// Scalars per sample, or vectors [n] per batch.
+
+#if !defined(TF_MAJOR_VERSION) || !defined(TF_MINOR_VERSION) || !defined(TF_PATCH_VERSION)
+// The pip headers no longer define these (release_version.h #errors without
+// them, dataset.h does not), so a bare #if on them would silently be 0.
+#error "build with -DTF_MAJOR_VERSION=.. -DTF_MINOR_VERSION=.. -DTF_PATCH_VERSION=.. (tf-op/build.py passes them)"
+#endif
+#if TF_MAJOR_VERSION != 2 || TF_MINOR_VERSION < 16
+// Written against the absl::Status / SerializationContext / MakeSplitProviders
+// API of recent TF 2.x; older minors need source changes.
+#error "BrandDataset needs TensorFlow 2.16 or newer (2.x)"
+#endif
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/dataset.h"
+#include "tensorflow/core/framework/model.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+
+#include "brand.h"
+
+namespace tensorflow {
+namespace data {
+namespace {
+
+constexpr char kDatasetType[] = "Brand";
+// Checkpoint keys (under the iterator's prefix).
+constexpr char kDone[] = "done";
+constexpr char kState[] = "state";
+constexpr char kPos[] = "pos";
+
+// A brand status as an absl::Status carrying brand's own message. Must be
+// called on the thread that made the failing call, right after it
+// (brand_last_error is thread-local).
+absl::Status BrandError(int32_t st, const char* what) {
+  const std::string msg = absl::StrCat("brand: ", what, ": ", brand_last_error(), " [",
+                                       brand_status_name(st), "]");
+  switch (st) {
+    case BRAND_ERR_INVALID_ARGUMENT:
+    case BRAND_ERR_CONFIG:
+      return absl::InvalidArgumentError(msg);
+    case BRAND_ERR_NOT_FOUND:
+      return absl::NotFoundError(msg);
+    case BRAND_ERR_IO:
+      // Operating-system errors (EIO, permissions, io_uring missing): the
+      // data may be fine, the machine could not deliver it.
+      return absl::UnavailableError(msg);
+    case BRAND_ERR_FORMAT:
+    case BRAND_ERR_CORRUPT:
+      return absl::DataLossError(msg);
+    case BRAND_ERR_INVALID_STATE:
+      return absl::InvalidArgumentError(msg);
+    case BRAND_ERR_STATE_MISMATCH:
+      // A valid checkpoint, but of another dataset or plan config.
+      return absl::FailedPreconditionError(msg);
+    case BRAND_ERR_BUFFER_TOO_SMALL:
+    case BRAND_ERR_CLOSED:
+    case BRAND_ERR_PANIC:
+      return absl::InternalError(msg);
+    default:
+      return absl::UnknownError(msg);
+  }
+}
+
+#define BRAND_RETURN_IF_ERROR(call, what)         \
+  do {                                            \
+    const int32_t brand_st_ = (call);             \
+    if (brand_st_ < 0) return BrandError(brand_st_, what); \
+  } while (0)
+
+// Owns a brand_batch for the scope of one GetNext (batched mode).
+struct BatchGuard {
+  brand_batch* b = nullptr;
+  ~BatchGuard() { brand_batch_free(&b); }
+};
+
+class BrandDatasetOp : public DatasetOpKernel {
+ public:
+  explicit BrandDatasetOp(OpKernelConstruction* ctx) : DatasetOpKernel(ctx) {}
+
+  void MakeDataset(OpKernelContext* ctx, DatasetBase** output) override {
+    tstring path, config;
+    int64_t epoch = 0, epochs = 0, batch_size = 0;
+    OP_REQUIRES_OK(ctx, ParseScalarArgument<tstring>(ctx, "path", &path));
+    OP_REQUIRES_OK(ctx, ParseScalarArgument<tstring>(ctx, "config", &config));
+    OP_REQUIRES_OK(ctx, ParseScalarArgument<int64_t>(ctx, "epoch", &epoch));
+    OP_REQUIRES_OK(ctx, ParseScalarArgument<int64_t>(ctx, "epochs", &epochs));
+    OP_REQUIRES_OK(ctx, ParseScalarArgument<int64_t>(ctx, "batch_size", &batch_size));
+    OP_REQUIRES(ctx, epoch >= 0, absl::InvalidArgumentError("epoch must be >= 0"));
+    OP_REQUIRES(ctx, epochs >= -1, absl::InvalidArgumentError("epochs must be >= 0, or -1 for no end"));
+    OP_REQUIRES(ctx, batch_size >= 0, absl::InvalidArgumentError("batch_size must be >= 0"));
+
+    // Open once here: a bad path or config fails where the dataset is made
+    // (not at the first element), and the epoch length gives a real
+    // cardinality. Opening reads only the index; no sample data is read
+    // until brand_next.
+    brand_loader* probe = nullptr;
+    int32_t st = brand_open(path.c_str(), config.c_str(), &probe);
+    OP_REQUIRES(ctx, st >= 0, BrandError(st, absl::StrCat("opening ", std::string(path)).c_str()));
+    uint64_t epoch_len = 0;
+    st = brand_epoch_len(probe, &epoch_len);
+    absl::Status s = st >= 0 ? absl::OkStatus() : BrandError(st, "brand_epoch_len");
+    brand_close(&probe);
+    OP_REQUIRES_OK(ctx, s);
+
+    *output = new Dataset(ctx, std::string(path), std::string(config), epoch, epochs, batch_size,
+                          static_cast<int64_t>(epoch_len));
+  }
+
+ private:
+  class Dataset : public DatasetBase {
+   public:
+    Dataset(OpKernelContext* ctx, std::string path, std::string config, int64_t epoch, int64_t epochs,
+            int64_t batch_size, int64_t epoch_len)
+        : DatasetBase(DatasetContext(ctx)),
+          path_(std::move(path)),
+          config_(std::move(config)),
+          epoch_(epoch),
+          epochs_(epochs),
+          batch_size_(batch_size),
+          epoch_len_(epoch_len),
+          dtypes_({DT_STRING, DT_INT64, DT_STRING, DT_INT64}),
+          shapes_(4, batch_size > 0 ? PartialTensorShape({-1}) : PartialTensorShape({})) {}
+
+    std::unique_ptr<IteratorBase> MakeIteratorInternal(const std::string& prefix) const override {
+      return std::make_unique<Iterator>(Iterator::Params{this, absl::StrCat(prefix, "::", kDatasetType)});
+    }
+
+    const DataTypeVector& output_dtypes() const override { return dtypes_; }
+    const std::vector<PartialTensorShape>& output_shapes() const override { return shapes_; }
+
+    std::string DebugString() const override { return "BrandDatasetOp::Dataset"; }
+
+    // Elements per epoch: samples, or batches. brand's batches are full
+    // except the last of each epoch (they never span epochs), hence ceil.
+    int64_t PerEpoch() const {
+      return batch_size_ > 0 ? (epoch_len_ + batch_size_ - 1) / batch_size_ : epoch_len_;
+    }
+
+    int64_t CardinalityInternal(CardinalityOptions) const override {
+      if (epochs_ < 0) return PerEpoch() == 0 ? 0 : kInfiniteCardinality;
+      return epochs_ * PerEpoch();
+    }
+
+    absl::Status InputDatasets(std::vector<const DatasetBase*>*) const override { return absl::OkStatus(); }
+
+    // The elements are a function of the dataset files and the config alone.
+    absl::Status CheckExternalState() const override { return absl::OkStatus(); }
+
+   protected:
+    absl::Status AsGraphDefInternal(SerializationContext*, DatasetGraphDefBuilder* b,
+                                    Node** output) const override {
+      Node *path, *config, *epoch, *epochs, *batch_size;
+      TF_RETURN_IF_ERROR(b->AddScalar(tstring(path_), &path));
+      TF_RETURN_IF_ERROR(b->AddScalar(tstring(config_), &config));
+      TF_RETURN_IF_ERROR(b->AddScalar(epoch_, &epoch));
+      TF_RETURN_IF_ERROR(b->AddScalar(epochs_, &epochs));
+      TF_RETURN_IF_ERROR(b->AddScalar(batch_size_, &batch_size));
+      return b->AddDataset(this, {path, config, epoch, epochs, batch_size}, output);
+    }
+
+   private:
+    class Iterator : public DatasetIterator<Dataset> {
+     public:
+      explicit Iterator(const Params& p) : DatasetIterator<Dataset>(p) {}
+      ~Iterator() override { Reset(); }
+
+      // The state is a position (an 88-byte blob and an index), never data.
+      bool SymbolicCheckpointCompatible() const override { return true; }
+
+      absl::Status GetNextInternal(IteratorContext* ctx, std::vector<Tensor>* out,
+                                   bool* end_of_sequence) override {
+        absl::MutexLock l(&mu_);
+        // Opened lazily: an iterator that is restored right away opens once.
+        if (!done_ && loader_ == nullptr) TF_RETURN_IF_ERROR(OpenFresh());
+        if (done_) {
+          *end_of_sequence = true;
+          return absl::OkStatus();
+        }
+        if (dataset()->batch_size_ > 0) {
+          BatchGuard g;
+          TF_RETURN_IF_ERROR(NextBatch(&g.b));
+          if (g.b == nullptr) {
+            *end_of_sequence = true;
+            return absl::OkStatus();
+          }
+          const size_t n = brand_batch_len(g.b);
+          if (static_cast<int64_t>(n) > dataset()->batch_size_) {
+            // Cardinality and shapes assume the config's batch_size matches.
+            return absl::InternalError(absl::StrCat("brand returned a batch of ", n,
+                                                    " samples; the dataset was made for batch_size ",
+                                                    dataset()->batch_size_));
+          }
+          return Emit(ctx, g.b, 0, n, /*vector=*/true, out, end_of_sequence);
+        }
+        if (batch_ == nullptr || pos_ >= len_) {
+          brand_batch_free(&batch_);
+          // The state before this batch: a checkpoint taken while it is
+          // being emitted is (that state, pos_).
+          TF_RETURN_IF_ERROR(SaveState(&state_before_));
+          TF_RETURN_IF_ERROR(NextBatch(&batch_));
+          if (batch_ == nullptr) {
+            *end_of_sequence = true;
+            return absl::OkStatus();
+          }
+          pos_ = 0;
+          len_ = brand_batch_len(batch_);
+        }
+        return Emit(ctx, batch_, pos_++, 1, /*vector=*/false, out, end_of_sequence);
+      }
+
+     protected:
+      std::shared_ptr<model::Node> CreateNode(IteratorContext*, model::Node::Args args) const override {
+        return model::MakeSourceNode(std::move(args));
+      }
+
+      // Cheap (no I/O, no data): under symbolic checkpointing TF calls this
+      // after every element.
+      absl::Status SaveInternal(SerializationContext*, IteratorStateWriter* writer) override {
+        absl::MutexLock l(&mu_);
+        TF_RETURN_IF_ERROR(writer->WriteScalar(prefix(), kDone, done_ ? 1 : 0));
+        if (done_) return absl::OkStatus();
+        std::string state;
+        int64_t pos = 0;
+        if (batch_ != nullptr && pos_ < len_) {
+          state = state_before_;
+          pos = static_cast<int64_t>(pos_);
+        } else if (loader_ != nullptr) {
+          TF_RETURN_IF_ERROR(SaveState(&state));
+        }
+        // No state: nothing was read yet; a restore starts afresh.
+        if (!state.empty()) {
+          TF_RETURN_IF_ERROR(writer->WriteScalar(prefix(), kState, tstring(state)));
+          TF_RETURN_IF_ERROR(writer->WriteScalar(prefix(), kPos, pos));
+        }
+        return absl::OkStatus();
+      }
+
+      absl::Status RestoreInternal(IteratorContext*, IteratorStateReader* reader) override {
+        absl::MutexLock l(&mu_);
+        Reset();
+        int64_t done = 0;
+        TF_RETURN_IF_ERROR(reader->ReadScalar(prefix(), kDone, &done));
+        if (done) {
+          done_ = true;
+          return absl::OkStatus();
+        }
+        if (!reader->Contains(prefix(), kState)) return OpenFresh();
+        tstring state;
+        int64_t pos = 0;
+        TF_RETURN_IF_ERROR(reader->ReadScalar(prefix(), kState, &state));
+        TF_RETURN_IF_ERROR(reader->ReadScalar(prefix(), kPos, &pos));
+        const Dataset* d = dataset();
+        BRAND_RETURN_IF_ERROR(
+            brand_open_at(d->path_.c_str(), d->config_.c_str(), reinterpret_cast<const uint8_t*>(state.data()),
+                          state.size(), &loader_),
+            "restoring the iterator from its checkpoint");
+        // Mid-batch (per-sample mode): re-read the batch and skip what was
+        // already emitted. Skipping across batches keeps this right even if
+        // the restored config reads with another batch size.
+        while (pos > 0) {
+          TF_RETURN_IF_ERROR(SaveState(&state_before_));
+          TF_RETURN_IF_ERROR(NextBatch(&batch_));
+          if (batch_ == nullptr) return absl::DataLossError("brand: checkpoint position is past the end of the data");
+          len_ = brand_batch_len(batch_);
+          if (static_cast<size_t>(pos) < len_) {
+            pos_ = static_cast<size_t>(pos);
+            break;
+          }
+          pos -= static_cast<int64_t>(len_);
+          brand_batch_free(&batch_);
+        }
+        return absl::OkStatus();
+      }
+
+     private:
+      absl::Status OpenFresh() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        const Dataset* d = dataset();
+        if (d->epochs_ == 0 || d->epoch_len_ == 0) {
+          done_ = true;  // nothing to emit (and no endless loop over empty epochs)
+          return absl::OkStatus();
+        }
+        BRAND_RETURN_IF_ERROR(brand_open(d->path_.c_str(), d->config_.c_str(), &loader_),
+                              "opening the dataset");
+        if (d->epoch_ > 0) {
+          BRAND_RETURN_IF_ERROR(brand_start_epoch(loader_, static_cast<uint64_t>(d->epoch_)), "brand_start_epoch");
+        }
+        return absl::OkStatus();
+      }
+
+      // The next batch, moving on across epoch ends until the last epoch
+      // asked for is over; then *b stays NULL and the iterator is done.
+      absl::Status NextBatch(brand_batch** b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        const Dataset* d = dataset();
+        for (;;) {
+          const int32_t st = brand_next(loader_, b);
+          if (st == BRAND_OK) return absl::OkStatus();
+          if (st != BRAND_END_OF_EPOCH) return BrandError(st, "reading the next batch");
+          uint64_t epoch = 0;
+          BRAND_RETURN_IF_ERROR(brand_tell(loader_, &epoch, nullptr), "brand_tell");
+          if (d->epochs_ >= 0 && epoch >= static_cast<uint64_t>(d->epoch_ + d->epochs_)) {
+            done_ = true;
+            brand_close(&loader_);  // frees its I/O thread and buffers now
+            return absl::OkStatus();
+          }
+          // The next brand_next starts epoch `epoch`.
+        }
+      }
+
+      absl::Status SaveState(std::string* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        size_t need = 0;
+        BRAND_RETURN_IF_ERROR(brand_state_size(loader_, &need), "brand_state_size");
+        out->resize(need);
+        size_t written = 0;
+        BRAND_RETURN_IF_ERROR(brand_state_save(loader_, reinterpret_cast<uint8_t*>(out->data()), need, &written),
+                              "brand_state_save");
+        out->resize(written);
+        return absl::OkStatus();
+      }
+
+      // Copies samples [first, first + n) of `b` into the four outputs:
+      // vectors of n, or scalars (n == 1). Strings cannot borrow brand's
+      // memory (tstring views are shallow-copied downstream and would
+      // outlive the batch), so data and key are copied once, here.
+      absl::Status Emit(IteratorContext* ctx, const brand_batch* b, size_t first, size_t n, bool vector,
+                        std::vector<Tensor>* out, bool* end_of_sequence) {
+        const TensorShape shape = vector ? TensorShape({static_cast<int64_t>(n)}) : TensorShape({});
+        Tensor data(ctx->allocator({}), DT_STRING, shape);
+        Tensor id(ctx->allocator({}), DT_INT64, shape);
+        Tensor key(ctx->allocator({}), DT_STRING, shape);
+        Tensor label(ctx->allocator({}), DT_INT64, shape);
+        auto data_v = data.flat<tstring>();
+        auto id_v = id.flat<int64_t>();
+        auto key_v = key.flat<tstring>();
+        auto label_v = label.flat<int64_t>();
+        for (size_t i = 0; i < n; i++) {
+          brand_sample s;
+          BRAND_RETURN_IF_ERROR(brand_batch_sample(b, first + i, &s), "brand_batch_sample");
+          data_v(i).assign(reinterpret_cast<const char*>(s.data), s.len);
+          key_v(i).assign(s.key, s.key_len);
+          id_v(i) = static_cast<int64_t>(s.id);
+          label_v(i) = s.label;
+        }
+        out->reserve(4);
+        out->push_back(std::move(data));
+        out->push_back(std::move(id));
+        out->push_back(std::move(key));
+        out->push_back(std::move(label));
+        *end_of_sequence = false;
+        return absl::OkStatus();
+      }
+
+      void Reset() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        brand_batch_free(&batch_);
+        brand_close(&loader_);
+        state_before_.clear();
+        pos_ = len_ = 0;
+        done_ = false;
+      }
+
+      absl::Mutex mu_;
+      brand_loader* loader_ ABSL_GUARDED_BY(mu_) = nullptr;
+      // Per-sample mode: the batch being emitted, the next index in it, and
+      // the loader state from just before it was read.
+      brand_batch* batch_ ABSL_GUARDED_BY(mu_) = nullptr;
+      size_t pos_ ABSL_GUARDED_BY(mu_) = 0;
+      size_t len_ ABSL_GUARDED_BY(mu_) = 0;
+      std::string state_before_ ABSL_GUARDED_BY(mu_);
+      bool done_ ABSL_GUARDED_BY(mu_) = false;
+    };
+
+    const std::string path_;
+    const std::string config_;
+    const int64_t epoch_;
+    const int64_t epochs_;
+    const int64_t batch_size_;
+    const int64_t epoch_len_;
+    const DataTypeVector dtypes_;
+    const std::vector<PartialTensorShape> shapes_;
+  };
+};
+
+REGISTER_OP("BrandDataset")
+    .Input("path: string")
+    .Input("config: string")
+    .Input("epoch: int64")
+    .Input("epochs: int64")
+    .Input("batch_size: int64")
+    .Output("handle: variant")
+    // Stateful, as TF's own source datasets: no constant folding or CSE of
+    // two readers into one.
+    .SetDoNotOptimize()
+    .SetShapeFn(shape_inference::ScalarShape);
+
+REGISTER_KERNEL_BUILDER(Name("BrandDataset").Device(DEVICE_CPU), BrandDatasetOp);
+
+}  // namespace
+}  // namespace data
+}  // namespace tensorflow

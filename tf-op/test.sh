@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Builds the TensorFlow op against the installed TF and runs its tests.
+#
+#   tf-op/test.sh [PYTHON]     (or PYTHON=...; BRAND_BIN=... for the brand CLI)
+#
+# PYTHON is the venv with TensorFlow and pytest (scripts/tf-venv.sh makes it);
+# BRAND_BIN defaults to target/release/brand under CARGO_TARGET_DIR or the repo.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/.." && pwd)
+python=${1:-${PYTHON:-}}
+if [ -z "$python" ]; then
+  echo "usage: tf-op/test.sh PYTHON (or set PYTHON)" >&2
+  exit 2
+fi
+target=${CARGO_TARGET_DIR:-$repo/target}
+export CARGO_TARGET_DIR=$target
+# Relative paths are taken from the repository root, as the Makefile passes them.
+brand_bin=${BRAND_BIN:-$target/release/brand}
+case $brand_bin in /*) ;; *) brand_bin=$repo/$brand_bin ;; esac
+export BRAND_BIN=$brand_bin
+
+cd "$repo"
+cargo build --release --locked -p brand-capi
+if [ ! -x "$BRAND_BIN" ]; then
+  echo "tf-op/test.sh: no brand CLI at $BRAND_BIN (cargo build --release -p brand-core)" >&2
+  exit 1
+fi
+"$python" "$here/build.py" --lib "$target/release/libbrand.a"
+
+# The tests that hit a caught Rust panic or an error would print backtraces.
+export RUST_BACKTRACE=0
+# One pytest process: importing TensorFlow costs seconds.
+status=0
+"$python" -m pytest -q -p no:cacheprovider "$here/tests" || status=$?
+if [ "$status" -eq 5 ]; then
+  echo "tf-op/test.sh: pytest collected no tests" >&2
+  exit 1
+fi
+exit "$status"
