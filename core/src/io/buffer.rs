@@ -113,13 +113,13 @@ impl AlignedBuf {
     }
 
     pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: ptr is valid for cap ≥ len bytes, all initialised (zeroed at allocation).
+        // SAFETY: ptr is valid for cap ≥ len bytes, all initialised when allocated.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
     /// The whole capacity, for synchronous reads into it.
     pub fn spare_mut(&mut self) -> &mut [u8] {
-        // SAFETY: ptr is valid for cap bytes, zero-initialised at allocation, uniquely borrowed.
+        // SAFETY: ptr is valid for cap bytes, all initialised when allocated, uniquely borrowed.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.cap) }
     }
 
@@ -169,7 +169,8 @@ unsafe impl tokio_uring::buf::IoBuf for AlignedBuf {
 }
 
 // SAFETY: as above; set_init only raises the mark within the allocation, and
-// all bytes of the allocation are initialised (zeroed at allocation).
+// every byte of the allocation is initialised when it is made (zeroed, or
+// copied with the tail zeroed in `copy_of`).
 unsafe impl tokio_uring::buf::IoBufMut for AlignedBuf {
     fn stable_mut_ptr(&mut self) -> *mut u8 {
         self.ptr.as_ptr()
