@@ -13,6 +13,7 @@
 //! queue_depth = 32
 //! read_gap = "auto"     # "whole" (paper), "auto" (probe the device) or bytes, e.g. "16KiB"
 //! verify = true         # check every record's crc32c
+//! direct = true         # O_DIRECT; false reads through the page cache
 //! ```
 
 use serde::Deserialize;
@@ -35,6 +36,7 @@ struct ConfigFile {
     queue_depth: Option<usize>,
     read_gap: Option<String>,
     verify: Option<bool>,
+    direct: Option<bool>,
 }
 
 /// Default budget when none is given.
@@ -94,6 +96,9 @@ impl LoaderConfig {
         if let Some(v) = f.verify {
             c.io.verify = v;
         }
+        if let Some(v) = f.direct {
+            c.io.direct = v;
+        }
         c.check()?;
         Ok(c)
     }
@@ -136,7 +141,8 @@ mod tests {
                readahead = "1MiB"
                queue_depth = 4
                read_gap = "16KiB"
-               verify = false"#,
+               verify = false
+               direct = false"#,
         )
         .expect("valid");
         assert_eq!(c.io.batch_size, 8);
@@ -149,9 +155,11 @@ mod tests {
         assert_eq!((c.io.readahead_bytes, c.io.queue_depth), (1 << 20, 4));
         assert_eq!(c.io.read_gap, ReadGapSetting::Bytes(16 << 10));
         assert!(!c.io.verify);
+        assert!(!c.io.direct);
         let d = LoaderConfig::from_toml("").expect("empty is all defaults");
         assert_eq!(d.plan.memory, DEFAULT_MEMORY);
         assert_eq!(d.io.read_gap, ReadGapSetting::Auto);
+        assert!(d.io.direct);
     }
 
     #[test]

@@ -93,6 +93,9 @@ pub struct IoConfig {
     pub queue_depth: usize,
     pub read_gap: ReadGapSetting,
     pub verify: bool,
+    /// O_DIRECT reads (the default: the plan is the cache). `false` reads
+    /// through the page cache, for datasets that stay in RAM between runs.
+    pub direct: bool,
 }
 
 impl Default for IoConfig {
@@ -103,6 +106,7 @@ impl Default for IoConfig {
             queue_depth: 32,
             read_gap: ReadGapSetting::Auto,
             verify: true,
+            direct: true,
         }
     }
 }
@@ -206,7 +210,7 @@ impl Loader {
             ds.clone(),
             EngineConfig {
                 queue_depth: cfg.queue_depth,
-                direct: true,
+                direct: cfg.direct,
                 verify: cfg.verify,
                 fixed_buffers: true,
             },
