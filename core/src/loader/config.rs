@@ -22,21 +22,68 @@ use super::{IoConfig, LoaderConfig, ReadGapSetting};
 use crate::error::{Error, Result};
 use crate::plan::{Memory, PlanConfig, Policy};
 
+/// The configuration keys, each optional: what a TOML text sets, and what
+/// command-line flags set on top of it. [`apply`](Self::apply) is the one
+/// place a key's value is parsed.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ConfigFile {
-    batch_size: Option<usize>,
-    memory: Option<String>,
-    policy: Option<String>,
-    seed: Option<u64>,
-    rank: Option<u32>,
-    world: Option<u32>,
-    drop_last: Option<bool>,
-    readahead: Option<String>,
-    queue_depth: Option<usize>,
-    read_gap: Option<String>,
-    verify: Option<bool>,
-    direct: Option<bool>,
+pub struct ConfigKeys {
+    pub batch_size: Option<usize>,
+    pub memory: Option<String>,
+    pub policy: Option<String>,
+    pub seed: Option<u64>,
+    pub rank: Option<u32>,
+    pub world: Option<u32>,
+    pub drop_last: Option<bool>,
+    pub readahead: Option<String>,
+    pub queue_depth: Option<usize>,
+    pub read_gap: Option<String>,
+    pub verify: Option<bool>,
+    pub direct: Option<bool>,
+}
+
+impl ConfigKeys {
+    /// Sets the keys given here on `c`, then checks the result.
+    pub fn apply(self, c: &mut LoaderConfig) -> Result<()> {
+        if let Some(v) = self.batch_size {
+            c.io.batch_size = v;
+        }
+        if let Some(v) = self.memory {
+            c.plan.memory = v.parse()?;
+        }
+        if let Some(v) = self.policy {
+            c.plan.policy = v.parse::<Policy>()?;
+        }
+        if let Some(v) = self.seed {
+            c.plan.seed = v;
+        }
+        if let Some(v) = self.rank {
+            c.plan.rank = v;
+        }
+        if let Some(v) = self.world {
+            c.plan.world = v;
+        }
+        if let Some(v) = self.drop_last {
+            c.plan.drop_last = v;
+        }
+        if let Some(v) = self.readahead {
+            c.io.readahead_bytes = crate::units::parse_bytes(&v)
+                .ok_or_else(|| Error::config(format!("config: readahead {v:?} is not a byte count")))?;
+        }
+        if let Some(v) = self.queue_depth {
+            c.io.queue_depth = v;
+        }
+        if let Some(v) = self.read_gap {
+            c.io.read_gap = v.parse::<ReadGapSetting>()?;
+        }
+        if let Some(v) = self.verify {
+            c.io.verify = v;
+        }
+        if let Some(v) = self.direct {
+            c.io.direct = v;
+        }
+        c.check()
+    }
 }
 
 /// Default budget when none is given.
@@ -54,7 +101,7 @@ impl Default for LoaderConfig {
 impl LoaderConfig {
     /// Parses the TOML text; keys not given keep their defaults.
     pub fn from_toml(text: &str) -> Result<Self> {
-        let f: ConfigFile = toml::from_str(text).map_err(|e| {
+        let keys: ConfigKeys = toml::from_str(text).map_err(|e| {
             // One line that says where: the line number and its text.
             let at = e.span().map(|s| s.start).unwrap_or(0).min(text.len());
             let line_no = text[..at].matches('\n').count() + 1;
@@ -62,44 +109,7 @@ impl LoaderConfig {
             Error::config(format!("config line {line_no} `{line}`: {}", e.message().trim()))
         })?;
         let mut c = LoaderConfig::default();
-        if let Some(v) = f.batch_size {
-            c.io.batch_size = v;
-        }
-        if let Some(v) = f.memory {
-            c.plan.memory = v.parse()?;
-        }
-        if let Some(v) = f.policy {
-            c.plan.policy = v.parse::<Policy>()?;
-        }
-        if let Some(v) = f.seed {
-            c.plan.seed = v;
-        }
-        if let Some(v) = f.rank {
-            c.plan.rank = v;
-        }
-        if let Some(v) = f.world {
-            c.plan.world = v;
-        }
-        if let Some(v) = f.drop_last {
-            c.plan.drop_last = v;
-        }
-        if let Some(v) = f.readahead {
-            c.io.readahead_bytes = crate::units::parse_bytes(&v)
-                .ok_or_else(|| Error::config(format!("config: readahead {v:?} is not a byte count")))?;
-        }
-        if let Some(v) = f.queue_depth {
-            c.io.queue_depth = v;
-        }
-        if let Some(v) = f.read_gap {
-            c.io.read_gap = v.parse::<ReadGapSetting>()?;
-        }
-        if let Some(v) = f.verify {
-            c.io.verify = v;
-        }
-        if let Some(v) = f.direct {
-            c.io.direct = v;
-        }
-        c.check()?;
+        keys.apply(&mut c)?;
         Ok(c)
     }
 

@@ -9,7 +9,8 @@ use std::time::Instant;
 use serde::Serialize;
 
 use brand::Dataset;
-use brand::loader::{Loader, LoaderConfig, LoaderState, Metrics, ReadGapSetting};
+use brand::loader::config::ConfigKeys;
+use brand::loader::{Loader, LoaderConfig, LoaderState, Metrics};
 
 #[derive(clap::Args, Debug)]
 pub struct ReadArgs {
@@ -69,35 +70,19 @@ fn config(a: &ReadArgs) -> brand::Result<LoaderConfig> {
         Some(p) => LoaderConfig::from_toml(&std::fs::read_to_string(p).map_err(|e| brand::Error::io(p, e))?)?,
         None => LoaderConfig::default(),
     };
-    if let Some(v) = a.batch {
-        c.io.batch_size = v;
-    }
-    if let Some(v) = &a.memory {
-        c.plan.memory = v.parse()?;
-    }
-    if let Some(v) = &a.policy {
-        c.plan.policy = v.parse()?;
-    }
-    if let Some(v) = &a.read_gap {
-        c.io.read_gap = v.parse::<ReadGapSetting>()?;
-    }
-    if let Some(v) = a.seed {
-        c.plan.seed = v;
-    }
-    if let Some(v) = a.queue_depth {
-        c.io.queue_depth = v;
-    }
-    if let Some(v) = &a.readahead {
-        c.io.readahead_bytes = brand::units::parse_bytes(v)
-            .ok_or_else(|| brand::Error::config(format!("--readahead {v:?} is not a byte count")))?;
-    }
-    if let Some(v) = a.rank {
-        c.plan.rank = v;
-    }
-    if let Some(v) = a.world {
-        c.plan.world = v;
-    }
-    c.check()?;
+    let flags = ConfigKeys {
+        batch_size: a.batch,
+        memory: a.memory.clone(),
+        policy: a.policy.clone(),
+        seed: a.seed,
+        rank: a.rank,
+        world: a.world,
+        readahead: a.readahead.clone(),
+        queue_depth: a.queue_depth,
+        read_gap: a.read_gap.clone(),
+        ..Default::default()
+    };
+    flags.apply(&mut c)?;
     Ok(c)
 }
 
