@@ -204,7 +204,7 @@ fn check_chunk(ds: &Dataset, file: &File, c: u64) -> (u64, Vec<Problem>) {
             );
         }
         let stored = &buf[rec.offset as usize..(rec.offset + rec.stored_len) as usize];
-        if let Err(e) = ds.decode_record(id, stored) {
+        if let Err(e) = ds.decode(id, stored, true) {
             let what = match e {
                 Error::Corrupt { what, .. } => what,
                 other => other.to_string(),

@@ -154,11 +154,6 @@ impl Batch {
     }
 }
 
-/// A planned read in the lookahead window.
-struct Planned {
-    bytes: u64,
-}
-
 pub struct Loader {
     ds: Arc<Dataset>,
     cfg: IoConfig,
@@ -170,8 +165,8 @@ pub struct Loader {
     events: Option<Box<dyn Iterator<Item = Event> + Send>>,
     /// Events taken from the plan but not yet reached by the consumer.
     lookahead: VecDeque<Event>,
-    /// Reads issued for events still in `lookahead`, oldest first.
-    ahead: VecDeque<Planned>,
+    /// Bytes of the reads issued for events still in `lookahead`, oldest first.
+    ahead: VecDeque<u64>,
     ahead_bytes: u64,
     next_tag: u64,
     /// Samples read and not yet served (or kept: resident mode).
@@ -370,7 +365,7 @@ impl Loader {
                 for e in ext {
                     self.submit(e)?;
                 }
-                self.ahead.push_back(Planned { bytes });
+                self.ahead.push_back(bytes);
                 self.ahead_bytes += bytes;
                 self.metrics.refills += 1;
             }
@@ -440,8 +435,8 @@ impl Loader {
             };
             match ev {
                 Event::Read { .. } => {
-                    if let Some(p) = self.ahead.pop_front() {
-                        self.ahead_bytes -= p.bytes;
+                    if let Some(bytes) = self.ahead.pop_front() {
+                        self.ahead_bytes -= bytes;
                     }
                     // Room in the window: read further ahead.
                     self.fill_lookahead()?;
