@@ -12,7 +12,18 @@ DEMO_DIR ?= target/demo
 DEMO_SAMPLES ?= 2000
 BRAND := $(TARGET)/release/brand
 
-.PHONY: demo test rust-test python-test lint build capi-build capi-test cpp-test
+.PHONY: demo test rust-test python-test lint build capi-build capi-test cpp-test tools
+
+# What `make test` calls besides cargo, gcc and Python: installed here when
+# missing, so a fresh machine needs nothing else (root and Debian's apt).
+TOOLS := cmake valgrind
+tools:
+	missing=()
+	for tool in $(TOOLS); do command -v "$$tool" >/dev/null || missing+=("$$tool"); done
+	if (( $${#missing[@]} )); then
+		echo "installing $${missing[*]} (apt-get)"
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$${missing[@]}" >/dev/null
+	fi
 
 build:
 	cargo build --release --locked
@@ -44,7 +55,7 @@ python-test: build
 
 # The C ABI (capi/): libbrand.a and libbrand.so, and the brand CLI that makes test data.
 capi-build:
-	cargo build --release --locked -p brand-core -p brand-capi
+	cargo build --release --locked -p brand-cli -p brand-capi
 
 # capi/tests/c/abi_test.c as C11 and as C++17, linked statically and
 # dynamically, under valgrind, and with ASan+UBSan, on a small dataset made
@@ -58,7 +69,7 @@ CAPI_SAMPLES := 150
 VALGRIND := valgrind -q --error-exitcode=1 --leak-check=full --show-leak-kinds=definite,indirect \
 	--errors-for-leak-kinds=definite,indirect
 
-capi-test: capi-build
+capi-test: capi-build tools
 	rm -rf $(CAPI_OUT) && mkdir -p $(CAPI_OUT)
 	$(BRAND) gen $(CAPI_OUT)/files --samples $(CAPI_SAMPLES) --mean-kib 4 --min-kib 1 --max-kib 16 --classes 5 --seed 2
 	$(BRAND) pack $(CAPI_OUT)/files -o $(CAPI_OUT)/ds --chunk-size 16 --seed 2
@@ -85,9 +96,9 @@ capi-test: capi-build
 
 # cpp-examples/ (CMake): the RAII wrapper, train_loop and brand_throughput, tested with ctest.
 CPP_BUILD := $(TARGET)/cpp-examples
-cpp-test: capi-build
+cpp-test: capi-build tools
 	cmake -S cpp-examples -B $(CPP_BUILD) -DCMAKE_BUILD_TYPE=Release -DBRAND_CARGO_TARGET_DIR=$(TARGET)
 	cmake --build $(CPP_BUILD) -j 2
 	ctest --test-dir $(CPP_BUILD) --output-on-failure
 
-test: lint rust-test capi-test cpp-test python-test
+test: tools lint rust-test capi-test cpp-test python-test

@@ -23,7 +23,7 @@ export BRAND_BIN=$brand_bin
 cd "$repo"
 cargo build --release --locked -p brand-capi
 if [ ! -x "$BRAND_BIN" ]; then
-  echo "tf-op/test.sh: no brand CLI at $BRAND_BIN (cargo build --release -p brand-core)" >&2
+  echo "tf-op/test.sh: no brand CLI at $BRAND_BIN (cargo build --release -p brand-cli)" >&2
   exit 1
 fi
 "$python" "$here/build.py" --lib "$target/release/libbrand.a"

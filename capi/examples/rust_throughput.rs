@@ -8,8 +8,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use brand::Dataset;
-use brand::loader::{Loader, LoaderConfig, LoaderState};
+use ::brand_loader::{Loader, LoaderConfig, LoaderState};
+use brand_format::Dataset;
 
 /// CPU seconds used by this thread (not counting time preempted by other work).
 fn thread_cpu_secs() -> f64 {

@@ -19,14 +19,11 @@
 // Rust code but its own tests (which pass valid pointers) can call them.
 #![allow(
     clippy::not_unsafe_ptr_arg_deref,
-    reason = "extern \"C\" entry points, callable only from C (no rlib)"
+    reason = "extern \"C\" entry points for C; every pointer is checked as brand.h documents (the rlib serves this crate's own tests; Rust code uses brand-loader)"
 )]
 
 mod state;
 mod status;
-
-#[cfg(test)]
-mod tests;
 
 use std::collections::BTreeMap;
 use std::ffi::{CStr, OsStr, c_char};
@@ -35,9 +32,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use brand::Dataset;
-use brand::loader::{Batch, Loader, LoaderConfig, LoaderState};
-use brand::plan::Planner;
+use ::brand_loader::{Batch, Loader, LoaderConfig, LoaderState};
+use brand_format::Dataset;
+use brand_plan::Planner;
 
 use state::Fingerprint;
 pub use status::brand_status;
@@ -554,7 +551,7 @@ pub extern "C" fn brand_get_metrics(loader: *const brand_loader, out: *mut brand
     })
 }
 
-fn c_sample(s: brand::loader::SampleRef<'_>) -> brand_sample {
+fn c_sample(s: ::brand_loader::SampleRef<'_>) -> brand_sample {
     brand_sample {
         data: s.data.as_ptr(),
         len: s.data.len(),

@@ -30,9 +30,9 @@
 //! not part of it: they change how fast the plan's sequence arrives, never
 //! the sequence, so a run may resume with different ones.
 
-use brand::Dataset;
-use brand::loader::LoaderState;
-use brand::plan::{Geometry, PlanConfig, Policy};
+use ::brand_loader::LoaderState;
+use brand_format::Dataset;
+use brand_plan::{Geometry, PlanConfig, Policy};
 
 pub(crate) const MAGIC: [u8; 8] = *b"BRDSTATE";
 pub(crate) const VERSION: u32 = 1;

@@ -108,14 +108,16 @@ impl Failure {
     }
 }
 
-impl From<brand::Error> for Failure {
-    fn from(e: brand::Error) -> Self {
+impl From<brand_format::Error> for Failure {
+    fn from(e: brand_format::Error) -> Self {
         let status = match &e {
-            brand::Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => BRAND_ERR_NOT_FOUND,
-            brand::Error::Io { .. } => BRAND_ERR_IO,
-            brand::Error::Format { .. } | brand::Error::Input { .. } => BRAND_ERR_FORMAT,
-            brand::Error::Corrupt { .. } => BRAND_ERR_CORRUPT,
-            brand::Error::Config(_) => BRAND_ERR_CONFIG,
+            brand_format::Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                BRAND_ERR_NOT_FOUND
+            }
+            brand_format::Error::Io { .. } => BRAND_ERR_IO,
+            brand_format::Error::Format { .. } | brand_format::Error::Input { .. } => BRAND_ERR_FORMAT,
+            brand_format::Error::Corrupt { .. } => BRAND_ERR_CORRUPT,
+            brand_format::Error::Config(_) => BRAND_ERR_CONFIG,
         };
         Failure::new(status, e.to_string())
     }

@@ -29,7 +29,7 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$repo/target}
 target=$(realpath -m "$CARGO_TARGET_DIR")
 samples=${1:-30000} kib=${2:-8} epochs=${3:-101} rounds=${4:-7}
 
-cargo build --release --locked -q -p brand-core -p brand-capi --example rust_throughput
+cargo build --release --locked -q -p brand-cli -p brand-capi --example rust_throughput
 cmake -S cpp-examples -B "$target/cpp-examples" -DCMAKE_BUILD_TYPE=Release -DBRAND_CARGO_TARGET_DIR="$target" >/dev/null
 cmake --build "$target/cpp-examples" --target brand_throughput >/dev/null
 brand=$target/release/brand

@@ -1,0 +1,120 @@
+//! `brand bench files`: the per-file baseline brand is compared against —
+//! every file of an ImageFolder directory read once in a random order with
+//! open/read/close, by T threads (what a PyTorch-style loader does).
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Instant;
+
+use serde::Serialize;
+
+use brand_format::rng::Prng;
+use brand_pack::files::FileSource;
+use brand_pack::source::Source;
+
+#[derive(clap::Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Read every file of an ImageFolder directory once, in random order, with open/read/close.
+    Files(FilesArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct FilesArgs {
+    dir: PathBuf,
+    #[arg(long, default_value_t = 8)]
+    threads: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Drop the page cache first (needs root), so reads come from the device.
+    #[arg(long)]
+    drop_caches: bool,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct FilesReport {
+    files: u64,
+    bytes: u64,
+    threads: usize,
+    seconds: f64,
+    samples_per_sec: f64,
+    useful_mb_per_sec: f64,
+    cache_dropped: bool,
+}
+
+pub fn run(cmd: &BenchCommand) -> brand_format::Result<()> {
+    match cmd {
+        BenchCommand::Files(a) => files(a),
+    }
+}
+
+fn drop_caches() -> bool {
+    // SAFETY: sync() has no preconditions.
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", "3\n").is_ok()
+}
+
+fn files(a: &FilesArgs) -> brand_format::Result<()> {
+    if a.threads == 0 {
+        return Err(brand_format::Error::config("--threads must be at least 1"));
+    }
+    let source = FileSource::image_folder(&a.dir)?;
+    let mut order: Vec<u32> = (0..source.entries().len() as u32).collect();
+    Prng::stream(a.seed, &[0xbe4c]).shuffle(&mut order);
+    let cache_dropped = a.drop_caches && drop_caches();
+    if a.drop_caches && !cache_dropped {
+        tracing::warn!("could not drop the page cache (not root?): reads may come from memory");
+    }
+    let next = AtomicUsize::new(0);
+    let bytes = AtomicU64::new(0);
+    let start = Instant::now();
+    std::thread::scope(|s| -> brand_format::Result<()> {
+        let workers: Vec<_> = (0..a.threads)
+            .map(|_| {
+                s.spawn(|| -> brand_format::Result<()> {
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(&f) = order.get(i) else { return Ok(()) };
+                        let data = source.read(f as usize)?;
+                        bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join()
+                .map_err(|_| brand_format::Error::config("a reader thread panicked"))??;
+        }
+        Ok(())
+    })?;
+    let secs = start.elapsed().as_secs_f64();
+    let (n, b) = (order.len() as u64, bytes.load(Ordering::Relaxed));
+    let r = FilesReport {
+        files: n,
+        bytes: b,
+        threads: a.threads,
+        seconds: secs,
+        samples_per_sec: n as f64 / secs,
+        useful_mb_per_sec: b as f64 / secs / 1e6,
+        cache_dropped,
+    };
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&r).map_err(|e| brand_format::Error::config(e.to_string()))?
+        );
+    } else {
+        println!(
+            "{} files, {:.1} MiB, {} threads: {:.2} s, {:.0} samples/s, {:.0} MB/s{}",
+            n,
+            b as f64 / (1 << 20) as f64,
+            a.threads,
+            secs,
+            r.samples_per_sec,
+            r.useful_mb_per_sec,
+            if cache_dropped { " (cold cache)" } else { "" }
+        );
+    }
+    Ok(())
+}

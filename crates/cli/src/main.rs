@@ -1,0 +1,338 @@
+//! The `brand` command line: pack, inspect, verify, cat, gen.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+mod bench;
+mod read;
+mod simulate;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use brand_format::Dataset;
+use brand_pack::{PackOptions, files::FileSource, source::Source};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "brand",
+    version,
+    about = "Training-data loader for datasets far larger than memory"
+)]
+struct Cli {
+    /// More log output (-v info, -vv debug).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Write an ImageNet-like directory of synthetic samples (ImageFolder layout).
+    Gen(GenArgs),
+    /// Pack samples into a dataset of shuffled, 4 KiB-aligned chunks.
+    Pack(PackArgs),
+    /// Summarise a dataset.
+    Inspect(InspectArgs),
+    /// Re-read every chunk and check headers, records and crc32c against the index.
+    Verify(VerifyArgs),
+    /// Write one sample's original bytes to stdout.
+    Cat(CatArgs),
+    /// Stream epochs through the io engine and report throughput, amplification, stalls and memory.
+    Read(read::ReadArgs),
+    /// Baselines for benchmarks (bench/compare.py runs them side by side with brand).
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+    /// Run the plan only: reads, read amplification, exactly-once and order quality for a budget.
+    Simulate(simulate::SimulateArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct GenArgs {
+    /// Output directory.
+    dir: PathBuf,
+    #[arg(long)]
+    samples: u64,
+    /// Mean sample size in KiB.
+    #[arg(long, default_value_t = 110.0)]
+    mean_kib: f64,
+    #[arg(long, default_value_t = 10.0)]
+    min_kib: f64,
+    #[arg(long, default_value_t = 300.0)]
+    max_kib: f64,
+    #[arg(long, default_value_t = 100)]
+    classes: u32,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Write into a non-empty directory.
+    #[arg(long)]
+    force: bool,
+    /// Write small class-dependent PNG images (32x32 RGB; a CNN can learn them) instead of random bytes.
+    #[arg(long)]
+    images: bool,
+    /// Side length of --images.
+    #[arg(long, default_value_t = 32)]
+    image_size: u32,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum From {
+    /// ImageFolder directory: INPUT/<class>/<file>, label = class index.
+    Dir,
+    /// Text file of `path<TAB>label` lines.
+    List,
+    /// One or more TFRecord files.
+    Tfrecord,
+    /// An LMDB environment (e.g. a Caffe datum database).
+    Lmdb,
+}
+
+#[derive(clap::Args, Debug)]
+struct PackArgs {
+    /// The input (several files for --from tfrecord).
+    #[arg(required = true, num_args = 1..)]
+    inputs: Vec<PathBuf>,
+    /// The dataset directory to create.
+    #[arg(short, long)]
+    out: PathBuf,
+    #[arg(long, value_enum, default_value = "dir")]
+    from: From,
+    /// Samples per chunk (1..=64).
+    #[arg(long, default_value_t = brand_format::DEFAULT_CHUNK_SIZE)]
+    chunk_size: u32,
+    /// Seed of the one pack-time shuffle.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Compress every record with zstd at this level.
+    #[arg(long, value_name = "LEVEL")]
+    zstd: Option<i32>,
+    /// Largest segment file, in MiB.
+    #[arg(long, default_value_t = brand_format::DEFAULT_SEGMENT_BYTES >> 20, value_name = "MIB")]
+    segment_mib: u64,
+    /// TFRecord: the int64 feature of each tf.train.Example that holds its label.
+    #[arg(long, default_value = "label")]
+    label_feature: String,
+    /// Replace OUT if it already exists.
+    #[arg(long)]
+    force: bool,
+}
+
+#[derive(clap::Args, Debug)]
+struct InspectArgs {
+    dataset: PathBuf,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args, Debug)]
+struct VerifyArgs {
+    dataset: PathBuf,
+    /// Rebuild index.bin from the chunks' own headers, then verify.
+    #[arg(long)]
+    rebuild_index: bool,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args, Debug)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["id", "key"])))]
+struct CatArgs {
+    dataset: PathBuf,
+    /// Sample id (position in the packed order).
+    id: Option<u64>,
+    /// The sample's original name instead of its id.
+    #[arg(long)]
+    key: Option<String>,
+}
+
+fn main() -> ExitCode {
+    // Like other Unix tools, end quietly when the reader of stdout goes away
+    // (`brand inspect … | head`) instead of panicking in println!.
+    // SAFETY: called first in main, before any thread exists; SIG_DFL is a valid handler.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    let cli = Cli::parse();
+    let level = match cli.verbose {
+        0 => tracing::Level::WARN,
+        1 => tracing::Level::INFO,
+        _ => tracing::Level::DEBUG,
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(level)
+        .without_time()
+        .init();
+    let result = match &cli.command {
+        Command::Gen(a) => gen_cmd(a),
+        Command::Pack(a) => pack_cmd(a),
+        Command::Inspect(a) => inspect_cmd(a),
+        Command::Verify(a) => verify_cmd(a),
+        Command::Cat(a) => cat_cmd(a),
+        Command::Read(a) => read::run(a).map(|ok| if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }),
+        Command::Bench(c) => bench::run(c).map(|()| ExitCode::SUCCESS),
+        Command::Simulate(a) => simulate::run(a).map(|()| ExitCode::SUCCESS),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("brand: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A progress bar on a terminal, nothing otherwise.
+fn progress_bar(len: u64, what: &str) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len);
+    let style = ProgressStyle::with_template("{msg} {wide_bar} {pos}/{len} [{elapsed_precise}<{eta_precise}]")
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+    bar.set_style(style);
+    bar.set_message(what.to_string());
+    bar
+}
+
+fn kib(x: f64) -> u64 {
+    (x * 1024.0).round() as u64
+}
+
+fn gen_cmd(a: &GenArgs) -> brand_format::Result<ExitCode> {
+    let opts = brand_pack::synthetic::GenOptions {
+        samples: a.samples,
+        mean_bytes: kib(a.mean_kib),
+        min_bytes: kib(a.min_kib),
+        max_bytes: kib(a.max_kib),
+        classes: a.classes,
+        seed: a.seed,
+        force: a.force,
+        images: a.images.then_some(a.image_size),
+    };
+    let bar = progress_bar(a.samples, "gen");
+    let bytes = brand_pack::synthetic::generate(&a.dir, &opts, &|done, _| bar.set_position(done))?;
+    bar.finish_and_clear();
+    eprintln!(
+        "wrote {} samples, {:.1} MiB, into {}",
+        a.samples,
+        bytes as f64 / (1 << 20) as f64,
+        a.dir.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn open_source(a: &PackArgs) -> brand_format::Result<Box<dyn Source>> {
+    let single = || -> brand_format::Result<&PathBuf> {
+        match a.inputs.as_slice() {
+            [one] => Ok(one),
+            _ => Err(brand_format::Error::config(
+                format!("--from {:?} takes exactly one input", a.from).to_lowercase(),
+            )),
+        }
+    };
+    Ok(match a.from {
+        From::Dir => Box::new(FileSource::image_folder(single()?)?),
+        From::List => Box::new(FileSource::list(single()?)?),
+        From::Tfrecord => Box::new(brand_pack::tfrecord::TfRecordSource::open(
+            &a.inputs,
+            Some(&a.label_feature),
+        )?),
+        From::Lmdb => Box::new(brand_pack::lmdb::LmdbSource::open(single()?)?),
+    })
+}
+
+fn pack_cmd(a: &PackArgs) -> brand_format::Result<ExitCode> {
+    let source = open_source(a)?;
+    let opts = PackOptions {
+        chunk_size: a.chunk_size,
+        seed: a.seed,
+        zstd: a.zstd,
+        segment_bytes: a.segment_mib.saturating_mul(1 << 20),
+        force: a.force,
+        inputs: a.inputs.iter().map(|p| p.display().to_string()).collect(),
+    };
+    let bar = progress_bar(source.entries().len() as u64, "pack");
+    let m = brand_pack::pack(source.as_ref(), &a.out, &opts, &|done, _, _| bar.set_position(done))?;
+    bar.finish_and_clear();
+    eprintln!(
+        "packed {} samples into {} chunks, {} segment(s), {:.1} MiB, in {}",
+        m.samples,
+        m.chunks,
+        m.segments.len(),
+        m.data_bytes as f64 / (1 << 20) as f64,
+        a.out.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn inspect_cmd(a: &InspectArgs) -> brand_format::Result<ExitCode> {
+    let ds = Dataset::open(&a.dataset)?;
+    let s = brand_pack::inspect::summary(&ds);
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&s).map_err(|e| brand_format::Error::config(e.to_string()))?
+        );
+    } else {
+        print!("{s}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn verify_cmd(a: &VerifyArgs) -> brand_format::Result<ExitCode> {
+    if a.rebuild_index {
+        let idx = brand_pack::verify::rebuild_index(&a.dataset)?;
+        eprintln!(
+            "rebuilt index.bin: {} samples in {} chunks",
+            idx.samples(),
+            idx.chunk_count()
+        );
+    }
+    let ds = Dataset::open(&a.dataset)?;
+    let bar = progress_bar(ds.index.chunk_count(), "verify");
+    let report = brand_pack::verify::verify(&ds, &|done, _| bar.set_position(done))?;
+    bar.finish_and_clear();
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).map_err(|e| brand_format::Error::config(e.to_string()))?
+        );
+    } else {
+        for p in &report.problems {
+            println!("{p}");
+        }
+        let verdict = if report.ok() { "OK" } else { "FAILED" };
+        println!(
+            "{verdict}: {} chunks, {} samples, {} problem(s)",
+            report.chunks,
+            report.samples,
+            report.problems.len()
+        );
+    }
+    Ok(if report.ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+fn cat_cmd(a: &CatArgs) -> brand_format::Result<ExitCode> {
+    let ds = Dataset::open(&a.dataset)?;
+    let id = match (&a.key, a.id) {
+        (Some(k), _) => ds
+            .index
+            .find_key(k.as_bytes())
+            .ok_or_else(|| brand_format::Error::config(format!("no sample has key {k:?}")))?,
+        (None, Some(id)) => id,
+        (None, None) => return Err(brand_format::Error::config("give a sample id or --key")),
+    };
+    let bytes = ds.read_sample(id)?;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(&bytes).and_then(|_| out.flush()) {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        // A closed pipe (`brand cat … | head`) is the reader's choice, not an error.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
+        Err(e) => Err(brand_format::Error::io("<stdout>", e)),
+    }
+}

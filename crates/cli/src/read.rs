@@ -1,0 +1,225 @@
+//! `brand read`: stream epochs through the real engine, discarding the data,
+//! and report throughput, read amplification, stalls and memory per epoch.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use brand_format::Dataset;
+use brand_loader::config::ConfigKeys;
+use brand_loader::{Loader, LoaderConfig, LoaderState, Metrics};
+
+#[derive(clap::Args, Debug)]
+pub struct ReadArgs {
+    dataset: PathBuf,
+    /// A loader configuration (TOML); the flags below override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    #[arg(long, default_value_t = 1)]
+    epochs: u64,
+    /// First epoch (each epoch has its own order).
+    #[arg(long, default_value_t = 0)]
+    start_epoch: u64,
+    #[arg(long)]
+    batch: Option<usize>,
+    /// Memory budget per rank: bytes ("4GiB") or a percentage of the dataset ("10%").
+    #[arg(long)]
+    memory: Option<String>,
+    /// brand, brand-random, direct, chunk-shuffle or sequential.
+    #[arg(long)]
+    policy: Option<String>,
+    /// whole, auto, or a byte count ("16KiB").
+    #[arg(long)]
+    read_gap: Option<String>,
+    #[arg(long)]
+    seed: Option<u64>,
+    #[arg(long)]
+    queue_depth: Option<usize>,
+    /// Bytes of planned reads in flight ahead of consumption ("64MiB").
+    #[arg(long)]
+    readahead: Option<String>,
+    #[arg(long)]
+    rank: Option<u32>,
+    #[arg(long)]
+    world: Option<u32>,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct EpochReport {
+    pub epoch: u64,
+    pub samples: u64,
+    pub seconds: f64,
+    pub samples_per_sec: f64,
+    pub useful_mb_per_sec: f64,
+    pub read_mb_per_sec: f64,
+    pub read_amplification: f64,
+    /// Every sample of the dataset served exactly once (single rank only).
+    pub exactly_once: Option<bool>,
+    pub peak_rss_bytes: Option<u64>,
+    pub metrics: Metrics,
+}
+
+/// Builds the loader configuration from the file and the flags.
+fn config(a: &ReadArgs) -> brand_format::Result<LoaderConfig> {
+    let mut c = match &a.config {
+        Some(p) => LoaderConfig::from_toml(&std::fs::read_to_string(p).map_err(|e| brand_format::Error::io(p, e))?)?,
+        None => LoaderConfig::default(),
+    };
+    let flags = ConfigKeys {
+        batch_size: a.batch,
+        memory: a.memory.clone(),
+        policy: a.policy.clone(),
+        seed: a.seed,
+        rank: a.rank,
+        world: a.world,
+        readahead: a.readahead.clone(),
+        queue_depth: a.queue_depth,
+        read_gap: a.read_gap.clone(),
+        ..Default::default()
+    };
+    flags.apply(&mut c)?;
+    Ok(c)
+}
+
+/// Peak resident set size of this process (Linux), in bytes.
+pub fn peak_rss() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Reads `epochs` epochs; calls `report` after each.
+pub fn run_epochs(
+    ds: Arc<Dataset>,
+    cfg: &LoaderConfig,
+    start_epoch: u64,
+    epochs: u64,
+    progress: bool,
+    mut report: impl FnMut(&EpochReport),
+) -> brand_format::Result<Vec<EpochReport>> {
+    let n = ds.index.samples();
+    let mut loader = Loader::open(
+        ds,
+        cfg,
+        LoaderState {
+            epoch: start_epoch,
+            served: 0,
+        },
+    )?;
+    let mut out = Vec::new();
+    for epoch in start_epoch..start_epoch + epochs {
+        loader.reset_metrics();
+        let bar = if progress {
+            indicatif::ProgressBar::new(n)
+        } else {
+            indicatif::ProgressBar::hidden()
+        };
+        let mut seen = vec![0u8; n as usize];
+        let mut samples = 0u64;
+        let start = Instant::now();
+        while let Some(batch) = loader.next_batch()? {
+            for s in batch.iter() {
+                seen[s.id as usize] = seen[s.id as usize].saturating_add(1);
+                // Touch the data so it is really delivered.
+                std::hint::black_box(s.data.first());
+            }
+            samples += batch.len() as u64;
+            bar.set_position(samples);
+        }
+        bar.finish_and_clear();
+        let secs = start.elapsed().as_secs_f64();
+        let m = loader.metrics();
+        let r = EpochReport {
+            epoch,
+            samples,
+            seconds: secs,
+            samples_per_sec: samples as f64 / secs,
+            useful_mb_per_sec: m.bytes_served as f64 / secs / 1e6,
+            read_mb_per_sec: m.bytes_read as f64 / secs / 1e6,
+            read_amplification: m.read_amplification(),
+            exactly_once: (cfg.plan.world == 1).then(|| seen.iter().all(|&c| c == 1)),
+            peak_rss_bytes: peak_rss(),
+            metrics: m,
+        };
+        report(&r);
+        out.push(r);
+    }
+    Ok(out)
+}
+
+pub fn run(a: &ReadArgs) -> brand_format::Result<bool> {
+    let cfg = config(a)?;
+    let ds = Arc::new(Dataset::open(&a.dataset)?);
+    if !a.json {
+        println!(
+            "{}: {} samples, policy {}, memory {} per rank, batch {}, read gap {:?}, queue depth {}",
+            a.dataset.display(),
+            ds.index.samples(),
+            cfg.plan.policy,
+            cfg.plan.memory,
+            cfg.io.batch_size,
+            cfg.io.read_gap,
+            cfg.io.queue_depth
+        );
+        println!(
+            "{:>5} {:>9} {:>8} {:>10} {:>9} {:>9} {:>6} {:>5} {:>8} {:>8} {:>8} {:>9}",
+            "epoch",
+            "samples",
+            "secs",
+            "samples/s",
+            "useful/s",
+            "read/s",
+            "amp",
+            "once",
+            "stall50",
+            "stall99",
+            "stallmax",
+            "peak RSS"
+        );
+    }
+    let json = a.json;
+    let reports = run_epochs(
+        ds,
+        &cfg,
+        a.start_epoch,
+        a.epochs,
+        std::io::stderr().is_terminal(),
+        |r| {
+            if !json {
+                let m = &r.metrics;
+                println!(
+                    "{:>5} {:>9} {:>8.2} {:>10.0} {:>7.0}MB {:>7.0}MB {:>6.2} {:>5} {:>6.2}ms {:>6.2}ms {:>6.2}ms {:>7.0}MiB",
+                    r.epoch,
+                    r.samples,
+                    r.seconds,
+                    r.samples_per_sec,
+                    r.useful_mb_per_sec,
+                    r.read_mb_per_sec,
+                    r.read_amplification,
+                    match r.exactly_once {
+                        Some(true) => "ok",
+                        Some(false) => "NO",
+                        None => "-",
+                    },
+                    m.stall_p50_secs * 1e3,
+                    m.stall_p99_secs * 1e3,
+                    m.stall_max_secs * 1e3,
+                    r.peak_rss_bytes.unwrap_or(0) as f64 / (1 << 20) as f64
+                );
+            }
+        },
+    )?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&reports).map_err(|e| brand_format::Error::config(e.to_string()))?
+        );
+    }
+    Ok(reports.iter().all(|r| r.exactly_once != Some(false)))
+}

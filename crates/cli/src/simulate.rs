@@ -1,0 +1,68 @@
+//! `brand simulate`: plan-only run over all ranks, reporting read
+//! amplification and order quality for a memory budget. Reads the manifest
+//! and index only, never the segments.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use brand_plan::simulate::{SimOptions, simulate_with};
+use brand_plan::{Memory, PlanConfig, Policy};
+
+#[derive(clap::Args, Debug)]
+pub struct SimulateArgs {
+    /// Dataset directory (written by `brand pack`).
+    pub dataset: PathBuf,
+    /// Memory budget of each rank: bytes (`512MiB`, `2G`, `1048576`) or a
+    /// percentage of the dataset (`10%`).
+    #[arg(long, value_name = "BYTES|PCT")]
+    pub memory: Memory,
+    /// brand, brand-random, direct, chunk-shuffle or sequential.
+    #[arg(long, default_value_t = Policy::Brand)]
+    pub policy: Policy,
+    #[arg(long, default_value_t = 1)]
+    pub epochs: u64,
+    /// Number of ranks; all of them are simulated.
+    #[arg(long, default_value_t = 1)]
+    pub world: u32,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Samples per batch, for the label-diversity metric.
+    #[arg(long, default_value_t = 256)]
+    pub batch: u64,
+    /// Drop the tail so ranks get ⌊N/world⌋ samples instead of padding.
+    #[arg(long)]
+    pub drop_last: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: &SimulateArgs) -> brand_format::Result<()> {
+    let dataset = brand_format::Dataset::open(&args.dataset)?;
+    let config = PlanConfig {
+        memory: args.memory,
+        policy: args.policy,
+        seed: args.seed,
+        rank: 0,
+        world: args.world,
+        drop_last: args.drop_last,
+    };
+    let options = SimOptions {
+        epochs: args.epochs,
+        batch: args.batch,
+    };
+    let report = simulate_with(&dataset.index, &config, &options)?;
+    let text = if args.json {
+        let mut json = serde_json::to_string_pretty(&report)
+            .map_err(|e| brand_format::Error::config(format!("cannot encode the report as JSON: {e}")))?;
+        json.push('\n');
+        json
+    } else {
+        report.to_string()
+    };
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        // `brand simulate … | head` is not an error.
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(brand_format::Error::io("<stdout>", e)),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,148 @@
+//! How a plan `Read { chunk, mask }` becomes device reads: the whole chunk,
+//! or only the records in the mask, 4 KiB-aligned, neighbours merged when the
+//! gap between them is at most `gap` bytes. What is served never depends on
+//! this choice; only the bytes and requests sent to the device do.
+
+use crate::index::Index;
+use crate::{align_down, align_up};
+
+/// How to read chunks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadGap {
+    /// Read every chunk whole (the paper; best when requests are expensive).
+    Whole,
+    /// Read only filled records, merging neighbours whose gap is ≤ this many bytes.
+    Bytes(u64),
+}
+
+/// One aligned device read and the records it carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Extent {
+    pub segment: u32,
+    /// Absolute, [`ALIGN`](crate::ALIGN)-aligned byte offset in the segment.
+    pub offset: u64,
+    /// Aligned length.
+    pub len: u64,
+    /// `(sample id, byte offset of its record inside this extent)`.
+    pub records: Vec<(u64, u64)>,
+}
+
+/// The extents that read the records of `chunk` selected by `mask` (bit j =
+/// slot j). Records outside the chunk's record count are ignored.
+pub fn extents(index: &Index, chunk: u64, mask: u64, gap: ReadGap) -> Vec<Extent> {
+    let loc = index.chunks[chunk as usize];
+    let first = chunk * index.chunk_size() as u64;
+    let count = loc.record_count as u64;
+    let mask = if count >= 64 {
+        mask
+    } else {
+        mask & ((1u64 << count) - 1)
+    };
+    if mask == 0 {
+        return Vec::new();
+    }
+    let rec = |slot: u64| {
+        let id = first + slot;
+        (
+            id,
+            loc.offset + index.rel_offset[id as usize] as u64,
+            index.stored_len[id as usize] as u64,
+        )
+    };
+    let slots = (0..count).filter(|s| mask & (1 << s) != 0);
+    let max_gap = match gap {
+        ReadGap::Whole => {
+            let records = slots.map(&rec).map(|(id, start, _)| (id, start - loc.offset)).collect();
+            return vec![Extent {
+                segment: loc.segment,
+                offset: loc.offset,
+                len: index.chunk_padded_len(chunk),
+                records,
+            }];
+        }
+        ReadGap::Bytes(g) => g,
+    };
+    let mut out: Vec<Extent> = Vec::new();
+    for s in slots {
+        let (id, start, len) = rec(s);
+        let (lo, hi) = (
+            align_down(start),
+            align_up(start + len).max(align_down(start) + crate::ALIGN),
+        );
+        match out.last_mut() {
+            Some(e) if lo <= e.offset + e.len + max_gap => {
+                e.len = hi.max(e.offset + e.len) - e.offset;
+                e.records.push((id, start - e.offset));
+            }
+            _ => out.push(Extent {
+                segment: loc.segment,
+                offset: lo,
+                len: hi - lo,
+                records: vec![(id, start - lo)],
+            }),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::index::{ChunkLoc, SampleMeta};
+
+    /// One chunk at 8192 with 4 records of 3000 bytes after a 200-byte header.
+    fn index() -> Index {
+        let samples = (0..4)
+            .map(|i| SampleMeta {
+                rel_offset: 200 + 3000 * i,
+                stored_len: 3000,
+                raw_len: 3000,
+                crc: 0,
+                label: 0,
+                key: vec![],
+            })
+            .collect();
+        Index::new(
+            4,
+            1,
+            vec![ChunkLoc {
+                segment: 0,
+                record_count: 4,
+                offset: 8192,
+            }],
+            samples,
+        )
+        .expect("index")
+    }
+
+    #[test]
+    fn whole_reads_the_padded_chunk() {
+        let e = extents(&index(), 0, 0b0101, ReadGap::Whole);
+        assert_eq!(e.len(), 1);
+        assert_eq!((e[0].offset, e[0].len), (8192, 12288));
+        assert_eq!(e[0].records, vec![(0, 200), (2, 6200)]);
+    }
+
+    #[test]
+    fn sparse_reads_align_and_merge_by_gap() {
+        let idx = index();
+        // Records 0 and 3: [8392, 11392) → [8192, 12288); [17392, 20392) → [16384, 20480).
+        let e = extents(&idx, 0, 0b1001, ReadGap::Bytes(0));
+        assert_eq!(
+            e.iter().map(|x| (x.offset, x.len)).collect::<Vec<_>>(),
+            vec![(8192, 4096), (16384, 4096)]
+        );
+        assert_eq!(e[1].records, vec![(3, 17392 - 16384)]);
+        // A gap of 4096 bytes between them merges with gap ≥ 4096.
+        let e = extents(&idx, 0, 0b1001, ReadGap::Bytes(4096));
+        assert_eq!(
+            e.iter().map(|x| (x.offset, x.len)).collect::<Vec<_>>(),
+            vec![(8192, 12288)]
+        );
+        assert_eq!(e[0].records, vec![(0, 200), (3, 9200)]);
+        // Touching records share an aligned block: always merged.
+        let e = extents(&idx, 0, 0b0011, ReadGap::Bytes(0));
+        assert_eq!(e.len(), 1);
+        assert!(extents(&idx, 0, 0, ReadGap::Bytes(0)).is_empty());
+    }
+}

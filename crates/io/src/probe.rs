@@ -1,0 +1,160 @@
+//! `read_gap = auto`: measure, through the same engine, what one more
+//! request costs against what reading more bytes costs, and choose the gap
+//! at which they break even. On fast NVMe the answer is a few KiB (read only
+//! what is used); on throttled or network storage it grows past a chunk
+//! (read whole chunks, as the paper does).
+//!
+//! Results are cached per device (st_dev), queue depth and blkio cgroup in
+//! `~/.cache/brand/read-gap.toml`.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::engine::{Engine, EngineConfig, Job};
+use brand_format::ALIGN;
+use brand_format::dataset::Dataset;
+use brand_format::error::{Error, Result};
+use brand_format::extents::Extent;
+use brand_format::rng::Prng;
+
+/// What the probe measured.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct ProbeResult {
+    /// Seconds per small (4 KiB) request at the probe's queue depth.
+    pub small_request_secs: f64,
+    /// Bytes per second of large (1 MiB) reads.
+    pub large_bytes_per_sec: f64,
+    /// The break-even gap in bytes (a multiple of 4 KiB).
+    pub gap: u64,
+}
+
+/// Small reads per round at most (fewer if the time budget runs out first).
+const SMALL_READS: usize = 2048;
+/// Large reads: as large as one block-layer request usually gets (4 MiB), so
+/// that a device limited in requests per second shows its real bandwidth.
+const LARGE: u64 = 4 << 20;
+const LARGE_READS: usize = 48;
+/// Each measurement stops after this long (and at least a few reads), so the
+/// probe stays short on slow or throttled storage.
+const ROUND_SECS: f64 = 0.25;
+const MIN_READS: usize = 8;
+/// The gap never exceeds this: beyond it, whole chunks are the better read anyway.
+const MAX_GAP: u64 = 64 << 20;
+
+/// Seconds per read of `len` bytes at random aligned offsets over the
+/// dataset's segments, keeping `queue_depth` reads in flight; stops after
+/// `max` reads or [`ROUND_SECS`].
+fn time_reads(engine: &Engine, ds: &Dataset, len: u64, max: usize, queue_depth: usize, seed: u64) -> Result<f64> {
+    let mut rng = Prng::stream(seed, &[0x9e0b, len]);
+    let sizes: Vec<u64> = ds.manifest.segments.iter().map(|s| s.bytes).collect();
+    let mut submit = |tag: u64| {
+        let seg = rng.below(sizes.len() as u64) as usize;
+        let len = len.min(sizes[seg]).div_ceil(ALIGN) * ALIGN;
+        let blocks = (sizes[seg].saturating_sub(len) / ALIGN).max(1);
+        let offset = rng.below(blocks) * ALIGN;
+        engine.submit(Job {
+            tag,
+            extent: Extent {
+                segment: seg as u32,
+                offset,
+                len,
+                records: vec![],
+            },
+        })
+    };
+    let start = Instant::now();
+    let (mut submitted, mut completed) = (0usize, 0usize);
+    while submitted < max.min(queue_depth) {
+        submit(submitted as u64)?;
+        submitted += 1;
+    }
+    while completed < submitted {
+        engine.recv()?.result?;
+        completed += 1;
+        let time_left = start.elapsed().as_secs_f64() < ROUND_SECS || submitted < MIN_READS;
+        if submitted < max && time_left {
+            submit(submitted as u64)?;
+            submitted += 1;
+        }
+    }
+    Ok(start.elapsed().as_secs_f64() / completed as f64)
+}
+
+/// Measures the device under `ds` (no cache).
+pub fn measure(ds: Arc<Dataset>, queue_depth: usize) -> Result<ProbeResult> {
+    let engine = Engine::start(
+        ds.clone(),
+        EngineConfig {
+            queue_depth,
+            direct: true,
+            verify: false,
+            // The same buffers the loader's small reads use.
+            fixed_buffers: true,
+        },
+    )?;
+    // Best of three: other load only ever makes a run slower.
+    let mut small = f64::INFINITY;
+    let mut large = f64::INFINITY;
+    for round in 0..3 {
+        small = small.min(time_reads(&engine, &ds, ALIGN, SMALL_READS, queue_depth, round)?);
+        large = large.min(time_reads(&engine, &ds, LARGE, LARGE_READS, queue_depth, round)?);
+    }
+    let bandwidth = LARGE as f64 / large;
+    // A request's cost beyond its own 4 KiB of transfer, in bytes of transfer.
+    let overhead_bytes = ((small - ALIGN as f64 / bandwidth) * bandwidth).max(0.0);
+    let gap = ((overhead_bytes / ALIGN as f64).round() as u64 * ALIGN).min(MAX_GAP);
+    Ok(ProbeResult {
+        small_request_secs: small,
+        large_bytes_per_sec: bandwidth,
+        gap,
+    })
+}
+
+fn cache_path() -> Option<PathBuf> {
+    let home = std::env::var_os("HOME")?;
+    Some(PathBuf::from(home).join(".cache/brand/read-gap.toml"))
+}
+
+/// The auto gap for the device holding `ds`: from the cache, or measured
+/// (and cached). A cache that cannot be read or written is ignored.
+pub fn auto_gap(ds: Arc<Dataset>, queue_depth: usize) -> Result<u64> {
+    let seg0 = ds.segment_path(0);
+    let dev = std::fs::metadata(&seg0).map_err(|e| Error::io(&seg0, e))?.dev();
+    // Throttling (cgroup blkio) changes what a request costs: part of the key.
+    let blkio = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.split_once(":blkio:").map(|(_, p)| p.to_string()))
+        })
+        .unwrap_or_default();
+    let key = format!("dev-{dev}-qd-{queue_depth}-blkio-{blkio}");
+    let path = cache_path();
+    let mut cache: BTreeMap<String, u64> = path
+        .as_ref()
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .and_then(|t| toml::from_str(&t).ok())
+        .unwrap_or_default();
+    if let Some(&gap) = cache.get(&key) {
+        return Ok(gap);
+    }
+    let r = measure(ds, queue_depth)?;
+    tracing::info!(
+        "read_gap probe: {:.1} µs per 4 KiB request, {:.2} GB/s large reads → gap {} KiB",
+        r.small_request_secs * 1e6,
+        r.large_bytes_per_sec / 1e9,
+        r.gap >> 10
+    );
+    cache.insert(key, r.gap);
+    if let Some(p) = path
+        && let Some(dir) = p.parent()
+        && std::fs::create_dir_all(dir).is_ok()
+        && let Ok(text) = toml::to_string(&cache)
+    {
+        let _ = std::fs::write(p, text);
+    }
+    Ok(r.gap)
+}

@@ -1,0 +1,95 @@
+//! `brand inspect`: a dataset's vital statistics, from its index (the ground
+//! truth) and manifest.
+
+use serde::Serialize;
+
+use brand_format::dataset::Dataset;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub path: String,
+    pub format_version: u32,
+    pub samples: u64,
+    pub chunk_size: u32,
+    pub chunks: u64,
+    pub segments: u64,
+    /// Bytes of the segment files on disk (headers and padding included).
+    pub data_bytes: u64,
+    /// Sum of the samples' original sizes.
+    pub raw_bytes: u64,
+    /// Sum of the records as stored (compressed if zstd).
+    pub stored_bytes: u64,
+    pub mean_sample_bytes: f64,
+    pub min_sample_bytes: u64,
+    pub max_sample_bytes: u64,
+    pub compression: String,
+    pub labels: u64,
+    pub pack_seed: u64,
+    pub source: String,
+}
+
+pub fn summary(ds: &Dataset) -> Summary {
+    let idx = &ds.index;
+    let raw: u64 = idx.raw_len.iter().map(|&x| x as u64).sum();
+    let stored: u64 = idx.stored_len.iter().map(|&x| x as u64).sum();
+    let mut labels = idx.label.clone();
+    labels.sort_unstable();
+    labels.dedup();
+    let m = &ds.manifest;
+    let compression = match m.zstd_level {
+        Some(l) if m.compression == "zstd" => format!("zstd (level {l})"),
+        _ => m.compression.clone(),
+    };
+    Summary {
+        path: ds.dir().display().to_string(),
+        format_version: m.format_version,
+        samples: idx.samples(),
+        chunk_size: idx.chunk_size(),
+        chunks: idx.chunk_count(),
+        segments: idx.segment_count() as u64,
+        data_bytes: m.segments.iter().map(|s| s.bytes).sum(),
+        raw_bytes: raw,
+        stored_bytes: stored,
+        mean_sample_bytes: raw as f64 / idx.samples().max(1) as f64,
+        min_sample_bytes: idx.raw_len.iter().copied().min().unwrap_or(0) as u64,
+        max_sample_bytes: idx.raw_len.iter().copied().max().unwrap_or(0) as u64,
+        compression,
+        labels: labels.len() as u64,
+        pack_seed: m.pack_seed,
+        source: m.provenance.source.clone(),
+    }
+}
+
+fn mib(x: u64) -> f64 {
+    x as f64 / (1u64 << 20) as f64
+}
+
+impl std::fmt::Display for Summary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "dataset      {}", self.path)?;
+        writeln!(f, "samples      {}", self.samples)?;
+        writeln!(f, "chunk size   {}", self.chunk_size)?;
+        writeln!(f, "chunks       {}", self.chunks)?;
+        writeln!(
+            f,
+            "segments     {} ({:.1} MiB on disk)",
+            self.segments,
+            mib(self.data_bytes)
+        )?;
+        writeln!(
+            f,
+            "samples size {:.1} MiB raw, {:.1} MiB stored",
+            mib(self.raw_bytes),
+            mib(self.stored_bytes)
+        )?;
+        writeln!(
+            f,
+            "sample bytes mean {:.0}, min {}, max {}",
+            self.mean_sample_bytes, self.min_sample_bytes, self.max_sample_bytes
+        )?;
+        writeln!(f, "compression  {}", self.compression)?;
+        writeln!(f, "labels       {}", self.labels)?;
+        writeln!(f, "pack seed    {}", self.pack_seed)?;
+        writeln!(f, "source       {}", self.source)
+    }
+}

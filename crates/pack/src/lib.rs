@@ -1,0 +1,341 @@
+//! `brand pack`: turn a source of samples into a dataset (DESIGN.md §2).
+//!
+//! All samples are shuffled once with the pack seed and the shuffled sequence
+//! is cut into chunks of K (paper §3.2). The output is written into a hidden
+//! temporary directory beside OUT and renamed into place only when complete,
+//! so a failed pack leaves nothing that looks like a dataset. The same input
+//! and seed give a byte-identical dataset (no timestamps, single-threaded
+//! zstd, fixed order).
+
+pub mod files;
+pub mod inspect;
+#[cfg(feature = "lmdb")]
+pub mod lmdb;
+mod parallel;
+mod protobuf;
+pub mod source;
+pub mod synthetic;
+pub mod tfrecord;
+pub mod verify;
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use brand_format::chunk::{self, FLAG_ZSTD, RecordIn};
+use brand_format::error::{Error, IoContext, Result};
+use brand_format::index::{ChunkLoc, Index, SampleMeta};
+use brand_format::manifest::{Manifest, Provenance, SegmentInfo};
+use brand_format::rng::{Prng, domain};
+use brand_format::{self as format, align_up};
+use source::Source;
+
+#[derive(Debug, Clone)]
+pub struct PackOptions {
+    pub chunk_size: u32,
+    pub seed: u64,
+    /// zstd level per record, or none.
+    pub zstd: Option<i32>,
+    /// Largest segment file.
+    pub segment_bytes: u64,
+    /// Replace OUT if it exists.
+    pub force: bool,
+    /// The inputs as the user named them, recorded in the manifest.
+    pub inputs: Vec<String>,
+}
+
+impl Default for PackOptions {
+    fn default() -> Self {
+        PackOptions {
+            chunk_size: format::DEFAULT_CHUNK_SIZE,
+            seed: 0,
+            zstd: None,
+            segment_bytes: format::DEFAULT_SEGMENT_BYTES,
+            force: false,
+            inputs: Vec::new(),
+        }
+    }
+}
+
+/// Progress callback: `(samples done, samples total, bytes written)`.
+pub type Progress<'a> = &'a (dyn Fn(u64, u64, u64) + Sync);
+
+/// Chunks read and encoded together: bounds memory to a few chunks of
+/// samples while giving the thread pool enough work.
+const CHUNKS_PER_BATCH: usize = 8;
+
+/// The temporary directory beside `out`; removed on drop unless disarmed.
+struct TempDir {
+    path: PathBuf,
+    armed: bool,
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+fn temp_dir_for(out: &Path) -> Result<TempDir> {
+    let name = out
+        .file_name()
+        .ok_or_else(|| Error::config(format!("{}: output must name a directory", out.display())))?;
+    let parent = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let path = parent.join(format!(".{}.packing-{}", name.to_string_lossy(), std::process::id()));
+    if path.exists() {
+        std::fs::remove_dir_all(&path).at(&path)?;
+    }
+    std::fs::create_dir(&path).at(&path)?;
+    Ok(TempDir { path, armed: true })
+}
+
+/// A segment being written.
+struct SegmentWriter {
+    file: File,
+    path: PathBuf,
+    offset: u64,
+    chunks: u64,
+}
+
+/// Packs `source` into the dataset directory `out`.
+pub fn pack(source: &dyn Source, out: &Path, opts: &PackOptions, progress: Progress<'_>) -> Result<Manifest> {
+    let k = opts.chunk_size;
+    if k == 0 || k > format::MAX_CHUNK_SIZE {
+        return Err(Error::config(format!(
+            "chunk size {k}: must be 1..={}",
+            format::MAX_CHUNK_SIZE
+        )));
+    }
+    if opts.segment_bytes < format::ALIGN {
+        return Err(Error::config(format!(
+            "segment size {} is below {} bytes",
+            opts.segment_bytes,
+            format::ALIGN
+        )));
+    }
+    if let Some(level) = opts.zstd
+        && !zstd::compression_level_range().contains(&level)
+    {
+        return Err(Error::config(format!(
+            "zstd level {level} outside {:?}",
+            zstd::compression_level_range()
+        )));
+    }
+    if out.exists() && !opts.force {
+        return Err(Error::config(format!(
+            "{} already exists (use --force to replace it)",
+            out.display()
+        )));
+    }
+    let entries = source.entries();
+    let n = entries.len();
+    if n == 0 {
+        return Err(Error::config("the input has no samples"));
+    }
+    if n > u32::MAX as usize {
+        return Err(Error::config(format!("{n} samples: at most 2^32 - 1 are supported")));
+    }
+
+    // packed position p holds source entry order[p]
+    let order = Prng::stream(opts.seed, &[domain::PACK]).permutation(n);
+    let tmp = temp_dir_for(out)?;
+    let flags = if opts.zstd.is_some() { FLAG_ZSTD } else { 0 };
+
+    let mut segments: Vec<SegmentInfo> = Vec::new();
+    let mut seg: Option<SegmentWriter> = None;
+    let mut chunk_locs = Vec::with_capacity(n.div_ceil(k as usize));
+    let mut metas = Vec::with_capacity(n);
+    let (mut raw_bytes, mut stored_bytes) = (0u64, 0u64);
+    let (mut min_len, mut max_len) = (u64::MAX, 0u64);
+    let mut data_bytes = 0u64;
+    let chunk_count = n.div_ceil(k as usize);
+
+    for batch_start in (0..chunk_count).step_by(CHUNKS_PER_BATCH) {
+        let batch_end = (batch_start + CHUNKS_PER_BATCH).min(chunk_count);
+        let first = batch_start * k as usize;
+        let last = (batch_end * k as usize).min(n);
+        // Read (and compress) the batch's samples in parallel; order is kept.
+        let batch = &order[first..last];
+        let records: Vec<(Vec<u8>, u32)> = parallel::try_map(batch.len(), |i| {
+            let src = batch[i] as usize;
+            let raw = source.read(src)?;
+            let raw_len = u32::try_from(raw.len()).map_err(|_| {
+                Error::config(format!(
+                    "sample {:?} is {} bytes; a record is limited to 4 GiB",
+                    String::from_utf8_lossy(&entries[src].key),
+                    raw.len()
+                ))
+            })?;
+            let stored = match opts.zstd {
+                Some(level) => zstd::bulk::compress(&raw, level).map_err(|e| {
+                    Error::config(format!(
+                        "zstd on sample {:?}: {e}",
+                        String::from_utf8_lossy(&entries[src].key)
+                    ))
+                })?,
+                None => raw,
+            };
+            Ok((stored, raw_len))
+        })?;
+
+        for c in batch_start..batch_end {
+            let lo = c * k as usize;
+            let hi = ((c + 1) * k as usize).min(n);
+            let recs: Vec<RecordIn> = (lo..hi)
+                .map(|p| {
+                    let (stored, raw_len) = &records[p - first];
+                    let e = &entries[order[p] as usize];
+                    RecordIn {
+                        stored,
+                        raw_len: *raw_len,
+                        label: e.label,
+                        key: &e.key,
+                    }
+                })
+                .collect();
+            let (bytes, table) = chunk::encode(c as u64, flags, &recs).map_err(Error::config)?;
+            let len = bytes.len() as u64;
+            if len > opts.segment_bytes {
+                let biggest = (lo..hi).max_by_key(|&p| records[p - first].0.len()).unwrap_or(lo);
+                return Err(Error::config(format!(
+                    "chunk {c} needs {len} bytes, more than the segment size {} (its largest sample is {:?}, {} bytes): raise --segment-size",
+                    opts.segment_bytes,
+                    String::from_utf8_lossy(&entries[order[biggest] as usize].key),
+                    records[biggest - first].0.len()
+                )));
+            }
+            if seg.as_ref().is_none_or(|s| s.offset + len > opts.segment_bytes) {
+                if let Some(s) = seg.take() {
+                    finish_segment(s, &mut segments)?;
+                }
+                let name = format::segment_name(segments.len() as u32);
+                let path = tmp.path.join(&name);
+                let file = File::create(&path).at(&path)?;
+                seg = Some(SegmentWriter {
+                    file,
+                    path,
+                    offset: 0,
+                    chunks: 0,
+                });
+            }
+            let s = seg.as_mut().ok_or_else(|| Error::config("internal: no open segment"))?;
+            s.file.write_all(&bytes).at(&s.path)?;
+            chunk_locs.push(ChunkLoc {
+                segment: segments.len() as u32,
+                record_count: (hi - lo) as u32,
+                offset: s.offset,
+            });
+            s.offset += len;
+            s.chunks += 1;
+            data_bytes += len;
+            for e in table {
+                raw_bytes += e.raw_len as u64;
+                stored_bytes += e.stored_len as u64;
+                min_len = min_len.min(e.raw_len as u64);
+                max_len = max_len.max(e.raw_len as u64);
+                metas.push(SampleMeta {
+                    rel_offset: e.offset,
+                    stored_len: e.stored_len,
+                    raw_len: e.raw_len,
+                    crc: e.crc,
+                    label: e.label,
+                    key: e.key,
+                });
+            }
+        }
+        progress(last as u64, n as u64, data_bytes);
+    }
+    if let Some(s) = seg.take() {
+        finish_segment(s, &mut segments)?;
+    }
+
+    let mut labels: Vec<i64> = metas.iter().map(|m| m.label).collect();
+    labels.sort_unstable();
+    labels.dedup();
+    let index = Index::new(k, segments.len() as u32, chunk_locs, metas)
+        .map_err(|e| Error::config(format!("internal: packed index is inconsistent: {e}")))?;
+    write_synced(&tmp.path.join(format::INDEX_FILE), &index.to_bytes())?;
+    let manifest = Manifest {
+        format_version: format::FORMAT_VERSION,
+        samples: n as u64,
+        chunk_size: k,
+        chunks: chunk_count as u64,
+        pack_seed: opts.seed,
+        compression: if opts.zstd.is_some() { "zstd" } else { "none" }.into(),
+        zstd_level: opts.zstd,
+        checksum: "crc32c".into(),
+        alignment: format::ALIGN,
+        raw_bytes,
+        stored_bytes,
+        data_bytes,
+        mean_sample_bytes: raw_bytes as f64 / n as f64,
+        min_sample_bytes: min_len,
+        max_sample_bytes: max_len,
+        labels: labels.len() as u64,
+        label_names: source.label_names(),
+        segments,
+        provenance: Provenance {
+            source: source.kind().into(),
+            inputs: opts.inputs.clone(),
+            packer: concat!("brand ", env!("CARGO_PKG_VERSION")).into(),
+        },
+    };
+    write_synced(&tmp.path.join(format::MANIFEST_FILE), manifest.to_toml().as_bytes())?;
+    sync_dir(&tmp.path)?;
+    install(tmp, out, opts.force)?;
+    Ok(manifest)
+}
+
+fn finish_segment(s: SegmentWriter, segments: &mut Vec<SegmentInfo>) -> Result<()> {
+    s.file.sync_all().at(&s.path)?;
+    debug_assert_eq!(s.offset, align_up(s.offset));
+    segments.push(SegmentInfo {
+        name: format::segment_name(segments.len() as u32),
+        bytes: s.offset,
+        chunks: s.chunks,
+    });
+    Ok(())
+}
+
+/// Writes a whole file and makes it durable.
+pub(crate) fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut f = File::create(path).at(path)?;
+    f.write_all(bytes).at(path)?;
+    f.sync_all().at(path)
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir).at(dir)?.sync_all().at(dir)
+}
+
+/// Moves the finished temporary directory to `out`. With `force`, an
+/// existing `out` is moved aside first and deleted only once the new dataset
+/// is in place, so a crash never leaves neither.
+fn install(mut tmp: TempDir, out: &Path, force: bool) -> Result<()> {
+    let mut aside = None;
+    if out.exists() {
+        if !force {
+            return Err(Error::config(format!(
+                "{} appeared while packing; not replacing it",
+                out.display()
+            )));
+        }
+        let old = tmp.path.with_extension("old");
+        std::fs::rename(out, &old).at(out)?;
+        aside = Some(old);
+    }
+    std::fs::rename(&tmp.path, out).at(out)?;
+    tmp.armed = false;
+    if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+        sync_dir(parent)?;
+    }
+    if let Some(old) = aside {
+        std::fs::remove_dir_all(&old).at(&old)?;
+    }
+    Ok(())
+}

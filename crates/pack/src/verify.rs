@@ -1,0 +1,300 @@
+//! `brand verify`: re-read every chunk and check it against itself and the
+//! index; and rebuilding `index.bin` from the self-contained chunks.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use brand_format::chunk::{self, ChunkHeader, FIXED_HEADER};
+use brand_format::dataset::Dataset;
+use brand_format::error::{Error, IoContext, Result};
+use brand_format::index::{ChunkLoc, Index, SampleMeta};
+use brand_format::manifest::Manifest;
+use brand_format::{self as format, align_up};
+
+/// One thing wrong with the dataset.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Problem {
+    pub segment: PathBuf,
+    /// Byte offset in the segment.
+    pub offset: u64,
+    pub chunk: Option<u64>,
+    pub sample: Option<u64>,
+    pub what: String,
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: ", self.segment.display())?;
+        if let Some(c) = self.chunk {
+            write!(f, "chunk {c} ")?;
+        }
+        write!(f, "at byte {}", self.offset)?;
+        if let Some(s) = self.sample {
+            write!(f, ", sample {s}")?;
+        }
+        write!(f, ": {}", self.what)
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct VerifyReport {
+    pub chunks: u64,
+    pub samples: u64,
+    pub bytes_read: u64,
+    pub problems: Vec<Problem>,
+}
+
+impl VerifyReport {
+    pub fn ok(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// Checks every chunk of `ds`: the header parses, describes the chunk the
+/// index says is there, every record's crc32c (and zstd frame) is good, and
+/// the segment files have the sizes the manifest records. Problems are
+/// collected, not returned as the first error, so one run lists them all.
+pub fn verify(ds: &Dataset, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<VerifyReport> {
+    let idx = &ds.index;
+    let mut problems = Vec::new();
+    let mut files = Vec::new();
+    for (s, info) in ds.manifest.segments.iter().enumerate() {
+        let path = ds.segment_path(s as u32);
+        match File::open(&path) {
+            Ok(f) => {
+                let len = f.metadata().at(&path)?.len();
+                if len != info.bytes {
+                    problems.push(Problem {
+                        segment: path.clone(),
+                        offset: len.min(info.bytes),
+                        chunk: None,
+                        sample: None,
+                        what: format!("segment is {len} bytes, manifest.toml says {}", info.bytes),
+                    });
+                }
+                files.push(Some(f));
+            }
+            Err(e) => {
+                problems.push(Problem {
+                    segment: path,
+                    offset: 0,
+                    chunk: None,
+                    sample: None,
+                    what: format!("cannot open: {e}"),
+                });
+                files.push(None);
+            }
+        }
+    }
+    let done = std::sync::atomic::AtomicU64::new(0);
+    let total = idx.chunk_count();
+    let per_chunk: Vec<(u64, Vec<Problem>)> = crate::parallel::try_map(total as usize, |c| {
+        let c = c as u64;
+        let loc = idx.chunks[c as usize];
+        let r = match &files[loc.segment as usize] {
+            Some(f) => check_chunk(ds, f, c),
+            None => (0, Vec::new()), // already reported as unopenable
+        };
+        let d = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        if d % 64 == 0 || d == total {
+            progress(d, total);
+        }
+        Ok::<_, std::convert::Infallible>(r)
+    })
+    .unwrap_or_else(|never| match never {});
+    let mut bytes_read = 0;
+    for (b, p) in per_chunk {
+        bytes_read += b;
+        problems.extend(p);
+    }
+    Ok(VerifyReport {
+        chunks: total,
+        samples: idx.samples(),
+        bytes_read,
+        problems,
+    })
+}
+
+fn check_chunk(ds: &Dataset, file: &File, c: u64) -> (u64, Vec<Problem>) {
+    let idx = &ds.index;
+    let loc = idx.chunks[c as usize];
+    let segment = ds.segment_path(loc.segment);
+    let mut problems = Vec::new();
+    let mut problem = |sample: Option<u64>, offset: u64, what: String| {
+        problems.push(Problem {
+            segment: segment.clone(),
+            offset,
+            chunk: Some(c),
+            sample,
+            what,
+        })
+    };
+    let len = idx.chunk_padded_len(c);
+    let mut buf = vec![0u8; len as usize];
+    if let Err(e) = read_full_at(file, &mut buf, loc.offset) {
+        problem(None, loc.offset, format!("cannot read the chunk's {len} bytes: {e}"));
+        return (0, problems);
+    }
+    let header = match chunk::parse_header(&buf) {
+        Ok(h) => h,
+        Err(e) => {
+            problem(None, loc.offset, format!("bad chunk header: {e}"));
+            return (len, problems);
+        }
+    };
+    if header.chunk_id != c {
+        problem(
+            None,
+            loc.offset,
+            format!("header says chunk {}, index expects chunk {c}", header.chunk_id),
+        );
+    }
+    if header.zstd() != ds.zstd() {
+        problem(None, loc.offset, "compression flag disagrees with manifest.toml".into());
+    }
+    if header.records.len() != loc.record_count as usize {
+        problem(
+            None,
+            loc.offset,
+            format!("{} records, index says {}", header.records.len(), loc.record_count),
+        );
+        return (len, problems);
+    }
+    let first = c * idx.chunk_size() as u64;
+    for (slot, rec) in header.records.iter().enumerate() {
+        let id = first + slot as u64;
+        let i = id as usize;
+        let at = loc.offset + rec.offset as u64;
+        let mut mismatch = |field: &str, chunk_has: String, index_has: String| {
+            problem(
+                Some(id),
+                at,
+                format!("{field}: chunk header has {chunk_has}, index.bin has {index_has}"),
+            )
+        };
+        if rec.offset != idx.rel_offset[i] {
+            mismatch("offset", rec.offset.to_string(), idx.rel_offset[i].to_string());
+        }
+        if rec.stored_len != idx.stored_len[i] {
+            mismatch(
+                "stored length",
+                rec.stored_len.to_string(),
+                idx.stored_len[i].to_string(),
+            );
+        }
+        if rec.raw_len != idx.raw_len[i] {
+            mismatch("raw length", rec.raw_len.to_string(), idx.raw_len[i].to_string());
+        }
+        if rec.crc != idx.crc[i] {
+            mismatch("crc32c", format!("{:#010x}", rec.crc), format!("{:#010x}", idx.crc[i]));
+        }
+        if rec.label != idx.label[i] {
+            mismatch("label", rec.label.to_string(), idx.label[i].to_string());
+        }
+        if rec.key != idx.key(id) {
+            mismatch(
+                "key",
+                format!("{:?}", String::from_utf8_lossy(&rec.key)),
+                format!("{:?}", String::from_utf8_lossy(idx.key(id))),
+            );
+        }
+        let stored = &buf[rec.offset as usize..(rec.offset + rec.stored_len) as usize];
+        if let Err(e) = ds.decode(id, stored, true) {
+            let what = match e {
+                Error::Corrupt { what, .. } => what,
+                other => other.to_string(),
+            };
+            problem(Some(id), at, what);
+        }
+    }
+    (len, problems)
+}
+
+/// `read_exact_at` with a message that says how far the file got.
+fn read_full_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!("segment ends at byte {} (truncated)", offset + done as u64),
+                ));
+            }
+            Ok(k) => done += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Rebuilds `index.bin` from the segments named in `manifest.toml`, walking
+/// the self-contained chunk headers. Writes the new index atomically and
+/// returns it. Fails (naming segment and offset) if a chunk header is bad:
+/// the index cannot be rebuilt past it.
+pub fn rebuild_index(dir: &Path) -> Result<Index> {
+    let manifest = Manifest::load(&dir.join(format::MANIFEST_FILE))?;
+    let mut chunks = Vec::new();
+    let mut samples = Vec::new();
+    for (s, info) in manifest.segments.iter().enumerate() {
+        let path = dir.join(&info.name);
+        let file = File::open(&path).at(&path)?;
+        let size = file.metadata().at(&path)?.len();
+        let mut offset = 0u64;
+        while offset < size {
+            let header = read_header_at(&file, &path, offset)?;
+            let expect = chunks.len() as u64;
+            if header.chunk_id != expect {
+                return Err(Error::format(
+                    &path,
+                    offset,
+                    format!("chunk {} where chunk {expect} was expected", header.chunk_id),
+                ));
+            }
+            if offset + header.padded_len() > size {
+                return Err(Error::format(
+                    &path,
+                    offset,
+                    format!("chunk {expect} runs past the end of the segment (truncated at byte {size})"),
+                ));
+            }
+            chunks.push(ChunkLoc {
+                segment: s as u32,
+                record_count: header.records.len() as u32,
+                offset,
+            });
+            for r in header.records.iter() {
+                samples.push(SampleMeta {
+                    rel_offset: r.offset,
+                    stored_len: r.stored_len,
+                    raw_len: r.raw_len,
+                    crc: r.crc,
+                    label: r.label,
+                    key: r.key.clone(),
+                });
+            }
+            offset += header.padded_len();
+        }
+    }
+    let ipath = dir.join(format::INDEX_FILE);
+    let index = Index::new(manifest.chunk_size, manifest.segments.len() as u32, chunks, samples)
+        .map_err(|e| Error::format(&ipath, 0, format!("rebuilt index is inconsistent: {e}")))?;
+    let tmp = dir.join(".index.bin.rebuild");
+    crate::write_synced(&tmp, &index.to_bytes())?;
+    std::fs::rename(&tmp, &ipath).at(&ipath)?;
+    Ok(index)
+}
+
+fn read_header_at(file: &File, path: &Path, offset: u64) -> Result<ChunkHeader> {
+    let mut fixed = vec![0u8; FIXED_HEADER];
+    read_full_at(file, &mut fixed, offset).map_err(|e| Error::format(path, offset, format!("chunk header: {e}")))?;
+    let (hlen, _) = chunk::peek_lengths(&fixed).map_err(|e| Error::format(path, offset, e))?;
+    let mut head = vec![0u8; align_up(hlen as u64) as usize];
+    read_full_at(file, &mut head[..hlen as usize], offset)
+        .map_err(|e| Error::format(path, offset, format!("chunk header: {e}")))?;
+    chunk::parse_header(&head[..hlen as usize]).map_err(|e| Error::format(path, offset, e))
+}

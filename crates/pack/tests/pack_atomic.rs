@@ -1,0 +1,80 @@
+//! A read that fails after several chunks have been written must leave
+//! neither the output nor the temporary directory behind.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use brand_pack::source::{Entry, Source};
+use brand_pack::{PackOptions, pack};
+
+struct FailingSource {
+    entries: Vec<Entry>,
+    fail_at: usize,
+    reads: AtomicUsize,
+}
+
+impl Source for FailingSource {
+    fn kind(&self) -> &'static str {
+        "test"
+    }
+    fn entries(&self) -> &[Entry] {
+        &self.entries
+    }
+    fn read(&self, i: usize) -> brand_format::Result<Vec<u8>> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        if i == self.fail_at {
+            return Err(brand_format::Error::input(
+                "virtual/source",
+                format!("sample {i}"),
+                "disk went away",
+            ));
+        }
+        Ok(vec![i as u8; 5000])
+    }
+}
+
+#[test]
+fn a_late_read_error_leaves_nothing() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let entries: Vec<Entry> = (0..2000)
+        .map(|i| Entry {
+            key: format!("k{i}").into_bytes(),
+            label: 0,
+        })
+        .collect();
+    let opts = PackOptions {
+        chunk_size: 8,
+        seed: 1,
+        ..Default::default()
+    };
+    // Find where entry 1234 lands in the packed order, so we know chunks are
+    // written before the failure.
+    let order = brand_format::rng::Prng::stream(1, &[brand_format::rng::domain::PACK]).permutation(2000);
+    let packed_pos = order.iter().position(|&e| e == 1234).expect("present");
+    assert!(
+        packed_pos > 8 * 8,
+        "the failure must come after the first batch of chunks"
+    );
+
+    let src = FailingSource {
+        entries,
+        fail_at: 1234,
+        reads: AtomicUsize::new(0),
+    };
+    let out = t.path().join("ds");
+    let seen_bytes = std::sync::Mutex::new(0u64);
+    let err = pack(&src, &out, &opts, &|_, _, bytes| {
+        *seen_bytes.lock().expect("lock") = bytes
+    })
+    .expect_err("the read error must fail the pack");
+    assert!(
+        err.to_string().contains("sample 1234") && err.to_string().contains("disk went away"),
+        "{err}"
+    );
+    assert!(
+        *seen_bytes.lock().expect("lock") > 0,
+        "some chunks were written before the error"
+    );
+    assert!(src.reads.load(Ordering::Relaxed) > 64);
+    let left: Vec<_> = std::fs::read_dir(t.path()).expect("list").collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}

@@ -1,0 +1,211 @@
+//! The global request stream of one epoch: which sample every global
+//! position is served and which chunk reads the protocol makes, before it is
+//! split among ranks.
+
+use std::sync::{Arc, OnceLock};
+
+use super::brand::{BrandState, TieBreaks, low_bits};
+use super::{Policy, Shared};
+use brand_format::rng::{Prng, domain};
+
+/// A read made by the global protocol: `mask` records of `chunk`, done just
+/// before the serve at global position `time`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GlobalRead {
+    pub time: u64,
+    pub chunk: u32,
+    pub mask: u64,
+}
+
+/// One epoch of the protocol over all `N` global positions, shared by every
+/// rank's [`EpochPlan`](super::EpochPlan) (it is behind an `Arc`).
+///
+/// The protocol always runs over all `N` positions, whatever the world size
+/// and `drop_last`: ranks only decide who gets which position. So the served
+/// sequence does not depend on the world size, only on the total number of
+/// slots.
+pub struct GlobalEpoch {
+    pub(super) shared: Arc<Shared>,
+    epoch: u64,
+    /// `served[p]`: the sample served at global position `p < N`.
+    served: Vec<u32>,
+    /// Reads in time order. Empty in resident mode, where what must be read
+    /// depends on whether memory starts cold (see `EpochPlan`).
+    reads: Vec<GlobalRead>,
+    /// `serve_pos[sample]`: inverse of `served`, built when first needed
+    /// (splitting reads among several ranks, resuming).
+    serve_pos: OnceLock<Vec<u32>>,
+}
+
+impl GlobalEpoch {
+    pub(super) fn compute(shared: Arc<Shared>, epoch: u64) -> Self {
+        let g = &shared.geometry;
+        let seed = shared.config.seed;
+        let (n, k) = (g.samples, g.chunk_size);
+        let (served, reads) = match shared.config.policy {
+            // Everything stays in memory: serve the permutation itself and
+            // let the rank plans read each chunk once when memory is cold.
+            Policy::Brand | Policy::BrandRandom if g.resident => (permutation(seed, epoch, n), Vec::new()),
+            Policy::Brand | Policy::BrandRandom => {
+                let random = shared.config.policy == Policy::BrandRandom;
+                brand_epoch(seed, epoch, n, k, g.group_size as u32, random, |_| true)
+            }
+            Policy::Direct => {
+                let served = permutation(seed, epoch, n);
+                let reads = served
+                    .iter()
+                    .enumerate()
+                    .map(|(p, &x)| GlobalRead {
+                        time: p as u64,
+                        chunk: x / k,
+                        mask: 1u64 << (x % k),
+                    })
+                    .collect();
+                (served, reads)
+            }
+            Policy::ChunkShuffle => chunk_shuffle_epoch(seed, epoch, n, k, g.slots),
+            Policy::Sequential => {
+                let served = (0..n as u32).collect();
+                let reads = (0..g.chunks)
+                    .map(|c| GlobalRead {
+                        time: c * k as u64,
+                        chunk: c as u32,
+                        mask: low_bits(chunk_records(n, k, c)),
+                    })
+                    .collect();
+                (served, reads)
+            }
+        };
+        let reads = if g.resident { Vec::new() } else { reads };
+        GlobalEpoch {
+            shared,
+            epoch,
+            served,
+            reads,
+            serve_pos: OnceLock::new(),
+        }
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The sample served at each global position `0..N`.
+    pub fn served(&self) -> &[u32] {
+        &self.served
+    }
+
+    /// The protocol's reads in time order (none in resident mode).
+    pub fn reads(&self) -> &[GlobalRead] {
+        &self.reads
+    }
+
+    /// The global position at which each sample is served.
+    pub fn serve_positions(&self) -> &[u32] {
+        self.serve_pos.get_or_init(|| {
+            let mut pos = vec![0u32; self.served.len()];
+            for (p, &y) in self.served.iter().enumerate() {
+                pos[y as usize] = p as u32;
+            }
+            pos
+        })
+    }
+
+    /// Most samples resident at once in the world's memory under this
+    /// protocol: read and not yet served (counting samples no rank takes
+    /// under `drop_last`, which the protocol still fills).
+    pub fn peak_resident(&self) -> u64 {
+        let (mut resident, mut peak) = (0u64, 0u64);
+        let mut reads = self.reads.iter().peekable();
+        for p in 0..self.served.len() as u64 {
+            while let Some(r) = reads.next_if(|r| r.time <= p) {
+                resident += r.mask.count_ones() as u64;
+            }
+            peak = peak.max(resident);
+            resident = resident.saturating_sub(1);
+        }
+        peak
+    }
+}
+
+/// Records in chunk `c` of `n` samples in chunks of `k`.
+pub(crate) fn chunk_records(n: u64, k: u32, c: u64) -> u32 {
+    (n - c * k as u64).min(k as u64) as u32
+}
+
+/// The request permutation π of epoch `epoch`.
+fn permutation(seed: u64, epoch: u64, n: u64) -> Vec<u32> {
+    Prng::stream(seed, &[domain::EPOCH, epoch]).permutation(n as usize)
+}
+
+/// Runs Brand over the epoch's requests, answering those whose requested
+/// sample satisfies `keep` (all of them, or one group's). Returns the sample
+/// served at every position (a position that is not kept holds its request,
+/// which is in another group) and the reads, at global positions.
+pub(super) fn brand_epoch(
+    seed: u64,
+    epoch: u64,
+    n: u64,
+    k: u32,
+    group_size: u32,
+    random: bool,
+    keep: impl Fn(u32) -> bool,
+) -> (Vec<u32>, Vec<GlobalRead>) {
+    let mut state = BrandState::new(n, k, group_size, random);
+    let groups = n.div_ceil(k as u64).div_ceil(group_size as u64) as u32;
+    let mut ties = TieBreaks::new(seed, epoch, groups);
+    let mut pick = |g, choices| ties.below(g, choices);
+    // The permutation becomes the served sequence in place.
+    let mut served = permutation(seed, epoch, n);
+    let mut reads = Vec::new();
+    for (p, slot) in served.iter_mut().enumerate() {
+        if !keep(*slot) {
+            continue;
+        }
+        let (y, refill) = state.request(*slot, &mut pick);
+        if let Some(r) = refill {
+            reads.push(GlobalRead {
+                time: p as u64,
+                chunk: r.chunk,
+                mask: r.mask,
+            });
+        }
+        *slot = y;
+    }
+    (served, reads)
+}
+
+/// DIESEL's chunk-wise shuffle: chunks in a shuffled order, cut into windows
+/// of consecutive chunks whose samples fit `slots`; each window's chunks are
+/// read whole when it starts and its samples served in shuffled order.
+fn chunk_shuffle_epoch(seed: u64, epoch: u64, n: u64, k: u32, slots: u64) -> (Vec<u32>, Vec<GlobalRead>) {
+    let chunks = n.div_ceil(k as u64);
+    let order = Prng::stream(seed, &[domain::CHUNK_ORDER, epoch]).permutation(chunks as usize);
+    let mut served = Vec::with_capacity(n as usize);
+    let mut reads = Vec::with_capacity(chunks as usize);
+    let mut window = 0u64;
+    let mut i = 0;
+    while i < order.len() {
+        let start = served.len();
+        let mut held = 0u64;
+        // At least one chunk per window: the budget holds a chunk.
+        while let Some(&c) = order.get(i) {
+            let records = chunk_records(n, k, c as u64);
+            if served.len() > start && held + records as u64 > slots {
+                break;
+            }
+            held += records as u64;
+            reads.push(GlobalRead {
+                time: start as u64,
+                chunk: c,
+                mask: low_bits(records),
+            });
+            let first = c * k;
+            served.extend(first..first + records);
+            i += 1;
+        }
+        Prng::stream(seed, &[domain::WINDOW, epoch, window]).shuffle(&mut served[start..]);
+        window += 1;
+    }
+    (served, reads)
+}

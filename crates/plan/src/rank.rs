@@ -1,0 +1,275 @@
+//! One rank's events for one epoch, cut from the global stream.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use super::brand::low_bits;
+use super::global::{GlobalEpoch, GlobalRead, chunk_records};
+use super::{Event, Policy};
+use brand_format::error::{Error, Result};
+
+/// What memory holds when a rank plan starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// At position 0, right after this process executed the previous epoch
+    /// (or at the very first epoch): memory holds what the plan left there,
+    /// which is nothing, except in resident mode, where it is every sample
+    /// read since the process started.
+    Continue,
+    /// After a restart, at global position `position`: memory is empty. The
+    /// plan first re-reads what the protocol holds at that point (for this
+    /// rank), then continues exactly as an uninterrupted run would.
+    Cold { position: u64 },
+}
+
+/// A rank's ordered [`Event`]s for one epoch: its serves (global positions
+/// `rank, rank + world, …`) with, before each, the reads it needs.
+///
+/// A global read is cut down to the records this rank will serve, and kept
+/// where it happens in the global stream (before this rank's first serve at
+/// or after the read's global position). Since ranks advance in lock step,
+/// a rank holds about `1/world` of the world's resident samples.
+pub struct EpochPlan {
+    global: Arc<GlobalEpoch>,
+    rank: u64,
+    world: u64,
+    samples: u64,
+    k: u32,
+    steps: u64,
+    next_step: u64,
+    /// Global positions below this are served by some rank (the rest are
+    /// the tail `drop_last` drops).
+    served_limit: u64,
+    resident: bool,
+    /// Reads must be cut down to this rank's serves.
+    project: bool,
+    /// In resident mode, the reads that warm this rank's memory (from
+    /// `Start::Cold`; none for `Start::Continue`). Otherwise unused.
+    resident_reads: Vec<GlobalRead>,
+    cursor: usize,
+    queue: VecDeque<Event>,
+    restore_reads: usize,
+}
+
+impl EpochPlan {
+    pub(super) fn new(global: Arc<GlobalEpoch>, rank: u32, start: Start) -> Result<Self> {
+        let geo = global.shared.geometry;
+        if rank >= geo.world {
+            return Err(Error::config(format!(
+                "rank {rank} out of range for world {}",
+                geo.world
+            )));
+        }
+        let (rank, world) = (rank as u64, geo.world as u64);
+        let (n, k) = (geo.samples, geo.chunk_size);
+        let from = match start {
+            Start::Continue => 0,
+            Start::Cold { position } => position,
+        };
+        if from > geo.positions.max(n) {
+            return Err(Error::config(format!(
+                "cannot resume at position {from}: epochs have {} positions",
+                geo.positions.max(n)
+            )));
+        }
+        let served_limit = geo.positions.min(n);
+        let mut plan = EpochPlan {
+            rank,
+            world,
+            samples: n,
+            k,
+            steps: geo.steps,
+            next_step: if from <= rank { 0 } else { (from - rank).div_ceil(world) }.min(geo.steps),
+            served_limit,
+            resident: geo.resident,
+            project: !geo.resident && (world > 1 || served_limit < n),
+            resident_reads: Vec::new(),
+            cursor: 0,
+            queue: VecDeque::new(),
+            restore_reads: 0,
+            global,
+        };
+        if plan.resident {
+            if let Start::Cold { position } = start {
+                plan.resident_reads = plan.warm_up_reads(position);
+            }
+        } else {
+            let reads = plan.global.reads();
+            plan.cursor = reads.partition_point(|r| r.time < from);
+            if from > 0 {
+                plan.restore(from);
+            }
+        }
+        Ok(plan)
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.global.epoch()
+    }
+
+    pub fn rank(&self) -> u32 {
+        self.rank as u32
+    }
+
+    /// Serves this rank makes in the whole epoch (the same on every rank).
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// How many of the first events re-read, after a cold resume, what the
+    /// protocol held at that point (0 otherwise).
+    pub fn restore_reads(&self) -> usize {
+        self.restore_reads
+    }
+
+    /// The global epoch this plan is cut from.
+    pub fn global(&self) -> &Arc<GlobalEpoch> {
+        &self.global
+    }
+
+    /// Samples a rank holds at global position `from` after an uninterrupted
+    /// run: read before `from`, served by this rank at or after it. After a
+    /// restart they are read again, merged by chunk.
+    fn restore(&mut self, from: u64) {
+        let mut pending: Vec<(u32, u64)> = self.global.reads()[..self.cursor]
+            .iter()
+            .filter_map(|r| {
+                let mask = self.mask_for_rank(r, from);
+                (mask != 0).then_some((r.chunk, mask))
+            })
+            .collect();
+        pending.sort_unstable_by_key(|&(c, _)| c);
+        let mut merged: Vec<(u32, u64)> = Vec::with_capacity(pending.len());
+        for (c, m) in pending {
+            match merged.last_mut() {
+                Some((last, mask)) if *last == c => *mask |= m,
+                _ => merged.push((c, m)),
+            }
+        }
+        self.restore_reads = merged.len();
+        self.queue.extend(merged.into_iter().map(|(chunk, mask)| Event::Read {
+            chunk: chunk as u64,
+            mask,
+        }));
+    }
+
+    /// Resident mode from a cold start at `from`: every rank will keep the
+    /// whole dataset, so each rank reads every chunk once, when the global
+    /// stream first touches it (whole chunk; one record for `direct`), and
+    /// at the end of the epoch whatever the rest of the epoch did not touch.
+    fn warm_up_reads(&self, from: u64) -> Vec<GlobalRead> {
+        let (n, k) = (self.samples, self.k);
+        let per_record = self.global.shared.config.policy == Policy::Direct;
+        let chunks = n.div_ceil(k as u64);
+        let full = |c: u64| low_bits(chunk_records(n, k, c));
+        let mut loaded = vec![0u64; chunks as usize];
+        let mut reads = Vec::new();
+        let served = self.global.served();
+        let end = self.world * self.steps;
+        for t in from..end.max(n) {
+            let y = served[(t % n) as usize];
+            let (c, bit) = ((y / k) as usize, 1u64 << (y % k));
+            if loaded[c] & bit == 0 {
+                let mask = if per_record { bit } else { full(c as u64) & !loaded[c] };
+                loaded[c] |= mask;
+                reads.push(GlobalRead {
+                    time: t,
+                    chunk: c as u32,
+                    mask,
+                });
+            }
+        }
+        for (c, have) in loaded.iter().enumerate() {
+            let missing = full(c as u64) & !have;
+            if missing != 0 {
+                reads.push(GlobalRead {
+                    time: u64::MAX,
+                    chunk: c as u32,
+                    mask: missing,
+                });
+            }
+        }
+        reads
+    }
+
+    /// The records of `read` this rank serves at a global position at or
+    /// after `from`.
+    fn mask_for_rank(&self, read: &GlobalRead, from: u64) -> u64 {
+        if !self.project && from == 0 {
+            return read.mask;
+        }
+        let pos = self.global.serve_positions();
+        let first = read.chunk as u64 * self.k as u64;
+        let mut out = 0;
+        let mut m = read.mask;
+        while m != 0 {
+            let j = m.trailing_zeros();
+            m &= m - 1;
+            let p = pos[(first + j as u64) as usize] as u64;
+            if p >= from && p < self.served_limit && p % self.world == self.rank {
+                out |= 1u64 << j;
+            }
+        }
+        out
+    }
+
+    fn read_at(&self, i: usize) -> Option<GlobalRead> {
+        if self.resident {
+            self.resident_reads.get(i).copied()
+        } else {
+            self.global.reads().get(i).copied()
+        }
+    }
+}
+
+impl Iterator for EpochPlan {
+    type Item = Event;
+
+    fn next(&mut self) -> Option<Event> {
+        if let Some(e) = self.queue.pop_front() {
+            return Some(e);
+        }
+        let next = (self.next_step < self.steps).then(|| self.rank + self.next_step * self.world);
+        while let Some(read) = self.read_at(self.cursor) {
+            match next {
+                Some(q) if read.time > q => break,
+                // Reads after this rank's last serve hold nothing for it,
+                // except the resident warm-up, which every rank makes.
+                None if !self.resident => break,
+                _ => {}
+            }
+            self.cursor += 1;
+            let mask = if self.resident {
+                read.mask
+            } else {
+                self.mask_for_rank(&read, 0)
+            };
+            if mask != 0 {
+                return Some(Event::Read {
+                    chunk: read.chunk as u64,
+                    mask,
+                });
+            }
+        }
+        let q = next?;
+        self.next_step += 1;
+        let padding = q >= self.samples;
+        let sample = self.global.served()[(q % self.samples) as usize];
+        let serve = Event::Serve {
+            position: q,
+            sample: sample as u64,
+            slot: sample % self.k,
+            padding,
+            frees: !self.resident,
+        };
+        if padding && !self.resident {
+            // A repeat of a sample served (and freed) long ago: read it again.
+            self.queue.push_back(serve);
+            return Some(Event::Read {
+                chunk: (sample / self.k) as u64,
+                mask: 1u64 << (sample % self.k),
+            });
+        }
+        Some(serve)
+    }
+}

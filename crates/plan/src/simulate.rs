@@ -1,0 +1,476 @@
+//! `brand simulate`: run the plan of every rank for some epochs, without
+//! reading anything, and report what it would read and how random the
+//! order is.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use serde::Serialize;
+
+use crate::{Event, Geometry, PlanConfig, Planner, Policy, Residency, Start};
+use brand_format::error::Result;
+use brand_format::extents::{ReadGap, extents};
+use brand_format::index::Index;
+
+/// What to simulate besides the plan config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SimOptions {
+    pub epochs: u64,
+    /// Serves per batch, for the label-diversity metric.
+    pub batch: u64,
+}
+
+impl Default for SimOptions {
+    fn default() -> Self {
+        SimOptions { epochs: 1, batch: 256 }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SimReport {
+    pub policy: Policy,
+    pub memory: String,
+    pub seed: u64,
+    pub world: u32,
+    pub drop_last: bool,
+    pub batch: u64,
+    pub mean_sample_bytes: f64,
+    pub geometry: Geometry,
+    pub epochs: Vec<EpochReport>,
+}
+
+/// One epoch over all ranks. Epoch 0 starts with empty memory; each later
+/// epoch continues in the same processes.
+#[derive(Debug, Clone, Serialize)]
+pub struct EpochReport {
+    pub epoch: u64,
+    /// Serves over all ranks, padding included.
+    pub requests: u64,
+    /// Serves that are padding repeats.
+    pub padding: u64,
+    /// Read events over all ranks: memory misses. With several ranks one
+    /// refill of the protocol becomes one read on each rank that serves one
+    /// of its records.
+    pub reads: u64,
+    /// Bytes if every read fetches its whole (padded) chunk.
+    pub bytes_whole: u64,
+    /// Bytes if a read fetches only its records, each widened to 4 KiB
+    /// alignment, merging ranges that touch or overlap (gap 0).
+    pub bytes_sparse: u64,
+    /// Stored bytes of every served sample, padding included.
+    pub useful_bytes: u64,
+    /// `bytes_whole / useful_bytes`.
+    pub amplification_whole: Option<f64>,
+    /// `bytes_sparse / useful_bytes`.
+    pub amplification_sparse: Option<f64>,
+    /// Every sample served exactly once over all ranks (padding aside); with
+    /// `drop_last`, all distinct and `world × ⌊N/world⌋` of them.
+    pub exactly_once: bool,
+    /// Every serve finds its sample in its rank's memory and no read
+    /// fetches a sample the rank already holds.
+    pub reads_cover_serves: bool,
+    /// Most samples one rank holds at once.
+    pub peak_resident: u64,
+    /// Mean |served position difference| of records in adjacent slots of
+    /// the same packed chunk, over its value for a uniform permutation,
+    /// `(N + 1) / 3`. 1 is uniform; near 0, chunk-mates are served together.
+    pub chunk_mate_dispersion: Option<f64>,
+    /// Spearman correlation of each sample's position with the previous
+    /// epoch's (samples served in both). Near 0 for independent epochs.
+    pub spearman_vs_previous: Option<f64>,
+    /// Mean distinct labels per batch (each rank's consecutive serves) over
+    /// its expectation for a uniform random batch of the same size.
+    pub label_diversity: Option<f64>,
+}
+
+/// [`simulate_with`] with 256-sample batches.
+pub fn simulate(index: &Index, config: &PlanConfig, epochs: u64) -> Result<SimReport> {
+    simulate_with(
+        index,
+        config,
+        &SimOptions {
+            epochs,
+            ..SimOptions::default()
+        },
+    )
+}
+
+/// Plans `options.epochs` epochs of every rank of `config.world` (the
+/// config's own rank is ignored) and measures them.
+pub fn simulate_with(index: &Index, config: &PlanConfig, options: &SimOptions) -> Result<SimReport> {
+    let planner = Planner::new(index, config)?;
+    let geo = *planner.geometry();
+    let n = geo.samples as usize;
+    let world = geo.world as usize;
+    let batch = options.batch.max(1);
+    let labels = LabelExpectation::new(&index.label, n as u64);
+    // Per rank: the samples it holds, one bit each; kept across epochs
+    // because resident mode keeps memory.
+    let mut held: Vec<Vec<u64>> = vec![vec![0; n.div_ceil(64)]; world];
+    let mut residency = vec![Residency::default(); world];
+    let mut previous: Option<Vec<u32>> = None;
+    let mut epochs = Vec::new();
+    for epoch in 0..options.epochs {
+        let global = planner.global_epoch(epoch);
+        let start = if epoch == 0 {
+            Start::Cold { position: 0 }
+        } else {
+            Start::Continue
+        };
+        let mut r = EpochReport {
+            epoch,
+            requests: 0,
+            padding: 0,
+            reads: 0,
+            bytes_whole: 0,
+            bytes_sparse: 0,
+            useful_bytes: 0,
+            amplification_whole: None,
+            amplification_sparse: None,
+            exactly_once: true,
+            reads_cover_serves: true,
+            peak_resident: 0,
+            chunk_mate_dispersion: None,
+            spearman_vs_previous: None,
+            label_diversity: None,
+        };
+        let mut position = vec![UNSERVED; n];
+        let mut times_served = vec![0u8; n];
+        let (mut distinct, mut expected) = (0.0f64, 0.0f64);
+        for rank in 0..world {
+            let plan = global.rank_plan(rank as u32, start)?;
+            let held = &mut held[rank];
+            let residency = &mut residency[rank];
+            residency.peak = residency.resident;
+            let mut batch_labels = Vec::with_capacity(batch as usize);
+            for event in plan {
+                residency.observe(&event);
+                match event {
+                    Event::Read { chunk, mask } => {
+                        r.reads += 1;
+                        r.bytes_whole += index.chunk_padded_len(chunk);
+                        r.bytes_sparse += sparse_bytes(index, chunk, mask);
+                        let first = chunk * geo.chunk_size as u64;
+                        for_each_bit(mask, |j| {
+                            let id = (first + j as u64) as usize;
+                            if held[id / 64] & (1 << (id % 64)) != 0 {
+                                r.reads_cover_serves = false;
+                            }
+                            held[id / 64] |= 1 << (id % 64);
+                        });
+                    }
+                    Event::Serve {
+                        position: p,
+                        sample,
+                        padding,
+                        frees,
+                        ..
+                    } => {
+                        let id = sample as usize;
+                        r.requests += 1;
+                        r.useful_bytes += index.stored_len[id] as u64;
+                        if held[id / 64] & (1 << (id % 64)) == 0 {
+                            r.reads_cover_serves = false;
+                        }
+                        if frees {
+                            held[id / 64] &= !(1 << (id % 64));
+                        }
+                        if padding {
+                            r.padding += 1;
+                        } else {
+                            times_served[id] = times_served[id].saturating_add(1);
+                            position[id] = p as u32;
+                        }
+                        batch_labels.push(index.label[id]);
+                        if batch_labels.len() as u64 == batch {
+                            distinct += count_distinct(&mut batch_labels) as f64;
+                            expected += labels.distinct(batch);
+                        }
+                    }
+                }
+            }
+            if !batch_labels.is_empty() {
+                expected += labels.distinct(batch_labels.len() as u64);
+                distinct += count_distinct(&mut batch_labels) as f64;
+            }
+            r.peak_resident = r.peak_resident.max(residency.peak);
+        }
+        let real = r.requests - r.padding;
+        r.exactly_once = if config.drop_last {
+            times_served.iter().all(|&t| t <= 1) && real == geo.positions
+        } else {
+            times_served.iter().all(|&t| t == 1)
+        };
+        let ratio = |bytes: u64| (r.useful_bytes > 0).then(|| bytes as f64 / r.useful_bytes as f64);
+        r.amplification_whole = ratio(r.bytes_whole);
+        r.amplification_sparse = ratio(r.bytes_sparse);
+        r.chunk_mate_dispersion = dispersion(&position, geo.chunk_size as usize);
+        r.spearman_vs_previous = previous.as_deref().and_then(|prev| spearman(prev, &position));
+        r.label_diversity = (expected > 0.0).then(|| distinct / expected);
+        previous = Some(position);
+        epochs.push(r);
+    }
+    Ok(SimReport {
+        policy: config.policy,
+        memory: config.memory.to_string(),
+        seed: config.seed,
+        world: config.world,
+        drop_last: config.drop_last,
+        batch,
+        mean_sample_bytes: index.stored_len.iter().map(|&l| l as f64).sum::<f64>() / n as f64,
+        geometry: geo,
+        epochs,
+    })
+}
+
+const UNSERVED: u32 = u32::MAX;
+
+fn for_each_bit(mut mask: u64, mut f: impl FnMut(u32)) {
+    while mask != 0 {
+        f(mask.trailing_zeros());
+        mask &= mask - 1;
+    }
+}
+
+/// Bytes read when fetching only the records of `mask`: each record widened
+/// to [`ALIGN`](brand_format::ALIGN) boundaries, ranges that touch or
+/// overlap merged (gap 0: a gap of even one block is not read).
+pub fn sparse_bytes(index: &Index, chunk: u64, mask: u64) -> u64 {
+    // Exactly what the io engine reads with a zero read gap.
+    extents(index, chunk, mask, ReadGap::Bytes(0))
+        .iter()
+        .map(|e| e.len)
+        .sum()
+}
+
+/// `1536` → `"1.5 KiB"`.
+fn human(bytes: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < units.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", units[unit])
+    }
+}
+
+fn count_distinct(labels: &mut Vec<i64>) -> usize {
+    labels.sort_unstable();
+    labels.dedup();
+    let d = labels.len();
+    labels.clear();
+    d
+}
+
+/// Chunk-mate dispersion over pairs of adjacent slots of each chunk (both
+/// served), normalised by `(N + 1) / 3`, the mean distance of two distinct
+/// uniform positions in `[0, N)`.
+fn dispersion(position: &[u32], k: usize) -> Option<f64> {
+    let (mut sum, mut pairs) = (0f64, 0u64);
+    for chunk in position.chunks(k) {
+        for w in chunk.windows(2) {
+            if w[0] != UNSERVED && w[1] != UNSERVED {
+                sum += w[0].abs_diff(w[1]) as f64;
+                pairs += 1;
+            }
+        }
+    }
+    let n = position.len() as f64;
+    (pairs > 0).then(|| sum / pairs as f64 / ((n + 1.0) / 3.0))
+}
+
+/// Spearman's rank correlation of two epochs' positions over the samples
+/// served in both. Positions are distinct, so ranks have no ties.
+fn spearman(a: &[u32], b: &[u32]) -> Option<f64> {
+    let both = |i: usize| a[i] != UNSERVED && b[i] != UNSERVED;
+    let rank_of = |pos: &[u32]| {
+        // Rank of a position among the positions of common samples.
+        let mut rank = vec![0u32; pos.len() + 1];
+        for (i, &p) in pos.iter().enumerate() {
+            if both(i) {
+                rank[p as usize + 1] = 1;
+            }
+        }
+        for i in 1..rank.len() {
+            rank[i] += rank[i - 1];
+        }
+        rank
+    };
+    let (ra, rb) = (rank_of(a), rank_of(b));
+    let (mut d2, mut m) = (0f64, 0f64);
+    for i in 0..a.len() {
+        if both(i) {
+            let d = ra[a[i] as usize] as f64 - rb[b[i] as usize] as f64;
+            d2 += d * d;
+            m += 1.0;
+        }
+    }
+    (m >= 2.0).then(|| 1.0 - 6.0 * d2 / (m * (m * m - 1.0)))
+}
+
+/// Expected distinct labels in a uniform random batch drawn without
+/// replacement: `Σ_label 1 − C(N − n_l, B) / C(N, B)`.
+struct LabelExpectation {
+    samples: u64,
+    /// `(n_l, number of labels with that count)`: labels sharing a count
+    /// share a term, which keeps one-sample-per-label datasets cheap.
+    counts: Vec<(u64, u64)>,
+    cache: std::cell::RefCell<HashMap<u64, f64>>,
+}
+
+impl LabelExpectation {
+    fn new(labels: &[i64], samples: u64) -> Self {
+        let mut per_label: HashMap<i64, u64> = HashMap::new();
+        for &l in labels {
+            *per_label.entry(l).or_default() += 1;
+        }
+        let mut by_count: HashMap<u64, u64> = HashMap::new();
+        for c in per_label.into_values() {
+            *by_count.entry(c).or_default() += 1;
+        }
+        let mut counts: Vec<(u64, u64)> = by_count.into_iter().collect();
+        counts.sort_unstable();
+        LabelExpectation {
+            samples,
+            counts,
+            cache: Default::default(),
+        }
+    }
+
+    fn distinct(&self, batch: u64) -> f64 {
+        *self.cache.borrow_mut().entry(batch).or_insert_with(|| {
+            let n = self.samples;
+            let b = batch.min(n);
+            self.counts
+                .iter()
+                .map(|&(nl, labels)| {
+                    // P(label absent) = Π_{i<B} (N − n_l − i) / (N − i); each
+                    // factor is ≤ 1, so the product underflows to 0, never
+                    // overflows.
+                    let absent = if n - nl < b {
+                        0.0
+                    } else {
+                        (0..b).map(|i| (n - nl - i) as f64 / (n - i) as f64).product()
+                    };
+                    labels as f64 * (1.0 - absent)
+                })
+                .sum()
+        })
+    }
+}
+
+impl fmt::Display for SimReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let g = &self.geometry;
+        writeln!(
+            f,
+            "{} samples in {} chunks of {} (mean {:.1} KiB), policy {}, memory {} per rank",
+            g.samples,
+            g.chunks,
+            g.chunk_size,
+            self.mean_sample_bytes / 1024.0,
+            self.policy,
+            self.memory
+        )?;
+        let mode = if g.resident {
+            "resident: the whole dataset fits".to_string()
+        } else {
+            format!("{} groups of {} chunks", g.groups, g.group_size)
+        };
+        writeln!(
+            f,
+            "{} slots per rank, world {} ({} slots, {mode}), seed {}, batch {}, {}",
+            g.rank_slots,
+            g.world,
+            g.slots,
+            self.seed,
+            self.batch,
+            if self.drop_last { "drop last" } else { "pad" }
+        )?;
+        writeln!(f)?;
+        writeln!(
+            f,
+            "{:>5} {:>10} {:>9} {:>11} {:>11} {:>11} {:>6} {:>6} {:>5} {:>9} {:>6} {:>8} {:>6}",
+            "epoch",
+            "requests",
+            "reads",
+            "read whole",
+            "read sparse",
+            "served",
+            "amp-w",
+            "amp-s",
+            "once",
+            "peak res",
+            "disp",
+            "spearman",
+            "labels"
+        )?;
+        let opt = |x: Option<f64>, prec: usize| x.map_or("-".to_string(), |v| format!("{v:.prec$}"));
+        for e in &self.epochs {
+            writeln!(
+                f,
+                "{:>5} {:>10} {:>9} {:>11} {:>11} {:>11} {:>6} {:>6} {:>5} {:>9} {:>6} {:>8} {:>6}",
+                e.epoch,
+                e.requests,
+                e.reads,
+                human(e.bytes_whole),
+                human(e.bytes_sparse),
+                human(e.useful_bytes),
+                opt(e.amplification_whole, 2),
+                opt(e.amplification_sparse, 2),
+                if e.exactly_once && e.reads_cover_serves {
+                    "ok"
+                } else {
+                    "FAIL"
+                },
+                e.peak_resident,
+                opt(e.chunk_mate_dispersion, 3),
+                opt(e.spearman_vs_previous, 3),
+                opt(e.label_diversity, 3),
+            )?;
+        }
+        f.write_str(
+            "\nread whole/sparse: bytes if reads fetch whole chunks / only their records \
+             (4 KiB-aligned, touching ranges merged)\n\
+             amp: read / served. once: every sample served exactly once, each read before its serve\n\
+             disp: chunk-mate dispersion (1 = uniform). spearman: rank correlation with the \
+             previous epoch\n\
+             labels: distinct labels per batch / their expectation for a uniform random batch\n",
+        )?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_expectation_matches_small_cases() {
+        // Two labels of 2 in N = 4, batches of 2: P(label absent) =
+        // C(2,2)/C(4,2) = 1/6, so E = 2 · 5/6.
+        let e = LabelExpectation::new(&[0, 0, 1, 1], 4);
+        assert!((e.distinct(2) - 10.0 / 6.0).abs() < 1e-12);
+        // A batch of the whole dataset sees every label; a batch of one, one.
+        assert!((e.distinct(4) - 2.0).abs() < 1e-12);
+        assert!((e.distinct(1) - 1.0).abs() < 1e-12);
+        let unique = LabelExpectation::new(&[5, 6, 7, 8, 9], 5);
+        assert!((unique.distinct(3) - 3.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn spearman_and_dispersion_known_values() {
+        let id: Vec<u32> = (0..100).collect();
+        let rev: Vec<u32> = (0..100).rev().collect();
+        assert_eq!(spearman(&id, &id), Some(1.0));
+        assert!(spearman(&id, &rev).is_some_and(|r| (r + 1.0).abs() < 1e-12));
+        // Chunk-mates one position apart: dispersion 1 / ((N+1)/3).
+        assert!(dispersion(&id, 10).is_some_and(|d| (d - 3.0 / 101.0).abs() < 1e-12));
+        assert_eq!(dispersion(&id, 1), None);
+    }
+}

@@ -1,0 +1,556 @@
+//! Properties of the plan over random layouts and configs: exactly-once
+//! serving, reads before serves, bounded memory, determinism, resume,
+//! world-size independence, resident mode, and the simulate metrics.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use brand_format::index::{ChunkLoc, Index, SampleMeta};
+use brand_format::rng::Prng;
+use brand_format::{ALIGN, align_up};
+use brand_plan::simulate::{SimOptions, simulate, simulate_with};
+use brand_plan::{Event, GlobalEpoch, Layout, Memory, PlanConfig, Planner, Policy, Residency, Start};
+use proptest::prelude::*;
+
+fn layout(samples: u64, chunk_size: u32) -> Layout {
+    Layout {
+        samples,
+        chunk_size,
+        stored_bytes: samples * 1000,
+    }
+}
+
+fn config(policy: Policy, rank_slots: u64, world: u32, seed: u64, drop_last: bool) -> PlanConfig {
+    PlanConfig {
+        memory: Memory::Slots(rank_slots),
+        policy,
+        seed,
+        rank: 0,
+        world,
+        drop_last,
+    }
+}
+
+fn planner(l: Layout, cfg: &PlanConfig) -> Planner {
+    Planner::from_layout(l, cfg).expect("valid config")
+}
+
+fn events(global: &Arc<GlobalEpoch>, rank: u32, start: Start) -> Vec<Event> {
+    global.rank_plan(rank, start).expect("valid rank").collect()
+}
+
+/// What a rank's memory holds, as its events are executed in order.
+struct RankMemory {
+    held: HashSet<u64>,
+    residency: Residency,
+}
+
+impl RankMemory {
+    fn new() -> Self {
+        RankMemory {
+            held: HashSet::new(),
+            residency: Residency::default(),
+        }
+    }
+
+    /// Executes `events` against this memory, asserting that every read
+    /// brings in samples not already held and every serve finds its sample.
+    /// Returns the serves `(position, sample, padding)`.
+    fn run(&mut self, events: &[Event], k: u32) -> Vec<(u64, u64, bool)> {
+        let mut serves = Vec::new();
+        for e in events {
+            self.residency.observe(e);
+            match *e {
+                Event::Read { chunk, mask } => {
+                    assert_ne!(mask, 0, "empty read of chunk {chunk}");
+                    for j in 0..64 {
+                        if mask & (1 << j) != 0 {
+                            let id = chunk * k as u64 + j;
+                            assert!(self.held.insert(id), "sample {id} read while held");
+                        }
+                    }
+                }
+                Event::Serve {
+                    position,
+                    sample,
+                    slot,
+                    padding,
+                    frees,
+                } => {
+                    assert_eq!(slot as u64, sample % k as u64);
+                    let present = if frees {
+                        self.held.remove(&sample)
+                    } else {
+                        self.held.contains(&sample)
+                    };
+                    assert!(present, "sample {sample} served at {position} without being read");
+                    serves.push((position, sample, padding));
+                }
+            }
+            assert_eq!(self.residency.resident, self.held.len() as u64);
+        }
+        serves
+    }
+}
+
+/// Runs one epoch on every rank from `start` and checks the invariants
+/// every policy must keep. Returns each rank's serves.
+fn check_epoch(p: &Planner, epoch: u64, memory: &mut [RankMemory], start: Start) -> Vec<Vec<(u64, u64, bool)>> {
+    let g = *p.geometry();
+    let global = p.global_epoch(epoch);
+    let (n, w) = (g.samples, g.world as u64);
+    let mut all = Vec::new();
+    let mut seen = HashSet::new();
+    let mut real = 0u64;
+    for rank in 0..g.world {
+        let mem = &mut memory[rank as usize];
+        let serves = mem.run(&events(&global, rank, start), g.chunk_size);
+        assert_eq!(
+            serves.len() as u64,
+            g.steps,
+            "rank {rank}: every rank takes the same steps"
+        );
+        for (i, &(pos, sample, padding)) in serves.iter().enumerate() {
+            assert_eq!(pos, rank as u64 + i as u64 * w, "rank {rank} step {i}");
+            assert_eq!(padding, pos >= n);
+            if padding {
+                assert_eq!(
+                    sample,
+                    global.served()[(pos % n) as usize] as u64,
+                    "padding repeats the epoch's start"
+                );
+            } else {
+                assert_eq!(sample, global.served()[pos as usize] as u64);
+                assert!(seen.insert(sample), "sample {sample} served twice");
+                real += 1;
+            }
+        }
+        // Memory is bounded by the world's slots, and outside resident mode
+        // every read sample is served within the epoch.
+        assert!(
+            mem.residency.peak <= g.slots,
+            "rank {rank} peak {} > {}",
+            mem.residency.peak,
+            g.slots
+        );
+        if !g.resident {
+            assert_eq!(mem.residency.resident, 0, "rank {rank} ends the epoch holding samples");
+        }
+        all.push(serves);
+    }
+    if p.config().drop_last {
+        assert_eq!(real, w * (n / w));
+    } else {
+        assert_eq!(real, n, "every sample exactly once");
+    }
+    if !g.resident {
+        assert!(
+            global.peak_resident() <= g.slots,
+            "global peak {} > {}",
+            global.peak_resident(),
+            g.slots
+        );
+    }
+    all
+}
+
+#[derive(Debug, Clone)]
+struct Case {
+    samples: u64,
+    chunk_size: u32,
+    rank_slots: u64,
+    world: u32,
+    seed: u64,
+    drop_last: bool,
+    policy: Policy,
+    epoch: u64,
+}
+
+impl Case {
+    fn config(&self) -> PlanConfig {
+        config(self.policy, self.rank_slots, self.world, self.seed, self.drop_last)
+    }
+    fn planner(&self) -> Planner {
+        planner(layout(self.samples, self.chunk_size), &self.config())
+    }
+}
+
+/// Layouts from less than a chunk up to a few dozen chunks, budgets from one
+/// chunk to a bit more than the dataset (resident mode).
+fn case() -> impl Strategy<Value = Case> {
+    (
+        1u64..1500,
+        1u32..=64,
+        prop_oneof![Just(0.0), 0.0f64..1.2],
+        1u32..=8,
+        any::<u64>(),
+        any::<bool>(),
+        prop::sample::select(Policy::ALL.to_vec()),
+        0u64..4,
+    )
+        .prop_map(
+            |(samples, chunk_size, fraction, world, seed, drop_last, policy, epoch)| {
+                let one_chunk = samples.min(chunk_size as u64);
+                Case {
+                    samples,
+                    chunk_size,
+                    rank_slots: one_chunk.max((fraction * samples as f64) as u64),
+                    world,
+                    seed,
+                    drop_last,
+                    policy,
+                    epoch,
+                }
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn every_sample_exactly_once_with_reads_before_serves(c in case()) {
+        let p = c.planner();
+        let mut memory: Vec<RankMemory> = (0..c.world).map(|_| RankMemory::new()).collect();
+        check_epoch(&p, c.epoch, &mut memory, Start::Cold { position: 0 });
+        // The same processes go on to the next epoch.
+        check_epoch(&p, c.epoch + 1, &mut memory, Start::Continue);
+    }
+
+    #[test]
+    fn same_config_same_events_and_resume_continues_identically(c in case(), cut in 0.0f64..1.0, rank in 0u32..8) {
+        let p = c.planner();
+        let rank = rank % c.world;
+        let global = p.global_epoch(c.epoch);
+        let whole = events(&global, rank, Start::Cold { position: 0 });
+        prop_assert_eq!(&whole, &events(&c.planner().global_epoch(c.epoch), rank, Start::Cold { position: 0 }));
+
+        let g = *p.geometry();
+        let position = (cut * g.positions.max(g.samples) as f64) as u64;
+        let resumed_plan = global.rank_plan(rank, Start::Cold { position }).expect("in range");
+        let restore = resumed_plan.restore_reads();
+        let resumed: Vec<Event> = resumed_plan.collect();
+        let restore_is_reads = resumed[..restore].iter().all(|e| matches!(e, Event::Read { .. }));
+        prop_assert!(restore_is_reads, "the restore is reads only");
+
+        // The same serves from `position` on.
+        let serves = |ev: &[Event]| -> Vec<Event> {
+            ev.iter().filter(|e| matches!(e, Event::Serve { position: q, .. } if *q >= position)).copied().collect()
+        };
+        prop_assert_eq!(serves(&whole), serves(&resumed));
+        // After the restore, the same events as the uninterrupted run, except
+        // reads made before `position` (which the restore replaces).
+        let last_before = whole.iter().rposition(|e| matches!(e, Event::Serve { position: q, .. } if *q < position));
+        let tail = &whole[last_before.map_or(0, |i| i + 1)..];
+        let rest = &resumed[restore..];
+        // A cold process can execute it: reads before serves.
+        let mut mem = RankMemory::new();
+        mem.run(&resumed, c.chunk_size);
+        if g.resident {
+            // Resident mode re-reads everything once instead.
+            prop_assert_eq!(mem.held.len() as u64, c.samples);
+        } else {
+            prop_assert!(tail.ends_with(rest), "resumed events are not a suffix of the uninterrupted ones");
+            let replaced = &tail[..tail.len() - rest.len()];
+            let only_reads = replaced.iter().all(|e| matches!(e, Event::Read { .. }));
+            prop_assert!(only_reads, "only reads made before the resume point are replaced");
+            prop_assert_eq!(mem.residency.resident, 0);
+        }
+    }
+
+    #[test]
+    fn global_order_does_not_depend_on_world_size(
+        samples in 1u64..1500, chunk_size in 1u32..=64, fraction in 0.0f64..1.0,
+        world in 2u32..=8, seed in any::<u64>(), drop_last in any::<bool>(),
+        policy in prop::sample::select(Policy::ALL.to_vec()),
+    ) {
+        // Same total slots: world × per-rank slots.
+        let share = fraction * samples as f64 / world as f64;
+        let per_rank = samples.min(chunk_size as u64).max(share as u64);
+        let one = planner(layout(samples, chunk_size), &config(policy, per_rank * world as u64, 1, seed, false));
+        let many = planner(layout(samples, chunk_size), &config(policy, per_rank, world, seed, drop_last));
+        prop_assume!(one.geometry().resident == many.geometry().resident);
+        let single: Vec<u64> = events(&one.global_epoch(3), 0, Start::Continue)
+            .iter()
+            .filter_map(|e| match e { Event::Serve { sample, .. } => Some(*sample), _ => None })
+            .collect();
+        let global = many.global_epoch(3);
+        let mut interleaved = vec![None; samples as usize];
+        for rank in 0..world {
+            for e in events(&global, rank, Start::Continue) {
+                if let Event::Serve { position, sample, padding: false, .. } = e {
+                    interleaved[position as usize] = Some(sample);
+                }
+            }
+        }
+        for (p, s) in interleaved.iter().enumerate() {
+            if let Some(s) = s {
+                prop_assert_eq!(*s, single[p], "position {}", p);
+            } else {
+                prop_assert!(drop_last, "position {} unserved without drop_last", p);
+            }
+        }
+    }
+}
+
+/// Budget holding the whole dataset: the first epoch reads each record once
+/// per rank, later epochs of the same process read nothing, a restart reads
+/// everything again.
+#[test]
+fn resident_budget_reads_once_then_never() {
+    for policy in Policy::ALL {
+        for world in [1, 3] {
+            let cfg = config(policy, 1000, world, 5, false);
+            let p = planner(layout(1000, 16), &cfg);
+            assert!(p.geometry().resident);
+            let mut memory: Vec<RankMemory> = (0..world).map(|_| RankMemory::new()).collect();
+            check_epoch(&p, 0, &mut memory, Start::Cold { position: 0 });
+            for m in &memory {
+                assert_eq!(
+                    m.held.len(),
+                    1000,
+                    "{policy}: a resident rank holds everything after one epoch"
+                );
+            }
+            for epoch in 1..3 {
+                let global = p.global_epoch(epoch);
+                for rank in 0..world {
+                    let ev = events(&global, rank, Start::Continue);
+                    assert!(
+                        ev.iter().all(|e| matches!(e, Event::Serve { .. })),
+                        "{policy}: epoch {epoch} reads"
+                    );
+                }
+                check_epoch(&p, epoch, &mut memory, Start::Continue);
+            }
+            // Restart in the middle of epoch 3: everything is read again.
+            let global = p.global_epoch(3);
+            let mut fresh = RankMemory::new();
+            fresh.run(&events(&global, 0, Start::Cold { position: 500 }), 16);
+            assert_eq!(fresh.held.len(), 1000, "{policy}: resume must re-read everything once");
+        }
+    }
+    // Through the planner's own bookkeeping.
+    let mut p = planner(layout(300, 8), &PlanConfig::new(Memory::Percent(100.0)));
+    let reads = |plan: brand_plan::EpochPlan| plan.filter(|e| matches!(e, Event::Read { .. })).count();
+    assert_eq!(reads(p.epoch(0)), 38, "one read per chunk");
+    assert_eq!(reads(p.epoch(1)), 0);
+    assert_eq!(reads(p.epoch(2)), 0);
+    assert_eq!(reads(p.seek(3, 0).expect("in range")), 38);
+    assert_eq!(reads(p.epoch(4)), 0);
+}
+
+/// Brand never holds more than its abstract memory, and does fill it.
+#[test]
+fn brand_memory_stays_within_its_slots() {
+    for policy in [Policy::Brand, Policy::BrandRandom] {
+        let p = planner(layout(20_000, 64), &config(policy, 2_000, 1, 1, false));
+        let g = *p.geometry();
+        let global = p.global_epoch(0);
+        let peak = global.peak_resident();
+        assert!(peak <= g.abstract_chunks * 64, "{policy}: {peak}");
+        assert!(peak > g.abstract_chunks * 32, "{policy}: memory barely used ({peak})");
+        let mut mem = RankMemory::new();
+        mem.run(&events(&global, 0, Start::Continue), 64);
+        assert_eq!(mem.residency.peak, peak);
+    }
+}
+
+#[test]
+fn a_group_plans_alone() {
+    for policy in [Policy::Brand, Policy::BrandRandom] {
+        let p = planner(layout(5_000, 32), &config(policy, 700, 2, 9, false));
+        let g = *p.geometry();
+        assert!(g.groups > 3);
+        let global = p.global_epoch(2);
+        for group in [0, 1, g.groups - 1] {
+            let alone = p.group_plan(2, group).expect("a brand group");
+            let serves: Vec<(u64, u32)> = global
+                .served()
+                .iter()
+                .enumerate()
+                .filter(|&(_, &y)| g.group_of_chunk(y as u64 / 32) == group)
+                .map(|(q, &y)| (q as u64, y))
+                .collect();
+            assert_eq!(alone.serves, serves, "{policy} group {group}");
+            let reads: Vec<_> = global
+                .reads()
+                .iter()
+                .filter(|r| g.group_of_chunk(r.chunk as u64) == group)
+                .copied()
+                .collect();
+            assert_eq!(alone.reads, reads, "{policy} group {group}");
+        }
+        assert!(p.group_plan(2, g.groups).is_err());
+    }
+    assert!(
+        planner(layout(100, 4), &config(Policy::Direct, 10, 1, 0, false))
+            .group_plan(0, 0)
+            .is_err()
+    );
+}
+
+/// The first serves of a fixed config. If this changes, every user's
+/// sample order changes with it: change it only on purpose, with a note in
+/// the changelog.
+#[test]
+fn golden_brand_order() {
+    let mut p = planner(layout(1_000, 16), &config(Policy::Brand, 200, 1, 42, false));
+    let first: Vec<(u64, u64)> = p
+        .epoch(0)
+        .filter_map(|e| match e {
+            Event::Serve { position, sample, .. } => Some((position, sample)),
+            _ => None,
+        })
+        .take(16)
+        .collect();
+    let want: Vec<(u64, u64)> = GOLDEN.iter().enumerate().map(|(i, &s)| (i as u64, s)).collect();
+    assert_eq!(first, want);
+}
+
+const GOLDEN: [u64; 16] = [
+    728, 927, 917, 640, 442, 78, 914, 120, 792, 926, 569, 788, 570, 126, 916, 575,
+];
+
+#[test]
+fn seek_past_the_end_is_an_error() {
+    let mut p = planner(layout(100, 8), &config(Policy::Brand, 20, 1, 0, false));
+    assert!(p.seek(0, 100).is_ok());
+    assert!(p.seek(0, 101).is_err());
+}
+
+#[test]
+fn planner_seek_resumes_at_a_step_of_its_rank() {
+    let mut cfg = config(Policy::Brand, 50, 3, 7, false);
+    cfg.rank = 2;
+    let mut p = planner(layout(500, 8), &cfg);
+    let position = p.position_of_step(40);
+    assert_eq!(position, 2 + 40 * 3);
+    let serves: Vec<u64> = p
+        .seek(1, position)
+        .expect("in range")
+        .filter_map(|e| match e {
+            Event::Serve { position, .. } => Some(position),
+            Event::Read { .. } => None,
+        })
+        .collect();
+    assert_eq!(serves.first(), Some(&position));
+    assert_eq!(serves.len() as u64, p.geometry().steps - 40);
+}
+
+/// A packed-looking index with records of `min..max` KiB, 100 labels.
+fn synthetic_index(samples: u64, k: u32, min_kib: u32, max_kib: u32) -> Index {
+    let mut rng = Prng::stream(77, &[]);
+    let mut metas = Vec::new();
+    let mut chunks = Vec::new();
+    let mut offset = 0u64;
+    for c in 0..samples.div_ceil(k as u64) {
+        let records = (samples - c * k as u64).min(k as u64) as u32;
+        let mut rel = 512u32; // room for a header
+        for _ in 0..records {
+            let len = (min_kib + rng.below((max_kib - min_kib) as u64) as u32) * 1024 + rng.below(1024) as u32;
+            metas.push(SampleMeta {
+                rel_offset: rel,
+                stored_len: len,
+                raw_len: len,
+                crc: 0,
+                label: rng.below(100) as i64,
+                key: Vec::new(),
+            });
+            rel += len;
+        }
+        chunks.push(ChunkLoc {
+            segment: 0,
+            record_count: records,
+            offset,
+        });
+        offset += align_up(rel as u64);
+    }
+    assert_eq!(offset % ALIGN, 0);
+    Index::new(k, 1, chunks, metas).expect("valid synthetic index")
+}
+
+#[test]
+fn simulate_metrics_tell_policies_apart() {
+    let index = synthetic_index(20_000, 64, 10, 210);
+    let run = |policy, memory| {
+        let mut cfg = PlanConfig::new(memory);
+        cfg.policy = policy;
+        simulate(&index, &cfg, 2).expect("simulate")
+    };
+    let ten = Memory::Percent(10.0);
+    let brand = run(Policy::Brand, ten);
+    let direct = run(Policy::Direct, ten);
+    let sequential = run(Policy::Sequential, ten);
+    for r in [&brand, &direct, &sequential] {
+        for e in &r.epochs {
+            assert!(e.exactly_once && e.reads_cover_serves, "{}: {e:?}", r.policy);
+            assert_eq!(e.requests, 20_000);
+        }
+    }
+    let b = &brand.epochs[1];
+    let amp_whole = b.amplification_whole.expect("bytes served");
+    let amp_sparse = b.amplification_sparse.expect("bytes served");
+    assert!(
+        (5.0..15.0).contains(&amp_whole),
+        "brand whole-chunk amplification {amp_whole}"
+    );
+    assert!(
+        (1.0..1.3).contains(&amp_sparse),
+        "brand sparse amplification {amp_sparse}"
+    );
+    assert!(b.peak_resident <= brand.geometry.slots);
+
+    let dispersion = |r: &brand_plan::simulate::SimReport| r.epochs[1].chunk_mate_dispersion.expect("pairs");
+    assert!(dispersion(&sequential) < 0.05, "sequential {}", dispersion(&sequential));
+    assert!(
+        (0.95..1.05).contains(&dispersion(&direct)),
+        "direct {}",
+        dispersion(&direct)
+    );
+    assert!(dispersion(&brand) > 0.5, "brand {}", dispersion(&brand));
+
+    let spearman = |r: &brand_plan::simulate::SimReport| r.epochs[1].spearman_vs_previous.expect("epoch 1");
+    assert!(spearman(&direct).abs() < 0.05, "direct {}", spearman(&direct));
+    assert!((spearman(&sequential) - 1.0).abs() < 1e-9);
+    assert_eq!(direct.epochs[0].spearman_vs_previous, None);
+
+    let labels = direct.epochs[1].label_diversity.expect("batches");
+    assert!((0.97..1.03).contains(&labels), "direct label diversity {labels}");
+    // Direct reads one record per sample: sparse bytes are the records.
+    assert_eq!(direct.epochs[1].reads, 20_000);
+
+    // The whole dataset in memory: the second epoch reads nothing.
+    let resident = run(Policy::Brand, Memory::Percent(100.0));
+    assert_eq!(resident.epochs[1].reads, 0);
+    assert_eq!(resident.epochs[1].bytes_whole, 0);
+    assert_eq!(resident.epochs[0].reads, 313);
+
+    let table = brand.to_string();
+    assert!(table.contains("brand") && table.lines().count() >= 5, "{table}");
+    let json = serde_json::to_value(&brand).expect("serialisable");
+    assert_eq!(json["epochs"][1]["requests"], 20_000);
+}
+
+#[test]
+fn simulate_several_ranks_pads_or_drops() {
+    let index = synthetic_index(1_001, 16, 1, 8);
+    for drop_last in [false, true] {
+        let mut cfg = PlanConfig::new(Memory::Percent(5.0));
+        cfg.world = 4;
+        cfg.drop_last = drop_last;
+        let r = simulate_with(&index, &cfg, &SimOptions { epochs: 2, batch: 32 }).expect("simulate");
+        for e in &r.epochs {
+            assert!(e.exactly_once && e.reads_cover_serves, "{e:?}");
+            let (requests, padding) = if drop_last { (1_000, 0) } else { (1_004, 3) };
+            assert_eq!((e.requests, e.padding), (requests, padding));
+        }
+    }
+}
+
+#[test]
+fn simulate_rejects_a_budget_below_one_chunk() {
+    let index = synthetic_index(1_000, 64, 1, 2);
+    let cfg = PlanConfig::new(Memory::Bytes(4096));
+    assert!(simulate(&index, &cfg, 1).is_err());
+}
