@@ -41,7 +41,9 @@ impl std::str::FromStr for IoBackend {
             "auto" => Ok(IoBackend::Auto),
             "uring" => Ok(IoBackend::Uring),
             "threads" => Ok(IoBackend::Threads),
-            _ => Err(Error::config(format!("io_backend {s:?}: expected auto, uring or threads"))),
+            _ => Err(Error::config(format!(
+                "io_backend {s:?}: expected auto, uring or threads"
+            ))),
         }
     }
 }
@@ -414,7 +416,11 @@ impl<'a> ReadLoop<'a> {
             Ok(0) => Step::Fail(self.short_read()),
             Ok(n) => {
                 self.done += n;
-                if self.done >= self.len() { Step::Done } else { Step::Again }
+                if self.done >= self.len() {
+                    Step::Done
+                } else {
+                    Step::Again
+                }
             }
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) && self.direct => {
                 let path = self.ds.segment_path(self.ext.segment);

@@ -113,7 +113,8 @@ impl Readers {
                 Step::Fail(e) => break Err(e),
             }
         };
-        let result = read.map(|()| decode_records(&self.shared.ds, ext, &buf.spare_mut()[..len], self.shared.cfg.verify));
+        let result =
+            read.map(|()| decode_records(&self.shared.ds, ext, &buf.spare_mut()[..len], self.shared.cfg.verify));
         self.return_buffer(buf);
         Completion {
             tag: job.tag,

@@ -110,7 +110,11 @@ fn a_corrupt_record_is_a_named_error() {
     for e in extents(&ds.index, 1, u64::MAX, ReadGap::Whole) {
         engine.submit(Job { tag: 1, extent: e }).expect("submit");
     }
-    let records = engine.recv().expect("completion").result.expect("the read itself succeeds");
+    let records = engine
+        .recv()
+        .expect("completion")
+        .result
+        .expect("the read itself succeeds");
     // Only the corrupt record fails; its neighbours decode.
     let mut bad = records.iter().filter(|(_, r)| r.is_err());
     let (id, err) = bad.next().expect("crc must fail");

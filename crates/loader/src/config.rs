@@ -244,7 +244,14 @@ mod tests {
         assert_eq!(d.io.io_backend, IoBackend::Auto);
         assert_eq!(d.io.on_corrupt, OnCorrupt::Error);
         assert_eq!(d.io.io_timeout, std::time::Duration::from_secs(60));
-        assert_eq!(LoaderConfig::from_toml("io_timeout = 60").expect("int").io.io_timeout.as_secs(), 60);
+        assert_eq!(
+            LoaderConfig::from_toml("io_timeout = 60")
+                .expect("int")
+                .io
+                .io_timeout
+                .as_secs(),
+            60
+        );
     }
 
     #[test]

@@ -86,7 +86,9 @@ fn memory_bytes(ds: &Dataset, plan: &PlanConfig) -> u64 {
     match plan.memory {
         Memory::Bytes(b) => b,
         Memory::Percent(p) => (p / 100.0 * l.stored_bytes as f64) as u64,
-        Memory::Slots(m) => (m as u128 * l.stored_bytes as u128 / l.samples.max(1) as u128).min(u64::MAX as u128) as u64,
+        Memory::Slots(m) => {
+            (m as u128 * l.stored_bytes as u128 / l.samples.max(1) as u128).min(u64::MAX as u128) as u64
+        }
     }
 }
 
@@ -240,7 +242,7 @@ pub struct Loader {
     /// The plan's event source; `None` while lent to the planning thread.
     source: Option<EventSource>,
     /// The next epoch's events, being planned in the background.
-    planning: Option<(u64, std::thread::JoinHandle<(EventSource, Result<Events>)>)>,
+    planning: Option<(u64, Planning)>,
     /// Where plan events are taken from next (see [`Feed`]).
     feed: Feed,
     /// The epoch `feed` produces events of (ahead of `epoch` once the
@@ -284,6 +286,9 @@ pub struct Loader {
     metrics: Metrics,
 }
 
+/// A background plan: gives the source back with the events it made.
+type Planning = std::thread::JoinHandle<(EventSource, Result<Events>)>;
+
 /// One step of the plan as the loader walks it.
 #[derive(Debug, Clone, Copy)]
 enum Step {
@@ -295,7 +300,9 @@ enum Step {
 /// Where plan events come from next.
 enum Feed {
     /// Not asked for yet: the next events are `(feed_epoch, served)`.
-    Start { warm: bool },
+    Start {
+        warm: bool,
+    },
     Running(Events),
     /// The epoch's events are all taken; the next come from `planning`.
     Between,
@@ -851,7 +858,9 @@ impl Loader {
     /// `frees` the sample leaves memory; otherwise it stays resident. A
     /// sample whose read or record failed returns that error now.
     fn wait_for(&mut self, sample: u64, frees: bool) -> Result<SampleBytes> {
-        if !self.resident.contains_key(&sample) && !self.pending.contains_key(&sample) && !self.bad.contains_key(&sample)
+        if !self.resident.contains_key(&sample)
+            && !self.pending.contains_key(&sample)
+            && !self.bad.contains_key(&sample)
         {
             let chunk = self.ds.index.chunk_of(sample);
             let slot = sample - chunk * self.ds.index.chunk_size() as u64;

@@ -184,10 +184,17 @@ mod tests {
 
     #[test]
     fn buckets_cover_every_value_in_order() {
-        for v in (0..20u32).flat_map(|e| [(1u64 << e) - 1, 1 << e, (1 << e) + 1, 3 << e]).chain([u64::MAX]) {
+        for v in (0..20u32)
+            .flat_map(|e| [(1u64 << e) - 1, 1 << e, (1 << e) + 1, 3 << e])
+            .chain([u64::MAX])
+        {
             let b = bucket_of(v);
             assert!(b < (64 * SUB) as usize, "{v}");
-            assert!((value_of(b) - v as f64).abs() <= v as f64 / SUB as f64 + 0.5, "{v} → {b} → {}", value_of(b));
+            assert!(
+                (value_of(b) - v as f64).abs() <= v as f64 / SUB as f64 + 0.5,
+                "{v} → {b} → {}",
+                value_of(b)
+            );
         }
         let mut last = 0;
         for v in (0..2_000_000u64).step_by(7) {

@@ -136,13 +136,43 @@ fn refuse_syscall(nr: u32) {
     const RET_ERRNO: u32 = 0x0005_0000;
     let prog = [
         // if arch != x86_64: allow
-        SockFilter { code: LD_W_ABS, jt: 0, jf: 0, k: 4 },
-        SockFilter { code: JEQ_K, jt: 0, jf: 3, k: AUDIT_ARCH_X86_64 },
+        SockFilter {
+            code: LD_W_ABS,
+            jt: 0,
+            jf: 0,
+            k: 4,
+        },
+        SockFilter {
+            code: JEQ_K,
+            jt: 0,
+            jf: 3,
+            k: AUDIT_ARCH_X86_64,
+        },
         // if nr == `nr`: EPERM
-        SockFilter { code: LD_W_ABS, jt: 0, jf: 0, k: 0 },
-        SockFilter { code: JEQ_K, jt: 0, jf: 1, k: nr },
-        SockFilter { code: RET_K, jt: 0, jf: 0, k: RET_ERRNO | libc::EPERM as u32 },
-        SockFilter { code: RET_K, jt: 0, jf: 0, k: RET_ALLOW },
+        SockFilter {
+            code: LD_W_ABS,
+            jt: 0,
+            jf: 0,
+            k: 0,
+        },
+        SockFilter {
+            code: JEQ_K,
+            jt: 0,
+            jf: 1,
+            k: nr,
+        },
+        SockFilter {
+            code: RET_K,
+            jt: 0,
+            jf: 0,
+            k: RET_ERRNO | libc::EPERM as u32,
+        },
+        SockFilter {
+            code: RET_K,
+            jt: 0,
+            jf: 0,
+            k: RET_ALLOW,
+        },
     ];
     let fprog = SockFprog {
         len: prog.len() as u16,
@@ -152,7 +182,12 @@ fn refuse_syscall(nr: u32) {
     // the kernel copies the program.
     unsafe {
         assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0, "no_new_privs");
-        let r = libc::syscall(libc::SYS_seccomp, 1 /* SET_MODE_FILTER */, 1 /* TSYNC */, &fprog as *const SockFprog);
+        let r = libc::syscall(
+            libc::SYS_seccomp,
+            1, /* SET_MODE_FILTER */
+            1, /* TSYNC */
+            &fprog as *const SockFprog,
+        );
         assert_eq!(r, 0, "seccomp: {}", std::io::Error::last_os_error());
     }
 }
@@ -174,7 +209,9 @@ fn io_uring_refused_by_seccomp_falls_back_to_threads_with_the_same_epoch() {
         println!("ORDER={ids:?}");
         let mut u = c.clone();
         u.io.io_backend = IoBackend::Uring;
-        let err = Loader::open(ds, &u, LoaderState::default()).err().expect("uring must fail");
+        let err = Loader::open(ds, &u, LoaderState::default())
+            .err()
+            .expect("uring must fail");
         println!("URING-ERR={err}");
         return;
     }
@@ -187,7 +224,10 @@ fn io_uring_refused_by_seccomp_falls_back_to_threads_with_the_same_epoch() {
     let (ok, out) = run_child(NAME, "refuse-setup", ds.dir());
     assert!(ok, "child failed:\n{out}");
     assert!(out.contains("REFUSED=true THREADS=true"), "{out}");
-    assert!(out.contains(&format!("ORDER={want:?}")), "same order and bytes as io_uring:\n{out}");
+    assert!(
+        out.contains(&format!("ORDER={want:?}")),
+        "same order and bytes as io_uring:\n{out}"
+    );
     assert!(out.contains("URING-ERR=<io_uring>"), "{out}");
 }
 
@@ -205,7 +245,7 @@ fn a_ring_whose_submissions_are_refused_is_an_error_not_a_hang() {
         // From now on io_uring_enter (426) fails.
         refuse_syscall(426);
         let start = Instant::now();
-        let err = l.next_batch().err().expect("no batch can be read");
+        let err = l.next_batch().expect_err("no batch can be read");
         println!("ERR={err} after {:?}", start.elapsed());
         let start = Instant::now();
         drop(l);
@@ -236,7 +276,13 @@ fn a_state_saved_after_the_last_batch_restores_on_every_rank() {
         }
         // After the last batch, before the end of the epoch is seen.
         let state = l.state();
-        assert_eq!(state, LoaderState { epoch: 0, served: e0.len() as u64 });
+        assert_eq!(
+            state,
+            LoaderState {
+                epoch: 0,
+                served: e0.len() as u64
+            }
+        );
         drop(l);
         let mut resumed = Loader::open(ds.clone(), &c, state).expect("resume");
         assert!(resumed.next_batch().expect("end of epoch 0").is_none(), "rank {rank}");
@@ -260,7 +306,10 @@ fn start_epoch_after_an_error_reads_a_fitting_dataset_in_whole_reads() {
     let ids = epoch(&mut l, &ds);
     assert!(exactly_once(&ids, 200));
     let m = l.metrics();
-    assert_eq!(m.recovery_reads, 0, "memory was emptied: the plan must read it again whole");
+    assert_eq!(
+        m.recovery_reads, 0,
+        "memory was emptied: the plan must read it again whole"
+    );
     assert!(m.reads_issued <= ds.index.chunk_count(), "{m:?}");
 }
 
@@ -297,7 +346,10 @@ fn a_corrupt_record_fails_exactly_when_its_sample_is_due() {
             Err(e) => break e.to_string(),
         }
     };
-    assert!(err.contains(&format!("sample {victim}")) && err.contains("crc32c"), "{err}");
+    assert!(
+        err.contains(&format!("sample {victim}")) && err.contains("crc32c"),
+        "{err}"
+    );
     // Every batch before the one holding the victim, and nothing else.
     let batch_start = at / 8 * 8;
     assert_eq!(got, order[..batch_start], "served up to the victim's batch");
@@ -380,7 +432,10 @@ fn a_loader_used_after_fork_fails_fast() {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "status {status}");
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "status {status}"
+    );
     // The parent's loader is unaffected.
     assert!(l.next_batch().is_ok());
 }
@@ -476,7 +531,11 @@ fn memory_bounds_decoded_bytes_of_a_compressed_dataset() {
 
 fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").expect("statm");
-    let pages: u64 = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).expect("rss");
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .expect("rss");
     pages * 4096
 }
 
