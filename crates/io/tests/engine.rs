@@ -121,7 +121,7 @@ fn a_corrupt_record_is_a_named_error() {
     assert!(bad.next().is_none(), "one record is corrupt");
     assert_eq!(*id, 21);
     assert_eq!(records.iter().filter(|(_, r)| r.is_ok()).count(), records.len() - 1);
-    let msg = err.as_ref().err().expect("error").to_string();
+    let msg = err.as_ref().expect_err("error").to_string();
     assert!(
         msg.contains("data-00000.brd") && msg.contains("chunk 1") && msg.contains("sample 21"),
         "{msg}"
