@@ -75,6 +75,9 @@ struct GenArgs {
     /// Side length of --images.
     #[arg(long, default_value_t = 32)]
     image_size: u32,
+    /// Make random samples compressible about RATIO times (for `pack --zstd`).
+    #[arg(long, value_name = "RATIO", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    compressible: Option<u32>,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -209,6 +212,7 @@ fn gen_cmd(a: &GenArgs) -> brand_format::Result<ExitCode> {
         seed: a.seed,
         force: a.force,
         images: a.images.then_some(a.image_size),
+        compressible: a.compressible,
     };
     let bar = progress_bar(a.samples, "gen");
     let bytes = brand_pack::synthetic::generate(&a.dir, &opts, &|done, _| bar.set_position(done))?;
