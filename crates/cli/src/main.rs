@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 mod bench;
+mod bench_device;
 mod read;
 mod simulate;
 
