@@ -138,7 +138,7 @@ fn check_chunk(ds: &Dataset, file: &File, file_len: u64, c: u64) -> (u64, Vec<Pr
         problem(
             None,
             loc.offset,
-            format!("chunk's {len} bytes run past the end of the segment ({file_len} bytes)"),
+            format!("chunk's {len} bytes run past the end of the segment (truncated at byte {file_len})"),
         );
         return (0, problems);
     }
