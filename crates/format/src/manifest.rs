@@ -68,7 +68,11 @@ impl Manifest {
     }
 
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        let text = String::from_utf8(bytes).map_err(|e| {
+            let at = e.utf8_error().valid_up_to() as u64;
+            Error::format(path, at, "not UTF-8 text")
+        })?;
         let m: Manifest = toml::from_str(&text).map_err(|e| {
             let offset = e.span().map(|s| s.start as u64).unwrap_or(0);
             Error::format(path, offset, e.message().to_string())
