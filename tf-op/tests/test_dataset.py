@@ -375,7 +375,7 @@ def test_a_cancelled_prefetching_iterator_stops(small_ds):
     import time
 
     for _ in range(3):
-        it = iter(BrandDataset(small_ds, epochs=-1, batch_size=8).prefetch(16))
+        it = iter(BrandDataset(small_ds, epochs=None, batch_size=8).prefetch(16))
         next(it)
         start = time.monotonic()
         del it
