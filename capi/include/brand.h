@@ -287,6 +287,17 @@ brand_status brand_open(const char *dataset_path,
                         struct brand_loader **out);
 
 /**
+ * The number of samples a loader opened with these arguments serves per
+ * epoch (what `brand_epoch_len` would say), from the dataset's metadata
+ * only: reads manifest.toml and index.bin and plans, but starts no I/O
+ * engine, allocates no buffers and probes no device. For callers that need
+ * the epoch length before they open a loader (tf.data's cardinality).
+ *
+ * Errors as `brand_open`; on failure `*out` is left unchanged.
+ */
+brand_status brand_epoch_len_for(const char *dataset_path, const char *config_toml, uint64_t *out);
+
+/**
  * Opens a loader that continues exactly where the loader whose state is
  * `state[0..state_len]` (from `brand_state_save`) stopped: the next batch
  * starts with the first sample that loader had not handed out.

@@ -225,6 +225,23 @@ pub extern "C" fn brand_status_name(status: i32) -> *const c_char {
         .map_or(c"BRAND_UNKNOWN_STATUS".as_ptr(), |s| s.name().as_ptr())
 }
 
+/// The dataset path and the loader config (NULL: the defaults) of an open call.
+fn path_and_config<'a>(
+    dataset_path: *const c_char,
+    config_toml: *const c_char,
+) -> Result<(&'a Path, LoaderConfig), Failure> {
+    let path = Path::new(OsStr::from_bytes(c_str(dataset_path, "dataset_path")?.to_bytes()));
+    let config = if config_toml.is_null() {
+        LoaderConfig::default()
+    } else {
+        let text = c_str(config_toml, "config_toml")?
+            .to_str()
+            .map_err(|e| Failure::invalid(format!("config_toml is not UTF-8: {e}")))?;
+        LoaderConfig::from_toml(text)?
+    };
+    Ok((path, config))
+}
+
 fn open_loader(
     dataset_path: *const c_char,
     config_toml: *const c_char,
@@ -236,15 +253,7 @@ fn open_loader(
     }
     // SAFETY: out is non-NULL and points to a writable pointer (contract).
     unsafe { out.write(std::ptr::null_mut()) };
-    let path = Path::new(OsStr::from_bytes(c_str(dataset_path, "dataset_path")?.to_bytes()));
-    let config = if config_toml.is_null() {
-        LoaderConfig::default()
-    } else {
-        let text = c_str(config_toml, "config_toml")?
-            .to_str()
-            .map_err(|e| Failure::new(BRAND_ERR_CONFIG, format!("config_toml is not UTF-8: {e}")))?;
-        LoaderConfig::from_toml(text)?
-    };
+    let (path, config) = path_and_config(dataset_path, config_toml)?;
     let saved = state
         .map(|blob| state::decode(blob).map_err(|why| Failure::new(BRAND_ERR_INVALID_STATE, why)))
         .transpose()?;
@@ -302,6 +311,31 @@ pub extern "C" fn brand_open(
     out: *mut *mut brand_loader,
 ) -> brand_status {
     boundary(|| open_loader(dataset_path, config_toml, None, out))
+}
+
+/// The number of samples a loader opened with these arguments serves per
+/// epoch (what `brand_epoch_len` would say), from the dataset's metadata
+/// only: reads manifest.toml and index.bin and plans, but starts no I/O
+/// engine, allocates no buffers and probes no device. For callers that need
+/// the epoch length before they open a loader (tf.data's cardinality).
+///
+/// Errors as `brand_open`; on failure `*out` is left unchanged.
+#[unsafe(no_mangle)]
+pub extern "C" fn brand_epoch_len_for(
+    dataset_path: *const c_char,
+    config_toml: *const c_char,
+    out: *mut u64,
+) -> brand_status {
+    boundary(|| {
+        if out.is_null() {
+            return Err(Failure::invalid("out is NULL"));
+        }
+        let (path, config) = path_and_config(dataset_path, config_toml)?;
+        let ds = Dataset::open(path)?;
+        let planner = Planner::new(&ds.index, &config.plan)?;
+        put(out, "out", planner.geometry().steps)?;
+        Ok(BRAND_OK)
+    })
 }
 
 /// Opens a loader that continues exactly where the loader whose state is
@@ -664,19 +698,51 @@ pub extern "C" fn brand_batch_free(batch: *mut *mut brand_batch) {
     })
 }
 
-/// For tests of the panic path only (not in brand.h): panics inside the
-/// library — while holding `loader`'s lock if `loader` is an open loader,
-/// which leaves that loader unusable — and returns BRAND_ERR_PANIC.
-#[doc(hidden)]
-#[unsafe(no_mangle)]
-pub extern "C" fn brand_test_panic(loader: *mut brand_loader) -> brand_status {
-    boundary(|| {
-        if loader.is_null() {
-            panic!("brand_test_panic: a deliberate panic");
-        }
-        with_loader(loader, |_| -> Result<(), Failure> {
-            panic!("brand_test_panic: a deliberate panic inside a loader")
-        })?;
-        Ok(BRAND_OK)
-    })
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The panic path of an entry point working on a loader: what
+    /// `brand_test_panic` tested before it left the shipped library.
+    #[test]
+    fn a_panic_inside_a_loader_poisons_only_that_loader() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let opts = brand_pack::synthetic::GenOptions {
+            samples: 40,
+            mean_bytes: 3000,
+            min_bytes: 0,
+            max_bytes: 12_000,
+            classes: 4,
+            seed: 1,
+            ..Default::default()
+        };
+        let pack = brand_pack::PackOptions {
+            chunk_size: 16,
+            ..Default::default()
+        };
+        let ds = brand_pack::synthetic::generate_and_pack(t.path(), &opts, &pack).expect("dataset");
+        let path = std::ffi::CString::new(ds.to_str().expect("utf-8")).expect("no NUL");
+        let cfg = c"batch_size = 16\nmemory = \"32 slots\"\nread_gap = \"0\"\nqueue_depth = 8\n";
+        let (mut l, mut other) = (std::ptr::null_mut(), std::ptr::null_mut());
+        assert_eq!(brand_open(path.as_ptr(), cfg.as_ptr(), &mut l), BRAND_OK);
+        assert_eq!(brand_open(path.as_ptr(), cfg.as_ptr(), &mut other), BRAND_OK);
+        let status = boundary(|| {
+            with_loader(l, |_| -> Result<(), Failure> {
+                panic!("a deliberate panic inside a loader")
+            })?;
+            Ok(BRAND_OK)
+        });
+        assert_eq!(status, BRAND_ERR_PANIC);
+        let mut b = std::ptr::null_mut();
+        assert_eq!(
+            brand_next(l, &mut b),
+            BRAND_ERR_PANIC,
+            "a loader that panicked stays unusable"
+        );
+        assert!(b.is_null());
+        assert_eq!(brand_next(other, &mut b), BRAND_OK, "other loaders are unaffected");
+        brand_batch_free(&mut b);
+        assert_eq!(brand_close(&mut l), BRAND_OK);
+        assert_eq!(brand_close(&mut other), BRAND_OK);
+    }
 }

@@ -221,3 +221,31 @@ pub(crate) fn guard<T>(fallback: T, body: impl FnOnce() -> T) -> T {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn last_error() -> String {
+        // SAFETY: last_error_ptr returns a NUL-terminated string valid until
+        // the next call on this thread.
+        unsafe { std::ffi::CStr::from_ptr(last_error_ptr()) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    #[test]
+    fn a_panic_becomes_brand_err_panic_with_its_text() {
+        let status = boundary(|| panic!("a deliberate panic"));
+        assert_eq!(status, BRAND_ERR_PANIC);
+        let msg = last_error();
+        assert!(msg.contains("panic") && msg.contains("a deliberate panic"), "{msg}");
+        // A formatted (String) payload too, and success clears the message.
+        let n = 7;
+        assert_eq!(boundary(|| panic!("panic number {n}")), BRAND_ERR_PANIC);
+        assert!(last_error().contains("panic number 7"));
+        assert_eq!(boundary(|| Ok(BRAND_OK)), BRAND_OK);
+        assert_eq!(last_error(), "");
+        assert_eq!(guard(5, || panic!("in guard")), 5);
+    }
+}

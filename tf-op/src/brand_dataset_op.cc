@@ -27,8 +27,10 @@
 #error "BrandDataset needs TensorFlow 2.16 or newer (2.x)"
 #endif
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,6 +38,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "tensorflow/core/framework/cancellation.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/dataset.h"
 #include "tensorflow/core/framework/model.h"
@@ -116,18 +119,13 @@ class BrandDatasetOp : public DatasetOpKernel {
     OP_REQUIRES(ctx, epochs >= -1, absl::InvalidArgumentError("epochs must be >= 0, or -1 for no end"));
     OP_REQUIRES(ctx, batch_size >= 0, absl::InvalidArgumentError("batch_size must be >= 0"));
 
-    // Open once here: a bad path or config fails where the dataset is made
-    // (not at the first element), and the epoch length gives a real
-    // cardinality. Opening reads only the index; no sample data is read
-    // until brand_next.
-    brand_loader* probe = nullptr;
-    int32_t st = brand_open(path.c_str(), config.c_str(), &probe);
-    OP_REQUIRES(ctx, st >= 0, BrandError(st, absl::StrCat("opening ", std::string(path)).c_str()));
+    // Checked here from metadata only (manifest, index, plan; no loader, no
+    // I/O thread, no buffers): a bad path or config fails where the dataset
+    // is made, not at the first element, and the epoch length gives a real
+    // cardinality.
     uint64_t epoch_len = 0;
-    st = brand_epoch_len(probe, &epoch_len);
-    absl::Status s = st >= 0 ? absl::OkStatus() : BrandError(st, "brand_epoch_len");
-    brand_close(&probe);
-    OP_REQUIRES_OK(ctx, s);
+    const int32_t st = brand_epoch_len_for(path.c_str(), config.c_str(), &epoch_len);
+    OP_REQUIRES(ctx, st >= 0, BrandError(st, absl::StrCat("opening ", std::string(path)).c_str()));
 
     *output = new Dataset(ctx, std::string(path), std::string(config), epoch, epochs, batch_size,
                           static_cast<int64_t>(epoch_len));
@@ -189,7 +187,21 @@ class BrandDatasetOp : public DatasetOpKernel {
     class Iterator : public DatasetIterator<Dataset> {
      public:
       explicit Iterator(const Params& p) : DatasetIterator<Dataset>(p) {}
-      ~Iterator() override { Reset(); }
+      ~Iterator() override {
+        if (deregister_cancellation_) deregister_cancellation_();
+        absl::MutexLock l(&mu_);
+        Reset();
+      }
+
+      // A cancelled pipeline (iterator deleted mid-prefetch, a step
+      // cancelled) closes the loader at once instead of waiting for the next
+      // GetNext: its I/O thread and buffers go, and a call blocked in
+      // brand_next returns when its own read completes or times out
+      // (io_timeout); every later GetNext is Cancelled.
+      absl::Status Initialize(IteratorContext* ctx) override {
+        return RegisterCancellationCallback(
+            ctx->cancellation_manager(), [this]() { Cancel(); }, &deregister_cancellation_);
+      }
 
       // The state is a position (an 88-byte blob and an index), never data.
       bool SymbolicCheckpointCompatible() const override { return true; }
@@ -197,6 +209,7 @@ class BrandDatasetOp : public DatasetOpKernel {
       absl::Status GetNextInternal(IteratorContext* ctx, std::vector<Tensor>* out,
                                    bool* end_of_sequence) override {
         absl::MutexLock l(&mu_);
+        if (cancelled_.load()) return Cancelled();
         // Opened lazily: an iterator that is restored right away opens once.
         if (!done_ && loader_ == nullptr) TF_RETURN_IF_ERROR(OpenFresh());
         if (done_) {
@@ -277,10 +290,12 @@ class BrandDatasetOp : public DatasetOpKernel {
         TF_RETURN_IF_ERROR(reader->ReadScalar(prefix(), kState, &state));
         TF_RETURN_IF_ERROR(reader->ReadScalar(prefix(), kPos, &pos));
         const Dataset* d = dataset();
+        brand_loader* opened = nullptr;
         BRAND_RETURN_IF_ERROR(
             brand_open_at(d->path_.c_str(), d->config_.c_str(), reinterpret_cast<const uint8_t*>(state.data()),
-                          state.size(), &loader_),
+                          state.size(), &opened),
             "restoring the iterator from its checkpoint");
+        SetLoader(opened);
         // Mid-batch (per-sample mode): re-read the batch and skip what was
         // already emitted. Skipping across batches keeps this right even if
         // the restored config reads with another batch size.
@@ -306,8 +321,9 @@ class BrandDatasetOp : public DatasetOpKernel {
           done_ = true;  // nothing to emit (and no endless loop over empty epochs)
           return absl::OkStatus();
         }
-        BRAND_RETURN_IF_ERROR(brand_open(d->path_.c_str(), d->config_.c_str(), &loader_),
-                              "opening the dataset");
+        brand_loader* opened = nullptr;
+        BRAND_RETURN_IF_ERROR(brand_open(d->path_.c_str(), d->config_.c_str(), &opened), "opening the dataset");
+        SetLoader(opened);
         if (d->epoch_ > 0) {
           BRAND_RETURN_IF_ERROR(brand_start_epoch(loader_, static_cast<uint64_t>(d->epoch_)), "brand_start_epoch");
         }
@@ -320,13 +336,17 @@ class BrandDatasetOp : public DatasetOpKernel {
         const Dataset* d = dataset();
         for (;;) {
           const int32_t st = brand_next(loader_, b);
+          if (cancelled_.load()) {
+            brand_batch_free(b);
+            return Cancelled();
+          }
           if (st == BRAND_OK) return absl::OkStatus();
           if (st != BRAND_END_OF_EPOCH) return BrandError(st, "reading the next batch");
           uint64_t epoch = 0;
           BRAND_RETURN_IF_ERROR(brand_tell(loader_, &epoch, nullptr), "brand_tell");
           if (d->epochs_ >= 0 && epoch >= static_cast<uint64_t>(d->epoch_ + d->epochs_)) {
             done_ = true;
-            brand_close(&loader_);  // frees its I/O thread and buffers now
+            SetLoader(nullptr);  // frees its I/O thread and buffers now
             return absl::OkStatus();
           }
           // The next brand_next starts epoch `epoch`.
@@ -376,8 +396,35 @@ class BrandDatasetOp : public DatasetOpKernel {
         return absl::OkStatus();
       }
 
+      // Replaces the open loader (closing the old one) and publishes the
+      // handle to Cancel, which runs without mu_.
+      void SetLoader(brand_loader* l) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        live_.store(l);
+        // A handle Cancel already closed gives BRAND_ERR_CLOSED here: fine.
+        brand_close(&loader_);
+        loader_ = l;
+        if (cancelled_.load()) {
+          // Cancelled while this loader was being opened.
+          live_.store(nullptr);
+          brand_close(&loader_);
+        }
+      }
+
+      // Cancellation callback: may run on any thread while GetNext holds mu_
+      // and waits in brand_next, so it takes no lock. Handles are ids that
+      // are never reused, so closing a copy is safe even if the iterator
+      // closes or replaces the loader at the same time.
+      void Cancel() {
+        cancelled_.store(true);
+        brand_loader* h = live_.exchange(nullptr);
+        brand_close(&h);
+      }
+
+      static absl::Status Cancelled() { return absl::CancelledError("brand: the iterator was cancelled"); }
+
       void Reset() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         brand_batch_free(&batch_);
+        live_.store(nullptr);
         brand_close(&loader_);
         state_before_.clear();
         pos_ = len_ = 0;
@@ -386,6 +433,10 @@ class BrandDatasetOp : public DatasetOpKernel {
 
       absl::Mutex mu_;
       brand_loader* loader_ ABSL_GUARDED_BY(mu_) = nullptr;
+      // Cancellation: a copy of loader_ for Cancel, and whether it ran.
+      std::atomic<brand_loader*> live_{nullptr};
+      std::atomic<bool> cancelled_{false};
+      std::function<void()> deregister_cancellation_;
       // Per-sample mode: the batch being emitted, the next index in it, and
       // the loader state from just before it was read.
       brand_batch* batch_ ABSL_GUARDED_BY(mu_) = nullptr;

@@ -350,3 +350,35 @@ def test_op_symbols_are_hidden():
     # ... and none of it, nor of the Rust core, is exported.
     exported = [name for _, name in symbols("-D", "--defined-only")]
     assert not [s for s in exported if s.startswith("brand_") or "rust" in s.lower()], exported
+
+
+# ---------------------------------------------------------------- metadata and cancellation
+
+
+def test_making_the_dataset_reads_metadata_only(tmp_path):
+    # The epoch length (cardinality) comes from manifest.toml and index.bin:
+    # without its segment file the dataset is still made; reading fails.
+    ds_dir = make_dataset(tmp_path, 40, seed=4)
+    (ds_dir / "data-00000.brd").unlink()
+    ds = BrandDataset(ds_dir, epochs=2)
+    assert int(ds.cardinality()) == 80
+    with pytest.raises((tf.errors.NotFoundError, tf.errors.UnavailableError), match="data-00000.brd"):
+        next(iter(ds))
+
+
+def test_a_cancelled_prefetching_iterator_stops(small_ds):
+    # Deleting an iterator whose prefetch thread is reading cancels it: the
+    # loader is closed from the cancellation callback (no lock, no double
+    # close with the iterator's own), the iterator goes away without waiting
+    # for the endless input, and a new one works.
+    import gc
+    import time
+
+    for _ in range(3):
+        it = iter(BrandDataset(small_ds, epochs=None, batch_size=8).prefetch(16))
+        next(it)
+        start = time.monotonic()
+        del it
+        gc.collect()
+        assert time.monotonic() - start < 10
+    assert len(ids_of(BrandDataset(small_ds))) == SAMPLES

@@ -199,16 +199,25 @@ fn progress_bar(len: u64, what: &str) -> ProgressBar {
     bar
 }
 
-fn kib(x: f64) -> u64 {
-    (x * 1024.0).round() as u64
+/// A size flag in KiB as bytes: finite, not negative, at most a record's 4 GiB.
+fn kib(flag: &str, x: f64) -> brand_format::Result<u64> {
+    let max = brand_pack::synthetic::MAX_SAMPLE_BYTES;
+    let bytes = x * 1024.0;
+    if !(bytes.is_finite() && bytes >= 0.0 && bytes <= max as f64) {
+        return Err(brand_format::Error::config(format!(
+            "{flag} {x}: must be 0..={} KiB",
+            max / 1024
+        )));
+    }
+    Ok(bytes.round() as u64)
 }
 
 fn gen_cmd(a: &GenArgs) -> brand_format::Result<ExitCode> {
     let opts = brand_pack::synthetic::GenOptions {
         samples: a.samples,
-        mean_bytes: kib(a.mean_kib),
-        min_bytes: kib(a.min_kib),
-        max_bytes: kib(a.max_kib),
+        mean_bytes: kib("--mean-kib", a.mean_kib)?,
+        min_bytes: kib("--min-kib", a.min_kib)?,
+        max_bytes: kib("--max-kib", a.max_kib)?,
         classes: a.classes,
         seed: a.seed,
         force: a.force,
@@ -247,7 +256,49 @@ fn open_source(a: &PackArgs) -> brand_format::Result<Box<dyn Source>> {
     })
 }
 
+/// SIGINT and SIGTERM during a pack remove its unfinished output before the
+/// process ends by the same signal. The signals are blocked here, before any
+/// other thread exists (threads inherit the mask), and taken by one watcher
+/// thread with `sigwait`, so the cleanup runs as ordinary code, not in a
+/// signal handler, and even while the packer's threads are blocked in reads.
+fn remove_unfinished_pack_on_interrupt() -> brand_format::Result<()> {
+    // SAFETY: sigset_t is plain data, initialised by sigemptyset before use.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid sigset_t; SIGINT and SIGTERM are valid signals.
+    let rc = unsafe {
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut())
+    };
+    if rc != 0 {
+        return Err(brand_format::Error::io(
+            "<signal mask>",
+            std::io::Error::from_raw_os_error(rc),
+        ));
+    }
+    std::thread::spawn(move || {
+        let mut signal = 0;
+        // SAFETY: `set` is initialised and `signal` is a valid out-pointer.
+        if unsafe { libc::sigwait(&set, &mut signal) } != 0 {
+            return;
+        }
+        brand_pack::remove_unfinished();
+        eprintln!("brand: interrupted; the unfinished dataset was removed");
+        // SAFETY: restoring the default action and unblocking it in this
+        // thread, then raising it here, ends the process by that signal.
+        unsafe {
+            libc::signal(signal, libc::SIG_DFL);
+            libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+            libc::raise(signal);
+        }
+        std::process::exit(128 + signal);
+    });
+    Ok(())
+}
+
 fn pack_cmd(a: &PackArgs) -> brand_format::Result<ExitCode> {
+    remove_unfinished_pack_on_interrupt()?;
     let source = open_source(a)?;
     let opts = PackOptions {
         chunk_size: a.chunk_size,

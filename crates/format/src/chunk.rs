@@ -143,6 +143,27 @@ pub fn peek_lengths(buf: &[u8]) -> Result<(u32, u64), HeaderError> {
     Ok((hlen, clen))
 }
 
+/// Whether the chunk at the start of `buf` says its records are zstd frames:
+/// magic, version and flags only, no checksum (see
+/// [`Dataset::check_chunk_compression`](crate::Dataset::check_chunk_compression)).
+pub fn compression_flag(buf: &[u8]) -> Result<bool, HeaderError> {
+    let mut r = Reader::new(buf);
+    if r.bytes(8).ok_or("truncated chunk header")? != CHUNK_MAGIC {
+        return Err("bad chunk magic (not a brand chunk)".into());
+    }
+    let version = r.u16().ok_or("truncated chunk header")?;
+    if version != CHUNK_VERSION {
+        return Err(format!(
+            "unsupported chunk version {version} (this build reads {CHUNK_VERSION})"
+        ));
+    }
+    let flags = r.u16().ok_or("truncated chunk header")?;
+    if flags & !FLAG_ZSTD != 0 {
+        return Err(format!("unknown chunk flags {flags:#06x}"));
+    }
+    Ok(flags & FLAG_ZSTD != 0)
+}
+
 /// Parses and checks a chunk header from `buf`, which starts at the chunk and
 /// holds at least `header_len` bytes. Never panics on any input.
 pub fn parse_header(buf: &[u8]) -> Result<ChunkHeader, HeaderError> {
@@ -288,6 +309,16 @@ mod tests {
             b[i] ^= 0x40;
             assert!(parse_header(&b).is_err(), "flip at byte {i} went unnoticed");
         }
+    }
+
+    #[test]
+    fn compression_flag_reads_the_fixed_header() {
+        let plain = sample_chunk();
+        assert_eq!(compression_flag(&plain), Ok(false));
+        let z = encode(0, FLAG_ZSTD, &[]).expect("encode").0;
+        assert_eq!(compression_flag(&z), Ok(true));
+        assert!(compression_flag(&plain[..11]).is_err());
+        assert!(compression_flag(&[0u8; 48]).is_err());
     }
 
     #[test]

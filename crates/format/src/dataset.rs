@@ -51,6 +51,81 @@ impl Dataset {
                 m.segments.len() as u64,
             ));
         }
+        if idx.chunk_count() != m.chunks {
+            return Err(mismatch("chunks", idx.chunk_count(), m.chunks));
+        }
+        // Every chunk inside its segment as the manifest sizes it, so no read
+        // planned from the index runs past a segment's end.
+        let mut per_segment = vec![0u64; m.segments.len()];
+        for (c, loc) in idx.chunks.iter().enumerate() {
+            let seg = &m.segments[loc.segment as usize];
+            per_segment[loc.segment as usize] += 1;
+            let end = loc.offset.saturating_add(idx.chunk_padded_len(c as u64));
+            if end > seg.bytes {
+                return Err(Error::format(
+                    ipath,
+                    0,
+                    format!(
+                        "chunk {c} ends at byte {end} of {}, which manifest.toml says has {} bytes",
+                        seg.name, seg.bytes
+                    ),
+                ));
+            }
+        }
+        for (seg, &count) in m.segments.iter().zip(&per_segment) {
+            if count != seg.chunks {
+                return Err(Error::format(
+                    ipath,
+                    0,
+                    format!(
+                        "index has {count} chunks in {}, manifest.toml says {}",
+                        seg.name, seg.chunks
+                    ),
+                ));
+            }
+        }
+        // Uncompressed records are stored as they are: a difference means the
+        // records are compressed and manifest.toml's `compression` is wrong.
+        if m.compression == "none"
+            && let Some(id) = (0..idx.samples() as usize).find(|&i| idx.raw_len[i] != idx.stored_len[i])
+        {
+            return Err(Error::format(
+                ipath,
+                0,
+                format!(
+                    "sample {id} is stored in {} bytes for {} raw bytes, but manifest.toml says compression = \"none\"",
+                    idx.stored_len[id], idx.raw_len[id]
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks the compression flag of chunk `chunk`'s header against
+    /// manifest.toml. `head` starts at the chunk and holds at least its
+    /// fixed header ([`chunk::FIXED_HEADER`](crate::chunk::FIXED_HEADER)
+    /// bytes); the header crc is not checked, so this is cheap enough for
+    /// every whole-chunk read.
+    pub fn check_chunk_compression(&self, chunk: u64, head: &[u8]) -> Result<()> {
+        let loc = self.index.chunks.get(chunk as usize).copied();
+        let (segment, offset) = loc.map(|l| (l.segment, l.offset)).unwrap_or((0, 0));
+        let path = match self.manifest.segments.get(segment as usize) {
+            Some(s) => self.dir.join(&s.name),
+            None => self.dir.clone(),
+        };
+        let zstd = crate::chunk::compression_flag(head)
+            .map_err(|e| Error::format(&path, offset, format!("chunk {chunk}: {e}")))?;
+        if zstd != self.zstd() {
+            return Err(Error::format(
+                &path,
+                offset,
+                format!(
+                    "chunk {chunk}: header says {}, manifest.toml says compression = {:?}",
+                    if zstd { "zstd" } else { "uncompressed" },
+                    self.manifest.compression
+                ),
+            ));
+        }
         Ok(())
     }
 

@@ -70,7 +70,8 @@ pub fn extents(index: &Index, chunk: u64, mask: u64, gap: ReadGap) -> Vec<Extent
             align_up(start + len).max(align_down(start) + crate::ALIGN),
         );
         match out.last_mut() {
-            Some(e) if lo <= e.offset + e.len + max_gap => {
+            // Saturating: a gap near u64::MAX means "always merge", not a wrap.
+            Some(e) if lo <= (e.offset + e.len).saturating_add(max_gap) => {
                 e.len = hi.max(e.offset + e.len) - e.offset;
                 e.records.push((id, start - e.offset));
             }
@@ -144,5 +145,18 @@ mod tests {
         let e = extents(&idx, 0, 0b0011, ReadGap::Bytes(0));
         assert_eq!(e.len(), 1);
         assert!(extents(&idx, 0, 0, ReadGap::Bytes(0)).is_empty());
+    }
+
+    #[test]
+    fn a_huge_gap_merges_everything_instead_of_wrapping() {
+        let idx = index();
+        for gap in [u64::MAX, u64::MAX - 4096, 1 << 63] {
+            let e = extents(&idx, 0, 0b1001, ReadGap::Bytes(gap));
+            assert_eq!(
+                e.iter().map(|x| (x.offset, x.len)).collect::<Vec<_>>(),
+                vec![(8192, 12288)],
+                "gap {gap}"
+            );
+        }
     }
 }

@@ -138,7 +138,14 @@ impl Index {
                 }
                 end = start + self.stored_len[i] as u64;
             }
-            self.chunk_padded_len.push(align_up(end.max(1)));
+            let padded = align_up(end.max(1));
+            if loc.offset.checked_add(padded).is_none_or(|e| e > i64::MAX as u64) {
+                return Err(format!(
+                    "chunk {c}: offset {} + {padded} bytes overflows a file offset",
+                    loc.offset
+                ));
+            }
+            self.chunk_padded_len.push(padded);
         }
         Ok(())
     }

@@ -68,11 +68,16 @@ impl Manifest {
     }
 
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        let text = String::from_utf8(bytes).map_err(|e| {
+            let at = e.utf8_error().valid_up_to() as u64;
+            Error::format(path, at, "not UTF-8 text")
+        })?;
         let m: Manifest = toml::from_str(&text).map_err(|e| {
             let offset = e.span().map(|s| s.start as u64).unwrap_or(0);
             Error::format(path, offset, e.message().to_string())
         })?;
+        m.check(path, &text)?;
         if m.format_version != super::FORMAT_VERSION {
             return Err(Error::format(
                 path,
@@ -85,5 +90,129 @@ impl Manifest {
             ));
         }
         Ok(m)
+    }
+
+    /// Refuses values this build does not understand instead of guessing:
+    /// an unknown compression would serve stored bytes as samples, a segment
+    /// name with a directory part would open a file outside the dataset.
+    fn check(&self, path: &Path, text: &str) -> Result<()> {
+        let bad = |key: &str, what: String| Error::format(path, key_offset(text, key), format!("key `{key}`: {what}"));
+        if !matches!(self.compression.as_str(), "none" | "zstd") {
+            return Err(bad(
+                "compression",
+                format!(
+                    "{:?} is not understood (expected \"none\" or \"zstd\")",
+                    self.compression
+                ),
+            ));
+        }
+        if self.checksum != "crc32c" {
+            return Err(bad(
+                "checksum",
+                format!("{:?} is not understood (expected \"crc32c\")", self.checksum),
+            ));
+        }
+        if self.alignment != super::ALIGN {
+            return Err(bad(
+                "alignment",
+                format!("{} is not understood (expected {})", self.alignment, super::ALIGN),
+            ));
+        }
+        for s in &self.segments {
+            if !is_plain_file_name(&s.name) {
+                return Err(bad(
+                    "name",
+                    format!("segment {:?} must be a file name inside the dataset directory", s.name),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One normal path component: no separator, not `.`/`..`, not empty.
+fn is_plain_file_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')
+}
+
+/// Byte offset of the first line that assigns `key` (for error messages), or 0.
+fn key_offset(text: &str, key: &str) -> u64 {
+    let mut at = 0;
+    for line in text.split_inclusive('\n') {
+        let t = line.trim_start();
+        if let Some(rest) = t.strip_prefix(key)
+            && rest.trim_start().starts_with('=')
+        {
+            return (at + line.len() - t.len()) as u64;
+        }
+        at += line.len();
+    }
+    0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn good() -> String {
+        r#"format_version = 1
+samples = 1
+chunk_size = 1
+chunks = 1
+pack_seed = 0
+compression = "none"
+checksum = "crc32c"
+alignment = 4096
+raw_bytes = 1
+stored_bytes = 1
+data_bytes = 4096
+mean_sample_bytes = 1.0
+min_sample_bytes = 1
+max_sample_bytes = 1
+labels = 1
+
+[[segments]]
+name = "data-00000.brd"
+bytes = 4096
+chunks = 1
+
+[provenance]
+source = "dir"
+inputs = []
+packer = "brand 0.1.0"
+"#
+        .to_string()
+    }
+
+    fn load(text: &str) -> Result<Manifest> {
+        let dir = std::env::temp_dir().join(format!("brand-manifest-test-{}-{}", std::process::id(), text.len()));
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        let path = dir.join("manifest.toml");
+        std::fs::write(&path, text).map_err(|e| Error::io(&path, e))?;
+        let r = Manifest::load(&path);
+        let _ = std::fs::remove_dir_all(&dir);
+        r
+    }
+
+    #[test]
+    fn values_not_understood_are_refused_naming_the_key() {
+        assert!(load(&good()).is_ok());
+        let cases = [
+            ("compression = \"none\"", "compression = \"lz4\"", "`compression`"),
+            ("compression = \"none\"", "compression = \"ZSTD\"", "`compression`"),
+            ("checksum = \"crc32c\"", "checksum = \"md5\"", "`checksum`"),
+            ("alignment = 4096", "alignment = 512", "`alignment`"),
+            ("\"data-00000.brd\"", "\"../data-00000.brd\"", "`name`"),
+            ("\"data-00000.brd\"", "\"/etc/passwd\"", "`name`"),
+            ("\"data-00000.brd\"", "\"sub/data-00000.brd\"", "`name`"),
+            ("\"data-00000.brd\"", "\"..\"", "`name`"),
+            ("\"data-00000.brd\"", "\"\"", "`name`"),
+        ];
+        for (from, to, key) in cases {
+            let text = good().replace(from, to);
+            let msg = load(&text).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(msg.contains("manifest.toml") && msg.contains(key), "{to}: {msg:?}");
+            assert!(!msg.contains("at byte 0:"), "{to}: the offset points at the key: {msg}");
+        }
     }
 }

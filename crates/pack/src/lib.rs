@@ -21,6 +21,7 @@ pub mod verify;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
 
 use brand_format::chunk::{self, FLAG_ZSTD, RecordIn};
 use brand_format::error::{Error, IoContext, Result};
@@ -64,6 +65,28 @@ pub type Progress<'a> = &'a (dyn Fn(u64, u64, u64) + Sync);
 /// samples while giving the thread pool enough work.
 const CHUNKS_PER_BATCH: usize = 8;
 
+/// Temporary directories of this process's packs in progress. The CLI's
+/// signal watcher removes them ([`remove_unfinished`]) before it lets SIGINT
+/// or SIGTERM end the process; a pack holds the lock while it installs its
+/// output, so an interrupt never lands between the two renames.
+static UNFINISHED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+fn unfinished() -> MutexGuard<'static, Vec<PathBuf>> {
+    UNFINISHED.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Removes the temporary directories of packs in progress and keeps every
+/// other pack of this process from going on: for a process about to exit
+/// on a signal.
+pub fn remove_unfinished() {
+    let mut dirs = unfinished();
+    for dir in dirs.drain(..) {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    // Held until the process exits: no pack installs a half-written output.
+    std::mem::forget(dirs);
+}
+
 /// The temporary directory beside `out`; removed on drop unless disarmed.
 struct TempDir {
     path: PathBuf,
@@ -73,12 +96,15 @@ struct TempDir {
 impl Drop for TempDir {
     fn drop(&mut self) {
         if self.armed {
+            let mut dirs = unfinished();
             let _ = std::fs::remove_dir_all(&self.path);
+            dirs.retain(|d| d != &self.path);
         }
     }
 }
 
-fn temp_dir_for(out: &Path) -> Result<TempDir> {
+/// `.NAME.packing-PID` beside `out` and `out`'s parent.
+fn temp_name(out: &Path) -> Result<(PathBuf, String)> {
     let name = out
         .file_name()
         .ok_or_else(|| Error::config(format!("{}: output must name a directory", out.display())))?;
@@ -86,12 +112,84 @@ fn temp_dir_for(out: &Path) -> Result<TempDir> {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    let path = parent.join(format!(".{}.packing-{}", name.to_string_lossy(), std::process::id()));
+    Ok((parent, format!(".{}.packing-", name.to_string_lossy())))
+}
+
+fn temp_dir_for(out: &Path) -> Result<TempDir> {
+    let (parent, prefix) = temp_name(out)?;
+    let path = parent.join(format!("{prefix}{}", std::process::id()));
+    let mut dirs = unfinished();
     if path.exists() {
         std::fs::remove_dir_all(&path).at(&path)?;
     }
     std::fs::create_dir(&path).at(&path)?;
+    dirs.push(path.clone());
     Ok(TempDir { path, armed: true })
+}
+
+/// Where [`install`] moves an existing `out` aside: the temp dir's name + `.old`.
+fn aside_path(tmp: &Path) -> PathBuf {
+    let mut name = tmp.as_os_str().to_owned();
+    name.push(".old");
+    PathBuf::from(name)
+}
+
+/// Cleans up after packs into `out` that died without cleaning up (SIGKILL,
+/// power loss): their `.NAME.packing-PID` directories are removed once
+/// `/proc/PID` says the process is gone. A previous dataset they had moved
+/// aside (`….old`) is put back if `out` is missing, else removed.
+fn remove_stale(out: &Path) -> Result<()> {
+    let (parent, prefix) = temp_name(out)?;
+    let Ok(entries) = std::fs::read_dir(&parent) else {
+        return Ok(()); // a missing parent fails later, with its name
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix(&prefix) else {
+            continue;
+        };
+        let (pid, aside) = match rest.strip_suffix(".old") {
+            Some(pid) => (pid, true),
+            None => (rest, false),
+        };
+        let Ok(pid) = pid.parse::<u32>() else { continue };
+        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let path = entry.path();
+        if aside && !out.exists() {
+            tracing::warn!("{}: restoring the dataset a killed pack had moved aside", out.display());
+            std::fs::rename(&path, out).at(&path)?;
+        } else {
+            tracing::warn!("{}: removing what a killed pack (pid {pid}) left", path.display());
+            std::fs::remove_dir_all(&path).at(&path)?;
+        }
+    }
+    Ok(())
+}
+
+/// `--force` replaces a brand dataset (a directory with a manifest.toml) or
+/// an empty directory, nothing else: a typo must not delete a user's files.
+fn check_replaceable(out: &Path) -> Result<()> {
+    let meta = match std::fs::symlink_metadata(out) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io(out, e)),
+    };
+    if !meta.is_dir() {
+        return Err(Error::config(format!(
+            "{} exists and is not a directory; --force replaces only a brand dataset",
+            out.display()
+        )));
+    }
+    if out.join(format::MANIFEST_FILE).is_file() || std::fs::read_dir(out).at(out)?.next().is_none() {
+        return Ok(());
+    }
+    Err(Error::config(format!(
+        "{} exists and is not a brand dataset (no {}); --force replaces only a brand dataset",
+        out.display(),
+        format::MANIFEST_FILE
+    )))
 }
 
 /// A segment being written.
@@ -126,12 +224,14 @@ pub fn pack(source: &dyn Source, out: &Path, opts: &PackOptions, progress: Progr
             zstd::compression_level_range()
         )));
     }
+    remove_stale(out)?;
     if out.exists() && !opts.force {
         return Err(Error::config(format!(
             "{} already exists (use --force to replace it)",
             out.display()
         )));
     }
+    check_replaceable(out)?;
     let entries = source.entries();
     let n = entries.len();
     if n == 0 {
@@ -318,19 +418,25 @@ fn sync_dir(dir: &Path) -> Result<()> {
 /// is in place, so a crash never leaves neither.
 fn install(mut tmp: TempDir, out: &Path, force: bool) -> Result<()> {
     let mut aside = None;
-    if out.exists() {
-        if !force {
-            return Err(Error::config(format!(
-                "{} appeared while packing; not replacing it",
-                out.display()
-            )));
+    {
+        // Both renames under the lock: an interrupt waits for them.
+        let mut dirs = unfinished();
+        if out.exists() {
+            if !force {
+                return Err(Error::config(format!(
+                    "{} appeared while packing; not replacing it",
+                    out.display()
+                )));
+            }
+            check_replaceable(out)?;
+            let old = aside_path(&tmp.path);
+            std::fs::rename(out, &old).at(out)?;
+            aside = Some(old);
         }
-        let old = tmp.path.with_extension("old");
-        std::fs::rename(out, &old).at(out)?;
-        aside = Some(old);
+        std::fs::rename(&tmp.path, out).at(out)?;
+        tmp.armed = false;
+        dirs.retain(|d| d != &tmp.path);
     }
-    std::fs::rename(&tmp.path, out).at(out)?;
-    tmp.armed = false;
     if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
         sync_dir(parent)?;
     }

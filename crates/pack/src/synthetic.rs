@@ -45,6 +45,44 @@ impl Default for GenOptions {
     }
 }
 
+/// Largest sample `gen` writes: a record is limited to 4 GiB.
+pub const MAX_SAMPLE_BYTES: u64 = u32::MAX as u64;
+
+/// Most classes `gen` makes (one directory each).
+pub const MAX_CLASSES: u32 = 1 << 20;
+
+impl GenOptions {
+    /// Refuses what cannot work before anything is written (sizes and
+    /// counts come from the command line).
+    pub fn check(&self) -> Result<()> {
+        if self.samples == 0 || self.samples > u32::MAX as u64 {
+            return Err(Error::config(format!(
+                "--samples {}: must be 1..={} (a dataset holds at most 2^32 - 1 samples)",
+                self.samples,
+                u32::MAX
+            )));
+        }
+        if self.classes == 0 || self.classes > MAX_CLASSES {
+            return Err(Error::config(format!(
+                "--classes {}: must be 1..={MAX_CLASSES}",
+                self.classes
+            )));
+        }
+        if self.max_bytes > MAX_SAMPLE_BYTES {
+            return Err(Error::config(format!(
+                "largest sample {} bytes: at most {MAX_SAMPLE_BYTES} (a record is limited to 4 GiB)",
+                self.max_bytes
+            )));
+        }
+        if let Some(side) = self.images
+            && !(1..=4096).contains(&side)
+        {
+            return Err(Error::config(format!("image size {side} outside 1..=4096")));
+        }
+        Ok(())
+    }
+}
+
 /// Spread of the log-normal in log space: ImageNet's JPEG sizes are roughly this skewed.
 const SIGMA: f64 = 0.6;
 
@@ -57,6 +95,7 @@ fn normal(r: &mut Prng) -> f64 {
 
 /// The sample sizes for `opts`, deterministic in the seed.
 pub fn sizes(opts: &GenOptions) -> Result<Vec<u64>> {
+    opts.check()?;
     let (lo, hi, mean) = (opts.min_bytes, opts.max_bytes, opts.mean_bytes);
     if !(lo <= mean && mean <= hi) || hi == 0 {
         return Err(Error::config(format!(
@@ -81,9 +120,7 @@ pub fn sizes(opts: &GenOptions) -> Result<Vec<u64>> {
 /// (`.png` with `images`).
 /// Returns the total bytes written. Calls `progress(done, total)`.
 pub fn generate(dir: &Path, opts: &GenOptions, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<u64> {
-    if opts.samples == 0 || opts.classes == 0 {
-        return Err(Error::config("--samples and --classes must be at least 1"));
-    }
+    opts.check()?;
     if dir.exists() {
         let empty = std::fs::read_dir(dir).at(dir)?.next().is_none();
         if !empty && !opts.force {
@@ -223,6 +260,72 @@ mod tests {
         sorted.sort_unstable();
         assert!((sorted[s.len() / 2] as f64) < mean);
         assert_eq!(s, sizes(&opts).expect("sizes"), "deterministic");
+    }
+
+    #[test]
+    fn absurd_options_are_refused_before_writing() {
+        let t = std::env::temp_dir().join(format!("brand-gen-absurd-{}", std::process::id()));
+        let cases: [(&str, GenOptions); 7] = [
+            (
+                "--samples",
+                GenOptions {
+                    samples: 1 << 63,
+                    ..Default::default()
+                },
+            ),
+            (
+                "--samples",
+                GenOptions {
+                    samples: 0,
+                    ..Default::default()
+                },
+            ),
+            (
+                "--classes",
+                GenOptions {
+                    classes: u32::MAX,
+                    ..Default::default()
+                },
+            ),
+            (
+                "--classes",
+                GenOptions {
+                    classes: 0,
+                    ..Default::default()
+                },
+            ),
+            (
+                "largest sample",
+                GenOptions {
+                    mean_bytes: 1 << 63,
+                    max_bytes: 1 << 63,
+                    ..Default::default()
+                },
+            ),
+            (
+                "largest sample",
+                GenOptions {
+                    mean_bytes: u64::MAX,
+                    max_bytes: u64::MAX,
+                    ..Default::default()
+                },
+            ),
+            (
+                "image size",
+                GenOptions {
+                    images: Some(u32::MAX),
+                    ..Default::default()
+                },
+            ),
+        ];
+        for (what, opts) in cases {
+            let msg = generate(&t, &opts, &|_, _| {})
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(msg.contains(what), "{what}: {msg}");
+            assert!(!t.exists(), "{what}: nothing is written");
+        }
     }
 
     #[test]

@@ -75,7 +75,7 @@ pub fn verify(ds: &Dataset, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<Veri
                         what: format!("segment is {len} bytes, manifest.toml says {}", info.bytes),
                     });
                 }
-                files.push(Some(f));
+                files.push(Some((f, len)));
             }
             Err(e) => {
                 problems.push(Problem {
@@ -95,7 +95,7 @@ pub fn verify(ds: &Dataset, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<Veri
         let c = c as u64;
         let loc = idx.chunks[c as usize];
         let r = match &files[loc.segment as usize] {
-            Some(f) => check_chunk(ds, f, c),
+            Some((f, file_len)) => check_chunk(ds, f, *file_len, c),
             None => (0, Vec::new()), // already reported as unopenable
         };
         let d = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
@@ -118,7 +118,7 @@ pub fn verify(ds: &Dataset, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<Veri
     })
 }
 
-fn check_chunk(ds: &Dataset, file: &File, c: u64) -> (u64, Vec<Problem>) {
+fn check_chunk(ds: &Dataset, file: &File, file_len: u64, c: u64) -> (u64, Vec<Problem>) {
     let idx = &ds.index;
     let loc = idx.chunks[c as usize];
     let segment = ds.segment_path(loc.segment);
@@ -133,6 +133,15 @@ fn check_chunk(ds: &Dataset, file: &File, c: u64) -> (u64, Vec<Problem>) {
         })
     };
     let len = idx.chunk_padded_len(c);
+    // Checked before allocating: the length comes from the index.
+    if loc.offset.saturating_add(len) > file_len {
+        problem(
+            None,
+            loc.offset,
+            format!("chunk's {len} bytes run past the end of the segment (truncated at byte {file_len})"),
+        );
+        return (0, problems);
+    }
     let mut buf = vec![0u8; len as usize];
     if let Err(e) = read_full_at(file, &mut buf, loc.offset) {
         problem(None, loc.offset, format!("cannot read the chunk's {len} bytes: {e}"));
@@ -201,7 +210,20 @@ fn check_chunk(ds: &Dataset, file: &File, c: u64) -> (u64, Vec<Problem>) {
                 format!("{:?}", String::from_utf8_lossy(idx.key(id))),
             );
         }
-        let stored = &buf[rec.offset as usize..(rec.offset + rec.stored_len) as usize];
+        // The header's records are checked against its own chunk length,
+        // the buffer against the index's: they may disagree.
+        let range = rec.offset as usize..rec.offset as usize + rec.stored_len as usize;
+        let Some(stored) = buf.get(range) else {
+            problem(
+                Some(id),
+                at,
+                format!(
+                    "record runs past the {len} bytes index.bin gives chunk {c} (header says {} bytes)",
+                    header.chunk_len
+                ),
+            );
+            continue;
+        };
         if let Err(e) = ds.decode(id, stored, true) {
             let what = match e {
                 Error::Corrupt { what, .. } => what,

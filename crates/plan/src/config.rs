@@ -79,7 +79,9 @@ impl FromStr for Policy {
 pub enum Memory {
     /// A byte budget.
     Bytes(u64),
-    /// A percentage of the dataset's stored bytes (`10.0` is 10 %).
+    /// A percentage of the dataset's stored bytes (`10.0` is 10 %). A share
+    /// smaller than one chunk rounds up to one chunk (the whole dataset if
+    /// it is smaller), so small datasets work with the default 10 %.
     Percent(f64),
     /// Abstract slots directly, for experiments and tests.
     Slots(u64),

@@ -307,7 +307,11 @@ fn geometry(layout: Layout, config: &PlanConfig) -> Result<Geometry> {
         // Mean size zero: any budget holds everything.
         Memory::Bytes(_) if stored_bytes == 0 => u64::MAX,
         Memory::Bytes(b) => (b as u128 * n as u128 / stored_bytes as u128).min(u64::MAX as u128) as u64,
-        Memory::Percent(p) if p.is_finite() && p > 0.0 => (p * n as f64 / 100.0).floor() as u64,
+        // A share of a small dataset (10 % of fewer than 10 chunks) rounds
+        // up to one chunk, the least the protocol runs on: small datasets
+        // just work with the default budget. Budgets of a chunk or more are
+        // unchanged, and so are their orders.
+        Memory::Percent(p) if p.is_finite() && p > 0.0 => ((p * n as f64 / 100.0).floor() as u64).max(n.min(k as u64)),
         Memory::Percent(p) => {
             return Err(Error::config(format!("memory {p}% must be a positive percentage")));
         }
@@ -327,6 +331,11 @@ fn geometry(layout: Layout, config: &PlanConfig) -> Result<Geometry> {
     let abstract_chunks = (slots / k as u64).max(1);
     let group_size = chunks.div_ceil(abstract_chunks);
     let steps = if config.drop_last { n / world } else { n.div_ceil(world) };
+    if steps == 0 {
+        return Err(Error::config(format!(
+            "drop_last with world {world} and {n} samples leaves every rank an empty epoch: use at most {n} ranks or padding"
+        )));
+    }
     Ok(Geometry {
         samples: n,
         chunk_size: k,
@@ -413,5 +422,41 @@ mod tests {
         );
         // Fewer samples than a chunk: one chunk is the whole dataset.
         assert!(geometry(layout(5, 64), &PlanConfig::new(Memory::Slots(5))).is_ok_and(|g| g.resident));
+    }
+
+    #[test]
+    fn a_percentage_below_one_chunk_rounds_up_to_one_chunk() {
+        // 10 % of 300 samples is 30 < 64: one chunk, not an error.
+        let g = geometry(layout(300, 64), &PlanConfig::new(Memory::Percent(10.0))).expect("one chunk");
+        assert_eq!(g.rank_slots, 64);
+        assert!(!g.resident);
+        // Fewer samples than a chunk: the whole dataset.
+        let g = geometry(layout(40, 64), &PlanConfig::new(Memory::Percent(10.0))).expect("whole");
+        assert!(g.resident);
+        // At or above one chunk nothing changes.
+        let g = geometry(layout(640, 64), &PlanConfig::new(Memory::Percent(10.0))).expect("valid");
+        assert_eq!(g.rank_slots, 64);
+        let g = geometry(layout(20_000, 64), &PlanConfig::new(Memory::Percent(10.0))).expect("valid");
+        assert_eq!(g.rank_slots, 2_000);
+        // Byte and slot budgets say exactly what they mean: still refused.
+        assert!(geometry(layout(300, 64), &PlanConfig::new(Memory::Slots(30))).is_err());
+    }
+
+    #[test]
+    fn drop_last_with_more_ranks_than_samples_is_a_config_error() {
+        let mut cfg = PlanConfig::new(Memory::Percent(50.0));
+        cfg.drop_last = true;
+        cfg.world = 301;
+        let msg = geometry(layout(300, 16), &cfg)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(msg.contains("drop_last") && msg.contains("empty epoch"), "{msg}");
+        cfg.world = 300;
+        assert!(geometry(layout(300, 16), &cfg).is_ok_and(|g| g.steps == 1));
+        // Padding gives every rank a sample.
+        cfg.drop_last = false;
+        cfg.world = 1_000;
+        assert!(geometry(layout(300, 16), &cfg).is_ok_and(|g| g.steps == 1));
     }
 }

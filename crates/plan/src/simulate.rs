@@ -8,7 +8,7 @@ use std::fmt;
 use serde::Serialize;
 
 use crate::{Event, Geometry, PlanConfig, Planner, Policy, Residency, Start};
-use brand_format::error::Result;
+use brand_format::error::{Error, Result};
 use brand_format::extents::{ReadGap, extents};
 use brand_format::index::Index;
 
@@ -95,6 +95,29 @@ pub fn simulate(index: &Index, config: &PlanConfig, epochs: u64) -> Result<SimRe
     )
 }
 
+/// Most bytes of per-rank bitmaps a simulation allocates (1 GiB: 6 700
+/// ranks of an ImageNet-sized dataset).
+const MAX_BITMAP_BYTES: u128 = 1 << 30;
+
+/// One bitmap of `n` bits per rank. They grow as `world × n`, and more ranks
+/// than samples would only serve padding: refused with a clear error instead
+/// of aborting on allocation.
+fn held_bitmaps(world: usize, n: usize) -> Result<Vec<Vec<u64>>> {
+    if world > n {
+        return Err(Error::config(format!(
+            "world {world} is more ranks than the dataset's {n} samples: nothing to simulate but padding"
+        )));
+    }
+    let words = n.div_ceil(64);
+    let bytes = world as u128 * words as u128 * 8;
+    if bytes > MAX_BITMAP_BYTES {
+        return Err(Error::config(format!(
+            "simulating {world} ranks of {n} samples needs {bytes} bytes of bitmaps (at most {MAX_BITMAP_BYTES}): use fewer ranks"
+        )));
+    }
+    Ok(vec![vec![0; words]; world])
+}
+
 /// Plans `options.epochs` epochs of every rank of `config.world` (the
 /// config's own rank is ignored) and measures them.
 pub fn simulate_with(index: &Index, config: &PlanConfig, options: &SimOptions) -> Result<SimReport> {
@@ -106,7 +129,7 @@ pub fn simulate_with(index: &Index, config: &PlanConfig, options: &SimOptions) -
     let labels = LabelExpectation::new(&index.label, n as u64);
     // Per rank: the samples it holds, one bit each; kept across epochs
     // because resident mode keeps memory.
-    let mut held: Vec<Vec<u64>> = vec![vec![0; n.div_ceil(64)]; world];
+    let mut held = held_bitmaps(world, n)?;
     let mut residency = vec![Residency::default(); world];
     let mut previous: Option<Vec<u32>> = None;
     let mut epochs = Vec::new();

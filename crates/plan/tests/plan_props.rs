@@ -195,7 +195,8 @@ fn case() -> impl Strategy<Value = Case> {
                     samples,
                     chunk_size,
                     rank_slots: one_chunk.max((fraction * samples as f64) as u64),
-                    world,
+                    // drop_last with more ranks than samples is a config error.
+                    world: if drop_last { world.min(samples as u32) } else { world },
                     seed,
                     drop_last,
                     policy,
@@ -264,6 +265,8 @@ proptest! {
         world in 2u32..=8, seed in any::<u64>(), drop_last in any::<bool>(),
         policy in prop::sample::select(Policy::ALL.to_vec()),
     ) {
+        // drop_last with more ranks than samples is a config error.
+        prop_assume!(!drop_last || samples >= world as u64);
         // Same total slots: world × per-rank slots.
         let share = fraction * samples as f64 / world as f64;
         let per_rank = samples.min(chunk_size as u64).max(share as u64);
@@ -553,4 +556,33 @@ fn simulate_rejects_a_budget_below_one_chunk() {
     let index = synthetic_index(1_000, 64, 1, 2);
     let cfg = PlanConfig::new(Memory::Bytes(4096));
     assert!(simulate(&index, &cfg, 1).is_err());
+}
+
+#[test]
+fn simulate_refuses_absurd_worlds_instead_of_aborting() {
+    let index = synthetic_index(300, 16, 1, 4);
+    let opts = SimOptions { epochs: 1, batch: 16 };
+    for world in [301, 100_000, u32::MAX] {
+        let mut cfg = PlanConfig::new(Memory::Percent(10.0));
+        cfg.world = world;
+        let msg = simulate_with(&index, &cfg, &opts)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(msg.contains(&format!("world {world}")), "{world}: {msg}");
+    }
+    // As many ranks as samples still simulates.
+    let mut cfg = PlanConfig::new(Memory::Percent(10.0));
+    cfg.world = 300;
+    let report = simulate_with(&index, &cfg, &opts).expect("300 ranks");
+    assert!(report.epochs.iter().all(|e| e.exactly_once));
+}
+
+#[test]
+fn default_budget_serves_a_dataset_smaller_than_ten_chunks() {
+    // 10 % of 300 samples is less than one chunk of 64: one chunk instead.
+    let index = synthetic_index(300, 64, 1, 4);
+    let cfg = PlanConfig::new(Memory::Percent(10.0));
+    let report = simulate(&index, &cfg, 2).expect("small dataset");
+    assert!(report.epochs.iter().all(|e| e.exactly_once && e.reads_cover_serves));
 }

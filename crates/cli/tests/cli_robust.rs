@@ -1,0 +1,236 @@
+//! Misuse and faults through the real binary: absurd arguments, a pack
+//! interrupted by SIGINT/SIGTERM or killed, `--force` over something that is
+//! not a dataset. Each ends in a one-line error (or a clean exit by the
+//! signal), never a panic, an abort or a leftover.
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn brand(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_brand"))
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("run the brand binary")
+}
+
+fn ok(args: &[&str]) -> Output {
+    let out = brand(args);
+    assert!(
+        out.status.success(),
+        "brand {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Must fail with exit 1 and one `brand: error:` line (warnings may come
+/// before it), no panic or abort.
+fn fails(args: &[&str]) -> String {
+    let out = brand(args);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "brand {args:?}: {err}");
+    assert!(!err.contains("panicked"), "brand {args:?}: {err}");
+    let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("brand: error:")).collect();
+    assert_eq!(errors.len(), 1, "one error line: {err}");
+    err
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 temp path")
+}
+
+fn gen_samples(dir: &Path, samples: u64, mean_kib: &str) {
+    ok(&[
+        "gen",
+        s(dir),
+        "--samples",
+        &samples.to_string(),
+        "--mean-kib",
+        mean_kib,
+        "--min-kib",
+        "1",
+        "--max-kib",
+        "64",
+        "--classes",
+        "5",
+        "--seed",
+        "3",
+    ]);
+}
+
+/// Hidden entries of `parent` (temp dirs of packs).
+fn hidden(parent: &Path) -> Vec<String> {
+    std::fs::read_dir(parent)
+        .expect("read parent")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect()
+}
+
+#[test]
+fn absurd_gen_and_simulate_arguments_are_errors_not_aborts() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let g = t.path().join("g");
+    let big = "9223372036854775808";
+    assert!(fails(&["gen", s(&g), "--samples", big]).contains("--samples"));
+    assert!(fails(&["gen", s(&g), "--samples", "10", "--mean-kib", big, "--max-kib", big]).contains("--mean-kib"));
+    assert!(fails(&["gen", s(&g), "--samples", "10", "--max-kib", "1e30"]).contains("--max-kib"));
+    assert!(fails(&["gen", s(&g), "--samples", "10", "--min-kib=-5"]).contains("--min-kib"));
+    assert!(fails(&["gen", s(&g), "--samples", "10", "--mean-kib", "NaN"]).contains("--mean-kib"));
+    assert!(fails(&["gen", s(&g), "--samples", "10", "--classes", "4294967295"]).contains("--classes"));
+    assert!(
+        fails(&[
+            "gen",
+            s(&g),
+            "--samples",
+            "10",
+            "--images",
+            "--image-size",
+            "4294967295"
+        ])
+        .contains("image size")
+    );
+    assert!(!g.exists(), "a refused gen writes nothing");
+
+    let src = t.path().join("src");
+    gen_samples(&src, 300, "2");
+    let ds = t.path().join("ds");
+    ok(&["pack", s(&src), "-o", s(&ds), "--chunk-size", "16"]);
+    for world in ["4294967295", "301"] {
+        let err = fails(&["simulate", s(&ds), "--memory", "10%", "--world", world]);
+        assert!(err.contains(&format!("world {world}")), "{err}");
+    }
+    let err = fails(&["simulate", s(&ds), "--memory", "10%", "--world", "1000", "--drop-last"]);
+    assert!(err.contains("drop_last"), "{err}");
+    ok(&["simulate", s(&ds), "--memory", "10%", "--world", "300"]);
+}
+
+#[test]
+fn the_default_budget_works_on_a_dataset_of_less_than_ten_chunks() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let src = t.path().join("src");
+    gen_samples(&src, 300, "2");
+    let ds = t.path().join("ds");
+    ok(&["pack", s(&src), "-o", s(&ds)]); // chunk size 64: 10 % is 30 samples
+    let out = ok(&["simulate", s(&ds), "--memory", "10%", "--epochs", "2", "--json"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("\"rank_slots\": 64"), "{text}");
+}
+
+#[test]
+fn force_replaces_only_a_dataset() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let src = t.path().join("src");
+    gen_samples(&src, 50, "2");
+    // A regular file.
+    let file = t.path().join("notes.txt");
+    std::fs::write(&file, b"precious").expect("write");
+    let err = fails(&["pack", s(&src), "-o", s(&file), "--force"]);
+    assert!(err.contains("not a directory"), "{err}");
+    assert_eq!(std::fs::read(&file).expect("still there"), b"precious");
+    // A directory of other things.
+    let dir = t.path().join("photos");
+    std::fs::create_dir(&dir).expect("mkdir");
+    std::fs::write(dir.join("a.jpg"), b"jpeg").expect("write");
+    let err = fails(&["pack", s(&src), "-o", s(&dir), "--force"]);
+    assert!(
+        err.contains("not a brand dataset") && err.contains("manifest.toml"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(dir.join("a.jpg")).expect("still there"), b"jpeg");
+    // An empty directory and a dataset are replaced.
+    let empty = t.path().join("empty");
+    std::fs::create_dir(&empty).expect("mkdir");
+    ok(&["pack", s(&src), "-o", s(&empty), "--force"]);
+    ok(&["pack", s(&src), "-o", s(&empty), "--force", "--seed", "4"]);
+    assert!(hidden(t.path()).is_empty(), "{:?}", hidden(t.path()));
+}
+
+/// Starts a pack slow enough to interrupt (zstd at its highest level) and
+/// waits until it has written into its temporary directory.
+fn start_slow_pack(src: &Path, out: &Path) -> Child {
+    let child = Command::new(env!("CARGO_BIN_EXE_brand"))
+        .args(["pack", s(src), "-o", s(out), "--zstd", "22", "--chunk-size", "8"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn brand pack");
+    let tmp = out.parent().expect("parent").join(format!(
+        ".{}.packing-{}",
+        out.file_name().expect("name").to_string_lossy(),
+        child.id()
+    ));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !tmp.join("data-00000.brd").exists() {
+        assert!(Instant::now() < deadline, "the pack never started writing");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child
+}
+
+fn slow_source(root: &Path) -> PathBuf {
+    let src = root.join("src");
+    gen_samples(&src, 1500, "24"); // about 36 MiB of incompressible bytes
+    src
+}
+
+#[test]
+fn sigterm_and_sigint_mid_pack_leave_nothing_and_a_killed_packs_leftover_is_cleaned() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let src = slow_source(t.path());
+    let out = t.path().join("ds");
+    for signal in [libc::SIGTERM, libc::SIGINT] {
+        let child = start_slow_pack(&src, &out);
+        // SAFETY: sending a signal to our own child process.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+        let done = child.wait_with_output().expect("wait");
+        let err = String::from_utf8_lossy(&done.stderr);
+        assert_eq!(
+            done.status.signal(),
+            Some(signal),
+            "ends by the signal: {:?} {err}",
+            done.status
+        );
+        assert!(err.contains("interrupted"), "{err}");
+        assert!(!out.exists(), "no output after signal {signal}");
+        assert!(
+            hidden(t.path()).is_empty(),
+            "signal {signal} left {:?}",
+            hidden(t.path())
+        );
+    }
+
+    // SIGKILL cannot be caught: the leftover stays until the next pack into
+    // the same OUT, which removes it (its process is gone).
+    let mut child = start_slow_pack(&src, &out);
+    child.kill().expect("SIGKILL");
+    child.wait().expect("wait");
+    assert_eq!(hidden(t.path()).len(), 1, "{:?}", hidden(t.path()));
+    ok(&["pack", s(&src), "-o", s(&out), "--chunk-size", "64"]);
+    assert!(
+        hidden(t.path()).is_empty(),
+        "stale dir not removed: {:?}",
+        hidden(t.path())
+    );
+}
+
+#[test]
+fn a_dataset_a_killed_pack_moved_aside_is_restored() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let src = t.path().join("src");
+    gen_samples(&src, 40, "2");
+    let out = t.path().join("ds");
+    ok(&["pack", s(&src), "-o", s(&out), "--seed", "7"]);
+    // A dead process id: a child that has exited.
+    let mut dead = Command::new("true").spawn().expect("spawn true");
+    dead.wait().expect("wait");
+    let aside = t.path().join(format!(".ds.packing-{}.old", dead.id()));
+    std::fs::rename(&out, &aside).expect("move aside as install does");
+    let err = fails(&["pack", s(&src), "-o", s(&out)]);
+    assert!(err.contains("already exists"), "{err}");
+    let restored = brand_format::Dataset::open(&out).expect("the old dataset is back");
+    assert_eq!(restored.manifest.pack_seed, 7);
+    assert!(hidden(t.path()).is_empty());
+}
