@@ -65,29 +65,14 @@ pub fn plan_events(mut planner: Planner) -> EventSource {
     })
 }
 
-/// The planner a loader over `ds` runs: byte budgets become slots through
-/// the mean *decoded* (`raw_len`) sample size, the bytes samples hold once
-/// served (the same as stored for uncompressed datasets).
-pub fn planner(ds: &Dataset, plan: &PlanConfig) -> Result<Planner> {
-    Planner::from_layout(decoded_layout(ds), plan)
-}
-
-fn decoded_layout(ds: &Dataset) -> Layout {
-    Layout {
-        samples: ds.index.samples(),
-        chunk_size: ds.index.chunk_size(),
-        stored_bytes: ds.index.raw_len.iter().map(|&l| l as u64).sum(),
-    }
-}
-
 /// The budget of `plan` in decoded bytes over `ds`.
 fn memory_bytes(ds: &Dataset, plan: &PlanConfig) -> u64 {
-    let l = decoded_layout(ds);
+    let l = Layout::of(&ds.index);
     match plan.memory {
         Memory::Bytes(b) => b,
-        Memory::Percent(p) => (p / 100.0 * l.stored_bytes as f64) as u64,
+        Memory::Percent(p) => (p / 100.0 * l.sample_bytes as f64) as u64,
         Memory::Slots(m) => {
-            (m as u128 * l.stored_bytes as u128 / l.samples.max(1) as u128).min(u64::MAX as u128) as u64
+            (m as u128 * l.sample_bytes as u128 / l.samples.max(1) as u128).min(u64::MAX as u128) as u64
         }
     }
 }
@@ -330,7 +315,7 @@ impl Loader {
     /// A loader over `ds` running the plan of `cfg`, starting at `state`
     /// (`LoaderState::default()` for the first epoch).
     pub fn open(ds: Arc<Dataset>, cfg: &LoaderConfig, state: LoaderState) -> Result<Self> {
-        let planner = planner(&ds, &cfg.plan)?;
+        let planner = Planner::new(&ds.index, &cfg.plan)?;
         let cap = memory_bytes(&ds, &cfg.plan).saturating_add(cfg.io.readahead_bytes);
         let mut l = Self::new(ds, cfg.io.clone(), plan_events(planner), state)?;
         l.byte_cap = Some(cap);
