@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 mod bench;
 mod read;
+mod serve;
 mod simulate;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -47,6 +48,8 @@ enum Command {
     Bench(bench::BenchCommand),
     /// Run the plan only: reads, read amplification, exactly-once and order quality for a budget.
     Simulate(simulate::SimulateArgs),
+    /// Run one node of a multi-node job: read the chunks it owns, push samples to their ranks, serve its own.
+    Serve(serve::ServeArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -172,6 +175,7 @@ fn main() -> ExitCode {
         Command::Read(a) => read::run(a).map(|ok| if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }),
         Command::Bench(c) => bench::run(c).map(|()| ExitCode::SUCCESS),
         Command::Simulate(a) => simulate::run(a).map(|()| ExitCode::SUCCESS),
+        Command::Serve(a) => serve::run(a).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

@@ -59,8 +59,14 @@ pub fn from_toml(text: &str) -> Result<(LoaderConfig, DistConfig)> {
 
 /// [`from_toml`] with the environment given as a function (for tests).
 pub fn from_toml_with_env(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<(LoaderConfig, DistConfig)> {
+    let table: toml::Table =
+        toml::from_str(text).map_err(|e| Error::config(format!("config: {}", e.message().trim())))?;
+    from_table(table, env)
+}
+
+/// [`from_toml_with_env`] from parsed keys (a file's, with flags set on top).
+pub fn from_table(mut table: toml::Table, env: &dyn Fn(&str) -> Option<String>) -> Result<(LoaderConfig, DistConfig)> {
     let bad = |e: toml::de::Error| Error::config(format!("config: {}", e.message().trim()));
-    let mut table: toml::Table = toml::from_str(text).map_err(bad)?;
     let mut dist = toml::Table::new();
     for k in DistKeys::NAMES {
         if let Some(v) = table.remove(k) {

@@ -248,8 +248,12 @@ impl DistLoader {
         Ok(this)
     }
 
+    /// A peer's failure, as seen from this node: `node R (addr): node P (addr): why`.
     fn peer_error(&self, why: String) -> Error {
-        Error::config(format!("{}: {why}", self.cfg.name(self.cfg.rank)))
+        Error::io(
+            self.cfg.name(self.cfg.rank),
+            std::io::Error::new(std::io::ErrorKind::ConnectionAborted, why),
+        )
     }
 
     pub fn dataset(&self) -> &Arc<Dataset> {
@@ -338,6 +342,14 @@ impl DistLoader {
 }
 
 impl DistLoader {
+    /// Leaves cleanly: first serves the peers what they are owed of the
+    /// current epoch (see `Drop`), then returns the final metrics (which
+    /// then count every read and push this node made).
+    pub fn close(mut self) -> DistMetrics {
+        self.stop_owner();
+        self.metrics()
+    }
+
     /// Leaves at once, as a crashed node would: connections close without
     /// finishing what peers are owed (they fail naming this node).
     pub fn abort(mut self) {
@@ -347,12 +359,29 @@ impl DistLoader {
 
 impl Drop for DistLoader {
     fn drop(&mut self) {
+        self.stop_owner();
+        self.net.take();
+    }
+}
+
+impl DistLoader {
+    fn stop_owner(&mut self) {
+        if self.owner.is_none() {
+            return;
+        }
         // The owner first finishes what live peers are owed (bounded by
         // peer_timeout without progress), then the network goes.
-        let _ = self.control.send(Control::Stop);
+        let aborting = self.failed.is_some();
+        let _ = self.control.send(match self.failed.take() {
+            Some(why) => Control::Abort(why),
+            None => Control::Stop { epoch: self.epoch },
+        });
         if let Some(t) = self.owner.take() {
             let _ = t.join();
         }
-        self.net.take();
+        if aborting && self.net.is_some() {
+            // Let the failure notices reach the peers before the connections go.
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
     }
 }

@@ -34,8 +34,15 @@ pub enum Control {
     Gone {
         consumer: u32,
     },
-    /// The local consumer stopped: finish what live peers are owed, then end.
-    Stop,
+    /// The local consumer stopped in `epoch`: the peers will finish that
+    /// epoch, so serve them all of it (they leave early by closing their
+    /// streams), then end.
+    Stop {
+        epoch: u64,
+    },
+    /// The local consumer failed (`why`): tell every peer, then end, so they
+    /// fail naming the cause rather than this node.
+    Abort(String),
 }
 
 /// The owner's counters, read by the consumer's `metrics()`.
@@ -125,11 +132,15 @@ impl Owner {
         let mut p = Progress::new(OwnerPlan::new(&self.planner, epoch, self.node, self.start_step));
         let mut held: u64 = 0;
         let mut in_flight_bytes: u64 = 0;
-        let mut stopping = false;
+        // The last epoch to serve, once the local consumer stopped.
+        let mut stopping: Option<u64> = None;
         let mut last_progress = Instant::now();
         loop {
             // 1. Messages.
             while let Ok(c) = self.control.try_recv() {
+                if let Control::Abort(why) = c {
+                    return self.fail_all(&outlets, format!("stopped after an error: {why}"));
+                }
                 apply(c, &mut outlets, &mut credits, &mut stopping);
             }
             // Consumers that left are owed nothing.
@@ -176,7 +187,7 @@ impl Owner {
                 if wanted {
                     match self.storage.submit(p.next_read, r.chunk, r.mask) {
                         Ok(bytes) => in_flight_bytes += bytes,
-                        Err(e) => return self.fail_all(&outlets, e.to_string()),
+                        Err(e) => return self.fail_all(&outlets, format!("could not read: {e}")),
                     }
                     self.stats.reads_issued.fetch_add(1, Ordering::Relaxed);
                 }
@@ -206,10 +217,14 @@ impl Owner {
                                     data: buf.to_vec(),
                                 })),
                             };
+                            // Counted before sending: the consumer may see
+                            // the sample before this thread runs again.
+                            self.stats.samples_pushed.fetch_add(1, Ordering::Relaxed);
+                            self.stats.bytes_pushed.fetch_add(len, Ordering::Relaxed);
                             let ok = tx.send(msg).is_ok();
-                            if ok {
-                                self.stats.samples_pushed.fetch_add(1, Ordering::Relaxed);
-                                self.stats.bytes_pushed.fetch_add(len, Ordering::Relaxed);
+                            if !ok {
+                                self.stats.samples_pushed.fetch_sub(1, Ordering::Relaxed);
+                                self.stats.bytes_pushed.fetch_sub(len, Ordering::Relaxed);
                             }
                             ok
                         }
@@ -225,7 +240,7 @@ impl Owner {
             }
             // 5. The epoch is done for everyone: plan the next one.
             if p.finished() && self.storage.in_flight() == 0 {
-                if stopping {
+                if stopping.is_some_and(|last| epoch >= last) {
                     return;
                 }
                 epoch += 1;
@@ -234,13 +249,11 @@ impl Owner {
                 in_flight_bytes = 0;
                 continue;
             }
-            if stopping {
-                // Stay only while a live peer is owed samples it has credit for.
-                let owed = (0..w).any(|c| {
-                    matches!(outlets[c], Outlet::Remote(_))
-                        && credits[c].epoch == epoch
-                        && p.sent[c] < p.plan.queues[c].len()
-                });
+            if let Some(last) = stopping {
+                // Stay while a live peer is owed samples of the last epoch
+                // (whether or not its credit for them has arrived yet).
+                let owed = epoch <= last
+                    && (0..w).any(|c| matches!(outlets[c], Outlet::Remote(_)) && p.sent[c] < p.plan.queues[c].len());
                 if !owed || last_progress.elapsed() > self.linger {
                     return;
                 }
@@ -264,16 +277,19 @@ impl Owner {
                                 }
                                 self.stats.held_peak_bytes.fetch_max(held, Ordering::Relaxed);
                             }
-                            Err(e) => return self.fail_all(&outlets, e.to_string()),
+                            Err(e) => return self.fail_all(&outlets, format!("could not read: {e}")),
                         }
                     }
-                    Err(e) => return self.fail_all(&outlets, e.to_string()),
+                    Err(e) => return self.fail_all(&outlets, format!("could not read: {e}")),
                 }
                 if self.storage.buffered_fallback() {
                     self.stats.buffered_fallback.store(1, Ordering::Relaxed);
                 }
             } else {
                 match self.control.recv_timeout(Duration::from_millis(200)) {
+                    Ok(Control::Abort(why)) => {
+                        return self.fail_all(&outlets, format!("stopped after an error: {why}"));
+                    }
                     Ok(c) => apply(c, &mut outlets, &mut credits, &mut stopping),
                     Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
                     Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
@@ -296,10 +312,10 @@ impl Owner {
         let name = self.inbox_name();
         for o in outlets {
             match o {
-                Outlet::Local => self.inbox.fail(format!("{name} (this node) could not read: {why}")),
+                Outlet::Local => self.inbox.fail(format!("{name} (this node): {why}")),
                 Outlet::Remote(tx) => {
                     let _ = tx.send(Push {
-                        body: Some(push::Body::Failed(format!("could not read: {why}"))),
+                        body: Some(push::Body::Failed(why.clone())),
                     });
                 }
                 Outlet::Pending | Outlet::Gone => {}
@@ -313,7 +329,7 @@ impl Owner {
 }
 
 /// Takes in one message.
-fn apply(c: Control, outlets: &mut [Outlet], credits: &mut [Credit], stopping: &mut bool) {
+fn apply(c: Control, outlets: &mut [Outlet], credits: &mut [Credit], stopping: &mut Option<u64>) {
     match c {
         Control::Attached { consumer, sink } => {
             if let Some(o) = outlets.get_mut(consumer as usize) {
@@ -330,6 +346,8 @@ fn apply(c: Control, outlets: &mut [Outlet], credits: &mut [Credit], stopping: &
                 *o = Outlet::Gone;
             }
         }
-        Control::Stop => *stopping = true,
+        Control::Stop { epoch } => *stopping = Some(epoch),
+        // Handled where messages are taken in.
+        Control::Abort(_) => {}
     }
 }
