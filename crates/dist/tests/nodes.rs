@@ -259,3 +259,40 @@ fn a_node_killed_mid_epoch_fails_the_others_naming_it() {
         assert!(took < timeout * 4, "rank {rank} took {took:?}");
     }
 }
+
+#[test]
+fn all_nodes_resume_mid_epoch_from_the_same_state() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let ds = dataset(t.path());
+    let nodes = addresses(3);
+    let state = LoaderState { epoch: 1, served: 53 };
+    let cfgs: Vec<Config> = (0..3)
+        .map(|r| config(&nodes, r, 64 << 10, Duration::from_secs(20)))
+        .collect();
+    let handles: Vec<_> = cfgs
+        .iter()
+        .cloned()
+        .map(|c| {
+            let ds = ds.clone();
+            std::thread::spawn(move || {
+                let mut l = DistLoader::open(ds, &c, state).map_err(|e| e.to_string())?;
+                let mut ids = Vec::new();
+                while let Some(b) = l.next_batch().map_err(|e| e.to_string())? {
+                    ids.extend(b.iter().map(|s| s.id));
+                }
+                Ok::<_, String>((ids, l.state()))
+            })
+        })
+        .collect();
+    for (rank, h) in handles.into_iter().enumerate() {
+        let (ids, end) = h.join().expect("thread").expect("node");
+        assert_eq!(ids, plan_order(&ds, &cfgs[rank], 1)[53..], "rank {rank}");
+        assert_eq!(
+            end,
+            LoaderState {
+                epoch: 1,
+                served: SAMPLES / 3
+            }
+        );
+    }
+}
