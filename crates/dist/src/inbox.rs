@@ -304,10 +304,14 @@ impl Inbox {
     }
 
     /// `owner`'s stream to us ended (`why` if it broke).
+    /// Its credit stream ends too, which lets the owner's side finish.
     pub fn closed(&self, owner: u32, why: Option<String>) {
         let mut s = self.lock();
         if let Some(c) = s.closed.get_mut(owner as usize) {
             *c = Some(why.unwrap_or_else(|| "it closed its stream".into()));
+        }
+        if let Some(sink) = s.sinks.get_mut(owner as usize) {
+            sink.take();
         }
         self.cond.notify_all();
     }

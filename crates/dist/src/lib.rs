@@ -360,7 +360,9 @@ impl DistLoader {
 impl Drop for DistLoader {
     fn drop(&mut self) {
         self.stop_owner();
-        self.net.take();
+        if let Some(net) = self.net.take() {
+            net.close();
+        }
     }
 }
 
@@ -371,17 +373,12 @@ impl DistLoader {
         }
         // The owner first finishes what live peers are owed (bounded by
         // peer_timeout without progress), then the network goes.
-        let aborting = self.failed.is_some();
         let _ = self.control.send(match self.failed.take() {
             Some(why) => Control::Abort(why),
             None => Control::Stop { epoch: self.epoch },
         });
         if let Some(t) = self.owner.take() {
             let _ = t.join();
-        }
-        if aborting && self.net.is_some() {
-            // Let the failure notices reach the peers before the connections go.
-            std::thread::sleep(std::time::Duration::from_millis(200));
         }
     }
 }

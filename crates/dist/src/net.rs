@@ -29,6 +29,11 @@ const RETRY: Duration = Duration::from_millis(50);
 pub struct Net {
     runtime: Option<tokio::runtime::Runtime>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    /// This node's push streams; each ends once its consumer has read
+    /// everything sent (or the peer is gone).
+    streams: Vec<tokio::task::JoinHandle<()>>,
+    /// How long closing waits for them.
+    timeout: Duration,
 }
 
 pub struct Ctx {
@@ -75,19 +80,38 @@ impl Net {
             );
             Ok::<(), Error>(())
         })?;
-        for peer in 0..ctx.cfg.world() {
-            if peer != me {
-                runtime.spawn(push_stream(ctx.clone(), peer));
-            }
-        }
+        let streams = (0..ctx.cfg.world())
+            .filter(|&peer| peer != me)
+            .map(|peer| runtime.spawn(push_stream(ctx.clone(), peer)))
+            .collect();
         Ok(Net {
             runtime: Some(runtime),
             shutdown: Some(shutdown),
+            streams,
+            timeout: ctx.cfg.peer_timeout,
         })
+    }
+
+    /// Closes after every push stream has delivered what was queued on it
+    /// (the owner has ended, so each stream is at its end), waiting at most
+    /// `peer_timeout`.
+    pub fn close(mut self) {
+        let streams = std::mem::take(&mut self.streams);
+        if let Some(rt) = &self.runtime {
+            rt.block_on(async {
+                let _ = tokio::time::timeout(self.timeout, async {
+                    for s in streams {
+                        let _ = s.await;
+                    }
+                })
+                .await;
+            });
+        }
     }
 }
 
 impl Drop for Net {
+    /// Closes at once (what is still queued is lost, as in a crash).
     fn drop(&mut self) {
         if let Some(s) = self.shutdown.take() {
             let _ = s.send(());
@@ -159,10 +183,11 @@ async fn push_stream(ctx: Arc<Ctx>, peer: u32) {
     ctx.inbox.outbound_ready(peer);
     // Ends when the consumer leaves or dies: its own stream to us tells our
     // consumer if it still owed us samples.
+    // Drained until the consumer ends it (it does once our stream has
+    // ended and it has read all of it): dropping it early could cut off
+    // samples still queued.
     while let Ok(Some(credit)) = credits.message().await {
-        if ctx.control.send(Control::Credit { consumer: peer, credit }).is_err() {
-            break;
-        }
+        let _ = ctx.control.send(Control::Credit { consumer: peer, credit });
     }
     let _ = ctx.control.send(Control::Gone { consumer: peer });
 }
