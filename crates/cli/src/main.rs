@@ -7,6 +7,7 @@ use std::process::ExitCode;
 mod bench;
 mod bench_device;
 mod read;
+mod serve;
 mod simulate;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -48,6 +49,8 @@ enum Command {
     Bench(bench::BenchCommand),
     /// Run the plan only: reads, read amplification, exactly-once and order quality for a budget.
     Simulate(simulate::SimulateArgs),
+    /// Run one node of a multi-node job: read the chunks it owns, push samples to their ranks, serve its own.
+    Serve(serve::ServeArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -176,6 +179,7 @@ fn main() -> ExitCode {
         Command::Read(a) => read::run(a).map(|ok| if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }),
         Command::Bench(c) => bench::run(c).map(|()| ExitCode::SUCCESS),
         Command::Simulate(a) => simulate::run(a).map(|()| ExitCode::SUCCESS),
+        Command::Serve(a) => serve::run(a).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,
