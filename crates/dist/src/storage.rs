@@ -27,23 +27,22 @@ pub struct Storage {
     next_tag: u64,
     /// Read number of each extent in flight, by engine tag.
     in_flight: HashMap<u64, usize>,
+    io_timeout: std::time::Duration,
 }
 
 impl Storage {
     pub fn open(ds: Arc<Dataset>, io: &IoConfig) -> Result<Self> {
-        let engine = Engine::start(
-            ds.clone(),
-            EngineConfig {
-                queue_depth: io.queue_depth,
-                direct: io.direct,
-                verify: io.verify,
-                fixed_buffers: true,
-            },
-        )?;
+        let engine = Engine::start(ds.clone(), io.engine_config(&ds))?;
         let gap = match io.read_gap {
             ReadGapSetting::Whole => ReadGap::Whole,
             ReadGapSetting::Bytes(b) => ReadGap::Bytes(b),
-            ReadGapSetting::Auto => ReadGap::Bytes(brand_io::probe::auto_gap(ds.clone(), io.queue_depth)?),
+            ReadGapSetting::Auto => ReadGap::Bytes(brand_io::probe::auto_gap(
+                ds.clone(),
+                &EngineConfig {
+                    backend: engine.backend(),
+                    ..io.engine_config(&ds)
+                },
+            )?),
         };
         Ok(Storage {
             engine,
@@ -51,6 +50,7 @@ impl Storage {
             gap,
             next_tag: 0,
             in_flight: HashMap::new(),
+            io_timeout: io.io_timeout,
         })
     }
 
@@ -80,10 +80,19 @@ impl Storage {
         loop {
             let c = self.engine.recv()?;
             if let Some(read) = self.in_flight.remove(&c.tag) {
+                // A record that fails its check fails the whole read: the
+                // owner stops and its consumers name it (no on_corrupt skip
+                // in multi-node mode yet).
+                let result = c.result.and_then(|records| {
+                    records
+                        .into_iter()
+                        .map(|(id, record)| record.map(|bytes| (id, bytes)))
+                        .collect()
+                });
                 return Ok(Done {
                     read,
                     bytes_read: c.bytes_read,
-                    result: c.result,
+                    result,
                 });
             }
         }
@@ -97,10 +106,15 @@ impl Storage {
 impl Drop for Storage {
     fn drop(&mut self) {
         // The engine finishes what is in flight; wait so buffers go back first.
+        // A read stuck on hung storage is not waited for beyond io_timeout.
         while !self.in_flight.is_empty() {
-            match self.engine.recv() {
-                Ok(c) => {
+            match self.engine.recv_timeout(self.io_timeout) {
+                Ok(Some(c)) => {
                     self.in_flight.remove(&c.tag);
+                }
+                Ok(None) => {
+                    self.engine.abandon();
+                    break;
                 }
                 Err(_) => break,
             }

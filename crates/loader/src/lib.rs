@@ -159,6 +159,26 @@ pub struct IoConfig {
     pub on_corrupt: OnCorrupt,
 }
 
+impl IoConfig {
+    /// The engine these settings ask for over `ds` (the loader's, and any
+    /// other reader that must read as the loader does).
+    pub fn engine_config(&self, ds: &Dataset) -> EngineConfig {
+        let dataset_bytes: u64 = ds.manifest.segments.iter().map(|s| s.bytes).sum();
+        EngineConfig {
+            queue_depth: self.queue_depth,
+            direct: self.direct,
+            verify: self.verify,
+            fixed_buffers: true,
+            // Registered memory is read-ahead memory: no more than it, nor
+            // than the dataset.
+            fixed_buffer_bytes: self.readahead_bytes.min(dataset_bytes),
+            backend: self.io_backend,
+            decode_threads: self.decode_threads,
+            io_timeout: self.io_timeout,
+        }
+    }
+}
+
 impl Default for IoConfig {
     fn default() -> Self {
         IoConfig {
@@ -327,19 +347,7 @@ impl Loader {
         if cfg.batch_size == 0 {
             return Err(Error::config("batch size must be at least 1"));
         }
-        let dataset_bytes: u64 = ds.manifest.segments.iter().map(|s| s.bytes).sum();
-        let engine_cfg = EngineConfig {
-            queue_depth: cfg.queue_depth,
-            direct: cfg.direct,
-            verify: cfg.verify,
-            fixed_buffers: true,
-            // Registered memory is read-ahead memory: no more than it, nor
-            // than the dataset.
-            fixed_buffer_bytes: cfg.readahead_bytes.min(dataset_bytes),
-            backend: cfg.io_backend,
-            decode_threads: cfg.decode_threads,
-            io_timeout: cfg.io_timeout,
-        };
+        let engine_cfg = cfg.engine_config(&ds);
         let engine = Engine::start(ds.clone(), engine_cfg.clone())?;
         let gap = match cfg.read_gap {
             ReadGapSetting::Whole => ReadGap::Whole,
