@@ -52,7 +52,7 @@ def args(argv=None):
     ap.add_argument("--budgets", default=None, help="memory budgets, %% of the dataset (default 10,25,100)")
     ap.add_argument("--allowance", default=None,
                     help="memory for a runtime besides its data; a run's memory group = allowance + budget "
-                         "(default 640MiB)")
+                         "(default: 640MiB full preset, 560MiB small)")
     ap.add_argument("--net-bps", type=int, default=NET_BPS, help="net profile: read bytes/s (default 0.38 GB/s)")
     ap.add_argument("--net-iops", type=int, default=NET_IOPS, help="net profile: read requests/s (default 3000)")
     ap.add_argument("--fio-seconds", type=float, default=None)
@@ -181,7 +181,8 @@ def main(argv=None):
     ref_budget = min(preset.budgets)
     plan = loaders.Plan(ds=ds, python=a.python, brand=brand, throughput=config.throughput_bin(),
                         budgets=preset.budgets, ref_budget=ref_budget, batch_size=preset.batch_size,
-                        threads=preset.threads, skip=a.skip)
+                        threads=preset.threads, skip=a.skip,
+                        api_budgets=None if preset.api_all_budgets else [ref_budget])
     plan.unavailable = loaders.check(plan)
     fio_path = None
     if "fio" not in a.skip:

@@ -18,6 +18,7 @@ The parsers are pure functions (tested in bench/tests with sample files).
 from __future__ import annotations
 
 import ctypes
+import errno
 import ctypes.util
 import mmap
 import os
@@ -365,7 +366,9 @@ def _rmdir(d: Path) -> None:
             return
         except FileNotFoundError:
             return
-        except OSError:
+        except OSError as e:
+            if e.errno != errno.EBUSY:
+                return
             time.sleep(0.1)
 
 

@@ -43,6 +43,7 @@ class Plan:
     seed: int = 1
     variants: list = field(default_factory=lambda: list(config.BRAND_VARIANTS))
     api_variants: list = field(default_factory=lambda: list(config.API_VARIANTS))
+    api_budgets: list | None = None  # budgets of the C ABI and BrandDataset runs (None: all)
     skip: set = field(default_factory=set)
     unavailable: dict = field(default_factory=dict)  # loader -> why
 
@@ -131,7 +132,8 @@ def items(plan: Plan) -> list[Item]:
                                  "--read-gap", gap, "--epochs", "1", "--batch", str(B), "--seed", str(seed),
                                  "--json"],
                                 budget=b, parse=parse.brand_read, extra={"policy": pol, "read_gap": gap}))
-        if "capi" not in off:
+        api = plan.api_budgets is None or b in plan.api_budgets
+        if "capi" not in off and api:
             for pol, gap in plan.api_variants:
                 cfg = (f'memory = "{pct(b)}"\npolicy = "{pol}"\nread_gap = "{gap}"\nbatch_size = {B}\n'
                        f"seed = {seed}\n")
@@ -139,7 +141,7 @@ def items(plan: Plan) -> list[Item]:
                                 [str(plan.throughput), str(ds.pack), "--config", cfg, "--epochs", "1", "--touch",
                                  "all", "--json"],
                                 budget=b, parse=parse.brand_throughput, extra={"policy": pol, "read_gap": gap}))
-        if "tf-op" not in off:
+        if "tf-op" not in off and api:
             for pol, gap in plan.api_variants:
                 out.append(runner("tf-op", brand_name(pol, gap), f"BrandDataset {pol}/{gap} ({pct(b)})", "tf_brand.py",
                                   [ds.pack, "--memory", pct(b), "--policy", pol, "--read-gap", gap,

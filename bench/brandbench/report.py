@@ -130,7 +130,7 @@ def markdown(res: dict) -> str:
         "Read amplification = bytes the group read from the block device / sample bytes. Peak RSS = the "
         "memory group's anonymous + mapped pages, sampled every 50 ms (all processes of the loader, its "
         "runtime included). Stalls = the consumer's wait per batch. CPU = the group's CPU time (every "
-        "thread and process) per GB delivered. † = the memory group holds the dataset (100 % budget).",
+        "thread and process) per GB delivered. † = the run's memory group is not smaller than the dataset (always so at a 100 % budget): not a larger-than-memory run.",
         "",
     ]
     fio_rows = res.get("fio_summary", [])

@@ -52,11 +52,12 @@ def key(rec: dict) -> tuple:
     return rec["profile"], rec["loader"], rec["variant"], rec.get("budget")
 
 
-def _sort_key(k: tuple) -> tuple:
+def _sort_key(k: tuple, seen: dict) -> tuple:
+    """Profile, loader, budget, then the order the variants were first run in."""
     profile, loader, variant, budget = k
     p = PROFILE_ORDER.index(profile) if profile in PROFILE_ORDER else len(PROFILE_ORDER)
     lo = LOADER_ORDER.index(loader) if loader in LOADER_ORDER else len(LOADER_ORDER)
-    return p, lo, -1 if budget is None else budget, variant
+    return p, lo, -1 if budget is None else budget, seen[k]
 
 
 def summarize(runs: list[dict], fio_runs: list[dict], dataset_bytes: int | None = None) -> list[dict]:
@@ -64,10 +65,12 @@ def summarize(runs: list[dict], fio_runs: list[dict], dataset_bytes: int | None 
     ceil = ceilings(fio_runs)
     ref = references(runs)
     groups: dict[tuple, list[dict]] = {}
-    for r in runs:
+    seen: dict[tuple, int] = {}
+    for r in sorted(runs, key=lambda r: r.get("round", 0)):
         groups.setdefault(key(r), []).append(r)
+        seen.setdefault(key(r), len(seen))
     rows = []
-    for k in sorted(groups, key=_sort_key):
+    for k in sorted(groups, key=lambda k: _sort_key(k, seen)):
         recs = groups[k]
         good = [r for r in recs if ok(r)]
         first = recs[0]
