@@ -202,7 +202,7 @@ def main(argv=None):
         + f"; peers run at the {pct(ref_budget)} budget; dataset {ds.stored_bytes / 1e9:.2f} GB"
         if layout.usable else "not limited (no cgroups: " + layout.why + ")")
     res["meta"]["cache"] = (
-        "before every run the dataset's pages are evicted (sync + posix_fadvise DONTNEED on every file of the "
+        "before every run the dataset's pages are evicted (posix_fadvise DONTNEED on every file of the "
         "three forms, after a runner's imports)" + ("; then echo 3 > drop_caches" if a.drop_caches == "all" else "")
         + "; page cache inside a run is limited by the memory group")
 

@@ -425,8 +425,9 @@ _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True
 
 
 def evict(paths: list[Path]) -> None:
-    """Drop the page cache of these files (sync first: dirty pages stay)."""
-    os.sync()
+    """Drop the page cache of these files. Dirty pages would stay: the dataset
+    is synced once when it is made (a machine-wide sync per run can take
+    seconds on a shared machine)."""
     for p in paths:
         try:
             fd = os.open(p, os.O_RDONLY)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,6 +95,7 @@ def prepare(root: Path, p: Preset, brand: Path, python: str | None, log=print) -
         log(f"writing {shards} TFRecord shards into {tfr}")
         _run([python, RUNNERS / "write_tfrecords.py", files, tfr, "--shards", shards, "--seed", p.seed], log)
         (d / ".done-tfrecord").touch()
+    os.sync()  # written once, clean from now on: eviction before each run needs no sync
     segs = sorted(pack.glob("data-*.brd"))
     pack_bytes = sum(s.stat().st_size for s in segs)
     chunk = info["data_bytes"] / max(1, info["chunks"])

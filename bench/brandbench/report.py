@@ -205,15 +205,15 @@ def _loader_plot(res, path, field, xlabel, scale=1.0, title=""):
 
 
 def plot_device(res, path):
+    rows = res.get("fio_summary", [])
+    if not rows:
+        return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    rows = res.get("fio_summary", [])
-    if not rows:
-        return None
     profiles = [p for p in res.get("profiles", {}) if any(r["profile"] == p for r in rows)]
     jobs = []
     for r in rows:
@@ -241,15 +241,15 @@ def plot_device(res, path):
 
 
 def plot_order(res, path):
+    oq = res.get("order_quality") or {}
+    m = oq.get("methods")
+    if not m:
+        return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    oq = res.get("order_quality") or {}
-    m = oq.get("methods")
-    if not m:
-        return None
     fig, ax = plt.subplots(figsize=(5, 3))
     names = list(m)
     for i, n in enumerate(names):
