@@ -55,7 +55,8 @@ def item(fio: str, segments, rw: str, bs: int, qd: int, seconds: float, chunk_by
     argv = [
         fio, "--name=ceiling", "--filename=" + ":".join(str(s) for s in segments),
         f"--rw={rw}", f"--bs={bs}", f"--iodepth={qd}", "--ioengine=io_uring", "--direct=1",
-        f"--runtime={seconds:g}", "--time_based", "--ramp_time=0", "--group_reporting",
+        # In ms: fio reads "0.5" (seconds) as 0, i.e. no time limit.
+        f"--runtime={max(1, round(seconds * 1000))}ms", "--time_based", "--group_reporting",
         "--output-format=json", "--randrepeat=0",
     ]
     return Item(

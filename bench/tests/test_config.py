@@ -33,3 +33,9 @@ def test_env_overrides(monkeypatch, tmp_path):
     monkeypatch.setenv("BRAND_TF_LIB", str(tmp_path / "op.so"))
     assert config.brand_bin() == tmp_path / "b" and config.throughput_bin() == tmp_path / "t"
     assert config.tf_op_lib() == tmp_path / "op.so"
+
+
+def test_fio_runtime_is_in_milliseconds():
+    it = device.item("fio", ["/d/pack/data-00000.brd"], "randread", 4096, 32, 0.5, 7 << 20)
+    assert "--runtime=500ms" in it.argv and "--time_based" in it.argv and "--direct=1" in it.argv
+    assert "--filename=/d/pack/data-00000.brd" in it.argv and it.variant == "rand 4K QD32"
