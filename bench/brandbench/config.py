@@ -82,8 +82,8 @@ PRESETS = {
     # 80,000 ImageNet-like files, 110 KiB mean: about 9.0 GB (8.4 GiB).
     "full": Preset("full", samples=80_000, classes=1000, fio_seconds=5.0),
     # About 0.9 GB: larger than the memory group of every run below a 100 %
-    # budget (560 MiB + 10 % or 25 %: 0.68 / 0.81 GB), small enough for
-    # ~15-20 minutes on 2 cores.
+    # budget (560 MiB + 10 % or 25 %: 0.68 / 0.81 GB); 222 runs, 21 minutes
+    # measured on a shared (busy) 2-core machine.
     "small": Preset("small", samples=8_000, classes=100, allowance=560 * MiB, fio_seconds=0.5, timeout=900.0,
                     api_all_budgets=False),
 }
