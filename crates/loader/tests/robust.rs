@@ -116,6 +116,13 @@ fn run_child(test: &str, mode: &str, dir: &Path) -> (bool, String) {
 /// every thread of the process (TSYNC).
 #[cfg(target_arch = "x86_64")]
 fn refuse_syscall(nr: u32) {
+    fail_syscall(nr, libc::EPERM)
+}
+
+/// Installs a seccomp filter that makes syscall `nr` fail with `errno`, on
+/// every thread of the process (TSYNC): a device error on demand.
+#[cfg(target_arch = "x86_64")]
+fn fail_syscall(nr: u32, errno: i32) {
     #[repr(C)]
     struct SockFilter {
         code: u16,
@@ -148,7 +155,7 @@ fn refuse_syscall(nr: u32) {
             jf: 3,
             k: AUDIT_ARCH_X86_64,
         },
-        // if nr == `nr`: EPERM
+        // if nr == `nr`: errno
         SockFilter {
             code: LD_W_ABS,
             jt: 0,
@@ -165,7 +172,7 @@ fn refuse_syscall(nr: u32) {
             code: RET_K,
             jt: 0,
             jf: 0,
-            k: RET_ERRNO | libc::EPERM as u32,
+            k: RET_ERRNO | errno as u32,
         },
         SockFilter {
             code: RET_K,
@@ -229,6 +236,54 @@ fn io_uring_refused_by_seccomp_falls_back_to_threads_with_the_same_epoch() {
         "same order and bytes as io_uring:\n{out}"
     );
     assert!(out.contains("URING-ERR=<io_uring>"), "{out}");
+}
+
+/// pread64 on x86_64.
+#[cfg(target_arch = "x86_64")]
+const SYS_PREAD64: u32 = 17;
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn device_errors_are_io_errors_naming_the_file_and_transient_ones_end() {
+    const NAME: &str = "device_errors_are_io_errors_naming_the_file_and_transient_ones_end";
+    let mut c = config(Memory::Percent(20.0), 0, 1, 1 << 20);
+    c.io.io_backend = IoBackend::Threads;
+    c.io.read_gap = ReadGapSetting::Bytes(0);
+    if let Ok(v) = std::env::var(CHILD) {
+        let (mode, dir) = v.split_once(':').expect("mode:dir");
+        let errno = match mode {
+            "eio" => libc::EIO,
+            "enomem" => libc::ENOMEM,
+            "eagain" => libc::EAGAIN,
+            _ => libc::EINTR,
+        };
+        let ds = Arc::new(Dataset::open(dir).expect("open"));
+        let mut l = Loader::open(ds, &c, LoaderState::default()).expect("loader");
+        // From now on every pread fails: the device is gone (or forever busy).
+        fail_syscall(SYS_PREAD64, errno);
+        let start = Instant::now();
+        let err = l.next_batch().expect_err("no batch can be read");
+        let kind = match &err {
+            brand_format::Error::Io { .. } => "io",
+            brand_format::Error::Corrupt { .. } => "corrupt",
+            _ => "other",
+        };
+        println!("KIND={kind} ERR={err} after {:?}", start.elapsed());
+        return;
+    }
+    let t = tempfile::tempdir().expect("tempdir");
+    let ds = dataset(t.path(), 100);
+    for mode in ["eio", "enomem", "eagain", "eintr"] {
+        let (ok, out) = run_child(NAME, mode, ds.dir());
+        assert!(ok, "{mode}: child failed:\n{out}");
+        // Not data corruption: an I/O error naming the segment and the offset.
+        assert!(out.contains("KIND=io ERR="), "{mode}:\n{out}");
+        assert!(
+            out.contains("data-00000.brd") && out.contains("at byte"),
+            "{mode}:\n{out}"
+        );
+        assert!(!out.contains("crc32c"), "{mode}:\n{out}");
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
