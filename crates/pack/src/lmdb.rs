@@ -672,7 +672,7 @@ impl DataFile {
             _ => return Err(format!("not a branch or leaf page (flags {flags:#06x})")),
         };
         let (lower, upper) = (usize::from(header(12)?), usize::from(header(14)?));
-        if lower < PAGE_HEADER || (lower - PAGE_HEADER) % 2 != 0 || lower > upper || upper > self.page_size {
+        if lower < PAGE_HEADER || !(lower - PAGE_HEADER).is_multiple_of(2) || lower > upper || upper > self.page_size {
             return Err(format!(
                 "bad free-space bounds lower {lower}, upper {upper} (page size {})",
                 self.page_size
