@@ -12,8 +12,11 @@ use brand_format::chunk;
 use brand_format::index::Index;
 use brand_format::manifest::Manifest;
 
+/// A target's body.
+pub type Target = fn(&[u8]);
+
 /// Every target, by the name of its corpus directory.
-pub const TARGETS: [(&str, fn(&[u8])); 7] = [
+pub const TARGETS: [(&str, Target); 7] = [
     ("index", index),
     ("chunk_header", chunk_header),
     ("manifest", manifest),
@@ -74,7 +77,10 @@ fn index_bytes(data: &[u8]) {
             let _ = idx.record_location(id);
             let _ = idx.key(id);
         }
-        assert_eq!(Index::from_bytes(&idx.to_bytes(), Path::new("index.bin")).ok(), Some(idx));
+        assert_eq!(
+            Index::from_bytes(&idx.to_bytes(), Path::new("index.bin")).ok(),
+            Some(idx)
+        );
     }
 }
 
@@ -112,7 +118,11 @@ pub fn manifest(data: &[u8]) {
         && let Ok(m) = Manifest::load(&path)
     {
         for s in &m.segments {
-            assert!(!s.name.contains('/') && s.name != ".." && !s.name.is_empty(), "{:?}", s.name);
+            assert!(
+                !s.name.contains('/') && s.name != ".." && !s.name.is_empty(),
+                "{:?}",
+                s.name
+            );
         }
         let _ = m.to_toml();
     }
@@ -134,7 +144,11 @@ fn state_bytes(data: &[u8]) {
     let path = CString::new("/nonexistent/brand-fuzz-dataset").expect("no NUL");
     let mut loader = std::ptr::null_mut();
     let status = brand::brand_open_at(path.as_ptr(), std::ptr::null(), data.as_ptr(), data.len(), &mut loader);
-    assert_ne!(status, brand::brand_status::BRAND_ERR_PANIC, "a panic was caught at the boundary");
+    assert_ne!(
+        status,
+        brand::brand_status::BRAND_ERR_PANIC,
+        "a panic was caught at the boundary"
+    );
     assert!(loader.is_null());
 }
 

@@ -48,7 +48,11 @@ fn write_seed_corpus() {
         };
         let ds = brand_pack::synthetic::generate_and_pack(&t.join(name), &options, &pack).expect("dataset");
         put("index", name, &std::fs::read(ds.join("index.bin")).expect("index"));
-        put("manifest", name, &std::fs::read(ds.join("manifest.toml")).expect("manifest"));
+        put(
+            "manifest",
+            name,
+            &std::fs::read(ds.join("manifest.toml")).expect("manifest"),
+        );
         let seg = std::fs::read(ds.join("data-00000.brd")).expect("segment");
         let opened = brand_format::Dataset::open(&ds).expect("open");
         let end = opened.index.chunks[0].offset + opened.index.chunk_padded_len(0);
@@ -57,7 +61,10 @@ fn write_seed_corpus() {
             let path = CString::new(ds.to_str().expect("utf-8")).expect("no NUL");
             let cfg = c"batch_size = 4\nmemory = \"8 slots\"\nread_gap = \"0\"";
             let mut l = std::ptr::null_mut();
-            assert_eq!(brand::brand_open(path.as_ptr(), cfg.as_ptr(), &mut l), brand::brand_status::BRAND_OK);
+            assert_eq!(
+                brand::brand_open(path.as_ptr(), cfg.as_ptr(), &mut l),
+                brand::brand_status::BRAND_OK
+            );
             let mut b = std::ptr::null_mut();
             assert_eq!(brand::brand_next(l, &mut b), brand::brand_status::BRAND_OK);
             brand::brand_batch_free(&mut b);
@@ -107,10 +114,15 @@ fn write_seed_corpus() {
             .unwrap_commit();
         let mut wtxn = env.write_txn().expect("txn");
         for i in 0..5u8 {
-            db.put(&mut wtxn, &[b'k', i], &vec![i; 100 * i as usize + 1]).expect("put");
+            db.put(&mut wtxn, &[b'k', i], &vec![i; 100 * i as usize + 1])
+                .expect("put");
         }
         wtxn.commit().expect("commit");
     }
-    put("lmdb", "five-keys", &std::fs::read(env_dir.join("data.mdb")).expect("data.mdb"));
+    put(
+        "lmdb",
+        "five-keys",
+        &std::fs::read(env_dir.join("data.mdb")).expect("data.mdb"),
+    );
     let _ = std::fs::remove_dir_all(&t);
 }
