@@ -12,7 +12,7 @@ DEMO_DIR ?= target/demo
 DEMO_SAMPLES ?= 2000
 BRAND := $(TARGET)/release/brand
 
-.PHONY: demo test rust-test python-test lint build capi-build capi-test cpp-test tools
+.PHONY: demo test rust-test python-test lint build capi-build capi-test cpp-test tools bench bench-test
 
 # What `make test` calls besides cargo, gcc and Python: installed here when
 # missing, so a fresh machine needs nothing else (root and Debian's apt).
@@ -101,4 +101,26 @@ cpp-test: capi-build tools
 	cmake --build $(CPP_BUILD) -j 2
 	ctest --test-dir $(CPP_BUILD) --output-on-failure
 
-test: tools lint rust-test capi-test cpp-test python-test
+test: tools lint rust-test capi-test cpp-test python-test bench-test
+
+# The benchmark harness (bench/, see bench/README.md): brand against fio, PyTorch's DataLoader,
+# SPDL, tf.data and a per-file loader, larger than memory (a memory cgroup per run) on the raw disk
+# and on blkio-throttled "network" storage. The small preset end to end takes about 20 minutes on
+# this 2-core machine, as root. Its venv (torch with its CUDA wheels, spdl, TensorFlow: ~7 GB) lives
+# outside the repo (scripts/bench-venv.sh); data and results go to /var/tmp/brand-bench.
+# BENCH_ARGS= runs the full preset (9 GB, hours).
+BENCH_OUT ?= /var/tmp/brand-bench/out-small
+BENCH_ARGS ?= --small
+bench: capi-build tools
+	venv=$$(scripts/bench-venv.sh)
+	cmake -S cpp-examples -B $(CPP_BUILD) -DCMAKE_BUILD_TYPE=Release -DBRAND_CARGO_TARGET_DIR=$(TARGET)
+	cmake --build $(CPP_BUILD) --target brand_throughput -j 2
+	"$$venv/bin/python" tf-op/build.py --lib $(TARGET)/release/libbrand.a
+	BRAND_BIN=$(BRAND) BRAND_THROUGHPUT_BIN=$(CPP_BUILD)/brand_throughput \
+		"$$venv/bin/python" bench/run.py $(BENCH_ARGS) --out $(BENCH_OUT)
+
+# The harness's own logic (parsers, ratios, report, plots from a fake run): matplotlib and
+# pytest only, no torch or TensorFlow.
+bench-test:
+	venv=$$(scripts/bench-venv.sh test)
+	"$$venv/bin/python" -m pytest -q -p no:cacheprovider bench/tests

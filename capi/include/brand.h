@@ -201,6 +201,9 @@ typedef struct brand_metrics {
   double stall_p95_secs;
   double stall_p99_secs;
   double stall_max_secs;
+  /**
+   * Peak bytes of resident samples as served (decoded).
+   */
   uint64_t peak_resident_bytes;
   uint64_t peak_resident_samples;
   /**
@@ -211,6 +214,35 @@ typedef struct brand_metrics {
    * `bytes_read / bytes_served` (0 before anything was served).
    */
   double read_amplification;
+  /**
+   * 1 if reads go through the threads backend (`pread`), not io_uring.
+   * (This field and those after it were appended in brand 0.1 without an
+   * ABI bump: `struct_size` tells a caller compiled against an older
+   * header from one that has them.)
+   */
+  uint32_t threads_backend;
+  /**
+   * 1 if `io_backend = "auto"` found io_uring refused and fell back to threads.
+   */
+  uint32_t uring_refused;
+  /**
+   * Peak bytes of reads issued ahead of consumption (`readahead`, which
+   * the last read issued may overshoot by its own size).
+   */
+  uint64_t peak_readahead_bytes;
+  /**
+   * Bytes of read buffers registered with io_uring (fixed buffers).
+   */
+  uint64_t registered_buffer_bytes;
+  /**
+   * Peak bytes of ordinary read buffers, in use or pooled.
+   */
+  uint64_t peak_read_buffer_bytes;
+  /**
+   * Samples left out of their epoch because their record was corrupt
+   * (`on_corrupt = "skip"`).
+   */
+  uint64_t skipped_corrupt;
 } brand_metrics;
 
 /**

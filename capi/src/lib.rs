@@ -117,12 +117,30 @@ pub struct brand_metrics {
     pub stall_p95_secs: f64,
     pub stall_p99_secs: f64,
     pub stall_max_secs: f64,
+    /// Peak bytes of resident samples as served (decoded).
     pub peak_resident_bytes: u64,
     pub peak_resident_samples: u64,
     /// The read gap in bytes, or `BRAND_READ_GAP_WHOLE`.
     pub read_gap: u64,
     /// `bytes_read / bytes_served` (0 before anything was served).
     pub read_amplification: f64,
+    /// 1 if reads go through the threads backend (`pread`), not io_uring.
+    /// (This field and those after it were appended in brand 0.1 without an
+    /// ABI bump: `struct_size` tells a caller compiled against an older
+    /// header from one that has them.)
+    pub threads_backend: u32,
+    /// 1 if `io_backend = "auto"` found io_uring refused and fell back to threads.
+    pub uring_refused: u32,
+    /// Peak bytes of reads issued ahead of consumption (`readahead`, which
+    /// the last read issued may overshoot by its own size).
+    pub peak_readahead_bytes: u64,
+    /// Bytes of read buffers registered with io_uring (fixed buffers).
+    pub registered_buffer_bytes: u64,
+    /// Peak bytes of ordinary read buffers, in use or pooled.
+    pub peak_read_buffer_bytes: u64,
+    /// Samples left out of their epoch because their record was corrupt
+    /// (`on_corrupt = "skip"`).
+    pub skipped_corrupt: u64,
 }
 
 /// The state of one open loader, behind its handle.
@@ -574,6 +592,12 @@ pub extern "C" fn brand_get_metrics(loader: *const brand_loader, out: *mut brand
             peak_resident_samples: m.peak_resident_samples,
             read_gap: m.read_gap.unwrap_or(BRAND_READ_GAP_WHOLE),
             read_amplification: m.read_amplification(),
+            threads_backend: m.threads_backend as u32,
+            uring_refused: m.uring_refused as u32,
+            peak_readahead_bytes: m.peak_readahead_bytes,
+            registered_buffer_bytes: m.registered_buffer_bytes,
+            peak_read_buffer_bytes: m.peak_read_buffer_bytes,
+            skipped_corrupt: m.skipped_corrupt,
         };
         // SAFETY: out points to at least `caller` >= n writable bytes
         // (contract: struct_size is the size of the caller's struct);

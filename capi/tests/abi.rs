@@ -795,6 +795,46 @@ fn metrics_fill_only_what_the_caller_has_room_for() {
 }
 
 #[test]
+fn metrics_report_the_backend_and_the_engine_memory() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let path = make_dataset(t.path(), "ds", 100, 1);
+    let full = size_of::<brand_metrics>() as u32;
+    // Read-ahead stops once it reaches the limit: it overshoots by at most one read.
+    let index = &Dataset::open(path.to_str().expect("utf-8")).expect("open").index;
+    let largest_read = (0..index.chunk_count())
+        .map(|c| index.chunk_padded_len(c))
+        .max()
+        .expect("chunks");
+    for (backend, threads) in [("threads", 1), ("uring", 0)] {
+        let l = open(
+            &path,
+            &format!("{CFG}io_backend = \"{backend}\"\nreadahead = \"1MiB\"\n"),
+        );
+        let got = epoch(l);
+        let mut m = brand_metrics {
+            struct_size: full,
+            ..Default::default()
+        };
+        assert_eq!(brand_get_metrics(l, &mut m), BRAND_OK, "{}", last_error());
+        assert_eq!((m.threads_backend, m.uring_refused), (threads, 0), "{backend}");
+        assert_eq!(m.samples_served, got.len() as u64);
+        assert!(m.peak_readahead_bytes > 0, "{backend}");
+        assert!(
+            m.peak_readahead_bytes <= (1 << 20) + largest_read,
+            "{backend}: {}",
+            m.peak_readahead_bytes
+        );
+        assert!(
+            m.registered_buffer_bytes <= 1 << 20,
+            "{backend}: {}",
+            m.registered_buffer_bytes
+        );
+        assert_eq!(m.skipped_corrupt, 0);
+        close(l);
+    }
+}
+
+#[test]
 fn one_loader_from_two_threads_is_serialised_not_torn() {
     let t = tempfile::tempdir().expect("tempdir");
     let path = make_dataset(t.path(), "ds", 300, 1);

@@ -16,6 +16,8 @@ use brand_pack::source::Source;
 pub enum BenchCommand {
     /// Read every file of an ImageFolder directory once, in random order, with open/read/close.
     Files(FilesArgs),
+    /// Sweep queue depth × block size of random O_DIRECT reads through brand's engine; writes a table, JSON and an SVG plot.
+    Device(crate::bench_device::DeviceArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -46,6 +48,7 @@ struct FilesReport {
 pub fn run(cmd: &BenchCommand) -> brand_format::Result<()> {
     match cmd {
         BenchCommand::Files(a) => files(a),
+        BenchCommand::Device(a) => crate::bench_device::device(a),
     }
 }
 

@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 mod bench;
+mod bench_device;
 mod read;
+mod serve;
 mod simulate;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -47,6 +49,8 @@ enum Command {
     Bench(bench::BenchCommand),
     /// Run the plan only: reads, read amplification, exactly-once and order quality for a budget.
     Simulate(simulate::SimulateArgs),
+    /// Run one node of a multi-node job: read the chunks it owns, push samples to their ranks, serve its own.
+    Serve(serve::ServeArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -75,6 +79,9 @@ struct GenArgs {
     /// Side length of --images.
     #[arg(long, default_value_t = 32)]
     image_size: u32,
+    /// Make random samples compressible about RATIO times (for `pack --zstd`).
+    #[arg(long, value_name = "RATIO", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    compressible: Option<u32>,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -172,6 +179,7 @@ fn main() -> ExitCode {
         Command::Read(a) => read::run(a).map(|ok| if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }),
         Command::Bench(c) => bench::run(c).map(|()| ExitCode::SUCCESS),
         Command::Simulate(a) => simulate::run(a).map(|()| ExitCode::SUCCESS),
+        Command::Serve(a) => serve::run(a).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,
@@ -218,6 +226,7 @@ fn gen_cmd(a: &GenArgs) -> brand_format::Result<ExitCode> {
         seed: a.seed,
         force: a.force,
         images: a.images.then_some(a.image_size),
+        compressible: a.compressible,
     };
     let bar = progress_bar(a.samples, "gen");
     let bytes = brand_pack::synthetic::generate(&a.dir, &opts, &|done, _| bar.set_position(done))?;

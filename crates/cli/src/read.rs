@@ -45,6 +45,12 @@ pub struct ReadArgs {
     rank: Option<u32>,
     #[arg(long)]
     world: Option<u32>,
+    /// auto (io_uring, threads where refused), uring or threads.
+    #[arg(long)]
+    io_backend: Option<String>,
+    /// Threads verifying and decompressing io_uring reads (0: on the io thread).
+    #[arg(long)]
+    decode_threads: Option<usize>,
     #[arg(long)]
     json: bool,
 }
@@ -61,6 +67,11 @@ pub struct EpochReport {
     /// Every sample of the dataset served exactly once (single rank only).
     pub exactly_once: Option<bool>,
     pub peak_rss_bytes: Option<u64>,
+    /// Seconds the consumer waited for the epoch's first batch.
+    pub first_batch_wait_secs: f64,
+    /// P99 and max of the waits for the epoch's other batches.
+    pub batch_wait_p99_secs: f64,
+    pub batch_wait_max_secs: f64,
     pub metrics: Metrics,
 }
 
@@ -80,6 +91,8 @@ fn config(a: &ReadArgs) -> brand_format::Result<LoaderConfig> {
         readahead: a.readahead.clone(),
         queue_depth: a.queue_depth,
         read_gap: a.read_gap.clone(),
+        io_backend: a.io_backend.clone(),
+        decode_threads: a.decode_threads,
         ..Default::default()
     };
     flags.apply(&mut c)?;
@@ -123,7 +136,11 @@ pub fn run_epochs(
         let mut seen = vec![0u8; n as usize];
         let mut samples = 0u64;
         let start = Instant::now();
-        while let Some(batch) = loader.next_batch()? {
+        let mut waits = Vec::new();
+        loop {
+            let asked = Instant::now();
+            let Some(batch) = loader.next_batch()? else { break };
+            waits.push(asked.elapsed().as_secs_f64());
             for s in batch.iter() {
                 seen[s.id as usize] = seen[s.id as usize].saturating_add(1);
                 // Touch the data so it is really delivered.
@@ -135,6 +152,13 @@ pub fn run_epochs(
         bar.finish_and_clear();
         let secs = start.elapsed().as_secs_f64();
         let m = loader.metrics();
+        let first_batch_wait_secs = waits.first().copied().unwrap_or(0.0);
+        let mut rest: Vec<f64> = waits.iter().skip(1).copied().collect();
+        rest.sort_by(f64::total_cmp);
+        let batch_wait_p99_secs = rest
+            .get(((rest.len() as f64 * 0.99).ceil() as usize).saturating_sub(1))
+            .copied()
+            .unwrap_or(0.0);
         let r = EpochReport {
             epoch,
             samples,
@@ -145,6 +169,9 @@ pub fn run_epochs(
             read_amplification: m.read_amplification(),
             exactly_once: (cfg.plan.world == 1).then(|| seen.iter().all(|&c| c == 1)),
             peak_rss_bytes: peak_rss(),
+            first_batch_wait_secs,
+            batch_wait_p99_secs,
+            batch_wait_max_secs: rest.last().copied().unwrap_or(0.0),
             metrics: m,
         };
         report(&r);

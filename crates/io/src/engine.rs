@@ -1,27 +1,62 @@
-//! The reactor: a `tokio-uring` runtime on its own thread that executes
-//! extent reads with O_DIRECT, up to `queue_depth` at a time, verifies every
-//! record it was asked for (crc32c, zstd) and hands the samples back.
+//! The engine: executes extent reads (O_DIRECT, up to `queue_depth` at a
+//! time) on one of two backends, verifies every record it was asked for
+//! (crc32c, zstd) off the caller's thread and hands the samples back.
+//!
+//! * [`IoBackend::Uring`]: a `tokio-uring` reactor on its own thread; the
+//!   records are decoded by a small pool (`decode_threads`) so the reactor
+//!   only submits and completes reads.
+//! * [`IoBackend::Threads`]: `queue_depth` threads doing `pread` (portable:
+//!   works where io_uring is refused by seccomp, gVisor or
+//!   `kernel.io_uring_disabled`); each thread decodes what it read.
 //!
 //! The engine never decides what to read: jobs arrive in plan order from the
 //! loader, and completions go back tagged, so the loader matches them to
 //! plan events whatever order the device finishes in.
 
-use std::cell::RefCell;
-use std::collections::HashMap;
-use std::rc::Rc;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-
-use tokio_uring::buf::BoundedBuf;
-use tokio_uring::buf::fixed::{FixedBuf, FixedBufPool};
-use tokio_uring::fs::{File, OpenOptions};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 use brand_format::buffer::AlignedBuf;
-
-use crate::page_buf::PageBuf;
 use brand_format::dataset::Dataset;
 use brand_format::error::{Error, Result};
 use brand_format::extents::Extent;
+
+/// Which I/O backend runs the reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IoBackend {
+    /// io_uring where the kernel allows it, else threads (one warning).
+    Auto,
+    Uring,
+    Threads,
+}
+
+impl std::str::FromStr for IoBackend {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(IoBackend::Auto),
+            "uring" => Ok(IoBackend::Uring),
+            "threads" => Ok(IoBackend::Threads),
+            _ => Err(Error::config(format!(
+                "io_backend {s:?}: expected auto, uring or threads"
+            ))),
+        }
+    }
+}
+
+impl std::fmt::Display for IoBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            IoBackend::Auto => "auto",
+            IoBackend::Uring => "uring",
+            IoBackend::Threads => "threads",
+        })
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -36,11 +71,24 @@ pub struct EngineConfig {
     /// about half the CPU per read). Reads larger than [`FIXED_BUF_BYTES`],
     /// or beyond the registered count, use ordinary aligned buffers.
     pub fixed_buffers: bool,
+    /// Most bytes of registered buffers (the loader passes its readahead,
+    /// capped by the dataset's size): at least one buffer is registered.
+    pub fixed_buffer_bytes: u64,
+    pub backend: IoBackend,
+    /// Threads that verify and decompress io_uring reads (the threads
+    /// backend decodes on its reader threads).
+    pub decode_threads: usize,
+    /// How long [`Engine::drop`] waits for reads still in flight before it
+    /// leaves them to finish on their own.
+    pub io_timeout: Duration,
 }
 
 /// Size of each registered buffer: holds any sparse record read of a
 /// typical image dataset; whole chunks are larger and go unregistered.
 pub const FIXED_BUF_BYTES: usize = 512 << 10;
+
+/// Retries of a read that failed with EAGAIN or EINTR before it is an error.
+const TRANSIENT_RETRIES: u32 = 16;
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -49,6 +97,10 @@ impl Default for EngineConfig {
             direct: true,
             verify: true,
             fixed_buffers: true,
+            fixed_buffer_bytes: 64 << 20,
+            backend: IoBackend::Auto,
+            decode_threads: 2,
+            io_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -59,339 +111,383 @@ pub struct Job {
     pub extent: Extent,
 }
 
-/// A finished job: the samples it carried, or the error that stopped it.
+/// One record's outcome: its decoded bytes, or why it cannot be served.
+pub type RecordResult = Result<AlignedBuf>;
+
+/// A finished job: each record it carried (decoded, or its own error), or
+/// the I/O error that stopped the whole read.
 pub struct Completion {
     pub tag: u64,
     pub bytes_read: u64,
-    pub result: Result<Vec<(u64, AlignedBuf)>>,
+    pub result: Result<Vec<(u64, RecordResult)>>,
+}
+
+/// Counters the engine keeps for the loader's metrics.
+#[derive(Debug, Default)]
+pub(crate) struct EngineStats {
+    pub buffered_fallback: AtomicBool,
+    pub fixed_in_use: AtomicBool,
+    /// Bytes of buffers registered with the ring.
+    pub registered_bytes: AtomicU64,
+    /// Bytes of ordinary read buffers allocated (in use or pooled), and their peak.
+    pub pool_bytes: AtomicU64,
+    pub pool_peak_bytes: AtomicU64,
+}
+
+impl EngineStats {
+    pub fn pool_grew(&self, by: u64) {
+        let now = self.pool_bytes.fetch_add(by, Ordering::Relaxed) + by;
+        self.pool_peak_bytes.fetch_max(now, Ordering::Relaxed);
+    }
+    pub fn pool_shrank(&self, by: u64) {
+        self.pool_bytes.fetch_sub(by, Ordering::Relaxed);
+    }
+}
+
+/// What both backends share: the dataset, the settings, where completions go.
+pub(crate) struct Shared {
+    pub ds: Arc<Dataset>,
+    pub cfg: EngineConfig,
+    pub done: crossbeam_channel::Sender<Completion>,
+    pub stats: Arc<EngineStats>,
+}
+
+pub(crate) enum JobSender {
+    Uring(tokio::sync::mpsc::UnboundedSender<Job>),
+    Threads(crossbeam_channel::Sender<Job>),
+}
+
+/// A started backend: where jobs go, its threads, and a channel that
+/// disconnects when every one of them has finished.
+pub(crate) struct Started {
+    pub jobs: JobSender,
+    pub threads: Vec<std::thread::JoinHandle<()>>,
+    pub exited: crossbeam_channel::Receiver<()>,
 }
 
 pub struct Engine {
-    jobs: Option<tokio::sync::mpsc::UnboundedSender<Job>>,
+    jobs: Option<JobSender>,
     done: crossbeam_channel::Receiver<Completion>,
-    thread: Option<std::thread::JoinHandle<()>>,
-    buffered_fallback: Arc<AtomicBool>,
-    fixed_in_use: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    exited: crossbeam_channel::Receiver<()>,
+    stats: Arc<EngineStats>,
+    backend: IoBackend,
+    uring_refused: bool,
+    io_timeout: Duration,
+}
+
+/// Whether an error from setting up io_uring means "not allowed here"
+/// (seccomp, gVisor, `kernel.io_uring_disabled`), as opposed to a real failure.
+pub fn uring_refused(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EPERM | libc::ENOSYS | libc::EACCES))
 }
 
 impl Engine {
-    /// Starts the reactor thread. Fails if io_uring is unavailable.
+    /// Starts the backend `cfg.backend` names; `Auto` falls back from
+    /// io_uring to threads, with one warning, where io_uring is refused.
     pub fn start(ds: Arc<Dataset>, cfg: EngineConfig) -> Result<Self> {
         if cfg.queue_depth == 0 {
             return Err(Error::config("queue depth must be at least 1"));
         }
-        let (job_tx, job_rx) = tokio::sync::mpsc::unbounded_channel();
         let (done_tx, done_rx) = crossbeam_channel::unbounded();
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let fallback = Arc::new(AtomicBool::new(false));
-        let fallback2 = fallback.clone();
-        let fixed_in_use = Arc::new(AtomicBool::new(false));
-        let fixed2 = fixed_in_use.clone();
-        let thread = std::thread::Builder::new()
-            .name("brand-io".into())
-            .spawn(move || {
-                let entries = (cfg.queue_depth * 2).next_power_of_two().clamp(8, 4096) as u32;
-                let rt = match tokio_uring::Runtime::new(tokio_uring::builder().entries(entries)) {
-                    Ok(rt) => rt,
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                        return;
-                    }
-                };
-                // Built inside the runtime: registering fixed buffers needs its context.
-                rt.block_on(async move {
-                    let reactor = Reactor::new(ds, cfg, done_tx, fallback2);
-                    fixed2.store(reactor.fixed.is_some(), Ordering::Relaxed);
-                    let _ = ready_tx.send(Ok(()));
-                    reactor.run(job_rx).await
-                });
-            })
-            .map_err(|e| Error::io("<brand-io thread>", e))?;
-        match ready_rx.recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                let _ = thread.join();
-                return Err(Error::io("<io_uring>", e));
-            }
-            Err(_) => return Err(Error::config("the io thread died while starting")),
-        }
+        let stats = Arc::new(EngineStats::default());
+        let shared = Shared {
+            ds,
+            cfg: cfg.clone(),
+            done: done_tx,
+            stats: stats.clone(),
+        };
+        let (started, backend, uring_refused) = match cfg.backend {
+            IoBackend::Threads => (crate::threads::start(shared)?, IoBackend::Threads, false),
+            IoBackend::Uring => match crate::uring::start(shared) {
+                Ok(s) => (s, IoBackend::Uring, false),
+                Err((e, _)) => return Err(Error::io("<io_uring>", e)),
+            },
+            IoBackend::Auto => match crate::uring::start(shared) {
+                Ok(s) => (s, IoBackend::Uring, false),
+                Err((e, Some(shared))) if uring_refused(&e) => {
+                    tracing::warn!("io_uring refused ({e}); reading with the threads backend");
+                    (crate::threads::start(shared)?, IoBackend::Threads, true)
+                }
+                Err((e, _)) => return Err(Error::io("<io_uring>", e)),
+            },
+        };
         Ok(Engine {
-            jobs: Some(job_tx),
+            jobs: Some(started.jobs),
             done: done_rx,
-            thread: Some(thread),
-            buffered_fallback: fallback,
-            fixed_in_use,
+            threads: started.threads,
+            exited: started.exited,
+            stats,
+            backend,
+            uring_refused,
+            io_timeout: cfg.io_timeout,
         })
     }
 
     pub fn submit(&self, job: Job) -> Result<()> {
-        self.jobs
-            .as_ref()
-            .and_then(|j| j.send(job).ok())
-            .ok_or_else(|| Error::config("the io engine has stopped"))
+        let sent = match &self.jobs {
+            Some(JobSender::Uring(j)) => j.send(job).is_ok(),
+            Some(JobSender::Threads(j)) => j.send(job).is_ok(),
+            None => false,
+        };
+        if sent { Ok(()) } else { Err(stopped()) }
     }
 
     /// The next completion, waiting for it.
     pub fn recv(&self) -> Result<Completion> {
-        self.done.recv().map_err(|_| Error::config("the io engine has stopped"))
+        self.done.recv().map_err(|_| stopped())
+    }
+
+    /// The next completion, or `Ok(None)` if none arrives within `timeout`.
+    pub fn recv_timeout(&self, timeout: Duration) -> Result<Option<Completion>> {
+        match self.done.recv_timeout(timeout) {
+            Ok(c) => Ok(Some(c)),
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => Ok(None),
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(stopped()),
+        }
+    }
+
+    /// The backend in use (never `Auto`).
+    pub fn backend(&self) -> IoBackend {
+        self.backend
+    }
+
+    /// Whether `auto` wanted io_uring, was refused, and fell back to threads.
+    pub fn uring_refused(&self) -> bool {
+        self.uring_refused
     }
 
     /// Whether reads use buffers registered with the ring.
     pub fn fixed_buffers_in_use(&self) -> bool {
-        self.fixed_in_use.load(Ordering::Relaxed)
+        self.stats.fixed_in_use.load(Ordering::Relaxed)
     }
 
     /// Whether reads fell back from O_DIRECT to buffered I/O.
     pub fn buffered_fallback(&self) -> bool {
-        self.buffered_fallback.load(Ordering::Relaxed)
+        self.stats.buffered_fallback.load(Ordering::Relaxed)
     }
+
+    /// Bytes registered with the ring (fixed buffers).
+    pub fn registered_bytes(&self) -> u64 {
+        self.stats.registered_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Drop stops waiting for reads in flight (they are stuck: the caller
+    /// has seen a read time out).
+    pub fn abandon(&mut self) {
+        self.io_timeout = Duration::ZERO;
+    }
+
+    /// Peak bytes of ordinary read buffers (in use or pooled).
+    pub fn peak_pool_bytes(&self) -> u64 {
+        self.stats.pool_peak_bytes.load(Ordering::Relaxed)
+    }
+}
+
+fn stopped() -> Error {
+    Error::config("the io engine has stopped")
 }
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        // Closing the job channel ends the reactor once in-flight reads finish.
+        // Closing the job channel ends the backend once in-flight reads
+        // finish; a read stuck on hung storage is not waited for beyond
+        // io_timeout: its thread is left to finish (or not) on its own.
         self.jobs.take();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-struct Reactor {
-    ds: Arc<Dataset>,
-    cfg: EngineConfig,
-    done: crossbeam_channel::Sender<Completion>,
-    fallback: Arc<AtomicBool>,
-    files: RefCell<HashMap<u32, Rc<File>>>,
-    pool: RefCell<Vec<PageBuf>>,
-    fixed: Option<FixedBufPool<PageBuf>>,
-}
-
-/// A read's destination: a registered buffer or an ordinary aligned one.
-enum ReadBuf {
-    Fixed(FixedBuf),
-    Plain(PageBuf),
-}
-
-impl ReadBuf {
-    /// Reads into `[from, to)` of the buffer at `pos`.
-    async fn read(self, file: &File, from: usize, to: usize, pos: u64) -> (Self, std::io::Result<usize>) {
-        match self {
-            ReadBuf::Fixed(b) => {
-                let (res, slice) = file.read_fixed_at(b.slice(from..to), pos).await;
-                (ReadBuf::Fixed(slice.into_inner()), res)
+        let deadline = self.io_timeout.max(Duration::from_millis(1));
+        match self.exited.recv_timeout(deadline) {
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                tracing::warn!(
+                    "io engine: reads still in flight after {:?}; not waiting for them",
+                    deadline
+                );
+                self.threads.clear();
             }
-            ReadBuf::Plain(b) => {
-                let (res, slice) = file.read_at(b.slice(from..to), pos).await;
-                (ReadBuf::Plain(slice.into_inner()), res)
-            }
-        }
-    }
-
-    fn bytes(&self, from: usize, len: usize) -> &[u8] {
-        match self {
-            ReadBuf::Fixed(b) => &b[from..from + len],
-            ReadBuf::Plain(b) => &b.as_slice()[from..from + len],
-        }
-    }
-}
-
-impl Reactor {
-    fn new(
-        ds: Arc<Dataset>,
-        cfg: EngineConfig,
-        done: crossbeam_channel::Sender<Completion>,
-        fallback: Arc<AtomicBool>,
-    ) -> Rc<Self> {
-        let fixed = cfg
-            .fixed_buffers
-            .then(|| Self::register_fixed(cfg.queue_depth))
-            .flatten();
-        Rc::new(Reactor {
-            ds,
-            cfg,
-            done,
-            fallback,
-            files: RefCell::default(),
-            pool: RefCell::default(),
-            fixed,
-        })
-    }
-
-    /// Registers one buffer per queue slot (no more reads are ever in
-    /// flight); None, with a warning, where the kernel refuses (beyond
-    /// RLIMIT_MEMLOCK without CAP_IPC_LOCK).
-    fn register_fixed(queue_depth: usize) -> Option<FixedBufPool<PageBuf>> {
-        let count = queue_depth.min(1024);
-        let pool = FixedBufPool::new((0..count).map(|_| PageBuf::new(FIXED_BUF_BYTES)));
-        match pool.register() {
-            Ok(()) => Some(pool),
-            Err(e) => {
-                tracing::warn!("io_uring fixed buffers unavailable ({e}); using ordinary buffers");
-                None
-            }
-        }
-    }
-
-    async fn run(self: Rc<Self>, mut jobs: tokio::sync::mpsc::UnboundedReceiver<Job>) {
-        let slots = Arc::new(tokio::sync::Semaphore::new(self.cfg.queue_depth));
-        while let Some(job) = jobs.recv().await {
-            let Ok(permit) = slots.clone().acquire_owned().await else {
-                break;
-            };
-            let me = self.clone();
-            tokio_uring::spawn(async move {
-                let completion = me.execute(job).await;
-                let _ = me.done.send(completion);
-                drop(permit);
-            });
-        }
-        // Wait for the reads still in flight before the runtime goes away.
-        let _ = slots.acquire_many(self.cfg.queue_depth as u32).await;
-    }
-
-    async fn file(&self, segment: u32, direct: bool) -> std::io::Result<Rc<File>> {
-        if let Some(f) = self.files.borrow().get(&segment) {
-            return Ok(f.clone());
-        }
-        let path = self.ds.segment_path(segment);
-        let mut opts = OpenOptions::new();
-        opts.read(true);
-        let file = if direct && !self.fallback.load(Ordering::Relaxed) {
-            use std::os::unix::fs::OpenOptionsExt;
-            opts.custom_flags(libc::O_DIRECT);
-            match opts.open(&path).await {
-                Ok(f) => f,
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                    self.fall_back(&path);
-                    OpenOptions::new().read(true).open(&path).await?
+            _ => {
+                for t in self.threads.drain(..) {
+                    let _ = t.join();
                 }
-                Err(e) => return Err(e),
             }
+        }
+    }
+}
+
+/// Opens a segment for reading: refuses anything but a regular file (a FIFO
+/// would block every read), tries O_DIRECT first when asked and falls back,
+/// with one warning, where the filesystem refuses it. Never blocks on open
+/// (O_NONBLOCK, which regular files ignore).
+pub(crate) fn open_segment(path: &Path, direct: bool, stats: &EngineStats) -> Result<std::fs::File> {
+    let open = |flags: i32| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | flags)
+            .open(path)
+    };
+    let direct = direct && !stats.buffered_fallback.load(Ordering::Relaxed);
+    let (file, refused) = if direct {
+        match open(libc::O_DIRECT) {
+            Ok(f) => (f, false),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (open(0).map_err(|e| Error::io(path, e))?, true),
+            Err(e) => return Err(Error::io(path, e)),
+        }
+    } else {
+        (open(0).map_err(|e| Error::io(path, e))?, false)
+    };
+    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
+    if !meta.file_type().is_file() {
+        let kind = if meta.file_type().is_fifo() {
+            "a FIFO"
+        } else if meta.is_dir() {
+            "a directory"
+        } else if meta.file_type().is_socket() {
+            "a socket"
         } else {
-            opts.open(&path).await?
+            "a device or special file"
         };
-        let file = Rc::new(file);
-        self.files.borrow_mut().insert(segment, file.clone());
-        Ok(file)
+        return Err(Error::io(
+            path,
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("segment is {kind}, not a regular file"),
+            ),
+        ));
     }
-
-    fn fall_back(&self, path: &std::path::Path) {
-        if !self.fallback.swap(true, Ordering::Relaxed) {
-            tracing::warn!(
-                "{}: O_DIRECT refused by the filesystem; using buffered reads",
-                path.display()
-            );
-        }
+    if refused {
+        fall_back(path, stats);
     }
+    Ok(file)
+}
 
-    /// A read buffer of at least `len` bytes. Sizes come in power-of-two
-    /// classes (from 64 KiB) so recycled buffers fit later reads.
-    fn take_buffer(&self, len: usize) -> PageBuf {
-        let class = len.max(64 << 10).next_power_of_two();
-        let mut pool = self.pool.borrow_mut();
-        match pool.iter().position(|b| b.capacity() == class) {
-            Some(i) => pool.swap_remove(i),
-            None => PageBuf::new(class),
-        }
+/// Records (once, with a warning) that O_DIRECT was refused for `path`.
+pub(crate) fn fall_back(path: &Path, stats: &EngineStats) {
+    if !stats.buffered_fallback.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            "{}: O_DIRECT refused by the filesystem; using buffered reads",
+            path.display()
+        );
     }
+}
 
-    fn return_buffer(&self, mut buf: PageBuf) {
-        let mut pool = self.pool.borrow_mut();
-        // At most two buffers per queue slot are kept; others are freed.
-        if pool.len() < 2 * self.cfg.queue_depth {
-            buf.clear();
-            pool.push(buf);
-        }
-    }
+/// How one attempt at a read ended, for [`ReadLoop`].
+pub(crate) enum Step {
+    /// Read more (or retry).
+    Again,
+    /// The extent is read.
+    Done,
+    /// Reopen without O_DIRECT and retry.
+    Reopen,
+    Fail(Error),
+}
 
-    async fn execute(&self, job: Job) -> Completion {
-        use tracing::Instrument;
-        let ext = &job.extent;
-        let span = tracing::trace_span!("read", segment = ext.segment, offset = ext.offset, len = ext.len);
-        self.execute_in_span(&job).instrument(span).await
-    }
+/// The bookkeeping of reading one extent completely, shared by both
+/// backends: short reads continue, EOF names the file's real end, transient
+/// errors are retried a bounded number of times, O_DIRECT refused at read
+/// time falls back, and every other errno is an I/O error (not corruption).
+pub(crate) struct ReadLoop<'a> {
+    pub ds: &'a Dataset,
+    pub ext: &'a Extent,
+    pub done: usize,
+    pub direct: bool,
+    transient: u32,
+}
 
-    async fn execute_in_span(&self, job: &Job) -> Completion {
-        let ext = &job.extent;
-        let len = ext.len as usize;
-        let fixed = (len <= FIXED_BUF_BYTES)
-            .then(|| self.fixed.as_ref()?.try_next(FIXED_BUF_BYTES))
-            .flatten();
-        let buf = match fixed {
-            Some(b) => ReadBuf::Fixed(b),
-            None => ReadBuf::Plain(self.take_buffer(len)),
-        };
-        let (buf, result) = self.read_exact(ext, buf, len).await;
-        let result = result.and_then(|()| {
-            ext.records
-                .iter()
-                .map(|&(id, at)| {
-                    let stored_len = self.ds.index.stored_len[id as usize] as usize;
-                    self.ds
-                        .decode(id, buf.bytes(at as usize, stored_len), self.cfg.verify)
-                        .map(|b| (id, b))
-                })
-                .collect()
-        });
-        // A fixed buffer goes back to its pool when dropped.
-        if let ReadBuf::Plain(b) = buf {
-            self.return_buffer(b);
-        }
-        Completion {
-            tag: job.tag,
-            bytes_read: ext.len,
-            result,
-        }
-    }
-
-    /// Reads `len` bytes of the extent into `buf`, retrying short reads and
-    /// falling back to buffered I/O if O_DIRECT is refused at read time.
-    async fn read_exact(&self, ext: &Extent, mut buf: ReadBuf, len: usize) -> (ReadBuf, Result<()>) {
-        let mut done = 0usize;
-        let mut direct = self.cfg.direct;
-        while done < len {
-            let file = match self.file(ext.segment, direct).await {
-                Ok(f) => f,
-                Err(e) => return (buf, Err(Error::io(self.ds.segment_path(ext.segment), e))),
-            };
-            let (back, res) = buf.read(&file, done, len, ext.offset + done as u64).await;
-            buf = back;
-            match res {
-                Ok(0) => return (buf, Err(self.short_read(ext, done))),
-                Ok(n) => done += n,
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) && direct => {
-                    self.fall_back(&self.ds.segment_path(ext.segment));
-                    self.files.borrow_mut().remove(&ext.segment);
-                    direct = false;
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return (buf, Err(self.read_error(ext, done, e.to_string()))),
-            }
-        }
-        (buf, Ok(()))
-    }
-
-    fn read_error(&self, ext: &Extent, done: usize, what: String) -> Error {
-        let sample = ext.records.first().map(|r| r.0).unwrap_or(0);
-        Error::Corrupt {
-            segment: self.ds.segment_path(ext.segment),
-            chunk: self.ds.index.chunk_of(sample),
-            offset: ext.offset + done as u64,
-            sample,
-            what,
-        }
-    }
-
-    fn short_read(&self, ext: &Extent, done: usize) -> Error {
-        self.read_error(
+impl<'a> ReadLoop<'a> {
+    pub fn new(ds: &'a Dataset, ext: &'a Extent, direct: bool) -> Self {
+        ReadLoop {
+            ds,
             ext,
-            done,
-            format!(
-                "segment ends at byte {} (truncated?): needed {} bytes",
-                ext.offset + done as u64,
-                ext.len
+            done: 0,
+            direct,
+            transient: 0,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.ext.len as usize
+    }
+
+    pub fn pos(&self) -> u64 {
+        self.ext.offset + self.done as u64
+    }
+
+    /// Accounts for one read's result.
+    pub fn step(&mut self, res: std::io::Result<usize>, stats: &EngineStats) -> Step {
+        match res {
+            Ok(0) => Step::Fail(self.short_read()),
+            Ok(n) => {
+                self.done += n;
+                if self.done >= self.len() {
+                    Step::Done
+                } else {
+                    Step::Again
+                }
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) && self.direct => {
+                let path = self.ds.segment_path(self.ext.segment);
+                fall_back(&path, stats);
+                self.direct = false;
+                Step::Reopen
+            }
+            Err(e)
+                if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EINTR))
+                    && self.transient < TRANSIENT_RETRIES =>
+            {
+                self.transient += 1;
+                Step::Again
+            }
+            Err(e) => Step::Fail(self.io_error(e)),
+        }
+    }
+
+    /// An I/O error of this read, naming the file and the offset.
+    pub fn io_error(&self, e: std::io::Error) -> Error {
+        Error::io(
+            self.ds.segment_path(self.ext.segment),
+            std::io::Error::new(
+                e.kind(),
+                format!("reading {} bytes at byte {}: {e}", self.len() - self.done, self.pos()),
             ),
         )
     }
+
+    /// The segment ended before the extent did: data is missing.
+    fn short_read(&self) -> Error {
+        let path = self.ds.segment_path(self.ext.segment);
+        let end = std::fs::metadata(&path).map(|m| m.size()).unwrap_or(self.pos());
+        let sample = self.ext.records.first().map(|r| r.0).unwrap_or(0);
+        Error::Corrupt {
+            chunk: self.ds.index.chunk_of(sample),
+            segment: path,
+            offset: self.pos(),
+            sample,
+            what: format!(
+                "segment ends at byte {end} (truncated?): needed bytes {}..{}",
+                self.ext.offset,
+                self.ext.offset + self.ext.len
+            ),
+        }
+    }
+}
+
+/// Verifies and decodes each record of `ext` from the extent's bytes.
+/// Each record gets its own outcome: one bad record spoils no other.
+pub(crate) fn decode_records(ds: &Dataset, ext: &Extent, bytes: &[u8], verify: bool) -> Vec<(u64, RecordResult)> {
+    ext.records
+        .iter()
+        .map(|&(id, at)| {
+            let stored_len = ds.index.stored_len[id as usize] as usize;
+            let at = at as usize;
+            let r = match bytes.get(at..at + stored_len) {
+                Some(stored) => ds.decode(id, stored, verify),
+                None => Err(Error::Corrupt {
+                    segment: ds.segment_path(ext.segment),
+                    chunk: ds.index.chunk_of(id),
+                    offset: ext.offset + at as u64,
+                    sample: id,
+                    what: format!("record of {stored_len} bytes runs past its read"),
+                }),
+            };
+            (id, r)
+        })
+        .collect()
 }

@@ -4,13 +4,16 @@
 //! what is used); on throttled or network storage it grows past a chunk
 //! (read whole chunks, as the paper does).
 //!
-//! Results are cached per device (st_dev), queue depth and blkio cgroup in
-//! `~/.cache/brand/read-gap.toml`.
+//! Results are cached per device (st_dev), queue depth, O_DIRECT and blkio
+//! cgroup: in memory for the process, and in `read-gap.toml` under the
+//! first writable of `$XDG_CACHE_HOME/brand`, `~/.cache/brand` and a
+//! per-user directory under the system temp dir. A cache that cannot be
+//! read or written never fails the open.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use super::engine::{Engine, EngineConfig, Job};
@@ -83,16 +86,16 @@ fn time_reads(engine: &Engine, ds: &Dataset, len: u64, max: usize, queue_depth: 
     Ok(start.elapsed().as_secs_f64() / completed as f64)
 }
 
-/// Measures the device under `ds` (no cache).
-pub fn measure(ds: Arc<Dataset>, queue_depth: usize) -> Result<ProbeResult> {
+/// Measures the device under `ds` (no cache) through an engine set up as
+/// `io` (its backend, queue depth and O_DIRECT setting: the loader's own).
+pub fn measure(ds: Arc<Dataset>, io: &EngineConfig) -> Result<ProbeResult> {
+    let queue_depth = io.queue_depth;
     let engine = Engine::start(
         ds.clone(),
         EngineConfig {
-            queue_depth,
-            direct: true,
             verify: false,
-            // The same buffers the loader's small reads use.
-            fixed_buffers: true,
+            decode_threads: 0,
+            ..io.clone()
         },
     )?;
     // Best of three: other load only ever makes a run slower.
@@ -113,14 +116,53 @@ pub fn measure(ds: Arc<Dataset>, queue_depth: usize) -> Result<ProbeResult> {
     })
 }
 
-fn cache_path() -> Option<PathBuf> {
-    let home = std::env::var_os("HOME")?;
-    Some(PathBuf::from(home).join(".cache/brand/read-gap.toml"))
+/// Where the cache may live, most preferred first.
+fn cache_paths() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|x| !x.is_empty()) {
+        out.push(PathBuf::from(x).join("brand"));
+    }
+    if let Some(h) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+        out.push(PathBuf::from(h).join(".cache/brand"));
+    }
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    out.push(std::env::temp_dir().join(format!("brand-cache-{uid}")));
+    out.into_iter().map(|d| d.join("read-gap.toml")).collect()
 }
 
+fn load_cache(path: &std::path::Path) -> BTreeMap<String, u64> {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| toml::from_str(&t).ok())
+        .unwrap_or_default()
+}
+
+/// Writes `key = gap` into the first cache file that can be written.
+fn store(key: &str, gap: u64) {
+    for p in cache_paths() {
+        let mut cache = load_cache(&p);
+        cache.insert(key.to_string(), gap);
+        let Ok(text) = toml::to_string(&cache) else { return };
+        let Some(dir) = p.parent() else { continue };
+        // Written whole then renamed, so a concurrent reader never sees half a file.
+        let tmp = dir.join(format!(".read-gap.{}.tmp", std::process::id()));
+        if std::fs::create_dir_all(dir).is_ok() && std::fs::write(&tmp, text).is_ok() {
+            if std::fs::rename(&tmp, &p).is_ok() {
+                return;
+            }
+            let _ = std::fs::remove_file(&tmp);
+        }
+    }
+}
+
+/// Gaps measured by this process, by key: a probe runs at most once per
+/// process per key, whatever the file cache does.
+static MEASURED: Mutex<Option<HashMap<String, u64>>> = Mutex::new(None);
+
 /// The auto gap for the device holding `ds`: from the cache, or measured
-/// (and cached). A cache that cannot be read or written is ignored.
-pub fn auto_gap(ds: Arc<Dataset>, queue_depth: usize) -> Result<u64> {
+/// (and cached) through an engine set up as `io`.
+pub fn auto_gap(ds: Arc<Dataset>, io: &EngineConfig) -> Result<u64> {
     let seg0 = ds.segment_path(0);
     let dev = std::fs::metadata(&seg0).map_err(|e| Error::io(&seg0, e))?.dev();
     // Throttling (cgroup blkio) changes what a request costs: part of the key.
@@ -131,30 +173,37 @@ pub fn auto_gap(ds: Arc<Dataset>, queue_depth: usize) -> Result<u64> {
                 .find_map(|l| l.split_once(":blkio:").map(|(_, p)| p.to_string()))
         })
         .unwrap_or_default();
-    let key = format!("dev-{dev}-qd-{queue_depth}-blkio-{blkio}");
-    let path = cache_path();
-    let mut cache: BTreeMap<String, u64> = path
-        .as_ref()
-        .and_then(|p| std::fs::read_to_string(p).ok())
-        .and_then(|t| toml::from_str(&t).ok())
-        .unwrap_or_default();
-    if let Some(&gap) = cache.get(&key) {
+    let direct = if io.direct { "" } else { "-buffered" };
+    let key = format!("dev-{dev}-qd-{}{direct}-blkio-{blkio}", io.queue_depth);
+    let remembered = |k: &str| MEASURED.lock().ok()?.as_ref()?.get(k).copied();
+    let remember = |k: &str, gap: u64| {
+        if let Ok(mut m) = MEASURED.lock() {
+            m.get_or_insert_with(HashMap::new).insert(k.to_string(), gap);
+        }
+    };
+    if let Some(gap) = remembered(&key) {
         return Ok(gap);
     }
-    let r = measure(ds, queue_depth)?;
+    if let Some(gap) = cache_paths().iter().find_map(|p| load_cache(p).get(&key).copied()) {
+        remember(&key, gap);
+        return Ok(gap);
+    }
+    let r = measure(ds, io)?;
     tracing::info!(
         "read_gap probe: {:.1} µs per 4 KiB request, {:.2} GB/s large reads → gap {} KiB",
         r.small_request_secs * 1e6,
         r.large_bytes_per_sec / 1e9,
         r.gap >> 10
     );
-    cache.insert(key, r.gap);
-    if let Some(p) = path
-        && let Some(dir) = p.parent()
-        && std::fs::create_dir_all(dir).is_ok()
-        && let Ok(text) = toml::to_string(&cache)
-    {
-        let _ = std::fs::write(p, text);
-    }
+    remember(&key, r.gap);
+    store(&key, r.gap);
     Ok(r.gap)
+}
+
+/// Test support: forget what this process measured.
+#[doc(hidden)]
+pub fn forget_measured() {
+    if let Ok(mut m) = MEASURED.lock() {
+        *m = None;
+    }
 }

@@ -16,13 +16,17 @@
 //! read_gap = "auto"     # "whole" (paper), "auto" (probe the device) or bytes up to 1GiB, e.g. "16KiB"
 //! verify = true         # check every record's crc32c
 //! direct = true         # O_DIRECT; false reads through the page cache
+//! io_backend = "auto"   # "auto" (io_uring, threads where refused), "uring" or "threads"
+//! decode_threads = 2    # threads verifying/decompressing io_uring reads, 0..=64 (0: on the io thread)
+//! io_timeout = 60       # seconds a read may take before it is an error, (0, 86400]
+//! on_corrupt = "error"  # "error" (fail when the sample is due) or "skip" (leave it out, counted)
 //! ```
 //!
 //! Byte counts go through the one parser, [`brand_format::units::parse_bytes`].
 
 use serde::Deserialize;
 
-use super::{IoConfig, LoaderConfig, ReadGapSetting};
+use super::{IoBackend, IoConfig, LoaderConfig, OnCorrupt, ReadGapSetting};
 use brand_format::error::{Error, Result};
 use brand_plan::{Memory, PlanConfig, Policy};
 
@@ -44,6 +48,10 @@ pub struct ConfigKeys {
     pub read_gap: Option<String>,
     pub verify: Option<bool>,
     pub direct: Option<bool>,
+    pub io_backend: Option<String>,
+    pub decode_threads: Option<usize>,
+    pub io_timeout: Option<f64>,
+    pub on_corrupt: Option<String>,
 }
 
 impl ConfigKeys {
@@ -85,6 +93,21 @@ impl ConfigKeys {
         }
         if let Some(v) = self.direct {
             c.io.direct = v;
+        }
+        if let Some(v) = self.io_backend {
+            c.io.io_backend = v.parse::<IoBackend>()?;
+        }
+        if let Some(v) = self.decode_threads {
+            c.io.decode_threads = v;
+        }
+        if let Some(v) = self.io_timeout {
+            if !(v > 0.0 && v <= MAX_IO_TIMEOUT_SECS) {
+                return Err(Error::config(format!("io_timeout {v} outside (0, 86400] seconds")));
+            }
+            c.io.io_timeout = std::time::Duration::from_secs_f64(v);
+        }
+        if let Some(v) = self.on_corrupt {
+            c.io.on_corrupt = v.parse::<OnCorrupt>()?;
         }
         c.check()
     }
@@ -149,6 +172,13 @@ impl LoaderConfig {
         if !(1..=MAX_QUEUE_DEPTH).contains(&io.queue_depth) {
             return outside("queue_depth", io.queue_depth.to_string(), "1..=4096");
         }
+        if io.decode_threads > MAX_DECODE_THREADS {
+            return outside("decode_threads", io.decode_threads.to_string(), "0..=64");
+        }
+        let timeout = io.io_timeout.as_secs_f64();
+        if !(timeout > 0.0 && timeout <= MAX_IO_TIMEOUT_SECS) {
+            return outside("io_timeout", format!("{timeout}s"), "(0, 86400] seconds");
+        }
         if let ReadGapSetting::Bytes(gap) = io.read_gap
             && gap > MAX_READ_GAP
         {
@@ -164,6 +194,8 @@ const MAX_WORLD: u32 = 1 << 16;
 const MAX_READAHEAD: u64 = 1 << 40;
 const MAX_QUEUE_DEPTH: usize = 4096;
 const MAX_READ_GAP: u64 = 1 << 30;
+const MAX_DECODE_THREADS: usize = 64;
+const MAX_IO_TIMEOUT_SECS: f64 = 86_400.0;
 
 #[cfg(test)]
 mod tests {
@@ -183,7 +215,11 @@ mod tests {
                queue_depth = 4
                read_gap = "16KiB"
                verify = false
-               direct = false"#,
+               direct = false
+               io_backend = "threads"
+               decode_threads = 0
+               io_timeout = 2.5
+               on_corrupt = "skip""#,
         )
         .expect("valid");
         assert_eq!(c.io.batch_size, 8);
@@ -197,10 +233,25 @@ mod tests {
         assert_eq!(c.io.read_gap, ReadGapSetting::Bytes(16 << 10));
         assert!(!c.io.verify);
         assert!(!c.io.direct);
+        assert_eq!(c.io.io_backend, IoBackend::Threads);
+        assert_eq!(c.io.decode_threads, 0);
+        assert_eq!(c.io.io_timeout, std::time::Duration::from_millis(2500));
+        assert_eq!(c.io.on_corrupt, OnCorrupt::Skip);
         let d = LoaderConfig::from_toml("").expect("empty is all defaults");
         assert_eq!(d.plan.memory, DEFAULT_MEMORY);
         assert_eq!(d.io.read_gap, ReadGapSetting::Auto);
         assert!(d.io.direct);
+        assert_eq!(d.io.io_backend, IoBackend::Auto);
+        assert_eq!(d.io.on_corrupt, OnCorrupt::Error);
+        assert_eq!(d.io.io_timeout, std::time::Duration::from_secs(60));
+        assert_eq!(
+            LoaderConfig::from_toml("io_timeout = 60")
+                .expect("int")
+                .io
+                .io_timeout
+                .as_secs(),
+            60
+        );
     }
 
     #[test]
@@ -226,6 +277,12 @@ mod tests {
             ("read_gap = \"2GiB\"", "read_gap"),
             ("read_gap = \"-1\"", "read gap"),
             ("bogus = 1", "bogus"),
+            ("io_backend = \"epoll\"", "io_backend"),
+            ("decode_threads = 65", "decode_threads"),
+            ("io_timeout = 0", "io_timeout"),
+            ("io_timeout = -1", "io_timeout"),
+            ("io_timeout = 86401", "io_timeout"),
+            ("on_corrupt = \"ignore\"", "on_corrupt"),
             ("batch_size = \"8\"", "batch_size"),
         ] {
             let e = LoaderConfig::from_toml(text).expect_err(text).to_string();

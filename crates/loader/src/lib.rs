@@ -3,14 +3,25 @@
 //! batches in the plan's served order (DESIGN.md §4–5).
 //!
 //! The served sequence is the plan's and nothing else: I/O timing, the read
-//! gap and the queue depth change only how fast it arrives.
+//! gap, the queue depth and the backend change only how fast it arrives.
+//!
+//! Memory is held in bytes: the budget becomes abstract slots through the
+//! mean *decoded* sample size, and the loader holds back read-ahead while
+//! the decoded bytes it holds (resident samples plus reads in flight)
+//! reach `memory + readahead`. The next epoch is planned in the background
+//! and read ahead across the boundary within the same bounds.
+//!
+//! Fork: a loader belongs to the process that opened it (its engine's
+//! threads do not survive `fork()`). Used in a forked child it fails at
+//! once with an error; open a new loader in the child instead.
 
 pub mod config;
 pub mod stats;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
+use std::mem::ManuallyDrop;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -18,8 +29,9 @@ use brand_format::buffer::AlignedBuf;
 use brand_format::dataset::Dataset;
 use brand_format::error::{Error, Result};
 use brand_format::extents::{Extent, ReadGap, extents};
+pub use brand_io::engine::IoBackend;
 use brand_io::engine::{Completion, Engine, EngineConfig, Job};
-use brand_plan::{Event, PlanConfig, Planner};
+use brand_plan::{Event, Layout, Memory, PlanConfig, Planner};
 pub use stats::Metrics;
 use stats::StallLog;
 
@@ -27,14 +39,23 @@ use stats::StallLog;
 /// across epochs is handed out without copying).
 pub type SampleBytes = Arc<AlignedBuf>;
 
+/// A rank's plan events for one epoch.
+pub type Events = Box<dyn Iterator<Item = Event> + Send>;
+
 /// Produces this rank's plan events for `epoch`, starting after its first
-/// `served` serves (a resume when `served > 0`).
-pub type EventSource = Box<dyn FnMut(u64, u64) -> Result<Box<dyn Iterator<Item = Event> + Send>> + Send>;
+/// `served` serves (a resume when `served > 0`). `warm` says memory holds
+/// what the previous epoch left (this process ran it to its end); when
+/// false, memory is empty.
+pub type EventSource = Box<dyn FnMut(u64, u64, bool) -> Result<Events> + Send>;
 
 /// The event source of a real plan.
 pub fn plan_events(mut planner: Planner) -> EventSource {
-    Box::new(move |epoch, served| {
-        let plan = if served == 0 {
+    Box::new(move |epoch, served, warm| {
+        if served >= planner.geometry().steps {
+            // Saved after the epoch's last serve: nothing is left of it.
+            return Ok(Box::new(std::iter::empty()));
+        }
+        let plan = if served == 0 && warm {
             planner.epoch(epoch)
         } else {
             let position = planner.position_of_step(served);
@@ -42,6 +63,39 @@ pub fn plan_events(mut planner: Planner) -> EventSource {
         };
         Ok(Box::new(plan))
     })
+}
+
+/// The budget of `plan` in decoded bytes over `ds`.
+fn memory_bytes(ds: &Dataset, plan: &PlanConfig) -> u64 {
+    let l = Layout::of(&ds.index);
+    match plan.memory {
+        Memory::Bytes(b) => b,
+        Memory::Percent(p) => (p / 100.0 * l.sample_bytes as f64) as u64,
+        Memory::Slots(m) => {
+            (m as u128 * l.sample_bytes as u128 / l.samples.max(1) as u128).min(u64::MAX as u128) as u64
+        }
+    }
+}
+
+/// What to do with a sample whose record is corrupt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnCorrupt {
+    /// Fail the batch it is due in (after every good sample before it).
+    Error,
+    /// Leave it out of the epoch, count it (`skipped_corrupt`) and log it.
+    Skip,
+}
+
+impl std::str::FromStr for OnCorrupt {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "error" => Ok(OnCorrupt::Error),
+            "skip" => Ok(OnCorrupt::Skip),
+            _ => Err(Error::config(format!("on_corrupt {s:?}: expected error or skip"))),
+        }
+    }
 }
 
 /// Everything a loader is configured with: the plan and the I/O.
@@ -96,6 +150,33 @@ pub struct IoConfig {
     /// O_DIRECT reads (the default: the plan is the cache). `false` reads
     /// through the page cache, for datasets that stay in RAM between runs.
     pub direct: bool,
+    pub io_backend: IoBackend,
+    /// Threads verifying and decompressing io_uring reads (0: on the io thread).
+    pub decode_threads: usize,
+    /// A read that does not complete within this is an error naming its
+    /// file and offset; Drop waits no longer than this for reads in flight.
+    pub io_timeout: Duration,
+    pub on_corrupt: OnCorrupt,
+}
+
+impl IoConfig {
+    /// The engine these settings ask for over `ds` (the loader's, and any
+    /// other reader that must read as the loader does).
+    pub fn engine_config(&self, ds: &Dataset) -> EngineConfig {
+        let dataset_bytes: u64 = ds.manifest.segments.iter().map(|s| s.bytes).sum();
+        EngineConfig {
+            queue_depth: self.queue_depth,
+            direct: self.direct,
+            verify: self.verify,
+            fixed_buffers: true,
+            // Registered memory is read-ahead memory: no more than it, nor
+            // than the dataset.
+            fixed_buffer_bytes: self.readahead_bytes.min(dataset_bytes),
+            backend: self.io_backend,
+            decode_threads: self.decode_threads,
+            io_timeout: self.io_timeout,
+        }
+    }
 }
 
 impl Default for IoConfig {
@@ -107,6 +188,10 @@ impl Default for IoConfig {
             read_gap: ReadGapSetting::Auto,
             verify: true,
             direct: true,
+            io_backend: IoBackend::Auto,
+            decode_threads: 2,
+            io_timeout: Duration::from_secs(60),
+            on_corrupt: OnCorrupt::Error,
         }
     }
 }
@@ -158,30 +243,88 @@ pub struct Loader {
     ds: Arc<Dataset>,
     cfg: IoConfig,
     gap: ReadGap,
-    engine: Engine,
-    source: EventSource,
+    engine: ManuallyDrop<Engine>,
+    /// The plan's event source; `None` while lent to the planning thread.
+    source: Option<EventSource>,
+    /// The next epoch's events, being planned in the background.
+    planning: Option<(u64, Planning)>,
+    /// Where plan events are taken from next (see [`Feed`]).
+    feed: Feed,
+    /// The epoch `feed` produces events of (ahead of `epoch` once the
+    /// current epoch's events are all in `lookahead`).
+    feed_epoch: u64,
     epoch: u64,
     served: u64,
-    events: Option<Box<dyn Iterator<Item = Event> + Send>>,
-    /// Events taken from the plan but not yet reached by the consumer.
-    lookahead: VecDeque<Event>,
+    /// Plan steps taken but not yet reached by the consumer.
+    lookahead: VecDeque<Step>,
     /// Bytes of the reads issued for events still in `lookahead`, oldest first.
     ahead: VecDeque<u64>,
     ahead_bytes: u64,
     next_tag: u64,
-    /// Samples read and not yet served (or kept: resident mode).
-    resident: HashMap<u64, SampleBytes>,
+    /// Samples read and not yet served (or kept: resident mode), decoded,
+    /// with the number of reads that brought them (across an epoch
+    /// boundary a sample can be read for the next epoch before this one
+    /// serves it): each serve that frees takes one.
+    resident: HashMap<u64, (SampleBytes, u32)>,
     resident_bytes: u64,
-    /// Samples whose read is in flight.
-    pending: HashSet<u64>,
-    /// The samples of each in-flight job, by tag. Completions with a tag not
-    /// here are stale (from before a reset) and are dropped.
-    in_flight: HashMap<u64, Vec<u64>>,
-    /// A read error, reported again on every call until the loader is reset:
+    /// Samples whose record could not be read or decoded: the error is
+    /// reported when the sample is due, not when its read completes.
+    bad: HashMap<u64, Error>,
+    /// Samples whose read is in flight, with the number of such reads.
+    pending: HashMap<u64, u32>,
+    /// Each in-flight job, by tag. Completions with a tag not here are
+    /// stale (from before a reset) and are dropped.
+    in_flight: HashMap<u64, InFlight>,
+    /// Decoded bytes of the records in flight.
+    in_flight_bytes: u64,
+    /// Most decoded bytes held (resident + in flight) before read-ahead is
+    /// held back: `memory + readahead` (None: no byte budget known).
+    byte_cap: Option<u64>,
+    /// An error, reported again on every call until the loader is reset:
     /// the sample it stopped on cannot be served.
     failed: Option<Error>,
+    /// A read timed out: Drop does not wait for the engine again.
+    hung: bool,
+    /// The process that opened the loader (see the module docs on fork).
+    pid: u32,
     stalls: StallLog,
     metrics: Metrics,
+}
+
+/// A background plan: gives the source back with the events it made.
+type Planning = std::thread::JoinHandle<(EventSource, Result<Events>)>;
+
+/// One step of the plan as the loader walks it.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    Plan(Event),
+    /// The end of an epoch: the consumer gets `None` here.
+    EpochEnd,
+}
+
+/// Where plan events come from next.
+enum Feed {
+    /// Not asked for yet: the next events are `(feed_epoch, served)`.
+    Start {
+        warm: bool,
+    },
+    Running(Events),
+    /// The epoch's events are all taken; the next come from `planning`.
+    Between,
+}
+
+struct InFlight {
+    ids: Vec<u64>,
+    segment: u32,
+    offset: u64,
+    len: u64,
+    decoded: u64,
+}
+
+/// What a batch took from the plan, so an error can put it all back.
+enum Taken {
+    Served(Event, u64, SampleBytes),
+    Skipped(Event, u64, Error),
 }
 
 /// Most plan events held ahead of the consumer (bounds memory when a long
@@ -193,7 +336,10 @@ impl Loader {
     /// (`LoaderState::default()` for the first epoch).
     pub fn open(ds: Arc<Dataset>, cfg: &LoaderConfig, state: LoaderState) -> Result<Self> {
         let planner = Planner::new(&ds.index, &cfg.plan)?;
-        Self::new(ds, cfg.io.clone(), plan_events(planner), state)
+        let cap = memory_bytes(&ds, &cfg.plan).saturating_add(cfg.io.readahead_bytes);
+        let mut l = Self::new(ds, cfg.io.clone(), plan_events(planner), state)?;
+        l.byte_cap = Some(cap);
+        Ok(l)
     }
 
     /// A loader over `ds` whose events come from `source`, starting at `state`.
@@ -201,19 +347,18 @@ impl Loader {
         if cfg.batch_size == 0 {
             return Err(Error::config("batch size must be at least 1"));
         }
-        let engine = Engine::start(
-            ds.clone(),
-            EngineConfig {
-                queue_depth: cfg.queue_depth,
-                direct: cfg.direct,
-                verify: cfg.verify,
-                fixed_buffers: true,
-            },
-        )?;
+        let engine_cfg = cfg.engine_config(&ds);
+        let engine = Engine::start(ds.clone(), engine_cfg.clone())?;
         let gap = match cfg.read_gap {
             ReadGapSetting::Whole => ReadGap::Whole,
             ReadGapSetting::Bytes(b) => ReadGap::Bytes(b),
-            ReadGapSetting::Auto => ReadGap::Bytes(brand_io::probe::auto_gap(ds.clone(), cfg.queue_depth)?),
+            ReadGapSetting::Auto => ReadGap::Bytes(brand_io::probe::auto_gap(
+                ds.clone(),
+                &EngineConfig {
+                    backend: engine.backend(),
+                    ..engine_cfg
+                },
+            )?),
         };
         let metrics = Metrics {
             read_gap: match gap {
@@ -226,20 +371,27 @@ impl Loader {
             ds,
             cfg,
             gap,
-            engine,
-            source,
+            engine: ManuallyDrop::new(engine),
+            source: Some(source),
+            planning: None,
+            feed: Feed::Start { warm: true },
+            feed_epoch: state.epoch,
             epoch: state.epoch,
             served: state.served,
-            events: None,
             lookahead: VecDeque::new(),
             ahead: VecDeque::new(),
             ahead_bytes: 0,
             next_tag: 0,
             resident: HashMap::new(),
             resident_bytes: 0,
-            pending: HashSet::new(),
+            bad: HashMap::new(),
+            pending: HashMap::new(),
             in_flight: HashMap::new(),
+            in_flight_bytes: 0,
+            byte_cap: None,
             failed: None,
+            hung: false,
+            pid: std::process::id(),
             stalls: StallLog::default(),
             metrics,
         })
@@ -260,6 +412,10 @@ impl Loader {
         let mut m = self.metrics.clone();
         self.stalls.fill(&mut m);
         m.buffered_fallback = self.engine.buffered_fallback();
+        m.threads_backend = self.engine.backend() == IoBackend::Threads;
+        m.uring_refused = self.engine.uring_refused();
+        m.registered_buffer_bytes = self.engine.registered_bytes();
+        m.peak_read_buffer_bytes = self.engine.peak_pool_bytes();
         m
     }
 
@@ -270,6 +426,7 @@ impl Loader {
             read_gap: self.metrics.read_gap,
             peak_resident_bytes: self.resident_bytes,
             peak_resident_samples: self.resident.len() as u64,
+            peak_readahead_bytes: self.ahead_bytes,
             ..Default::default()
         };
         self.stalls = StallLog::default();
@@ -277,66 +434,192 @@ impl Loader {
 
     /// Jumps to the start of `epoch` (dropping anything read ahead).
     pub fn start_epoch(&mut self, epoch: u64) -> Result<()> {
+        self.check_process()?;
         self.reset_to(LoaderState { epoch, served: 0 })
     }
 
+    /// Fails in a process other than the one that opened the loader.
+    fn check_process(&self) -> Result<()> {
+        let now = std::process::id();
+        if now != self.pid {
+            return Err(Error::config(format!(
+                "this loader was opened by process {} and cannot be used after fork() (in process {now}): open a new loader in the child",
+                self.pid
+            )));
+        }
+        Ok(())
+    }
+
     fn reset_to(&mut self, state: LoaderState) -> Result<()> {
-        self.drain_in_flight();
+        self.drain_in_flight()?;
+        // Memory is emptied below: the next plan must not assume it warm.
+        self.take_planning();
+        self.feed = Feed::Start { warm: false };
+        self.feed_epoch = state.epoch;
         self.epoch = state.epoch;
         self.served = state.served;
-        self.events = None;
         self.lookahead.clear();
         self.ahead.clear();
         self.ahead_bytes = 0;
         self.resident.clear();
         self.resident_bytes = 0;
+        self.bad.clear();
         self.failed = None;
         Ok(())
     }
 
-    /// Waits for every in-flight read; their data is discarded.
-    fn drain_in_flight(&mut self) {
+    /// Waits (at most `io_timeout` per completion) for every in-flight
+    /// read; their data is discarded.
+    fn drain_in_flight(&mut self) -> Result<()> {
         while !self.in_flight.is_empty() {
-            match self.engine.recv() {
-                Ok(c) => {
-                    self.in_flight.remove(&c.tag);
+            match self.engine.recv_timeout(self.cfg.io_timeout) {
+                Ok(Some(c)) => {
+                    self.forget(c.tag);
                 }
-                Err(_) => self.in_flight.clear(),
+                Ok(None) => {
+                    let e = self.timeout_error();
+                    self.hung = true;
+                    self.failed = Some(e.duplicate());
+                    return Err(e);
+                }
+                Err(_) => {
+                    self.in_flight.clear();
+                    self.in_flight_bytes = 0;
+                }
             }
         }
         self.pending.clear();
+        Ok(())
+    }
+
+    fn forget(&mut self, tag: u64) -> Option<InFlight> {
+        let f = self.in_flight.remove(&tag)?;
+        self.in_flight_bytes -= f.decoded;
+        for id in &f.ids {
+            if let Some(n) = self.pending.get_mut(id) {
+                *n -= 1;
+                if *n == 0 {
+                    self.pending.remove(id);
+                }
+            }
+        }
+        Some(f)
+    }
+
+    /// The error for reads that stopped completing: names the oldest one.
+    fn timeout_error(&self) -> Error {
+        let secs = self.cfg.io_timeout.as_secs_f64();
+        match self.in_flight.iter().min_by_key(|(tag, _)| **tag) {
+            Some((_, f)) => Error::io(
+                self.ds.segment_path(f.segment),
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "no read completed within io_timeout ({secs}s): the read of {} bytes at byte {} is still pending (hung storage?)",
+                        f.len, f.offset
+                    ),
+                ),
+            ),
+            None => Error::config(format!("no read completed within io_timeout ({secs}s)")),
+        }
+    }
+
+    /// Gets the source back from the planning thread (its plan is dropped).
+    fn take_planning(&mut self) {
+        if let Some((_, handle)) = self.planning.take()
+            && let Ok((source, _)) = handle.join()
+        {
+            self.source = Some(source);
+        }
+    }
+
+    /// Starts planning `epoch` (from its start, memory warm) in the background.
+    fn plan_ahead(&mut self, epoch: u64) {
+        let Some(mut source) = self.source.take() else {
+            return;
+        };
+        let spawned = std::thread::Builder::new().name("brand-plan".into()).spawn(move || {
+            let events = source(epoch, 0, true);
+            (source, events)
+        });
+        match spawned {
+            Ok(h) => self.planning = Some((epoch, h)),
+            // No thread: the source was moved into the closure that failed
+            // to spawn and is lost; the next epoch reports it.
+            Err(e) => tracing::warn!("cannot start the planning thread: {e}"),
+        }
+    }
+
+    /// The events of `feed_epoch`: the background plan if it is that one,
+    /// else planned now.
+    fn events_for_feed(&mut self, warm: bool) -> Result<Events> {
+        let epoch = self.feed_epoch;
+        if let Some((planned, _)) = &self.planning
+            && *planned == epoch
+            && warm
+        {
+            let Some((_, handle)) = self.planning.take() else {
+                unreachable!("checked above")
+            };
+            let (source, events) = handle
+                .join()
+                .map_err(|_| Error::config("the planning thread panicked"))?;
+            self.source = Some(source);
+            return events;
+        }
+        self.take_planning();
+        let served = if epoch == self.epoch { self.served } else { 0 };
+        let source = self
+            .source
+            .as_mut()
+            .ok_or_else(|| Error::config("the plan is unavailable (its thread could not start)"))?;
+        source(epoch, served, warm)
     }
 
     /// The next batch of the current epoch, or `None` at its end; the call
     /// after `None` starts the next epoch. Errors (a corrupt record, a
-    /// vanished segment) name the file and position; the loader's `state()`
+    /// vanished segment, a read that timed out) name the file and position,
+    /// and come when the sample they concern is due; the loader's `state()`
     /// stays that of the last sample handed out.
     pub fn next_batch(&mut self) -> Result<Option<Batch>> {
-        if self.events.is_none() {
-            let events = (self.source)(self.epoch, self.served)?;
-            self.events = Some(events);
+        self.check_process()?;
+        if let Some(e) = &self.failed {
+            return Err(e.duplicate());
         }
-        let mut taken: Vec<(Event, u64, SampleBytes)> = Vec::with_capacity(self.cfg.batch_size);
-        while taken.len() < self.cfg.batch_size {
+        self.fill_lookahead()?;
+        let mut taken: Vec<Taken> = Vec::with_capacity(self.cfg.batch_size);
+        let mut served = 0usize;
+        while served < self.cfg.batch_size {
             match self.next_sample() {
-                Ok(Some(t)) => taken.push(t),
+                Ok(Some(t)) => {
+                    served += matches!(t, Taken::Served(..)) as usize;
+                    taken.push(t);
+                }
                 Ok(None) => break,
                 Err(e) => {
                     // All or nothing: put the batch's samples back, so state()
                     // and a resume still count them as unserved.
-                    for (ev, id, bytes) in taken.into_iter().rev() {
-                        self.unserve(ev, id, bytes);
+                    for t in taken.into_iter().rev() {
+                        self.untake(t);
                     }
                     return Err(e);
                 }
             }
         }
-        let (ids, data): (Vec<u64>, Vec<SampleBytes>) = taken.into_iter().map(|(_, id, b)| (id, b)).unzip();
+        let (ids, data): (Vec<u64>, Vec<SampleBytes>) = taken
+            .into_iter()
+            .filter_map(|t| match t {
+                Taken::Served(_, id, b) => Some((id, b)),
+                Taken::Skipped(..) => None,
+            })
+            .unzip();
         if ids.is_empty() {
             // End of the epoch: the next call starts the next one.
+            if matches!(self.lookahead.front(), Some(Step::EpochEnd)) {
+                self.lookahead.pop_front();
+            }
             self.epoch += 1;
             self.served = 0;
-            self.events = None;
             return Ok(None);
         }
         Ok(Some(Batch {
@@ -347,17 +630,51 @@ impl Loader {
         }))
     }
 
-    /// Fills the lookahead window: takes plan events and issues their reads
-    /// while the bytes read ahead stay within `readahead_bytes` (at least
-    /// one read is always allowed, so the consumer can progress).
+    /// Whether read-ahead must wait: the bytes of reads issued ahead reach
+    /// `readahead`, or the decoded bytes held reach the byte budget. At
+    /// least one read is always allowed, so the consumer can progress.
+    fn ahead_full(&self) -> bool {
+        if self.ahead.is_empty() {
+            return false;
+        }
+        let held = self.resident_bytes + self.in_flight_bytes;
+        self.ahead_bytes >= self.cfg.readahead_bytes || self.byte_cap.is_some_and(|cap| held >= cap)
+    }
+
+    /// Fills the lookahead window: takes plan steps, across the end of an
+    /// epoch into the next, and issues their reads while [`ahead_full`]
+    /// allows.
     fn fill_lookahead(&mut self) -> Result<()> {
-        while self.lookahead.len() < MAX_LOOKAHEAD_EVENTS {
-            let ahead_full = !self.ahead.is_empty() && self.ahead_bytes >= self.cfg.readahead_bytes;
-            if ahead_full {
-                break;
-            }
-            let Some(ev) = self.events.as_mut().and_then(|e| e.next()) else {
-                break;
+        while self.lookahead.len() < MAX_LOOKAHEAD_EVENTS && !self.ahead_full() {
+            let ev = match &mut self.feed {
+                Feed::Running(events) => match events.next() {
+                    Some(ev) => ev,
+                    None => {
+                        self.lookahead.push_back(Step::EpochEnd);
+                        self.feed = Feed::Between;
+                        self.feed_epoch += 1;
+                        continue;
+                    }
+                },
+                Feed::Start { warm } => {
+                    let warm = *warm;
+                    let events = self.events_for_feed(warm)?;
+                    self.feed = Feed::Running(events);
+                    self.plan_ahead(self.feed_epoch + 1);
+                    continue;
+                }
+                Feed::Between => {
+                    // Take the next epoch's plan once it is ready, or when the
+                    // consumer has nothing else to do.
+                    let ready = self.planning.as_ref().is_none_or(|(_, h)| h.is_finished());
+                    if !ready && !self.lookahead.is_empty() {
+                        break;
+                    }
+                    let events = self.events_for_feed(true)?;
+                    self.feed = Feed::Running(events);
+                    self.plan_ahead(self.feed_epoch + 1);
+                    continue;
+                }
             };
             if let Event::Read { chunk, mask } = ev {
                 let ext = extents(&self.ds.index, chunk, mask, self.gap);
@@ -367,9 +684,10 @@ impl Loader {
                 }
                 self.ahead.push_back(bytes);
                 self.ahead_bytes += bytes;
+                self.metrics.peak_readahead_bytes = self.metrics.peak_readahead_bytes.max(self.ahead_bytes);
                 self.metrics.refills += 1;
             }
-            self.lookahead.push_back(ev);
+            self.lookahead.push_back(Step::Plan(ev));
             if self.cfg.readahead_bytes == 0 && matches!(ev, Event::Read { .. }) {
                 break;
             }
@@ -379,64 +697,119 @@ impl Loader {
 
     fn submit(&mut self, e: Extent) -> Result<()> {
         let ids: Vec<u64> = e.records.iter().map(|r| r.0).collect();
-        self.pending.extend(&ids);
+        let decoded: u64 = ids.iter().map(|&id| self.ds.index.raw_len[id as usize] as u64).sum();
+        for &id in &ids {
+            *self.pending.entry(id).or_default() += 1;
+        }
         self.metrics.reads_issued += 1;
         self.next_tag += 1;
-        self.in_flight.insert(self.next_tag, ids);
+        self.in_flight_bytes += decoded;
+        self.in_flight.insert(
+            self.next_tag,
+            InFlight {
+                ids,
+                segment: e.segment,
+                offset: e.offset,
+                len: e.len,
+                decoded,
+            },
+        );
         self.engine.submit(Job {
             tag: self.next_tag,
             extent: e,
         })
     }
 
-    fn accept(&mut self, c: Completion) -> Result<()> {
-        let Some(ids) = self.in_flight.remove(&c.tag) else {
-            return Ok(());
+    /// Takes a completion in: each record becomes resident, or bad (its
+    /// error waits for the sample to be due).
+    fn accept(&mut self, c: Completion) {
+        let Some(job) = self.forget(c.tag) else {
+            return;
         };
-        for id in ids {
-            self.pending.remove(&id);
-        }
-        self.metrics.bytes_read += c.bytes_read;
         match c.result {
-            Ok(samples) => {
-                for (id, bytes) in samples {
-                    self.resident_bytes += bytes.len() as u64;
-                    self.resident.insert(id, Arc::new(bytes));
+            Ok(records) => {
+                for (id, r) in records {
+                    match r {
+                        Ok(bytes) => self.hold(id, Arc::new(bytes)),
+                        Err(e) => {
+                            self.bad.insert(id, e);
+                        }
+                    }
                 }
                 self.metrics.peak_resident_bytes = self.metrics.peak_resident_bytes.max(self.resident_bytes);
                 self.metrics.peak_resident_samples = self.metrics.peak_resident_samples.max(self.resident.len() as u64);
-                Ok(())
             }
-            Err(e) => Err(e),
+            Err(e) => {
+                for id in job.ids {
+                    self.bad.insert(id, e.duplicate());
+                }
+            }
         }
     }
 
-    fn unserve(&mut self, ev: Event, id: u64, bytes: SampleBytes) {
+    /// Makes `id` resident (once more, if it already is: its bytes are
+    /// held once).
+    fn hold(&mut self, id: u64, bytes: SampleBytes) {
+        let len = bytes.len() as u64;
+        let entry = self.resident.entry(id).or_insert_with(|| (bytes, 0));
+        if entry.1 == 0 {
+            self.resident_bytes += len;
+        }
+        entry.1 += 1;
+    }
+
+    /// Takes one hold of `id`; its bytes leave memory with the last.
+    fn release(&mut self, id: u64) -> Option<SampleBytes> {
+        let entry = self.resident.get_mut(&id)?;
+        entry.1 -= 1;
+        let bytes = entry.0.clone();
+        if entry.1 == 0 {
+            self.resident.remove(&id);
+            self.resident_bytes -= bytes.len() as u64;
+        }
+        Some(bytes)
+    }
+
+    fn untake(&mut self, t: Taken) {
         self.served -= 1;
-        self.metrics.samples_served -= 1;
-        self.metrics.bytes_served -= self.ds.index.stored_len[id as usize] as u64;
-        if !self.resident.contains_key(&id) {
-            self.resident_bytes += bytes.len() as u64;
-            self.resident.insert(id, bytes);
+        match t {
+            Taken::Served(ev, id, bytes) => {
+                self.metrics.samples_served -= 1;
+                self.metrics.bytes_served -= self.ds.index.stored_len[id as usize] as u64;
+                if let Event::Serve { frees: true, .. } = ev {
+                    self.hold(id, bytes);
+                }
+                self.lookahead.push_front(Step::Plan(ev));
+            }
+            Taken::Skipped(ev, id, e) => {
+                self.metrics.skipped_corrupt -= 1;
+                self.bad.insert(id, e);
+                self.lookahead.push_front(Step::Plan(ev));
+            }
         }
-        self.lookahead.push_front(ev);
     }
 
-    fn next_sample(&mut self) -> Result<Option<(Event, u64, SampleBytes)>> {
-        if let Some(e) = &self.failed {
-            return Err(e.duplicate());
-        }
+    fn next_sample(&mut self) -> Result<Option<Taken>> {
         loop {
             if self.lookahead.is_empty() {
                 self.fill_lookahead()?;
             }
-            let Some(ev) = self.lookahead.pop_front() else {
+            let Some(step) = self.lookahead.front().copied() else {
                 return Ok(None);
             };
+            let ev = match step {
+                // Left in place: next_batch consumes it once the batch is handed out.
+                Step::EpochEnd => return Ok(None),
+                Step::Plan(ev) => ev,
+            };
+            self.lookahead.pop_front();
             match ev {
                 Event::Read { .. } => {
+                    // Its bytes count when the consumer reaches the read, so
+                    // reads for the next epoch count in that epoch.
                     if let Some(bytes) = self.ahead.pop_front() {
                         self.ahead_bytes -= bytes;
+                        self.metrics.bytes_read += bytes;
                     }
                     // Room in the window: read further ahead.
                     self.fill_lookahead()?;
@@ -445,8 +818,21 @@ impl Loader {
                     let bytes = match self.wait_for(sample, frees) {
                         Ok(b) => b,
                         Err(e) => {
+                            if self.cfg.on_corrupt == OnCorrupt::Skip
+                                && matches!(e, Error::Corrupt { .. })
+                                && self.bad.contains_key(&sample)
+                            {
+                                let kept = if frees { self.bad.remove(&sample) } else { None };
+                                tracing::warn!(
+                                    "skipping sample {sample} (chunk {}): {e}",
+                                    self.ds.index.chunk_of(sample)
+                                );
+                                self.served += 1;
+                                self.metrics.skipped_corrupt += 1;
+                                return Ok(Some(Taken::Skipped(ev, sample, kept.unwrap_or(e))));
+                            }
                             // The serve stays unserved: state() points at it.
-                            self.lookahead.push_front(ev);
+                            self.lookahead.push_front(Step::Plan(ev));
                             self.failed = Some(e.duplicate());
                             return Err(e);
                         }
@@ -454,7 +840,7 @@ impl Loader {
                     self.served += 1;
                     self.metrics.samples_served += 1;
                     self.metrics.bytes_served += self.ds.index.stored_len[sample as usize] as u64;
-                    return Ok(Some((ev, sample, bytes)));
+                    return Ok(Some(Taken::Served(ev, sample, bytes)));
                 }
             }
         }
@@ -462,24 +848,30 @@ impl Loader {
 
     /// The bytes of `sample`, waiting for its read (or issuing one if the
     /// plan expected it resident but this process never read it). With
-    /// `frees` the sample leaves memory; otherwise it stays resident.
+    /// `frees` the sample leaves memory; otherwise it stays resident. A
+    /// sample whose read or record failed returns that error now.
     fn wait_for(&mut self, sample: u64, frees: bool) -> Result<SampleBytes> {
-        if !self.resident.contains_key(&sample) && !self.pending.contains(&sample) {
+        if !self.resident.contains_key(&sample)
+            && !self.pending.contains_key(&sample)
+            && !self.bad.contains_key(&sample)
+        {
             let chunk = self.ds.index.chunk_of(sample);
             let slot = sample - chunk * self.ds.index.chunk_size() as u64;
             for e in extents(&self.ds.index, chunk, 1 << slot, ReadGap::Bytes(0)) {
+                self.metrics.bytes_read += e.len;
                 self.submit(e)?;
             }
             self.metrics.recovery_reads += 1;
         }
         let mut stalled: Option<Instant> = None;
         loop {
+            if let Some(e) = self.bad.get(&sample) {
+                return Err(e.duplicate());
+            }
             let found = if frees {
-                self.resident
-                    .remove(&sample)
-                    .inspect(|b| self.resident_bytes -= b.len() as u64)
+                self.release(sample)
             } else {
-                self.resident.get(&sample).cloned()
+                self.resident.get(&sample).map(|r| r.0.clone())
             };
             if let Some(bytes) = found {
                 if let Some(t) = stalled {
@@ -491,14 +883,36 @@ impl Loader {
                 stalled = Some(Instant::now());
             }
             let _span = tracing::trace_span!("stall", sample).entered();
-            let c = self.engine.recv()?;
-            self.accept(c)?;
+            match self.engine.recv_timeout(self.cfg.io_timeout)? {
+                Some(c) => self.accept(c),
+                None => {
+                    self.hung = true;
+                    return Err(self.timeout_error());
+                }
+            }
         }
     }
 }
 
 impl Drop for Loader {
     fn drop(&mut self) {
-        self.drain_in_flight();
+        if std::process::id() != self.pid {
+            // A forked child: the engine's threads are not here, and its
+            // locks may be held by threads that were: leave it (and the
+            // planning thread's handle) alone.
+            if let Some(p) = self.planning.take() {
+                std::mem::forget(p);
+            }
+            return;
+        }
+        if !self.hung {
+            let _ = self.drain_in_flight();
+        }
+        if self.hung {
+            self.engine.abandon();
+        }
+        self.take_planning();
+        // SAFETY: dropped once, here, and never used again.
+        unsafe { ManuallyDrop::drop(&mut self.engine) };
     }
 }

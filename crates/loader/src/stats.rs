@@ -8,7 +8,8 @@ use serde::Serialize;
 /// Cumulative counters since the loader was built (or since `reset`).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Metrics {
-    /// Bytes transferred from storage.
+    /// Bytes transferred from storage, counted when the consumer reaches
+    /// the read (so read-ahead into the next epoch counts in that epoch).
     pub bytes_read: u64,
     /// Bytes of samples handed out (as stored).
     pub bytes_served: u64,
@@ -27,10 +28,25 @@ pub struct Metrics {
     pub stall_p95_secs: f64,
     pub stall_p99_secs: f64,
     pub stall_max_secs: f64,
+    /// Peak bytes of resident samples, as served (decoded).
     pub peak_resident_bytes: u64,
     pub peak_resident_samples: u64,
+    /// Peak bytes of reads issued ahead of consumption: `readahead`, which
+    /// the last read issued may overshoot by its own size.
+    pub peak_readahead_bytes: u64,
+    /// Bytes of read buffers registered with io_uring (fixed buffers).
+    pub registered_buffer_bytes: u64,
+    /// Peak bytes of ordinary read buffers, in use or pooled.
+    pub peak_read_buffer_bytes: u64,
+    /// Samples left out of their epoch because their record was corrupt
+    /// (`on_corrupt = "skip"`).
+    pub skipped_corrupt: u64,
     /// Whether the engine fell back from O_DIRECT to buffered reads.
     pub buffered_fallback: bool,
+    /// Whether reads go through the threads backend (`pread`), not io_uring.
+    pub threads_backend: bool,
+    /// Whether `io_backend = "auto"` found io_uring refused and fell back to threads.
+    pub uring_refused: bool,
     /// The read gap in effect (None = whole chunks).
     pub read_gap: Option<u64>,
 }
@@ -46,33 +62,85 @@ impl Metrics {
     }
 }
 
-/// Stall durations, for percentiles.
-#[derive(Debug, Default, Clone)]
+/// Stall durations, for percentiles, in bounded memory: a log-linear
+/// histogram (each power of two split in [`SUB`] buckets, so a percentile is
+/// within 1/[`SUB`] of the true value) plus the exact count, sum and max.
+#[derive(Debug, Clone)]
 pub(crate) struct StallLog {
-    nanos: Vec<u64>,
+    buckets: Vec<u64>,
+    count: u64,
+    total_nanos: u128,
+    max_nanos: u64,
+}
+
+/// Buckets per power of two.
+const SUB: u64 = 128;
+const SUB_BITS: u32 = 7;
+
+impl Default for StallLog {
+    fn default() -> Self {
+        StallLog {
+            buckets: vec![0; (64 * SUB) as usize],
+            count: 0,
+            total_nanos: 0,
+            max_nanos: 0,
+        }
+    }
+}
+
+/// The bucket of `v`: values below SUB are exact; above, the top SUB_BITS
+/// bits after the leading one pick the bucket within its power of two.
+fn bucket_of(v: u64) -> usize {
+    if v < SUB {
+        return v as usize;
+    }
+    let exp = 63 - v.leading_zeros(); // ≥ SUB_BITS
+    let shift = exp - SUB_BITS;
+    let mantissa = (v >> shift) - SUB; // 0..SUB
+    ((shift as u64 + 1) * SUB + mantissa) as usize
+}
+
+/// The midpoint of bucket `b`'s range.
+fn value_of(b: usize) -> f64 {
+    let b = b as u64;
+    if b < SUB {
+        return b as f64;
+    }
+    let shift = b / SUB - 1;
+    let lo = (SUB + b % SUB) << shift;
+    lo as f64 + ((1u64 << shift) as f64 - 1.0) / 2.0
 }
 
 impl StallLog {
     pub fn record(&mut self, d: Duration) {
-        self.nanos.push(d.as_nanos().min(u64::MAX as u128) as u64);
+        let n = d.as_nanos().min(u64::MAX as u128) as u64;
+        self.buckets[bucket_of(n)] += 1;
+        self.count += 1;
+        self.total_nanos += n as u128;
+        self.max_nanos = self.max_nanos.max(n);
     }
 
     pub fn fill(&self, m: &mut Metrics) {
-        let mut v = self.nanos.clone();
-        v.sort_unstable();
         let pct = |p: f64| -> f64 {
-            if v.is_empty() {
+            if self.count == 0 {
                 return 0.0;
             }
-            let i = ((p * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
-            v[i] as f64 * 1e-9
+            let rank = ((p * self.count as f64).ceil() as u64).clamp(1, self.count);
+            let mut seen = 0;
+            for (b, &c) in self.buckets.iter().enumerate() {
+                seen += c;
+                if seen >= rank {
+                    return value_of(b).min(self.max_nanos as f64) * 1e-9;
+                }
+            }
+            self.max_nanos as f64 * 1e-9
         };
-        m.stalls = v.len() as u64;
-        m.stall_secs_total = v.iter().sum::<u64>() as f64 * 1e-9;
+        m.stalls = self.count;
+        m.stall_secs_total = self.total_nanos as f64 * 1e-9;
         m.stall_p50_secs = pct(0.50);
         m.stall_p95_secs = pct(0.95);
         m.stall_p99_secs = pct(0.99);
-        m.stall_max_secs = v.last().map(|&x| x as f64 * 1e-9).unwrap_or(0.0);
+        m.stall_max_secs = self.max_nanos as f64 * 1e-9;
     }
 }
 
@@ -89,9 +157,51 @@ mod tests {
         let mut m = Metrics::default();
         s.fill(&mut m);
         assert_eq!(m.stalls, 100);
-        assert!((m.stall_p50_secs - 0.050).abs() < 1e-9);
-        assert!((m.stall_p95_secs - 0.095).abs() < 1e-9);
-        assert!((m.stall_p99_secs - 0.099).abs() < 1e-9);
+        let close = |got: f64, want: f64| (got - want).abs() <= want / SUB as f64;
+        assert!(close(m.stall_p50_secs, 0.050), "{}", m.stall_p50_secs);
+        assert!(close(m.stall_p95_secs, 0.095), "{}", m.stall_p95_secs);
+        assert!(close(m.stall_p99_secs, 0.099), "{}", m.stall_p99_secs);
         assert!((m.stall_max_secs - 0.100).abs() < 1e-9);
+        assert!((m.stall_secs_total - 5.050).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_long_run_keeps_the_log_bounded_and_the_percentiles_right() {
+        let mut s = StallLog::default();
+        let size = s.buckets.len();
+        // Five million stalls: 1 µs .. 5 s, uniform in rank.
+        for i in 1..=5_000_000u64 {
+            s.record(Duration::from_micros(i));
+        }
+        assert_eq!(s.buckets.len(), size, "the log must not grow");
+        let mut m = Metrics::default();
+        s.fill(&mut m);
+        let close = |got: f64, want: f64| (got - want).abs() <= want / SUB as f64;
+        assert_eq!(m.stalls, 5_000_000);
+        assert!(close(m.stall_p50_secs, 2.5), "{}", m.stall_p50_secs);
+        assert!(close(m.stall_p99_secs, 4.95), "{}", m.stall_p99_secs);
+        assert!((m.stall_max_secs - 5.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn buckets_cover_every_value_in_order() {
+        for v in (0..20u32)
+            .flat_map(|e| [(1u64 << e) - 1, 1 << e, (1 << e) + 1, 3 << e])
+            .chain([u64::MAX])
+        {
+            let b = bucket_of(v);
+            assert!(b < (64 * SUB) as usize, "{v}");
+            assert!(
+                (value_of(b) - v as f64).abs() <= v as f64 / SUB as f64 + 0.5,
+                "{v} → {b} → {}",
+                value_of(b)
+            );
+        }
+        let mut last = 0;
+        for v in (0..2_000_000u64).step_by(7) {
+            let b = bucket_of(v);
+            assert!(b >= last, "bucket of {v} goes back");
+            last = b;
+        }
     }
 }

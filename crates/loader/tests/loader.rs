@@ -27,7 +27,7 @@ fn chunkwise(ds: &Arc<Dataset>) -> EventSource {
     let stride = (2..)
         .find(|s| gcd(*s, chunks) == 1 && *s > 3)
         .expect("a coprime stride");
-    Box::new(move |epoch, skip| {
+    Box::new(move |epoch, skip, _warm| {
         let mut events = Vec::new();
         let mut position = 0;
         for i in 0..chunks {
@@ -92,6 +92,7 @@ fn cfg(gap: ReadGapSetting, qd: usize, readahead: u64) -> IoConfig {
         read_gap: gap,
         verify: true,
         direct: true,
+        ..IoConfig::default()
     }
 }
 

@@ -9,7 +9,6 @@
 
 pub mod files;
 pub mod inspect;
-#[cfg(feature = "lmdb")]
 pub mod lmdb;
 mod parallel;
 mod protobuf;

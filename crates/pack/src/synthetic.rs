@@ -23,6 +23,10 @@ pub struct GenOptions {
     /// Write small class-dependent PNG images of this side length instead of
     /// random bytes (sizes then follow from the images, not from the mean).
     pub images: Option<u32>,
+    /// Make samples compressible about this many times (zstd): each random
+    /// 64-byte block is followed by `ratio - 1` identical filler blocks.
+    /// None: random bytes (incompressible, like JPEG payloads).
+    pub compressible: Option<u32>,
 }
 
 impl Default for GenOptions {
@@ -36,6 +40,7 @@ impl Default for GenOptions {
             seed: 0,
             force: false,
             images: None,
+            compressible: None,
         }
     }
 }
@@ -142,9 +147,19 @@ pub fn generate(dir: &Path, opts: &GenOptions, progress: &(dyn Fn(u64, u64) + Sy
             Some(side) => (class_image(class, opts.classes, side, &mut r)?, "png"),
             None => {
                 let mut bytes = vec![0u8; sizes[i as usize] as usize];
-                for word in bytes.chunks_mut(8) {
-                    let v = r.next_u64().to_le_bytes();
-                    word.copy_from_slice(&v[..word.len()]);
+                let repeat = opts.compressible.unwrap_or(1).max(1) as usize;
+                for (i, block) in bytes.chunks_mut(64).enumerate() {
+                    if i % repeat == 0 {
+                        for word in block.chunks_mut(8) {
+                            let v = r.next_u64().to_le_bytes();
+                            word.copy_from_slice(&v[..word.len()]);
+                        }
+                    } else {
+                        // The run's filler, the same in every block of the run.
+                        for (j, b) in block.iter_mut().enumerate() {
+                            *b = (i / repeat * 64 + j) as u8 ^ 0x5a;
+                        }
+                    }
                 }
                 (bytes, "bin")
             }

@@ -13,7 +13,7 @@ fn planner(policy: Policy, world: u32) -> Planner {
     let layout = Layout {
         samples: SAMPLES,
         chunk_size: 64,
-        stored_bytes: SAMPLES * 110 * 1024,
+        sample_bytes: SAMPLES * 110 * 1024,
     };
     // The world's memory is 10 % of the dataset whatever the world size.
     let mut config = PlanConfig::new(Memory::Percent(10.0 / world as f64));

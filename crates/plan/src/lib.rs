@@ -63,8 +63,10 @@ use brand_format::index::Index;
 pub struct Layout {
     pub samples: u64,
     pub chunk_size: u32,
-    /// Sum of the records' stored sizes (for byte budgets).
-    pub stored_bytes: u64,
+    /// Sum of the samples' sizes as served, decompressed (`raw_len`): a
+    /// byte budget bounds what resident samples hold, whatever the
+    /// compression (equal to the stored sizes for uncompressed datasets).
+    pub sample_bytes: u64,
 }
 
 impl Layout {
@@ -72,7 +74,7 @@ impl Layout {
         Layout {
             samples: index.samples(),
             chunk_size: index.chunk_size(),
-            stored_bytes: index.stored_len.iter().map(|&l| l as u64).sum(),
+            sample_bytes: index.raw_len.iter().map(|&l| l as u64).sum(),
         }
     }
 }
@@ -283,7 +285,7 @@ fn geometry(layout: Layout, config: &PlanConfig) -> Result<Geometry> {
     let Layout {
         samples: n,
         chunk_size: k,
-        stored_bytes,
+        sample_bytes,
     } = layout;
     if config.world == 0 {
         return Err(Error::config("world size must be at least 1"));
@@ -305,8 +307,8 @@ fn geometry(layout: Layout, config: &PlanConfig) -> Result<Geometry> {
     }
     let rank_slots = match config.memory {
         // Mean size zero: any budget holds everything.
-        Memory::Bytes(_) if stored_bytes == 0 => u64::MAX,
-        Memory::Bytes(b) => (b as u128 * n as u128 / stored_bytes as u128).min(u64::MAX as u128) as u64,
+        Memory::Bytes(_) if sample_bytes == 0 => u64::MAX,
+        Memory::Bytes(b) => (b as u128 * n as u128 / sample_bytes as u128).min(u64::MAX as u128) as u64,
         // A share of a small dataset (10 % of fewer than 10 chunks) rounds
         // up to one chunk, the least the protocol runs on: small datasets
         // just work with the default budget. Budgets of a chunk or more are
@@ -319,7 +321,7 @@ fn geometry(layout: Layout, config: &PlanConfig) -> Result<Geometry> {
     };
     let one_chunk = n.min(k as u64);
     if rank_slots < one_chunk {
-        let bytes = (one_chunk as u128 * stored_bytes as u128).div_ceil(n as u128);
+        let bytes = (one_chunk as u128 * sample_bytes as u128).div_ceil(n as u128);
         return Err(Error::config(format!(
             "memory {} holds {rank_slots} samples, less than one chunk ({one_chunk} samples, about {bytes} bytes)",
             config.memory
@@ -360,7 +362,7 @@ mod tests {
         Layout {
             samples,
             chunk_size,
-            stored_bytes: samples * 1000,
+            sample_bytes: samples * 1000,
         }
     }
 

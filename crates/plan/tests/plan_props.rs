@@ -16,7 +16,7 @@ fn layout(samples: u64, chunk_size: u32) -> Layout {
     Layout {
         samples,
         chunk_size,
-        stored_bytes: samples * 1000,
+        sample_bytes: samples * 1000,
     }
 }
 

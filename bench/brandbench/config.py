@@ -1,0 +1,110 @@
+"""Presets, paths and the programs the harness drives."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent
+REPO = BENCH.parent
+RUNNERS = BENCH / "runners"
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+def target_dir() -> Path:
+    return Path(os.environ.get("CARGO_TARGET_DIR") or REPO / "target")
+
+
+def brand_bin() -> Path:
+    return Path(os.environ.get("BRAND_BIN") or target_dir() / "release" / "brand")
+
+
+def throughput_bin() -> Path:
+    return Path(os.environ.get("BRAND_THROUGHPUT_BIN") or target_dir() / "cpp-examples" / "brand_throughput")
+
+
+def tf_op_dir() -> Path:
+    """The directory holding the brand_tf package (tf-op/, or BRAND_TF_DIR)."""
+    return Path(os.environ.get("BRAND_TF_DIR") or REPO / "tf-op")
+
+
+def tf_op_lib() -> Path:
+    """The op library BrandDataset loads (BRAND_TF_LIB, or the package's own)."""
+    return Path(os.environ.get("BRAND_TF_LIB") or tf_op_dir() / "brand_tf" / "_brand_tf_ops.so")
+
+
+# The brand variants measured through the CLI: (policy, read gap).
+BRAND_VARIANTS = [
+    ("brand", "whole"),
+    ("brand", "auto"),
+    ("brand-random", "auto"),
+    ("direct", "auto"),
+    ("chunk-shuffle", "auto"),
+]
+# Through the C ABI and BrandDataset (the interfaces' cost, not the policies'):
+API_VARIANTS = [("brand", "auto")]
+
+LOADERS = ["fio", "files", "torch", "spdl", "tf-tfrecord", "tf-files", "brand", "capi", "tf-op", "order"]
+
+
+@dataclass
+class Preset:
+    name: str
+    samples: int
+    mean_kib: float = 110
+    min_kib: float = 10
+    max_kib: float = 300
+    classes: int = 100
+    chunk_size: int = 64
+    seed: int = 7
+    budgets: list[float] = field(default_factory=lambda: [0.10, 0.25, 1.00])
+    # Memory every runtime needs besides its data (interpreter, libraries,
+    # PyTorch's 8 worker processes: ~520 MiB anonymous measured here); the
+    # memory group of a run is this plus the run's budget.
+    allowance: int = 640 * MiB
+    fio_seconds: float = 5.0
+    rounds: int = 3
+    batch_size: int = 64
+    threads: int = 8
+    timeout: float = 3600.0
+    order_epochs: int = 6
+    order_seeds: str = "1,2,3"
+    # The C ABI and BrandDataset at every budget (True), or only at the
+    # smallest (the interfaces' cost shows there already; saves time).
+    api_all_budgets: bool = True
+
+
+PRESETS = {
+    # 80,000 ImageNet-like files, 110 KiB mean: about 9.0 GB (8.4 GiB).
+    "full": Preset("full", samples=80_000, classes=1000, fio_seconds=5.0),
+    # About 0.9 GB: larger than the memory group of every run below a 100 %
+    # budget (560 MiB + 10 % or 25 %: 0.68 / 0.81 GB); 222 runs, 21 minutes
+    # measured on a shared (busy) 2-core machine.
+    "small": Preset("small", samples=8_000, classes=100, allowance=560 * MiB, fio_seconds=0.5, timeout=900.0,
+                    api_all_budgets=False),
+}
+
+
+def parse_size(text: str) -> int:
+    """"640MiB", "2GiB", "1.5G", "123" -> bytes."""
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]?)(i?B?)\s*", text, re.I)
+    if not m:
+        raise ValueError(f"not a size: {text!r}")
+    n = float(m.group(1))
+    unit = m.group(2).upper()
+    binary = m.group(3).lower().startswith("i") or unit == ""
+    base = 1024 if binary else 1000
+    return int(n * base ** " KMGT".index(unit or " "))
+
+
+def parse_budgets(text: str) -> list[float]:
+    """"10,25,100" or "10%,25%" -> [0.1, 0.25, 1.0]."""
+    return [float(x.strip().rstrip("%")) / 100 for x in text.split(",") if x.strip()]
+
+
+def pct(budget: float | None) -> str:
+    return "" if budget is None else f"{budget * 100:g}%"

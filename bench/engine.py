@@ -1,0 +1,197 @@
+#!/usr/bin/env python3
+"""The engine against the device: brand read vs fio on the same segment files.
+
+Interleaved rounds (default 5); for each figure the median and [min, max]
+over rounds, and same-round ratios:
+
+* tmpfs (/dev/shm): bytes/s and CPU-seconds per GB of brand (`direct` and
+  `brand` policies, read gap 0, decode_threads 1 and 2, io_uring and
+  threads) against `fio --rw=randread --bs=128k --iodepth=32
+  --ioengine=io_uring --direct=1` on the dataset's segment file; an
+  uncompressed and a zstd dataset.
+* disk: the best brand variant and the threads backend against fio.
+* the epoch boundary: the wait for each epoch's first batch against the
+  P99 of the other batches' waits.
+* peak RSS / (memory + readahead) for an uncompressed, a zstd and a
+  size-skewed dataset.
+
+Usage: bench/engine.py [--rounds 5] [--samples 10000] [--disk-dir /var/tmp]
+Needs fio (apt-get install -y fio) and a release build (cargo build --release
+-p brand-cli); BRAND_BIN overrides the binary.
+"""
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def sh(cmd, **kw):
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)
+
+
+def child_cpu():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def timed(cmd):
+    """Runs cmd; returns (stdout, CPU seconds it used)."""
+    before = child_cpu()
+    out = sh(cmd).stdout
+    return out, child_cpu() - before
+
+
+def make(brand, root, name, samples, extra_gen=(), extra_pack=()):
+    ds = os.path.join(root, name, "ds")
+    if os.path.exists(os.path.join(root, name, ".done")):
+        return ds
+    sh(["rm", "-rf", os.path.join(root, name)])
+    src = os.path.join(root, name, "src")
+    sh([brand, "gen", src, "--samples", str(samples), "--seed", "7", *extra_gen])
+    sh([brand, "pack", src, "-o", ds, "--seed", "7", *extra_pack])
+    sh(["rm", "-rf", src])
+    open(os.path.join(root, name, ".done"), "w").close()
+    return ds
+
+
+def segments(ds):
+    return sorted(os.path.join(ds, f) for f in os.listdir(ds) if f.endswith(".brd"))
+
+
+def fio(ds):
+    segs = segments(ds)
+    size = sum(os.path.getsize(s) for s in segs)
+    cmd = ["fio", "--name=r", "--rw=randread", "--bs=128k", "--iodepth=32", "--ioengine=io_uring",
+           "--direct=1", "--filename=" + ":".join(segs), f"--size={size}", f"--io_size={size}",
+           "--output-format=json"]
+    out, cpu = timed(cmd)
+    j = json.loads(out)["jobs"][0]["read"]
+    return {"bps": j["bw_bytes"], "cpu_per_gb": cpu / (j["io_bytes"] / 1e9)}, cmd
+
+
+def brand_read(brand, ds, policy, epochs=2, extra=()):
+    cmd = [brand, "read", ds, "--json", "--epochs", str(epochs), "--policy", policy, "--read-gap", "0", *extra]
+    out, cpu = timed(cmd)
+    eps = json.loads(out)
+    read = sum(e["metrics"]["bytes_read"] for e in eps)
+    secs = sum(e["seconds"] for e in eps)
+    assert all(e["exactly_once"] for e in eps), "not exactly once"
+    return {"bps": read / secs, "cpu_per_gb": cpu / (read / 1e9), "epochs": eps}, cmd
+
+
+def fmt(xs, scale=1.0, unit=""):
+    xs = [x * scale for x in xs]
+    return f"{statistics.median(xs):8.3f}{unit} [{min(xs):.3f}, {max(xs):.3f}]"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--samples", type=int, default=10000)
+    ap.add_argument("--disk-dir", default=None)
+    args = ap.parse_args()
+    brand = os.environ.get("BRAND_BIN", os.path.join(HERE, "target/release/brand"))
+    shm = f"/dev/shm/brand-engine-bench-{args.samples}"
+    n = args.samples
+    args.disk_dir = args.disk_dir or f"/var/tmp/brand-engine-bench-{n}"
+    t0 = time.time()
+    sets = {
+        "plain": make(brand, shm, "plain", n),
+        "zstd": make(brand, shm, "zstd", n, ["--compressible", "3"], ["--zstd", "3"]),
+        "skew": make(brand, shm, "skew", n // 2, ["--min-kib", "1", "--max-kib", "4096", "--mean-kib", "220"]),
+        "disk": make(brand, args.disk_dir, "plain", n),
+    }
+    print(f"datasets ready in {time.time() - t0:.0f}s", file=sys.stderr)
+    variants = []
+    for dsn in ["plain", "zstd"]:
+        for policy in ["direct", "brand"]:
+            for dt in ["1", "2"]:
+                variants.append((dsn, policy, ("--decode-threads", dt, "--io-backend", "uring")))
+        variants.append((dsn, "direct", ("--decode-threads", "2", "--io-backend", "threads")))
+    disk_variants = [("--io-backend", "uring", "--decode-threads", "2"), ("--io-backend", "threads")]
+    res = {}
+    cmds = {}
+
+    def add(key, v, cmd):
+        res.setdefault(key, []).append(v)
+        cmds[key] = " ".join(cmd)
+
+    for rnd in range(args.rounds):
+        for dsn in ["plain", "zstd"]:
+            f, c = fio(sets[dsn])
+            add(("fio", dsn), f, c)
+            for vd, policy, extra in variants:
+                if vd != dsn:
+                    continue
+                b, c = brand_read(brand, sets[dsn], policy, extra=extra)
+                add((dsn, policy, extra), b, c)
+        f, c = fio(sets["disk"])
+        add(("fio", "disk"), f, c)
+        for extra in disk_variants:
+            b, c = brand_read(brand, sets["disk"], "direct", extra=extra)
+            add(("disk", extra), b, c)
+        # Epoch boundary: three epochs of the brand policy.
+        b, c = brand_read(brand, sets["plain"], "brand", epochs=4, extra=("--batch", "256"))
+        add(("boundary",), b, c)
+        # Peak RSS against memory + readahead.
+        for dsn in ["plain", "zstd", "skew"]:
+            b, c = brand_read(brand, sets[dsn], "brand", epochs=1,
+                              extra=("--memory", "256MiB", "--readahead", "64MiB"))
+            add(("rss", dsn), b, c)
+        print(f"round {rnd + 1}/{args.rounds} done at {time.time() - t0:.0f}s", file=sys.stderr)
+
+    print(f"# brand engine benchmark: {args.rounds} interleaved rounds, {n} samples (mean 110 KiB)")
+    print("# median [min, max] over rounds; ratios are per round, then summarised\n")
+    for dsn in ["plain", "zstd"]:
+        fr = res[("fio", dsn)]
+        print(f"## tmpfs, {dsn}: fio {fmt([r['bps'] for r in fr], 1e-9, ' GB/s')}, "
+              f"{fmt([r['cpu_per_gb'] for r in fr], 1, ' CPU-s/GB')}")
+        print(f"   fio: {cmds[('fio', dsn)]}")
+        for vd, policy, extra in variants:
+            if vd != dsn:
+                continue
+            br = res[(dsn, policy, extra)]
+            bw = [b["bps"] / f["bps"] for b, f in zip(br, fr)]
+            cpu = [b["cpu_per_gb"] / f["cpu_per_gb"] for b, f in zip(br, fr)]
+            print(f"   {policy:6} {' '.join(extra):40} {fmt([b['bps'] for b in br], 1e-9, ' GB/s')} "
+                  f"bytes/s ratio {fmt(bw)}  CPU/GB {fmt([b['cpu_per_gb'] for b in br])} ratio {fmt(cpu)}")
+        print()
+    fr = res[("fio", "disk")]
+    print(f"## disk ({args.disk_dir}): fio {fmt([r['bps'] for r in fr], 1e-9, ' GB/s')}")
+    base = None
+    for extra in disk_variants:
+        br = res[("disk", extra)]
+        ratio = [b["bps"] / f["bps"] for b, f in zip(br, fr)]
+        print(f"   direct {' '.join(extra):40} {fmt([b['bps'] for b in br], 1e-9, ' GB/s')} vs fio {fmt(ratio)}")
+        if base is None:
+            base = br
+        else:
+            tu = [t["bps"] / u["bps"] for t, u in zip(br, base)]
+            print(f"   threads / io_uring bytes/s {fmt(tu)}")
+    print("\n## epoch boundary (brand policy, 4 epochs, batch 256): first-batch wait of epochs 1-3 vs P99 batch wait")
+    firsts = [e["first_batch_wait_secs"] for r in res[("boundary",)] for e in r["epochs"][1:]]
+    p99s = [e["batch_wait_p99_secs"] for r in res[("boundary",)] for e in r["epochs"][1:]]
+    print(f"   first batch {fmt(firsts, 1e3, ' ms')}   P99 mid-epoch {fmt(p99s, 1e3, ' ms')}   "
+          f"ratio {fmt([a / b if b else 0 for a, b in zip(firsts, p99s)])}")
+    print(f"   {cmds[('boundary',)]}")
+    print("\n## peak RSS / (memory 256 MiB + readahead 64 MiB)")
+    bound = (256 + 64) << 20
+    for dsn in ["plain", "zstd", "skew"]:
+        rs = res[("rss", dsn)]
+        peaks = [max(e["peak_rss_bytes"] for e in r["epochs"]) for r in rs]
+        res_peak = [max(e["metrics"]["peak_resident_bytes"] for e in r["epochs"]) for r in rs]
+        print(f"   {dsn:5} RSS/bound {fmt([p / bound for p in peaks])}  (RSS - 64 MiB)/bound "
+              f"{fmt([(p - (64 << 20)) / bound for p in peaks])}  peak resident {fmt(res_peak, 2**-20, ' MiB')}")
+    print(f"   {cmds[('rss', 'skew')]}")
+    print(f"\n# total {time.time() - t0:.0f}s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,376 @@
+//! A consumer's pushed samples: held by step until served, within
+//! `remote_memory` bytes, granted to owners as credit in the consumer's own
+//! order, checked against the consumer's plan on arrival.
+//!
+//! Credit is a window of steps: every owner may send the steps below
+//! `window` it owns. The window grows while the bytes of the samples in
+//! `[cursor, window)` fit `remote_memory`, so whatever arrives fits, and the
+//! step the consumer waits for is always inside it (no owner can block
+//! another's sample: no deadlock).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use brand_format::dataset::Dataset;
+use brand_loader::SampleBytes;
+
+use crate::config::DistConfig;
+use crate::owner::Control;
+use crate::routes::ConsumerPlan;
+use crate::wire::{Credit, Sample};
+
+/// Where an owner's credits go.
+pub enum CreditSink {
+    /// This node's own owner thread.
+    Local(crossbeam_channel::Sender<Control>),
+    /// A peer's stream (the response side of its push call).
+    Remote(tokio::sync::mpsc::UnboundedSender<Result<Credit, tonic::Status>>),
+}
+
+impl CreditSink {
+    fn send(&self, me: u32, credit: Credit) {
+        // A closed sink means the owner is gone; its absence is noticed
+        // when its samples are due.
+        let _ = match self {
+            CreditSink::Local(tx) => tx.send(Control::Credit { consumer: me, credit }).map_err(|_| ()),
+            CreditSink::Remote(tx) => tx.send(Ok(credit)).map_err(|_| ()),
+        };
+    }
+}
+
+/// Counters of what arrived and what waited.
+#[derive(Debug, Clone, Default)]
+pub struct InboxStats {
+    pub samples_local: u64,
+    pub samples_received: u64,
+    pub bytes_received: u64,
+    pub held_peak_bytes: u64,
+    pub stall_nanos: Vec<u64>,
+}
+
+struct State {
+    plan: Arc<ConsumerPlan>,
+    /// Next step to serve.
+    cursor: u64,
+    window: u64,
+    /// Bytes of the samples of steps `[cursor, window)`.
+    granted: u64,
+    last_sent_window: u64,
+    held: HashMap<u64, SampleBytes>,
+    held_bytes: u64,
+    /// Per owner, the smallest step it may send next (steps arrive in order).
+    next_from: Vec<u64>,
+    sinks: Vec<Option<CreditSink>>,
+    /// Per owner: its stream to us ended (with the reason if abnormal).
+    closed: Vec<Option<String>>,
+    /// Per peer: it accepted our pushes.
+    outbound: Vec<bool>,
+    failed: Option<String>,
+    stats: InboxStats,
+}
+
+pub struct Inbox {
+    ds: Arc<Dataset>,
+    cfg: Arc<DistConfig>,
+    state: Mutex<State>,
+    cond: Condvar,
+}
+
+/// Decoded length of `sample`: what its pushed bytes must measure.
+pub fn sample_len(ds: &Dataset, sample: u64) -> u64 {
+    if ds.zstd() {
+        ds.index.raw_len[sample as usize] as u64
+    } else {
+        ds.index.stored_len[sample as usize] as u64
+    }
+}
+
+/// Credits are sent once the window has grown by this many steps (or when
+/// the consumer is about to wait).
+const CREDIT_BATCH: u64 = 16;
+
+impl Inbox {
+    pub fn new(ds: Arc<Dataset>, cfg: Arc<DistConfig>, plan: ConsumerPlan, from_step: u64) -> Self {
+        let w = cfg.world() as usize;
+        let mut state = State {
+            plan: Arc::new(plan),
+            cursor: 0,
+            window: 0,
+            granted: 0,
+            last_sent_window: 0,
+            held: HashMap::new(),
+            held_bytes: 0,
+            next_from: vec![0; w],
+            sinks: (0..w).map(|_| None).collect(),
+            closed: vec![None; w],
+            outbound: vec![false; w],
+            failed: None,
+            stats: InboxStats::default(),
+        };
+        Self::reset(&ds, &cfg, &mut state, from_step);
+        Inbox {
+            ds,
+            cfg,
+            state: Mutex::new(state),
+            cond: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock is a bug elsewhere; the data is
+        // still consistent enough to report errors.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn reset(ds: &Dataset, cfg: &DistConfig, s: &mut State, from_step: u64) {
+        let from = from_step.min(s.plan.steps());
+        s.cursor = from;
+        s.window = from;
+        s.granted = 0;
+        s.last_sent_window = from;
+        s.next_from.iter_mut().for_each(|x| *x = from);
+        Self::grow_window(ds, cfg, s);
+    }
+
+    fn grow_window(ds: &Dataset, cfg: &DistConfig, s: &mut State) {
+        let steps = s.plan.steps();
+        while s.window < steps {
+            let len = sample_len(ds, s.plan.samples[s.window as usize] as u64);
+            // The step being waited for always fits (remote_memory is at
+            // least the largest sample, checked at open).
+            if s.window > s.cursor && s.granted + len > cfg.remote_memory {
+                break;
+            }
+            s.granted += len;
+            s.window += 1;
+        }
+    }
+
+    fn send_credits(&self, s: &mut State, force: bool) {
+        if s.window == s.last_sent_window || (!force && s.window - s.last_sent_window < CREDIT_BATCH) {
+            return;
+        }
+        let credit = Credit {
+            epoch: s.plan.epoch,
+            window: s.window,
+        };
+        for sink in s.sinks.iter().flatten() {
+            sink.send(self.cfg.rank, credit);
+        }
+        s.last_sent_window = s.window;
+    }
+
+    /// Starts `plan`'s epoch at `from_step` and grants its first credit.
+    pub fn start_epoch(&self, plan: ConsumerPlan, from_step: u64) {
+        let mut s = self.lock();
+        s.plan = Arc::new(plan);
+        s.held.clear();
+        s.held_bytes = 0;
+        Self::reset(&self.ds, &self.cfg, &mut s, from_step);
+        let credit = Credit {
+            epoch: s.plan.epoch,
+            window: s.window,
+        };
+        for sink in s.sinks.iter().flatten() {
+            sink.send(self.cfg.rank, credit);
+        }
+        s.last_sent_window = s.window;
+    }
+
+    /// Registers `owner`'s credit sink and grants it the current window.
+    pub fn attach(&self, owner: u32, sink: CreditSink) -> Result<(), String> {
+        let mut s = self.lock();
+        let slot = s
+            .sinks
+            .get_mut(owner as usize)
+            .ok_or_else(|| format!("no node {owner}"))?;
+        if slot.is_some() {
+            return Err(format!("{} is already connected", self.cfg.name(owner)));
+        }
+        sink.send(
+            self.cfg.rank,
+            Credit {
+                epoch: s.plan.epoch,
+                window: s.window,
+            },
+        );
+        s.sinks[owner as usize] = Some(sink);
+        self.cond.notify_all();
+        Ok(())
+    }
+
+    /// Our pushes to `peer` were accepted.
+    pub fn outbound_ready(&self, peer: u32) {
+        let mut s = self.lock();
+        if let Some(o) = s.outbound.get_mut(peer as usize) {
+            *o = true;
+        }
+        self.cond.notify_all();
+    }
+
+    /// Waits until every peer has connected to us and accepted our pushes;
+    /// the error names those that did not.
+    pub fn wait_connected(&self, timeout: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + timeout;
+        let me = self.cfg.rank as usize;
+        let mut s = self.lock();
+        loop {
+            if let Some(f) = &s.failed {
+                return Err(f.clone());
+            }
+            let missing: Vec<String> = (0..s.sinks.len())
+                .filter(|&i| i != me && (s.sinks[i].is_none() || !s.outbound[i]))
+                .map(|i| self.cfg.name(i as u32))
+                .collect();
+            if missing.is_empty() {
+                return Ok(());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(format!("{} did not connect within {:?}", missing.join(", "), timeout));
+            }
+            s = self
+                .cond
+                .wait_timeout(s, deadline - now)
+                .map(|r| r.0)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+    }
+
+    /// A pushed sample from `owner`, checked against this consumer's plan.
+    pub fn deliver(&self, owner: u32, m: Sample) -> Result<(), String> {
+        let mut s = self.lock();
+        let name = self.cfg.name(owner);
+        let bad = |why: String| {
+            format!(
+                "{name} sent a bad push (epoch {}, step {}, sample {}): {why}",
+                m.epoch, m.step, m.sample
+            )
+        };
+        if m.epoch != s.plan.epoch {
+            return Err(bad(format!("this node is in epoch {}", s.plan.epoch)));
+        }
+        let i = m.step as usize;
+        match (s.plan.samples.get(i), s.plan.owners.get(i)) {
+            (Some(&y), Some(&o)) if y as u64 == m.sample && o == owner => {}
+            (Some(&y), Some(&o)) => {
+                return Err(bad(format!("the plan serves sample {y} from node {o} at that step")));
+            }
+            _ => return Err(bad(format!("the epoch has {} steps", s.plan.steps()))),
+        }
+        let expected_from = s.next_from.get(owner as usize).copied().unwrap_or(u64::MAX);
+        if m.step < expected_from {
+            return Err(bad(format!(
+                "out of order or repeated (expected step {expected_from} or later)"
+            )));
+        }
+        if m.step >= s.window {
+            return Err(bad(format!("beyond the credit granted (steps below {})", s.window)));
+        }
+        let want = sample_len(&self.ds, m.sample);
+        if m.data.len() as u64 != want {
+            return Err(bad(format!("{} bytes, the index says {want}", m.data.len())));
+        }
+        s.next_from[owner as usize] = m.step + 1;
+        s.stats.samples_received += 1;
+        s.stats.bytes_received += want;
+        let bytes = Arc::new(brand_format::buffer::AlignedBuf::copy_of(&m.data));
+        self.hold(&mut s, m.step, bytes);
+        Ok(())
+    }
+
+    /// A sample this node owns and serves itself.
+    pub fn deliver_local(&self, step: u64, bytes: SampleBytes) {
+        let mut s = self.lock();
+        s.stats.samples_local += 1;
+        self.hold(&mut s, step, bytes);
+    }
+
+    fn hold(&self, s: &mut State, step: u64, bytes: SampleBytes) {
+        s.held_bytes += bytes.len() as u64;
+        s.stats.held_peak_bytes = s.stats.held_peak_bytes.max(s.held_bytes);
+        s.held.insert(step, bytes);
+        self.cond.notify_all();
+    }
+
+    /// Records the first failure; every later `take` reports it.
+    pub fn fail(&self, why: String) {
+        let mut s = self.lock();
+        if s.failed.is_none() {
+            s.failed = Some(why);
+        }
+        self.cond.notify_all();
+    }
+
+    /// `owner`'s stream to us ended (`why` if it broke).
+    /// Its credit stream ends too, which lets the owner's side finish.
+    pub fn closed(&self, owner: u32, why: Option<String>) {
+        let mut s = self.lock();
+        if let Some(c) = s.closed.get_mut(owner as usize) {
+            *c = Some(why.unwrap_or_else(|| "it closed its stream".into()));
+        }
+        if let Some(sink) = s.sinks.get_mut(owner as usize) {
+            sink.take();
+        }
+        self.cond.notify_all();
+    }
+
+    /// The next step's sample, waiting up to `peer_timeout` for its push;
+    /// `None` at the end of the epoch.
+    pub fn take(&self) -> Result<Option<(u64, SampleBytes)>, String> {
+        let mut s = self.lock();
+        let mut stalled: Option<Instant> = None;
+        loop {
+            if let Some(f) = &s.failed {
+                return Err(f.clone());
+            }
+            let step = s.cursor;
+            if step >= s.plan.steps() {
+                return Ok(None);
+            }
+            let sample = s.plan.samples[step as usize] as u64;
+            if let Some(bytes) = s.held.remove(&step) {
+                s.held_bytes -= bytes.len() as u64;
+                s.granted -= sample_len(&self.ds, sample);
+                s.cursor += 1;
+                Self::grow_window(&self.ds, &self.cfg, &mut s);
+                self.send_credits(&mut s, false);
+                if let Some(t) = stalled {
+                    s.stats
+                        .stall_nanos
+                        .push(t.elapsed().as_nanos().min(u64::MAX as u128) as u64);
+                }
+                return Ok(Some((sample, bytes)));
+            }
+            let owner = s.plan.owners[step as usize];
+            if let Some(why) = &s.closed[owner as usize] {
+                return Err(format!(
+                    "{}: {why} before sending sample {sample} (epoch {}, step {step})",
+                    self.cfg.name(owner),
+                    s.plan.epoch
+                ));
+            }
+            self.send_credits(&mut s, true);
+            let started = *stalled.get_or_insert_with(Instant::now);
+            let waited = started.elapsed();
+            if waited >= self.cfg.peer_timeout {
+                return Err(format!(
+                    "{}: no push of sample {sample} (epoch {}, step {step}) within {:?}",
+                    self.cfg.name(owner),
+                    s.plan.epoch,
+                    self.cfg.peer_timeout
+                ));
+            }
+            s = self
+                .cond
+                .wait_timeout(s, self.cfg.peer_timeout - waited)
+                .map(|r| r.0)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+    }
+
+    pub fn stats(&self) -> InboxStats {
+        self.lock().stats.clone()
+    }
+}

@@ -1,0 +1,384 @@
+//! brand-dist: the multi-node mode (DESIGN.md §6, paper §3.4).
+//!
+//! Groups are assigned to nodes (group `g` → node `g mod W`); a node reads
+//! only the chunks of its groups, once, through the io engine, and pushes
+//! each record to the rank that serves it, in that rank's order and ahead
+//! of its request, within the `remote_memory` the consumer granted (credit
+//! flow control). Every rank serves exactly the sequence the single-process
+//! plan gives it (`Planner::rank_plan` for its rank in a world of W): the
+//! order is the plan's, I/O and the network only change how fast it comes.
+//!
+//! Modules: `routes` (who reads and who serves what: pure), `owner` (reads
+//! and pushes), `inbox` (a consumer's held samples and credit), `net`
+//! (gRPC), `storage` (the one use of the io engine), `config`, `wire`.
+
+pub mod config;
+mod inbox;
+mod net;
+mod owner;
+pub mod routes;
+mod storage;
+pub mod wire;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use serde::Serialize;
+
+use brand_format::dataset::Dataset;
+use brand_format::error::{Error, Result};
+use brand_loader::{LoaderConfig, LoaderState, SampleBytes, SampleRef};
+use brand_plan::Planner;
+
+pub use config::DistConfig;
+use inbox::{CreditSink, Inbox, sample_len};
+use owner::{Control, Owner, OwnerStats};
+use routes::ConsumerPlan;
+
+/// A loader configuration and the multi-node one.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub loader: LoaderConfig,
+    pub dist: DistConfig,
+}
+
+impl Config {
+    /// Both from one TOML text (and the launcher's environment, see [`config`]).
+    pub fn from_toml(text: &str) -> Result<Self> {
+        let (loader, dist) = config::from_toml(text)?;
+        Ok(Config { loader, dist })
+    }
+}
+
+/// Samples handed out together; owns their bytes (as `brand_loader::Batch`).
+#[derive(Debug)]
+pub struct Batch {
+    pub epoch: u64,
+    ds: Arc<Dataset>,
+    ids: Vec<u64>,
+    data: Vec<SampleBytes>,
+}
+
+impl Batch {
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+    pub fn get(&self, i: usize) -> Option<SampleRef<'_>> {
+        let id = *self.ids.get(i)?;
+        Some(SampleRef {
+            id,
+            label: self.ds.index.label[id as usize],
+            data: &self.data[i],
+            key: self.ds.index.key(id),
+        })
+    }
+    pub fn iter(&self) -> impl Iterator<Item = SampleRef<'_>> {
+        (0..self.len()).filter_map(|i| self.get(i))
+    }
+    pub fn into_parts(self) -> (Vec<u64>, Vec<SampleBytes>) {
+        (self.ids, self.data)
+    }
+}
+
+/// What a node did since it opened.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct DistMetrics {
+    pub samples_served: u64,
+    pub bytes_served: u64,
+    /// Served samples this node owns (never crossed the network).
+    pub samples_local: u64,
+    /// Samples pushed to this node by others.
+    pub samples_received: u64,
+    pub bytes_received: u64,
+    /// Samples this node pushed to others.
+    pub samples_pushed: u64,
+    pub bytes_pushed: u64,
+    /// Bytes this node read from its storage.
+    pub bytes_read: u64,
+    pub reads_issued: u64,
+    /// Times the consumer waited for a sample not yet there (on-demand waits).
+    pub stalls: u64,
+    pub stall_secs_total: f64,
+    pub stall_max_secs: f64,
+    /// Most bytes of pushed (and local) samples held at once, and the limit.
+    pub remote_memory_peak: u64,
+    pub remote_memory_limit: u64,
+    /// Most bytes the owner held read but not yet pushed.
+    pub owner_peak_bytes: u64,
+    pub buffered_fallback: bool,
+}
+
+/// One node of a multi-node job: serves this rank's batches, and reads and
+/// pushes the samples of the groups it owns. A single node (no `nodes`)
+/// listens nowhere and serves everything itself.
+pub struct DistLoader {
+    ds: Arc<Dataset>,
+    cfg: Arc<DistConfig>,
+    planner: Planner,
+    batch_size: usize,
+    epoch: u64,
+    served: u64,
+    /// The last batch call returned the end of `epoch`.
+    epoch_ended: bool,
+    samples_served: u64,
+    bytes_served: u64,
+    inbox: Arc<Inbox>,
+    owner_stats: Arc<OwnerStats>,
+    control: crossbeam_channel::Sender<Control>,
+    owner: Option<std::thread::JoinHandle<()>>,
+    net: Option<net::Net>,
+    failed: Option<String>,
+}
+
+/// The digest nodes exchange: job, dataset fingerprint, plan configuration
+/// and where they start.
+pub fn job_digest(ds: &Dataset, loader: &LoaderConfig, dist: &DistConfig, state: LoaderState) -> wire::JobDigest {
+    let manifest = crc32c::crc32c(ds.manifest.to_toml().as_bytes()) as u64;
+    let index = crc32c::crc32c(&ds.index.to_bytes()) as u64;
+    let p = &loader.plan;
+    wire::JobDigest {
+        protocol: wire::PROTOCOL,
+        job: dist.job.clone(),
+        dataset: (manifest << 32) | index,
+        samples: ds.index.samples(),
+        policy: p.policy.to_string(),
+        memory: p.memory.to_string(),
+        seed: p.seed,
+        world: p.world,
+        drop_last: p.drop_last,
+        nodes: dist.nodes.join(","),
+        start_epoch: state.epoch,
+        start_served: state.served,
+    }
+}
+
+impl DistLoader {
+    /// Opens this node (`cfg.dist.rank` of `cfg.dist.nodes`) at `state`; with
+    /// peers, returns once every peer has connected and agreed on the job,
+    /// or fails naming those that did not within `peer_timeout`.
+    pub fn open(ds: Arc<Dataset>, cfg: &Config, state: LoaderState) -> Result<Self> {
+        let dist = Arc::new(cfg.dist.clone());
+        dist.check()?;
+        let mut loader = cfg.loader.clone();
+        loader.check()?;
+        if loader.plan.world != dist.world() || loader.plan.rank != dist.rank.min(dist.world() - 1) {
+            return Err(Error::config(format!(
+                "rank {} of world {} but this is node {} of {}",
+                loader.plan.rank,
+                loader.plan.world,
+                dist.rank,
+                dist.world()
+            )));
+        }
+        loader.plan.rank = dist.rank.min(dist.world() - 1);
+        let planner = Planner::new(&ds.index, &loader.plan)?;
+        let geo = *planner.geometry();
+        if !loader.plan.policy.is_brand() || geo.resident {
+            return Err(Error::config(format!(
+                "multi-node mode needs policy brand or brand-random and a memory budget below the dataset (policy {}, memory {}{})",
+                loader.plan.policy,
+                loader.plan.memory,
+                if geo.resident { ", which holds it all" } else { "" }
+            )));
+        }
+        let largest = (0..ds.index.samples()).map(|id| sample_len(&ds, id)).max().unwrap_or(0);
+        if dist.remote_memory < largest {
+            return Err(Error::config(format!(
+                "remote_memory {} is smaller than the largest sample ({largest} bytes)",
+                dist.remote_memory
+            )));
+        }
+        let me = dist.rank.min(dist.world() - 1);
+        let consumer_plan = ConsumerPlan::new(&planner, state.epoch, me);
+        let inbox = Arc::new(Inbox::new(ds.clone(), dist.clone(), consumer_plan, state.served));
+        let (control, control_rx) = crossbeam_channel::unbounded();
+        inbox
+            .attach(me, CreditSink::Local(control.clone()))
+            .map_err(Error::config)?;
+        let storage = storage::Storage::open(ds.clone(), &loader.io)?;
+        let owner_stats = Arc::new(OwnerStats::default());
+        let owner = Owner {
+            planner: Planner::new(&ds.index, &loader.plan)?,
+            node: me,
+            storage,
+            inbox: inbox.clone(),
+            control: control_rx,
+            stats: owner_stats.clone(),
+            start_epoch: state.epoch,
+            start_step: state.served,
+            readahead_bytes: loader.io.readahead_bytes,
+            linger: dist.peer_timeout,
+        };
+        let owner = std::thread::Builder::new()
+            .name(format!("brand-owner-{me}"))
+            .spawn(move || owner.run())
+            .map_err(|e| Error::io("<brand-owner thread>", e))?;
+        let mut this = DistLoader {
+            ds: ds.clone(),
+            cfg: dist.clone(),
+            planner,
+            batch_size: loader.io.batch_size,
+            epoch: state.epoch,
+            served: state.served,
+            epoch_ended: false,
+            samples_served: 0,
+            bytes_served: 0,
+            inbox: inbox.clone(),
+            owner_stats,
+            control: control.clone(),
+            owner: Some(owner),
+            net: None,
+            failed: None,
+        };
+        if dist.world() > 1 {
+            this.net = Some(net::Net::start(net::Ctx {
+                cfg: dist.clone(),
+                digest: job_digest(&ds, &loader, &dist, state),
+                inbox: inbox.clone(),
+                control,
+                max_message: largest as usize + (64 << 10),
+            })?);
+            inbox
+                .wait_connected(dist.peer_timeout)
+                .map_err(|e| this.peer_error(e))?;
+        }
+        Ok(this)
+    }
+
+    /// A peer's failure, as seen from this node: `node R (addr): node P (addr): why`.
+    fn peer_error(&self, why: String) -> Error {
+        Error::io(
+            self.cfg.name(self.cfg.rank),
+            std::io::Error::new(std::io::ErrorKind::ConnectionAborted, why),
+        )
+    }
+
+    pub fn dataset(&self) -> &Arc<Dataset> {
+        &self.ds
+    }
+
+    /// Where this rank is: enough to resume every node exactly (all nodes
+    /// must resume from the same state).
+    pub fn state(&self) -> LoaderState {
+        LoaderState {
+            epoch: self.epoch,
+            served: self.served,
+        }
+    }
+
+    pub fn metrics(&self) -> DistMetrics {
+        let s = self.inbox.stats();
+        let o = &self.owner_stats;
+        DistMetrics {
+            samples_served: self.samples_served,
+            bytes_served: self.bytes_served,
+            samples_local: s.samples_local,
+            samples_received: s.samples_received,
+            bytes_received: s.bytes_received,
+            samples_pushed: o.samples_pushed.load(Ordering::Relaxed),
+            bytes_pushed: o.bytes_pushed.load(Ordering::Relaxed),
+            bytes_read: o.bytes_read.load(Ordering::Relaxed),
+            reads_issued: o.reads_issued.load(Ordering::Relaxed),
+            stalls: s.stall_nanos.len() as u64,
+            stall_secs_total: s.stall_nanos.iter().sum::<u64>() as f64 * 1e-9,
+            stall_max_secs: s.stall_nanos.iter().max().copied().unwrap_or(0) as f64 * 1e-9,
+            remote_memory_peak: s.held_peak_bytes,
+            remote_memory_limit: self.cfg.remote_memory,
+            owner_peak_bytes: o.held_peak_bytes.load(Ordering::Relaxed),
+            buffered_fallback: o.buffered_fallback.load(Ordering::Relaxed) != 0,
+        }
+    }
+
+    /// The next batch of the current epoch, or `None` at its end; the call
+    /// after `None` starts the next epoch. A peer that fails, leaves, sends
+    /// something wrong or stays silent past `peer_timeout` is an error that
+    /// names it; after one, every call returns it again.
+    pub fn next_batch(&mut self) -> Result<Option<Batch>> {
+        if let Some(f) = &self.failed {
+            return Err(self.peer_error(f.clone()));
+        }
+        if self.epoch_ended {
+            self.epoch += 1;
+            self.served = 0;
+            self.epoch_ended = false;
+            let plan = ConsumerPlan::new(&self.planner, self.epoch, self.planner.config().rank);
+            self.inbox.start_epoch(plan, 0);
+        }
+        let mut ids = Vec::with_capacity(self.batch_size);
+        let mut data = Vec::with_capacity(self.batch_size);
+        while ids.len() < self.batch_size {
+            match self.inbox.take() {
+                Ok(Some((id, bytes))) => {
+                    ids.push(id);
+                    data.push(bytes);
+                }
+                Ok(None) => break,
+                Err(why) => {
+                    self.failed = Some(why.clone());
+                    return Err(self.peer_error(why));
+                }
+            }
+        }
+        if ids.is_empty() {
+            self.epoch_ended = true;
+            return Ok(None);
+        }
+        self.served += ids.len() as u64;
+        self.samples_served += ids.len() as u64;
+        self.bytes_served += ids
+            .iter()
+            .map(|&id| self.ds.index.stored_len[id as usize] as u64)
+            .sum::<u64>();
+        Ok(Some(Batch {
+            epoch: self.epoch,
+            ds: self.ds.clone(),
+            ids,
+            data,
+        }))
+    }
+}
+
+impl DistLoader {
+    /// Leaves cleanly: first serves the peers what they are owed of the
+    /// current epoch (see `Drop`), then returns the final metrics (which
+    /// then count every read and push this node made).
+    pub fn close(mut self) -> DistMetrics {
+        self.stop_owner();
+        self.metrics()
+    }
+
+    /// Leaves at once, as a crashed node would: connections close without
+    /// finishing what peers are owed (they fail naming this node).
+    pub fn abort(mut self) {
+        self.net.take();
+    }
+}
+
+impl Drop for DistLoader {
+    fn drop(&mut self) {
+        self.stop_owner();
+        if let Some(net) = self.net.take() {
+            net.close();
+        }
+    }
+}
+
+impl DistLoader {
+    fn stop_owner(&mut self) {
+        if self.owner.is_none() {
+            return;
+        }
+        // The owner first finishes what live peers are owed (bounded by
+        // peer_timeout without progress), then the network goes.
+        let _ = self.control.send(match self.failed.take() {
+            Some(why) => Control::Abort(why),
+            None => Control::Stop { epoch: self.epoch },
+        });
+        if let Some(t) = self.owner.take() {
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,289 @@
+//! The gRPC side of a node: a server on this node's own address that takes
+//! owners' push streams into the inbox, and one client stream to every
+//! other node that carries this node's pushes. Deadlines: connecting,
+//! the hello and every silence are bounded by `peer_timeout`; HTTP/2
+//! keepalive notices a peer that stops answering.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::{TcpListenerStream, UnboundedReceiverStream};
+use tonic::{Request, Response, Status, Streaming};
+
+use brand_format::error::{Error, Result};
+
+use crate::config::DistConfig;
+use crate::inbox::{CreditSink, Inbox};
+use crate::owner::Control;
+use crate::wire::service::node_client::NodeClient;
+use crate::wire::service::node_server::{Node, NodeServer};
+use crate::wire::{Credit, Hello, JobDigest, Push, push};
+
+/// How often idle connections are pinged.
+const KEEPALIVE: Duration = Duration::from_secs(1);
+/// Pause between connection attempts to a peer that is not up yet.
+const RETRY: Duration = Duration::from_millis(50);
+
+/// The running transport; dropping it closes every connection.
+pub struct Net {
+    runtime: Option<tokio::runtime::Runtime>,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    /// This node's push streams; each ends once its consumer has read
+    /// everything sent (or the peer is gone).
+    streams: Vec<tokio::task::JoinHandle<()>>,
+    /// How long closing waits for them.
+    timeout: Duration,
+}
+
+pub struct Ctx {
+    pub cfg: Arc<DistConfig>,
+    pub digest: JobDigest,
+    pub inbox: Arc<Inbox>,
+    pub control: crossbeam_channel::Sender<Control>,
+    /// Largest message (a sample plus framing).
+    pub max_message: usize,
+}
+
+impl Net {
+    /// Listens on this node's address and starts a push stream to every peer.
+    pub fn start(ctx: Ctx) -> Result<Net> {
+        let ctx = Arc::new(ctx);
+        let me = ctx.cfg.rank;
+        let addr = ctx.cfg.nodes[me as usize].clone();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("brand-dist")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::io("<brand-dist runtime>", e))?;
+        // Bound here, synchronously, so a taken port is an error from open().
+        let listener = std::net::TcpListener::bind(&addr)
+            .map_err(|e| Error::config(format!("{}: cannot listen: {e}", ctx.cfg.name(me))))?;
+        listener.set_nonblocking(true).map_err(|e| Error::io("<listener>", e))?;
+        let (shutdown, on_shutdown) = tokio::sync::oneshot::channel::<()>();
+        let service = NodeServer::new(Service { ctx: ctx.clone() })
+            .max_decoding_message_size(ctx.max_message)
+            .max_encoding_message_size(ctx.max_message);
+        runtime.block_on(async {
+            let listener = tokio::net::TcpListener::from_std(listener).map_err(|e| Error::io("<listener>", e))?;
+            let incoming = TcpListenerStream::new(listener);
+            tokio::spawn(
+                tonic::transport::Server::builder()
+                    .tcp_nodelay(true)
+                    .http2_keepalive_interval(Some(KEEPALIVE))
+                    .http2_keepalive_timeout(Some(ctx.cfg.peer_timeout))
+                    .add_service(service)
+                    .serve_with_incoming_shutdown(incoming, async {
+                        let _ = on_shutdown.await;
+                    }),
+            );
+            Ok::<(), Error>(())
+        })?;
+        let streams = (0..ctx.cfg.world())
+            .filter(|&peer| peer != me)
+            .map(|peer| runtime.spawn(push_stream(ctx.clone(), peer)))
+            .collect();
+        Ok(Net {
+            runtime: Some(runtime),
+            shutdown: Some(shutdown),
+            streams,
+            timeout: ctx.cfg.peer_timeout,
+        })
+    }
+
+    /// Closes after every push stream has delivered what was queued on it
+    /// (the owner has ended, so each stream is at its end), waiting at most
+    /// `peer_timeout`.
+    pub fn close(mut self) {
+        let streams = std::mem::take(&mut self.streams);
+        if let Some(rt) = &self.runtime {
+            rt.block_on(async {
+                let _ = tokio::time::timeout(self.timeout, async {
+                    for s in streams {
+                        let _ = s.await;
+                    }
+                })
+                .await;
+            });
+        }
+    }
+}
+
+impl Drop for Net {
+    /// Closes at once (what is still queued is lost, as in a crash).
+    fn drop(&mut self) {
+        if let Some(s) = self.shutdown.take() {
+            let _ = s.send(());
+        }
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_timeout(Duration::from_secs(1));
+        }
+    }
+}
+
+/// This node's pushes to `peer`: connect (retrying until `peer_timeout`),
+/// say hello, hand the stream to the owner, then pass credits on.
+async fn push_stream(ctx: Arc<Ctx>, peer: u32) {
+    let cfg = &ctx.cfg;
+    let name = cfg.name(peer);
+    let timeout = cfg.peer_timeout;
+    let deadline = tokio::time::Instant::now() + timeout;
+    let endpoint = match tonic::transport::Endpoint::from_shared(format!("http://{}", cfg.nodes[peer as usize])) {
+        Ok(e) => e
+            .connect_timeout(timeout)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(KEEPALIVE)
+            .keep_alive_timeout(timeout)
+            .keep_alive_while_idle(true),
+        Err(e) => return ctx.inbox.fail(format!("{name}: bad address: {e}")),
+    };
+    let channel = loop {
+        match endpoint.connect().await {
+            Ok(c) => break c,
+            Err(e) => {
+                if tokio::time::Instant::now() + RETRY >= deadline {
+                    let cause = std::error::Error::source(&e).map(|s| s.to_string()).unwrap_or_default();
+                    return ctx.inbox.fail(
+                        format!("{name} unreachable for {timeout:?}: {e} {cause}")
+                            .trim()
+                            .to_string(),
+                    );
+                }
+                tokio::time::sleep(RETRY).await;
+            }
+        }
+    };
+    let (tx, rx) = mpsc::unbounded_channel();
+    let hello = Push {
+        body: Some(push::Body::Hello(Hello {
+            from: cfg.rank,
+            to: peer,
+            job: Some(ctx.digest.clone()),
+        })),
+    };
+    let _ = tx.send(hello);
+    let mut client = NodeClient::new(channel)
+        .max_decoding_message_size(ctx.max_message)
+        .max_encoding_message_size(ctx.max_message);
+    let response = tokio::time::timeout_at(deadline, client.push(UnboundedReceiverStream::new(rx))).await;
+    let mut credits = match response {
+        Ok(Ok(r)) => r.into_inner(),
+        Ok(Err(status)) => {
+            return ctx
+                .inbox
+                .fail(format!("{name} refused this node: {}", status.message()));
+        }
+        Err(_) => return ctx.inbox.fail(format!("{name} did not answer within {timeout:?}")),
+    };
+    let _ = ctx.control.send(Control::Attached {
+        consumer: peer,
+        sink: tx,
+    });
+    ctx.inbox.outbound_ready(peer);
+    // Ends when the consumer leaves or dies: its own stream to us tells our
+    // consumer if it still owed us samples.
+    // Drained until the consumer ends it (it does once our stream has
+    // ended and it has read all of it): dropping it early could cut off
+    // samples still queued.
+    while let Ok(Some(credit)) = credits.message().await {
+        let _ = ctx.control.send(Control::Credit { consumer: peer, credit });
+    }
+    let _ = ctx.control.send(Control::Gone { consumer: peer });
+}
+
+struct Service {
+    ctx: Arc<Ctx>,
+}
+
+#[tonic::async_trait]
+impl Node for Service {
+    type PushStream = UnboundedReceiverStream<Result<Credit, Status>>;
+
+    /// An owner's push stream to this node: check its hello, grant credit,
+    /// and take its samples into the inbox.
+    async fn push(&self, request: Request<Streaming<Push>>) -> Result<Response<Self::PushStream>, Status> {
+        let ctx = self.ctx.clone();
+        let cfg = &ctx.cfg;
+        let mut stream = request.into_inner();
+        let first = tokio::time::timeout(cfg.peer_timeout, stream.message()).await;
+        let hello = match first {
+            Ok(Ok(Some(Push {
+                body: Some(push::Body::Hello(h)),
+            }))) => h,
+            Ok(Ok(_)) => return Err(Status::invalid_argument("a push stream must start with a hello")),
+            Ok(Err(s)) => return Err(s),
+            Err(_) => return Err(Status::deadline_exceeded("no hello")),
+        };
+        let me = cfg.rank;
+        if hello.from >= cfg.world() || hello.from == me || hello.to != me {
+            return Err(Status::invalid_argument(format!(
+                "{} got a hello from node {} to node {} (world {})",
+                cfg.name(me),
+                hello.from,
+                hello.to,
+                cfg.world()
+            )));
+        }
+        let from = hello.from;
+        let theirs = hello.job.unwrap_or_default();
+        let diffs = ctx.digest.differences(&theirs, &cfg.name(from));
+        if !diffs.is_empty() {
+            let what = diffs.join("; ");
+            // A push for the same job from a misconfigured peer stops this
+            // job; one for another job is only refused.
+            if theirs.job == ctx.digest.job {
+                ctx.inbox
+                    .fail(format!("{} does not match this node: {what}", cfg.name(from)));
+            }
+            return Err(Status::failed_precondition(format!(
+                "{} refuses the push: {what}",
+                cfg.name(me)
+            )));
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        ctx.inbox
+            .attach(from, CreditSink::Remote(tx))
+            .map_err(Status::already_exists)?;
+        let inbox = ctx.inbox.clone();
+        let name = cfg.name(from);
+        tokio::spawn(async move {
+            loop {
+                match stream.message().await {
+                    Ok(Some(Push {
+                        body: Some(push::Body::Sample(s)),
+                    })) => {
+                        if let Err(e) = inbox.deliver(from, s) {
+                            inbox.fail(e);
+                            break;
+                        }
+                    }
+                    Ok(Some(Push {
+                        body: Some(push::Body::Failed(why)),
+                    })) => {
+                        inbox.fail(format!("{name}: {why}"));
+                        break;
+                    }
+                    Ok(Some(_)) => {
+                        inbox.fail(format!("{name} sent a malformed push (a second hello, or no body)"));
+                        break;
+                    }
+                    Ok(None) => {
+                        inbox.closed(from, None);
+                        break;
+                    }
+                    // Undecodable bytes: the peer is broken, whatever is due.
+                    Err(s) if s.code() == tonic::Code::Internal => {
+                        inbox.fail(format!("{name} sent a malformed push: {}", s.message()));
+                        break;
+                    }
+                    Err(s) => {
+                        inbox.closed(from, Some(format!("connection lost ({})", s.message())));
+                        break;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(UnboundedReceiverStream::new(rx)))
+    }
+}

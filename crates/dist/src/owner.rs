@@ -1,0 +1,353 @@
+//! The owner: reads the chunks of the groups this node owns, in the plan's
+//! order, and pushes every record to the consumer that serves it, in that
+//! consumer's step order, within the credit it granted.
+//!
+//! Reads are demand-driven: a read is issued once some consumer's credit
+//! reaches a record of it (plus `readahead` bytes beyond), so what the
+//! owner holds is what the plan holds, not the whole epoch.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use brand_format::buffer::AlignedBuf;
+use brand_plan::Planner;
+
+use crate::inbox::Inbox;
+use crate::routes::OwnerPlan;
+use crate::storage::Storage;
+use crate::wire::{Credit, Push, Sample, push};
+
+/// What the owner thread is told.
+pub enum Control {
+    /// The stream to `consumer` is open (its hello was accepted).
+    Attached {
+        consumer: u32,
+        sink: tokio::sync::mpsc::UnboundedSender<Push>,
+    },
+    Credit {
+        consumer: u32,
+        credit: Credit,
+    },
+    /// `consumer` left: nothing more is sent to it.
+    Gone {
+        consumer: u32,
+    },
+    /// The local consumer stopped in `epoch`: the peers will finish that
+    /// epoch, so serve them all of it (they leave early by closing their
+    /// streams), then end.
+    Stop {
+        epoch: u64,
+    },
+    /// The local consumer failed (`why`): tell every peer, then end, so they
+    /// fail naming the cause rather than this node.
+    Abort(String),
+}
+
+/// The owner's counters, read by the consumer's `metrics()`.
+#[derive(Debug, Default)]
+pub struct OwnerStats {
+    pub bytes_read: AtomicU64,
+    pub reads_issued: AtomicU64,
+    pub samples_pushed: AtomicU64,
+    pub bytes_pushed: AtomicU64,
+    pub held_peak_bytes: AtomicU64,
+    pub buffered_fallback: AtomicU64,
+}
+
+enum Outlet {
+    Local,
+    Pending,
+    Remote(tokio::sync::mpsc::UnboundedSender<Push>),
+    Gone,
+}
+
+pub struct Owner {
+    pub planner: Planner,
+    pub node: u32,
+    pub storage: Storage,
+    pub inbox: Arc<Inbox>,
+    pub control: crossbeam_channel::Receiver<Control>,
+    pub stats: Arc<OwnerStats>,
+    pub start_epoch: u64,
+    pub start_step: u64,
+    pub readahead_bytes: u64,
+    /// How long a stopping owner waits without progress for peers it owes.
+    pub linger: Duration,
+}
+
+/// One epoch's progress.
+struct Progress {
+    plan: OwnerPlan,
+    /// Per consumer: queue entries covered by its credit.
+    demand: Vec<usize>,
+    /// Per consumer: queue entries pushed.
+    sent: Vec<usize>,
+    /// Highest read index some credited entry needs.
+    needed: Option<usize>,
+    next_read: usize,
+    ready: HashMap<(u32, u64), AlignedBuf>,
+}
+
+impl Progress {
+    fn new(plan: OwnerPlan) -> Self {
+        let w = plan.queues.len();
+        Progress {
+            plan,
+            demand: vec![0; w],
+            sent: vec![0; w],
+            needed: None,
+            next_read: 0,
+            ready: HashMap::new(),
+        }
+    }
+
+    fn finished(&self) -> bool {
+        self.plan.queues.iter().zip(&self.sent).all(|(q, &s)| s >= q.len())
+    }
+}
+
+impl Owner {
+    /// Runs until stopped (or until a read fails, which every consumer is told).
+    pub fn run(mut self) {
+        let w = self.planner.geometry().world as usize;
+        let mut outlets: Vec<Outlet> = (0..w)
+            .map(|c| {
+                if c as u32 == self.node {
+                    Outlet::Local
+                } else {
+                    Outlet::Pending
+                }
+            })
+            .collect();
+        let mut credits: Vec<Credit> = vec![
+            Credit {
+                epoch: u64::MAX,
+                window: 0
+            };
+            w
+        ];
+        let mut epoch = self.start_epoch;
+        let mut p = Progress::new(OwnerPlan::new(&self.planner, epoch, self.node, self.start_step));
+        let mut held: u64 = 0;
+        let mut in_flight_bytes: u64 = 0;
+        // The last epoch to serve, once the local consumer stopped.
+        let mut stopping: Option<u64> = None;
+        let mut last_progress = Instant::now();
+        loop {
+            // 1. Messages.
+            while let Ok(c) = self.control.try_recv() {
+                if let Control::Abort(why) = c {
+                    return self.fail_all(&outlets, format!("stopped after an error: {why}"));
+                }
+                apply(c, &mut outlets, &mut credits, &mut stopping);
+            }
+            // Consumers that left are owed nothing.
+            for (c, o) in outlets.iter().enumerate() {
+                if matches!(o, Outlet::Gone) {
+                    let len = p.plan.queues[c].len();
+                    p.demand[c] = len;
+                    p.sent[c] = len;
+                    p.ready.retain(|&(rc, _), b| {
+                        if rc as usize == c {
+                            held -= b.len() as u64;
+                            false
+                        } else {
+                            true
+                        }
+                    });
+                }
+            }
+            // 2. What the credits cover.
+            for c in 0..w {
+                if credits[c].epoch != epoch {
+                    continue;
+                }
+                let q = &p.plan.queues[c];
+                while p.demand[c] < q.len() && q[p.demand[c]].0 < credits[c].window {
+                    let read = q[p.demand[c]].1;
+                    p.needed = Some(p.needed.map_or(read, |n| n.max(read)));
+                    p.demand[c] += 1;
+                }
+            }
+            // 3. Reads: everything credited, then readahead (once some
+            // consumer has started the epoch).
+            let started = credits.iter().any(|c| c.epoch == epoch);
+            while p.next_read < p.plan.reads.len() {
+                let due = p.needed.is_some_and(|n| p.next_read <= n);
+                if !due && (!started || held + in_flight_bytes >= self.readahead_bytes) {
+                    break;
+                }
+                let r = &p.plan.reads[p.next_read];
+                let wanted = r
+                    .deliveries
+                    .iter()
+                    .any(|&(_, c, _)| !matches!(outlets[c as usize], Outlet::Gone));
+                if wanted {
+                    match self.storage.submit(p.next_read, r.chunk, r.mask) {
+                        Ok(bytes) => in_flight_bytes += bytes,
+                        Err(e) => return self.fail_all(&outlets, format!("could not read: {e}")),
+                    }
+                    self.stats.reads_issued.fetch_add(1, Ordering::Relaxed);
+                }
+                p.next_read += 1;
+            }
+            // 4. Pushes, in each consumer's order.
+            for (c, outlet) in outlets.iter_mut().enumerate() {
+                while p.sent[c] < p.demand[c] {
+                    let (step, _) = p.plan.queues[c][p.sent[c]];
+                    let Some(buf) = p.ready.remove(&(c as u32, step)) else {
+                        break;
+                    };
+                    held -= buf.len() as u64;
+                    let delivered = match outlet {
+                        Outlet::Local => {
+                            self.inbox.deliver_local(step, Arc::new(buf));
+                            true
+                        }
+                        Outlet::Remote(tx) => {
+                            let sample = self.sample_at(&p, c, step);
+                            let len = buf.len() as u64;
+                            let msg = Push {
+                                body: Some(push::Body::Sample(Sample {
+                                    epoch,
+                                    step,
+                                    sample,
+                                    data: buf.to_vec(),
+                                })),
+                            };
+                            // Counted before sending: the consumer may see
+                            // the sample before this thread runs again.
+                            self.stats.samples_pushed.fetch_add(1, Ordering::Relaxed);
+                            self.stats.bytes_pushed.fetch_add(len, Ordering::Relaxed);
+                            let ok = tx.send(msg).is_ok();
+                            if !ok {
+                                self.stats.samples_pushed.fetch_sub(1, Ordering::Relaxed);
+                                self.stats.bytes_pushed.fetch_sub(len, Ordering::Relaxed);
+                            }
+                            ok
+                        }
+                        Outlet::Pending | Outlet::Gone => false,
+                    };
+                    if !delivered {
+                        *outlet = Outlet::Gone;
+                        break;
+                    }
+                    p.sent[c] += 1;
+                    last_progress = Instant::now();
+                }
+            }
+            // 5. The epoch is done for everyone: plan the next one.
+            if p.finished() && self.storage.in_flight() == 0 {
+                if stopping.is_some_and(|last| epoch >= last) {
+                    return;
+                }
+                epoch += 1;
+                p = Progress::new(OwnerPlan::new(&self.planner, epoch, self.node, 0));
+                held = 0;
+                in_flight_bytes = 0;
+                continue;
+            }
+            if let Some(last) = stopping {
+                // Stay while a live peer is owed samples of the last epoch
+                // (whether or not its credit for them has arrived yet).
+                let owed = epoch <= last
+                    && (0..w).any(|c| matches!(outlets[c], Outlet::Remote(_)) && p.sent[c] < p.plan.queues[c].len());
+                if !owed || last_progress.elapsed() > self.linger {
+                    return;
+                }
+            }
+            // 6. Wait for a read, or for a message.
+            if self.storage.in_flight() > 0 {
+                match self.storage.recv() {
+                    Ok(done) => {
+                        in_flight_bytes = in_flight_bytes.saturating_sub(done.bytes_read);
+                        self.stats.bytes_read.fetch_add(done.bytes_read, Ordering::Relaxed);
+                        match done.result {
+                            Ok(samples) => {
+                                let r = &p.plan.reads[done.read];
+                                for (id, buf) in samples {
+                                    if let Some(&(_, c, step)) = r.deliveries.iter().find(|d| d.0 == id)
+                                        && !matches!(outlets[c as usize], Outlet::Gone)
+                                    {
+                                        held += buf.len() as u64;
+                                        p.ready.insert((c, step), buf);
+                                    }
+                                }
+                                self.stats.held_peak_bytes.fetch_max(held, Ordering::Relaxed);
+                            }
+                            Err(e) => return self.fail_all(&outlets, format!("could not read: {e}")),
+                        }
+                    }
+                    Err(e) => return self.fail_all(&outlets, format!("could not read: {e}")),
+                }
+                if self.storage.buffered_fallback() {
+                    self.stats.buffered_fallback.store(1, Ordering::Relaxed);
+                }
+            } else {
+                match self.control.recv_timeout(Duration::from_millis(200)) {
+                    Ok(Control::Abort(why)) => {
+                        return self.fail_all(&outlets, format!("stopped after an error: {why}"));
+                    }
+                    Ok(c) => apply(c, &mut outlets, &mut credits, &mut stopping),
+                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+                    Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
+                }
+            }
+        }
+    }
+
+    fn sample_at(&self, p: &Progress, consumer: usize, step: u64) -> u64 {
+        let (_, read) = p.plan.queues[consumer][p.sent[consumer]];
+        p.plan.reads[read]
+            .deliveries
+            .iter()
+            .find(|d| d.1 as usize == consumer && d.2 == step)
+            .map_or(u64::MAX, |d| d.0)
+    }
+
+    /// A read failed: no consumer can get its samples; tell them all why.
+    fn fail_all(&self, outlets: &[Outlet], why: String) {
+        let name = self.inbox_name();
+        for o in outlets {
+            match o {
+                Outlet::Local => self.inbox.fail(format!("{name} (this node): {why}")),
+                Outlet::Remote(tx) => {
+                    let _ = tx.send(Push {
+                        body: Some(push::Body::Failed(why.clone())),
+                    });
+                }
+                Outlet::Pending | Outlet::Gone => {}
+            }
+        }
+    }
+
+    fn inbox_name(&self) -> String {
+        format!("node {}", self.node)
+    }
+}
+
+/// Takes in one message.
+fn apply(c: Control, outlets: &mut [Outlet], credits: &mut [Credit], stopping: &mut Option<u64>) {
+    match c {
+        Control::Attached { consumer, sink } => {
+            if let Some(o) = outlets.get_mut(consumer as usize) {
+                *o = Outlet::Remote(sink);
+            }
+        }
+        Control::Credit { consumer, credit } => {
+            if let Some(c) = credits.get_mut(consumer as usize) {
+                *c = credit;
+            }
+        }
+        Control::Gone { consumer } => {
+            if let Some(o) = outlets.get_mut(consumer as usize) {
+                *o = Outlet::Gone;
+            }
+        }
+        Control::Stop { epoch } => *stopping = Some(epoch),
+        // Handled where messages are taken in.
+        Control::Abort(_) => {}
+    }
+}

@@ -1,0 +1,373 @@
+//! The io_uring backend: a `tokio-uring` reactor on its own thread submits
+//! and completes reads; a small pool of decode threads verifies and
+//! decompresses what they read, so the reactor spends its time on I/O.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use tokio_uring::buf::BoundedBuf;
+use tokio_uring::buf::fixed::{FixedBuf, FixedBufPool};
+use tokio_uring::fs::File;
+
+use brand_format::dataset::Dataset;
+use brand_format::error::Error;
+use brand_format::extents::Extent;
+
+use crate::engine::{
+    Completion, EngineStats, FIXED_BUF_BYTES, Job, JobSender, ReadLoop, RecordResult, Shared, Started, Step,
+    decode_records, open_segment,
+};
+use crate::page_buf::PageBuf;
+
+/// Starts the reactor; on failure hands `shared` back (for a fallback backend).
+pub(crate) fn start(shared: Shared) -> Result<Started, (std::io::Error, Option<Shared>)> {
+    let (job_tx, job_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let (exit_tx, exit_rx) = crossbeam_channel::bounded::<()>(0);
+    let decode_threads = shared.cfg.decode_threads;
+    let (task_tx, task_rx) = crossbeam_channel::unbounded::<DecodeTask>();
+    let reactor_exit = exit_tx.clone();
+    let thread = std::thread::Builder::new()
+        .name("brand-io".into())
+        .spawn(move || {
+            let _exit = reactor_exit;
+            let entries = (shared.cfg.queue_depth * 2).next_power_of_two().clamp(8, 4096) as u32;
+            let rt = match tokio_uring::Runtime::new(tokio_uring::builder().entries(entries)) {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = ready_tx.send(Err((e, shared)));
+                    return;
+                }
+            };
+            // Built inside the runtime: registering fixed buffers needs its context.
+            rt.block_on(async move {
+                let decode = (decode_threads > 0).then_some(task_tx);
+                let reactor = Reactor::new(shared, decode);
+                let _ = ready_tx.send(Ok(()));
+                reactor.run(job_rx).await
+            });
+        })
+        .map_err(|e| (e, None))?;
+    match ready_rx.recv() {
+        Ok(Ok(())) => {}
+        Ok(Err((e, shared))) => {
+            let _ = thread.join();
+            return Err((e, Some(shared)));
+        }
+        Err(_) => {
+            let _ = thread.join();
+            return Err((std::io::Error::other("the io thread died while starting"), None));
+        }
+    }
+    let mut threads = vec![thread];
+    for i in 0..decode_threads {
+        let (rx, exit) = (task_rx.clone(), exit_tx.clone());
+        let t = std::thread::Builder::new()
+            .name(format!("brand-decode-{i}"))
+            .spawn(move || {
+                let _exit = exit;
+                for task in rx {
+                    task.run();
+                }
+            })
+            .map_err(|e| (e, None))?;
+        threads.push(t);
+    }
+    Ok(Started {
+        jobs: JobSender::Uring(job_tx),
+        threads,
+        exited: exit_rx,
+    })
+}
+
+/// A pointer to bytes that stay valid and unchanged until the task replies
+/// (see [`Lent`]).
+struct RawBytes(*const u8, usize);
+// SAFETY: the bytes are only read, and [`Lent`] keeps their buffer alive and
+// untouched until the decode thread has replied or dropped its reply sender.
+unsafe impl Send for RawBytes {}
+
+struct DecodeTask {
+    ds: Arc<Dataset>,
+    ext: Extent,
+    bytes: RawBytes,
+    verify: bool,
+    reply: tokio::sync::oneshot::Sender<Vec<(u64, RecordResult)>>,
+}
+
+impl DecodeTask {
+    fn run(self) {
+        // SAFETY: see RawBytes: the buffer outlives this borrow, which ends
+        // before the reply is sent.
+        let bytes = unsafe { std::slice::from_raw_parts(self.bytes.0, self.bytes.1) };
+        let out = decode_records(&self.ds, &self.ext, bytes, self.verify);
+        let _ = self.reply.send(out);
+    }
+}
+
+/// A read buffer lent to a decode thread: owns the buffer, so it cannot be
+/// reused or freed before the decode thread is done with it, even if the
+/// task awaiting it is dropped (its Drop then waits for the reply).
+struct Lent {
+    buf: Option<ReadBuf>,
+    rx: tokio::sync::oneshot::Receiver<Vec<(u64, RecordResult)>>,
+    finished: bool,
+}
+
+impl std::future::Future for Lent {
+    type Output = (ReadBuf, Option<Vec<(u64, RecordResult)>>);
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        let this = &mut *self;
+        match std::pin::Pin::new(&mut this.rx).poll(cx) {
+            std::task::Poll::Ready(r) => {
+                this.finished = true;
+                match this.buf.take() {
+                    Some(b) => std::task::Poll::Ready((b, r.ok())),
+                    None => std::task::Poll::Pending,
+                }
+            }
+            std::task::Poll::Pending => std::task::Poll::Pending,
+        }
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        use tokio::sync::oneshot::error::TryRecvError;
+        while !self.finished {
+            match self.rx.try_recv() {
+                Err(TryRecvError::Empty) => std::thread::sleep(std::time::Duration::from_micros(200)),
+                _ => self.finished = true,
+            }
+        }
+    }
+}
+
+struct Reactor {
+    shared: Shared,
+    files: RefCell<HashMap<u32, Rc<File>>>,
+    pool: RefCell<Vec<PageBuf>>,
+    fixed: Option<FixedBufPool<PageBuf>>,
+    decode: Option<crossbeam_channel::Sender<DecodeTask>>,
+}
+
+/// A read's destination: a registered buffer or an ordinary aligned one.
+enum ReadBuf {
+    Fixed(FixedBuf),
+    Plain(PageBuf),
+}
+
+impl ReadBuf {
+    /// Reads into `[from, to)` of the buffer at `pos`.
+    async fn read(self, file: &File, from: usize, to: usize, pos: u64) -> (Self, std::io::Result<usize>) {
+        match self {
+            ReadBuf::Fixed(b) => {
+                let (res, slice) = file.read_fixed_at(b.slice(from..to), pos).await;
+                (ReadBuf::Fixed(slice.into_inner()), res)
+            }
+            ReadBuf::Plain(b) => {
+                let (res, slice) = file.read_at(b.slice(from..to), pos).await;
+                (ReadBuf::Plain(slice.into_inner()), res)
+            }
+        }
+    }
+
+    fn bytes(&self, len: usize) -> &[u8] {
+        match self {
+            ReadBuf::Fixed(b) => &b[..len.min(b.len())],
+            ReadBuf::Plain(b) => &b.as_slice()[..len.min(b.len())],
+        }
+    }
+}
+
+impl Reactor {
+    fn new(shared: Shared, decode: Option<crossbeam_channel::Sender<DecodeTask>>) -> Rc<Self> {
+        let fixed = shared
+            .cfg
+            .fixed_buffers
+            .then(|| Self::register_fixed(&shared))
+            .flatten();
+        Rc::new(Reactor {
+            shared,
+            files: RefCell::default(),
+            pool: RefCell::default(),
+            fixed,
+            decode,
+        })
+    }
+
+    /// Registers one buffer per queue slot (no more reads are ever in
+    /// flight), no more than `fixed_buffer_bytes` (at least one); None,
+    /// with a warning, where the kernel refuses (beyond RLIMIT_MEMLOCK
+    /// without CAP_IPC_LOCK).
+    fn register_fixed(shared: &Shared) -> Option<FixedBufPool<PageBuf>> {
+        let by_bytes = (shared.cfg.fixed_buffer_bytes / FIXED_BUF_BYTES as u64).max(1) as usize;
+        let count = shared.cfg.queue_depth.min(by_bytes).min(1024);
+        let pool = FixedBufPool::new((0..count).map(|_| PageBuf::new(FIXED_BUF_BYTES)));
+        match pool.register() {
+            Ok(()) => {
+                let stats = &shared.stats;
+                stats.fixed_in_use.store(true, Ordering::Relaxed);
+                stats
+                    .registered_bytes
+                    .store((count * FIXED_BUF_BYTES) as u64, Ordering::Relaxed);
+                Some(pool)
+            }
+            Err(e) => {
+                tracing::warn!("io_uring fixed buffers unavailable ({e}); using ordinary buffers");
+                None
+            }
+        }
+    }
+
+    async fn run(self: Rc<Self>, mut jobs: tokio::sync::mpsc::UnboundedReceiver<Job>) {
+        let depth = self.shared.cfg.queue_depth;
+        let slots = Arc::new(tokio::sync::Semaphore::new(depth));
+        while let Some(job) = jobs.recv().await {
+            let Ok(permit) = slots.clone().acquire_owned().await else {
+                break;
+            };
+            let me = self.clone();
+            tokio_uring::spawn(async move {
+                let completion = me.execute(job).await;
+                let _ = me.shared.done.send(completion);
+                drop(permit);
+            });
+        }
+        // Wait for the reads still in flight before the runtime goes away.
+        let _ = slots.acquire_many(depth as u32).await;
+    }
+
+    fn file(&self, segment: u32, direct: bool) -> brand_format::Result<Rc<File>> {
+        if let Some(f) = self.files.borrow().get(&segment) {
+            return Ok(f.clone());
+        }
+        let path = self.shared.ds.segment_path(segment);
+        let file = Rc::new(File::from_std(open_segment(&path, direct, &self.shared.stats)?));
+        self.files.borrow_mut().insert(segment, file.clone());
+        Ok(file)
+    }
+
+    /// A read buffer of at least `len` bytes. Sizes come in power-of-two
+    /// classes (from 64 KiB) so recycled buffers fit later reads.
+    fn take_buffer(&self, len: usize) -> PageBuf {
+        let class = len.max(64 << 10).next_power_of_two();
+        let mut pool = self.pool.borrow_mut();
+        match pool.iter().position(|b| b.capacity() == class) {
+            Some(i) => pool.swap_remove(i),
+            None => {
+                self.shared.stats.pool_grew(class as u64);
+                PageBuf::new(class)
+            }
+        }
+    }
+
+    fn return_buffer(&self, mut buf: PageBuf) {
+        let mut pool = self.pool.borrow_mut();
+        // At most two buffers per queue slot are kept; others are freed.
+        if pool.len() < 2 * self.shared.cfg.queue_depth {
+            buf.clear();
+            pool.push(buf);
+        } else {
+            self.shared.stats.pool_shrank(buf.capacity() as u64);
+        }
+    }
+
+    async fn execute(&self, job: Job) -> Completion {
+        use tracing::Instrument;
+        let ext = &job.extent;
+        let span = tracing::trace_span!("read", segment = ext.segment, offset = ext.offset, len = ext.len);
+        self.execute_in_span(job).instrument(span).await
+    }
+
+    async fn execute_in_span(&self, job: Job) -> Completion {
+        let len = job.extent.len as usize;
+        let fixed = (len <= FIXED_BUF_BYTES)
+            .then(|| self.fixed.as_ref()?.try_next(FIXED_BUF_BYTES))
+            .flatten();
+        let buf = match fixed {
+            Some(b) => ReadBuf::Fixed(b),
+            None => ReadBuf::Plain(self.take_buffer(len)),
+        };
+        let (buf, read) = self.read_exact(&job.extent, buf).await;
+        let (buf, result) = match read {
+            Err(e) => (buf, Err(e)),
+            Ok(()) => match &self.decode {
+                None => {
+                    let out = decode_records(&self.shared.ds, &job.extent, buf.bytes(len), self.shared.cfg.verify);
+                    (buf, Ok(out))
+                }
+                Some(decode) => self.decode_elsewhere(decode, &job.extent, buf, len).await,
+            },
+        };
+        // A fixed buffer goes back to its pool when dropped.
+        if let ReadBuf::Plain(b) = buf {
+            self.return_buffer(b);
+        }
+        Completion {
+            tag: job.tag,
+            bytes_read: job.extent.len,
+            result,
+        }
+    }
+
+    /// Decodes on the decode pool, lending it the buffer until it replies.
+    async fn decode_elsewhere(
+        &self,
+        decode: &crossbeam_channel::Sender<DecodeTask>,
+        ext: &Extent,
+        buf: ReadBuf,
+        len: usize,
+    ) -> (ReadBuf, brand_format::Result<Vec<(u64, RecordResult)>>) {
+        let bytes = buf.bytes(len);
+        let raw = RawBytes(bytes.as_ptr(), bytes.len());
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        let task = DecodeTask {
+            ds: self.shared.ds.clone(),
+            ext: ext.clone(),
+            bytes: raw,
+            verify: self.shared.cfg.verify,
+            reply,
+        };
+        // The buffer is owned by the guard before the task can run.
+        let lent = Lent {
+            buf: Some(buf),
+            rx,
+            finished: false,
+        };
+        if let Err(crossbeam_channel::SendError(task)) = decode.send(task) {
+            // No decode thread left: decode here.
+            task.run();
+        }
+        let (buf, out) = lent.await;
+        let out = out.ok_or_else(|| Error::config("a decode thread stopped"));
+        (buf, out)
+    }
+
+    /// Reads the whole extent into `buf`, retrying short reads and
+    /// transient errors and falling back to buffered I/O if O_DIRECT is
+    /// refused at read time.
+    async fn read_exact(&self, ext: &Extent, mut buf: ReadBuf) -> (ReadBuf, brand_format::Result<()>) {
+        let stats: &EngineStats = &self.shared.stats;
+        let mut lp = ReadLoop::new(&self.shared.ds, ext, self.shared.cfg.direct);
+        loop {
+            let file = match self.file(ext.segment, lp.direct) {
+                Ok(f) => f,
+                Err(e) => return (buf, Err(e)),
+            };
+            let (back, res) = buf.read(&file, lp.done, lp.len(), lp.pos()).await;
+            buf = back;
+            match lp.step(res, stats) {
+                Step::Again => {}
+                Step::Done => return (buf, Ok(())),
+                Step::Reopen => {
+                    self.files.borrow_mut().remove(&ext.segment);
+                }
+                Step::Fail(e) => return (buf, Err(e)),
+            }
+        }
+    }
+}

@@ -1,0 +1,584 @@
+//! The loader where things go wrong or run long: backends and their
+//! fallback under seccomp, resume at an epoch's end, errors at the sample
+//! they concern, skipping corrupt samples, FIFOs, fork, a ring whose
+//! submissions are refused, memory held in decoded bytes, and a soak.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use brand_format::Dataset;
+use brand_loader::{IoBackend, IoConfig, Loader, LoaderConfig, LoaderState, OnCorrupt, ReadGapSetting};
+use brand_pack::PackOptions;
+use brand_pack::synthetic::{GenOptions, generate_and_pack};
+use brand_plan::{Memory, PlanConfig, Policy};
+
+fn dataset(root: &Path, samples: u64) -> Arc<Dataset> {
+    Arc::new(common::small_dataset(root, samples))
+}
+
+fn config(memory: Memory, rank: u32, world: u32, readahead: u64) -> LoaderConfig {
+    LoaderConfig {
+        plan: PlanConfig {
+            memory,
+            policy: Policy::Brand,
+            seed: 5,
+            rank,
+            world,
+            drop_last: false,
+        },
+        io: IoConfig {
+            batch_size: 8,
+            readahead_bytes: readahead,
+            queue_depth: 8,
+            read_gap: ReadGapSetting::Bytes(0),
+            ..IoConfig::default()
+        },
+    }
+}
+
+/// One epoch's ids, each checked against a buffered read.
+fn epoch(l: &mut Loader, ds: &Dataset) -> Vec<u64> {
+    let mut ids = Vec::new();
+    while let Some(b) = l.next_batch().expect("batch") {
+        for s in b.iter() {
+            assert_eq!(s.data, &ds.read_sample(s.id).expect("buffered")[..], "sample {}", s.id);
+            assert_eq!(s.data.as_ptr() as usize % 64, 0);
+            ids.push(s.id);
+        }
+    }
+    ids
+}
+
+fn exactly_once(ids: &[u64], n: u64) -> bool {
+    let mut v = ids.to_vec();
+    v.sort_unstable();
+    v == (0..n).collect::<Vec<_>>()
+}
+
+#[test]
+fn the_threads_backend_serves_what_io_uring_serves() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let ds = dataset(t.path(), 300);
+    let mut runs = Vec::new();
+    for backend in [IoBackend::Uring, IoBackend::Threads] {
+        for decode_threads in [0, 2] {
+            let mut c = config(Memory::Percent(15.0), 0, 1, 1 << 20);
+            c.io.io_backend = backend;
+            c.io.decode_threads = decode_threads;
+            let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
+            let e = (epoch(&mut l, &ds), epoch(&mut l, &ds));
+            assert!(exactly_once(&e.0, 300) && exactly_once(&e.1, 300));
+            assert_eq!(l.metrics().threads_backend, backend == IoBackend::Threads);
+            runs.push(e);
+        }
+    }
+    assert!(runs.windows(2).all(|w| w[0] == w[1]), "same order on every backend");
+}
+
+/// Child-process tests re-run this test binary with one test selected and
+/// an env var saying what to do.
+const CHILD: &str = "BRAND_ROBUST_CHILD";
+
+fn run_child(test: &str, mode: &str, dir: &Path) -> (bool, String) {
+    let exe = std::env::current_exe().expect("test binary");
+    let mut child = std::process::Command::new(exe)
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(CHILD, format!("{mode}:{}", dir.display()))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn child");
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            let mut out = String::new();
+            use std::io::Read;
+            if let Some(mut o) = child.stdout.take() {
+                let _ = o.read_to_string(&mut out);
+            }
+            if let Some(mut e) = child.stderr.take() {
+                let _ = e.read_to_string(&mut out);
+            }
+            return (status.success(), out);
+        }
+        if start.elapsed() > Duration::from_secs(90) {
+            let _ = child.kill();
+            panic!("child {mode} hung");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Installs a seccomp filter that makes syscall `nr` fail with EPERM, on
+/// every thread of the process (TSYNC).
+#[cfg(target_arch = "x86_64")]
+fn refuse_syscall(nr: u32) {
+    #[repr(C)]
+    struct SockFilter {
+        code: u16,
+        jt: u8,
+        jf: u8,
+        k: u32,
+    }
+    #[repr(C)]
+    struct SockFprog {
+        len: u16,
+        filter: *const SockFilter,
+    }
+    const LD_W_ABS: u16 = 0x20;
+    const JEQ_K: u16 = 0x15;
+    const RET_K: u16 = 0x06;
+    const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
+    const RET_ALLOW: u32 = 0x7fff_0000;
+    const RET_ERRNO: u32 = 0x0005_0000;
+    let prog = [
+        // if arch != x86_64: allow
+        SockFilter {
+            code: LD_W_ABS,
+            jt: 0,
+            jf: 0,
+            k: 4,
+        },
+        SockFilter {
+            code: JEQ_K,
+            jt: 0,
+            jf: 3,
+            k: AUDIT_ARCH_X86_64,
+        },
+        // if nr == `nr`: EPERM
+        SockFilter {
+            code: LD_W_ABS,
+            jt: 0,
+            jf: 0,
+            k: 0,
+        },
+        SockFilter {
+            code: JEQ_K,
+            jt: 0,
+            jf: 1,
+            k: nr,
+        },
+        SockFilter {
+            code: RET_K,
+            jt: 0,
+            jf: 0,
+            k: RET_ERRNO | libc::EPERM as u32,
+        },
+        SockFilter {
+            code: RET_K,
+            jt: 0,
+            jf: 0,
+            k: RET_ALLOW,
+        },
+    ];
+    let fprog = SockFprog {
+        len: prog.len() as u16,
+        filter: prog.as_ptr(),
+    };
+    // SAFETY: plain prctl/seccomp calls; fprog and prog outlive them, and
+    // the kernel copies the program.
+    unsafe {
+        assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0, "no_new_privs");
+        let r = libc::syscall(
+            libc::SYS_seccomp,
+            1, /* SET_MODE_FILTER */
+            1, /* TSYNC */
+            &fprog as *const SockFprog,
+        );
+        assert_eq!(r, 0, "seccomp: {}", std::io::Error::last_os_error());
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn io_uring_refused_by_seccomp_falls_back_to_threads_with_the_same_epoch() {
+    const NAME: &str = "io_uring_refused_by_seccomp_falls_back_to_threads_with_the_same_epoch";
+    let c = config(Memory::Percent(20.0), 0, 1, 1 << 20);
+    if let Ok(v) = std::env::var(CHILD) {
+        // The child: io_uring_setup (425) refused, as under Docker's default profile.
+        let dir = v.strip_prefix("refuse-setup:").expect("mode");
+        refuse_syscall(425);
+        let ds = Arc::new(Dataset::open(dir).expect("open"));
+        let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("auto falls back");
+        let ids = epoch(&mut l, &ds);
+        let m = l.metrics();
+        println!("REFUSED={} THREADS={}", m.uring_refused, m.threads_backend);
+        println!("ORDER={ids:?}");
+        let mut u = c.clone();
+        u.io.io_backend = IoBackend::Uring;
+        let err = Loader::open(ds, &u, LoaderState::default())
+            .err()
+            .expect("uring must fail");
+        println!("URING-ERR={err}");
+        return;
+    }
+    let t = tempfile::tempdir().expect("tempdir");
+    let ds = dataset(t.path(), 200);
+    let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
+    let want = epoch(&mut l, &ds);
+    assert!(!l.metrics().threads_backend, "io_uring works in this process");
+    drop(l);
+    let (ok, out) = run_child(NAME, "refuse-setup", ds.dir());
+    assert!(ok, "child failed:\n{out}");
+    assert!(out.contains("REFUSED=true THREADS=true"), "{out}");
+    assert!(
+        out.contains(&format!("ORDER={want:?}")),
+        "same order and bytes as io_uring:\n{out}"
+    );
+    assert!(out.contains("URING-ERR=<io_uring>"), "{out}");
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn a_ring_whose_submissions_are_refused_is_an_error_not_a_hang() {
+    const NAME: &str = "a_ring_whose_submissions_are_refused_is_an_error_not_a_hang";
+    let mut c = config(Memory::Percent(20.0), 0, 1, 1 << 20);
+    c.io.io_backend = IoBackend::Uring;
+    c.io.io_timeout = Duration::from_secs(2);
+    if let Ok(v) = std::env::var(CHILD) {
+        let dir = v.strip_prefix("refuse-enter:").expect("mode");
+        let ds = Arc::new(Dataset::open(dir).expect("open"));
+        let mut l = Loader::open(ds, &c, LoaderState::default()).expect("loader");
+        // From now on io_uring_enter (426) fails.
+        refuse_syscall(426);
+        let start = Instant::now();
+        let err = l.next_batch().expect_err("no batch can be read");
+        println!("ERR={err} after {:?}", start.elapsed());
+        let start = Instant::now();
+        drop(l);
+        println!("DROPPED in {:?}", start.elapsed());
+        return;
+    }
+    let t = tempfile::tempdir().expect("tempdir");
+    let ds = dataset(t.path(), 100);
+    let (ok, out) = run_child(NAME, "refuse-enter", ds.dir());
+    assert!(ok, "child failed:\n{out}");
+    assert!(out.contains("ERR=") && out.contains("DROPPED"), "{out}");
+}
+
+#[test]
+fn a_state_saved_after_the_last_batch_restores_on_every_rank() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let ds = dataset(t.path(), 230);
+    let world = 3;
+    for rank in 0..world {
+        let c = config(Memory::Percent(15.0), rank, world, 1 << 20);
+        let mut full = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
+        let e0 = epoch(&mut full, &ds);
+        let e1 = epoch(&mut full, &ds);
+        let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
+        let mut served = 0;
+        while served < e0.len() {
+            served += l.next_batch().expect("batch").expect("not yet the end").len();
+        }
+        // After the last batch, before the end of the epoch is seen.
+        let state = l.state();
+        assert_eq!(
+            state,
+            LoaderState {
+                epoch: 0,
+                served: e0.len() as u64
+            }
+        );
+        drop(l);
+        let mut resumed = Loader::open(ds.clone(), &c, state).expect("resume");
+        assert!(resumed.next_batch().expect("end of epoch 0").is_none(), "rank {rank}");
+        assert_eq!(epoch(&mut resumed, &ds), e1, "rank {rank}: epoch 1 as uninterrupted");
+    }
+}
+
+#[test]
+fn start_epoch_after_an_error_reads_a_fitting_dataset_in_whole_reads() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let ds = dataset(t.path(), 200);
+    let mut c = config(Memory::Percent(100.0), 0, 1, 1 << 20);
+    c.io.read_gap = ReadGapSetting::Whole;
+    let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
+    for _ in 0..3 {
+        l.next_batch().expect("batch");
+    }
+    // Whatever stopped epoch 0 (an error, a restart), the caller starts over.
+    l.start_epoch(1).expect("start epoch 1");
+    l.reset_metrics();
+    let ids = epoch(&mut l, &ds);
+    assert!(exactly_once(&ids, 200));
+    let m = l.metrics();
+    assert_eq!(
+        m.recovery_reads, 0,
+        "memory was emptied: the plan must read it again whole"
+    );
+    assert!(m.reads_issued <= ds.index.chunk_count(), "{m:?}");
+}
+
+/// A dataset whose sample `victim` has a flipped bit, and the order a clean
+/// loader serves.
+fn corrupt_one(root: &Path, c: &LoaderConfig, victim_at: f64) -> (Arc<Dataset>, Vec<u64>, u64) {
+    let ds = dataset(root, 240);
+    let mut l = Loader::open(ds.clone(), c, LoaderState::default()).expect("loader");
+    let order = epoch(&mut l, &ds);
+    drop(l);
+    let victim = order[(order.len() as f64 * victim_at) as usize];
+    let (seg, offset, len) = ds.index.record_location(victim);
+    let path = ds.segment_path(seg);
+    let mut bytes = std::fs::read(&path).expect("read");
+    bytes[(offset + len as u64 / 2) as usize] ^= 0x40;
+    std::fs::write(&path, bytes).expect("write");
+    (ds, order, victim)
+}
+
+#[test]
+fn a_corrupt_record_fails_exactly_when_its_sample_is_due() {
+    let t = tempfile::tempdir().expect("tempdir");
+    // Read-ahead covers the whole dataset: the bad read completes long
+    // before its sample is due.
+    let c = config(Memory::Percent(10.0), 0, 1, 64 << 20);
+    let (ds, order, victim) = corrupt_one(t.path(), &c, 0.7);
+    let at = order.iter().position(|&s| s == victim).expect("victim served");
+    let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
+    let mut got = Vec::new();
+    let err = loop {
+        match l.next_batch() {
+            Ok(Some(b)) => got.extend(b.iter().map(|s| s.id)),
+            Ok(None) => panic!("the corrupt sample went unnoticed"),
+            Err(e) => break e.to_string(),
+        }
+    };
+    assert!(
+        err.contains(&format!("sample {victim}")) && err.contains("crc32c"),
+        "{err}"
+    );
+    // Every batch before the one holding the victim, and nothing else.
+    let batch_start = at / 8 * 8;
+    assert_eq!(got, order[..batch_start], "served up to the victim's batch");
+    assert_eq!(l.state().served, batch_start as u64);
+}
+
+#[test]
+fn on_corrupt_skip_leaves_the_sample_out_and_counts_it() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let mut c = config(Memory::Percent(10.0), 0, 1, 1 << 20);
+    c.io.on_corrupt = OnCorrupt::Skip;
+    let (ds, order, victim) = corrupt_one(t.path(), &c, 0.4);
+    let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
+    let got = epoch(&mut l, &ds);
+    let want: Vec<u64> = order.iter().copied().filter(|&s| s != victim).collect();
+    assert_eq!(got, want, "every good sample once, in order");
+    assert_eq!(l.metrics().skipped_corrupt, 1);
+    assert_eq!(l.metrics().samples_served, 239);
+}
+
+#[test]
+fn a_fifo_segment_is_refused_with_a_clear_error() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let ds = dataset(t.path(), 50);
+    let seg = ds.segment_path(0);
+    std::fs::remove_file(&seg).expect("rm");
+    let cpath = std::ffi::CString::new(seg.as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(cpath.as_ptr(), 0o600) }, 0);
+    for backend in [IoBackend::Uring, IoBackend::Threads] {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let ds2 = ds.clone();
+        let mut c = config(Memory::Percent(50.0), 0, 1, 1 << 20);
+        c.io.io_backend = backend;
+        std::thread::spawn(move || {
+            let r = Loader::open(ds2, &c, LoaderState::default()).and_then(|mut l| l.next_batch().map(|_| ()));
+            let _ = tx.send(r.err().map(|e| e.to_string()));
+        });
+        let err = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("a FIFO must not block")
+            .expect("a FIFO must be refused");
+        assert!(err.contains("data-00000.brd") && err.contains("FIFO"), "{err}");
+        assert!(!err.contains("O_DIRECT"), "{err}");
+    }
+}
+
+#[test]
+fn a_loader_used_after_fork_fails_fast() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let ds = dataset(t.path(), 80);
+    let c = config(Memory::Percent(50.0), 0, 1, 1 << 20);
+    let mut l = Loader::open(ds, &c, LoaderState::default()).expect("loader");
+    l.next_batch().expect("batch in the parent");
+    // SAFETY: the child only calls the loader (which must fail without
+    // touching its threads' locks), drops it and _exits.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork");
+    if pid == 0 {
+        let code = match l.next_batch() {
+            Err(e) if e.to_string().contains("fork") => 0,
+            _ => 1,
+        };
+        drop(l);
+        // SAFETY: ends the child without running the parent's atexit handlers.
+        unsafe { libc::_exit(code) };
+    }
+    let start = Instant::now();
+    let mut status = 0;
+    loop {
+        // SAFETY: pid is our child; status is a valid out pointer.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(30) {
+            // SAFETY: our own child.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("the forked child hung");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "status {status}"
+    );
+    // The parent's loader is unaffected.
+    assert!(l.next_batch().is_ok());
+}
+
+#[test]
+fn registered_buffers_are_bounded_by_readahead_and_the_dataset() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let ds = dataset(t.path(), 100);
+    let data: u64 = ds.manifest.segments.iter().map(|s| s.bytes).sum();
+    let mut c = config(Memory::Percent(50.0), 0, 1, 64 << 20);
+    c.io.queue_depth = 1024;
+    c.io.io_backend = IoBackend::Uring;
+    let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
+    assert!(exactly_once(&epoch(&mut l, &ds), 100));
+    let m = l.metrics();
+    let one = brand_io::engine::FIXED_BUF_BYTES as u64;
+    assert!(
+        m.registered_buffer_bytes <= data.max(one),
+        "{} registered for a {data}-byte dataset",
+        m.registered_buffer_bytes
+    );
+}
+
+#[test]
+fn a_truncated_segment_names_its_real_end() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let ds = dataset(t.path(), 200);
+    let seg = ds.segment_path(0);
+    let len = std::fs::metadata(&seg).expect("stat").len();
+    let cut = len / 2 / 4096 * 4096 + 100;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&seg)
+        .expect("open")
+        .set_len(cut)
+        .expect("truncate");
+    let mut c = config(Memory::Percent(20.0), 0, 1, 1 << 20);
+    c.plan.policy = Policy::Sequential;
+    let mut l = Loader::open(ds, &c, LoaderState::default()).expect("loader");
+    let err = loop {
+        match l.next_batch() {
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("a truncated segment went unnoticed"),
+            Err(e) => break e.to_string(),
+        }
+    };
+    assert!(err.contains(&format!("segment ends at byte {cut}")), "{err}");
+}
+
+fn zstd_dataset(root: &Path, samples: u64, ratio: u32) -> Arc<Dataset> {
+    let g = GenOptions {
+        samples,
+        mean_bytes: 16_000,
+        min_bytes: 1000,
+        max_bytes: 64_000,
+        classes: 4,
+        compressible: Some(ratio),
+        ..Default::default()
+    };
+    let p = PackOptions {
+        chunk_size: 16,
+        zstd: Some(3),
+        ..Default::default()
+    };
+    Arc::new(Dataset::open(generate_and_pack(root, &g, &p).expect("pack")).expect("open"))
+}
+
+#[test]
+fn memory_bounds_decoded_bytes_of_a_compressed_dataset() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let ds = zstd_dataset(t.path(), 600, 4);
+    let stored: u64 = ds.index.stored_len.iter().map(|&l| l as u64).sum();
+    let raw: u64 = ds.index.raw_len.iter().map(|&l| l as u64).sum();
+    assert!(raw > 3 * stored, "compressible: {raw} raw vs {stored} stored");
+    let (memory, readahead) = (raw / 10, 256 << 10);
+    let c = config(Memory::Bytes(memory), 0, 1, readahead);
+    let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
+    for _ in 0..2 {
+        l.reset_metrics();
+        assert!(exactly_once(&epoch(&mut l, &ds), 600));
+        let m = l.metrics();
+        // One chunk of decoded samples may be in flight beyond the bound
+        // (a read is always allowed).
+        let slack = 16 * 64_000;
+        assert!(
+            m.peak_resident_bytes <= memory + readahead + slack,
+            "peak {} decoded bytes > memory {memory} + readahead {readahead}",
+            m.peak_resident_bytes
+        );
+        assert!(m.peak_readahead_bytes <= readahead + slack, "{m:?}");
+    }
+}
+
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").expect("statm");
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .expect("rss");
+    pages * 4096
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").expect("fds").count()
+}
+
+#[test]
+fn soak_hundreds_of_epochs_stay_exact_and_flat() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let g = GenOptions {
+        samples: 96,
+        mean_bytes: 2000,
+        min_bytes: 10,
+        max_bytes: 8000,
+        classes: 2,
+        ..Default::default()
+    };
+    let p = PackOptions {
+        chunk_size: 8,
+        ..Default::default()
+    };
+    let ds = Arc::new(Dataset::open(generate_and_pack(t.path(), &g, &p).expect("pack")).expect("open"));
+    let mut c = config(Memory::Percent(25.0), 0, 1, 64 << 10);
+    c.io.batch_size = 7;
+    let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
+    let (mut rss_warm, mut fds_warm) = (0, 0);
+    for e in 0..400u64 {
+        let mut ids = Vec::new();
+        while let Some(b) = l.next_batch().expect("batch") {
+            assert_eq!(b.epoch, e);
+            ids.extend(b.iter().map(|s| s.id));
+        }
+        assert!(exactly_once(&ids, 96), "epoch {e}");
+        l.reset_metrics();
+        if e == 50 {
+            (rss_warm, fds_warm) = (rss_bytes(), open_fds());
+        }
+    }
+    let (rss, fds) = (rss_bytes(), open_fds());
+    // Other tests run in this process too: allow their noise, not a leak
+    // per epoch.
+    assert!(rss < rss_warm + (32 << 20), "RSS grew from {rss_warm} to {rss}");
+    assert!(fds <= fds_warm + 16, "fds grew from {fds_warm} to {fds}");
+    assert_eq!(l.state(), LoaderState { epoch: 400, served: 0 });
+}
