@@ -168,7 +168,7 @@ pub fn generate(dir: &Path, opts: &GenOptions, progress: &(dyn Fn(u64, u64) + Sy
         let path = class_dir(dir, class).join(format!("sample-{i:08}.{ext}"));
         std::fs::write(&path, &bytes).at(&path)?;
         let d = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-        if d % 256 == 0 || d == opts.samples {
+        if d.is_multiple_of(256) || d == opts.samples {
             progress(d, opts.samples);
         }
         Ok(())

@@ -99,7 +99,7 @@ pub fn verify(ds: &Dataset, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<Veri
             None => (0, Vec::new()), // already reported as unopenable
         };
         let d = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-        if d % 64 == 0 || d == total {
+        if d.is_multiple_of(64) || d == total {
             progress(d, total);
         }
         Ok::<_, std::convert::Infallible>(r)
