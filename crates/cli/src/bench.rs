@@ -58,9 +58,16 @@ fn drop_caches() -> bool {
     std::fs::write("/proc/sys/vm/drop_caches", "3\n").is_ok()
 }
 
+const MAX_THREADS: usize = 4096;
+
 fn files(a: &FilesArgs) -> brand_format::Result<()> {
-    if a.threads == 0 {
-        return Err(brand_format::Error::config("--threads must be at least 1"));
+    // Each thread is spawned up front: an absurd count would end in a
+    // failed spawn (a panic), not in more parallelism.
+    if !(1..=MAX_THREADS).contains(&a.threads) {
+        return Err(brand_format::Error::config(format!(
+            "--threads {}: must be 1..={MAX_THREADS}",
+            a.threads
+        )));
     }
     let source = FileSource::image_folder(&a.dir)?;
     let mut order: Vec<u32> = (0..source.entries().len() as u32).collect();

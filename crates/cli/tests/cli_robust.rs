@@ -103,6 +103,8 @@ fn absurd_gen_and_simulate_arguments_are_errors_not_aborts() {
         let err = fails(&["simulate", s(&ds), "--memory", "10%", "--world", world]);
         assert!(err.contains(&format!("world {world}")), "{err}");
     }
+    let err = fails(&["bench", "files", s(&src), "--threads", "18446744073709551615"]);
+    assert!(err.contains("--threads"), "{err}");
     let err = fails(&["simulate", s(&ds), "--memory", "10%", "--world", "1000", "--drop-last"]);
     assert!(err.contains("drop_last"), "{err}");
     ok(&["simulate", s(&ds), "--memory", "10%", "--world", "300"]);

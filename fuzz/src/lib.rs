@@ -1,0 +1,195 @@
+//! The fuzz targets' bodies: each feeds arbitrary bytes to one parser of
+//! untrusted input and must return (an error is fine) without panicking,
+//! aborting, hanging or allocating without bound. The libFuzzer entry points
+//! (`fuzz_targets/`) and the corpus replay (`tests/replay.rs`) both call
+//! these, so every corpus file is a regression test.
+
+use std::cell::RefCell;
+use std::ffi::{CString, c_char};
+use std::path::{Path, PathBuf};
+
+use brand_format::chunk;
+use brand_format::index::Index;
+use brand_format::manifest::Manifest;
+
+/// A target's body.
+pub type Target = fn(&[u8]);
+
+/// Every target, by the name of its corpus directory.
+pub const TARGETS: [(&str, Target); 7] = [
+    ("index", index),
+    ("chunk_header", chunk_header),
+    ("manifest", manifest),
+    ("state", state),
+    ("loader_toml", loader_toml),
+    ("tfrecord", tfrecord),
+    ("lmdb", lmdb),
+];
+
+/// A scratch directory for targets that parse files, one per thread.
+fn scratch() -> PathBuf {
+    thread_local! {
+        static DIR: RefCell<Option<PathBuf>> = const { RefCell::new(None) };
+    }
+    DIR.with(|d| {
+        d.borrow_mut()
+            .get_or_insert_with(|| {
+                let base = if Path::new("/dev/shm").is_dir() {
+                    PathBuf::from("/dev/shm")
+                } else {
+                    std::env::temp_dir()
+                };
+                let dir = base.join(format!(
+                    "brand-fuzz-{}-{:?}",
+                    std::process::id(),
+                    std::thread::current().id()
+                ));
+                std::fs::create_dir_all(&dir).expect("scratch directory for the fuzz target");
+                dir
+            })
+            .clone()
+    })
+}
+
+/// `index.bin`: as given, and with its trailer (crc32c and end marker)
+/// made valid, so mutations reach the checks behind the checksum.
+pub fn index(data: &[u8]) {
+    index_bytes(data);
+    if data.len() >= 12 {
+        let mut fixed = data.to_vec();
+        let body = fixed.len() - 12;
+        let crc = crc32c::crc32c(&fixed[..body]);
+        fixed[body..body + 4].copy_from_slice(&crc.to_le_bytes());
+        fixed[body + 4..].copy_from_slice(&brand_format::index::INDEX_END);
+        index_bytes(&fixed);
+    }
+}
+
+fn index_bytes(data: &[u8]) {
+    if let Ok(idx) = Index::from_bytes(data, Path::new("index.bin")) {
+        // What readers do with a parsed index must not panic either.
+        for c in 0..idx.chunk_count() {
+            let _ = idx.chunk_padded_len(c);
+            let _ = brand_format::extents::extents(&idx, c, u64::MAX, brand_format::extents::ReadGap::Bytes(u64::MAX));
+            let _ = brand_format::extents::extents(&idx, c, u64::MAX, brand_format::extents::ReadGap::Whole);
+        }
+        for id in 0..idx.samples().min(1000) {
+            let _ = idx.record_location(id);
+            let _ = idx.key(id);
+        }
+        assert_eq!(
+            Index::from_bytes(&idx.to_bytes(), Path::new("index.bin")).ok(),
+            Some(idx)
+        );
+    }
+}
+
+/// A chunk's header and record table: as given, and with its header crc32c
+/// made valid.
+pub fn chunk_header(data: &[u8]) {
+    chunk_bytes(data);
+    if data.len() >= chunk::FIXED_HEADER {
+        let hlen = u32::from_le_bytes([data[24], data[25], data[26], data[27]]) as usize;
+        if (32..=data.len()).contains(&hlen) {
+            let mut fixed = data.to_vec();
+            fixed[28..32].fill(0);
+            let crc = crc32c::crc32c(&fixed[..hlen]);
+            fixed[28..32].copy_from_slice(&crc.to_le_bytes());
+            chunk_bytes(&fixed);
+        }
+    }
+}
+
+fn chunk_bytes(data: &[u8]) {
+    let _ = chunk::peek_lengths(data);
+    let _ = chunk::compression_flag(data);
+    if let Ok(h) = chunk::parse_header(data) {
+        assert!(h.header_len as u64 <= h.chunk_len);
+        for r in &h.records {
+            assert!(r.offset as u64 + r.stored_len as u64 <= h.chunk_len);
+        }
+    }
+}
+
+/// `manifest.toml`.
+pub fn manifest(data: &[u8]) {
+    let path = scratch().join("manifest.toml");
+    if std::fs::write(&path, data).is_ok()
+        && let Ok(m) = Manifest::load(&path)
+    {
+        for s in &m.segments {
+            assert!(
+                !s.name.contains('/') && s.name != ".." && !s.name.is_empty(),
+                "{:?}",
+                s.name
+            );
+        }
+        let _ = m.to_toml();
+    }
+}
+
+/// A loader state blob (`brand_state_save`), through `brand_open_at`: the
+/// blob is decoded before the (missing) dataset is looked at.
+pub fn state(data: &[u8]) {
+    state_bytes(data);
+    if data.len() >= 88 {
+        let mut fixed = data.to_vec();
+        let crc = crc32c::crc32c(&fixed[..84]);
+        fixed[84..88].copy_from_slice(&crc.to_le_bytes());
+        state_bytes(&fixed);
+    }
+}
+
+fn state_bytes(data: &[u8]) {
+    let path = CString::new("/nonexistent/brand-fuzz-dataset").expect("no NUL");
+    let mut loader = std::ptr::null_mut();
+    let status = brand::brand_open_at(path.as_ptr(), std::ptr::null(), data.as_ptr(), data.len(), &mut loader);
+    assert_ne!(
+        status,
+        brand::brand_status::BRAND_ERR_PANIC,
+        "a panic was caught at the boundary"
+    );
+    assert!(loader.is_null());
+}
+
+/// The loader's TOML config, through `LoaderConfig::from_toml` and the C ABI.
+pub fn loader_toml(data: &[u8]) {
+    if let Ok(text) = std::str::from_utf8(data) {
+        let _ = brand_loader::LoaderConfig::from_toml(text);
+    }
+    if let Ok(c) = CString::new(data) {
+        let mut len = 0u64;
+        let path = CString::new("/nonexistent/brand-fuzz-dataset").expect("no NUL");
+        let status = brand::brand_epoch_len_for(path.as_ptr(), c.as_ptr() as *const c_char, &mut len);
+        assert_ne!(status, brand::brand_status::BRAND_ERR_PANIC);
+    }
+}
+
+/// A TFRecord file: framing, then each record's tf.train.Example.
+pub fn tfrecord(data: &[u8]) {
+    use brand_pack::source::Source;
+    let path = scratch().join("input.tfrecord");
+    if std::fs::write(&path, data).is_err() {
+        return;
+    }
+    if let Ok(src) = brand_pack::tfrecord::TfRecordSource::open(std::slice::from_ref(&path), Some("label")) {
+        for i in 0..src.entries().len().min(1000) {
+            let _ = src.read(i);
+        }
+    }
+}
+
+/// An LMDB environment (`data.mdb`), through the importer's public API.
+pub fn lmdb(data: &[u8]) {
+    use brand_pack::source::Source;
+    let dir = scratch().join("lmdb");
+    if std::fs::create_dir_all(&dir).is_err() || std::fs::write(dir.join("data.mdb"), data).is_err() {
+        return;
+    }
+    let _ = std::fs::remove_file(dir.join("lock.mdb"));
+    if let Ok(src) = brand_pack::lmdb::LmdbSource::open(&dir) {
+        for i in 0..src.entries().len().min(1000) {
+            let _ = src.read(i);
+        }
+    }
+}
