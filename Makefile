@@ -12,7 +12,7 @@ DEMO_DIR ?= target/demo
 DEMO_SAMPLES ?= 2000
 BRAND := $(TARGET)/release/brand
 
-.PHONY: demo test rust-test python-test lint build capi-build capi-test cpp-test tools bench bench-test
+.PHONY: demo test rust-test python-test lint build capi-build capi-test cpp-test tools bench bench-test fuzz fuzz-replay
 
 # What `make test` calls besides cargo, gcc and Python: installed here when
 # missing, so a fresh machine needs nothing else (root and Debian's apt).
@@ -42,6 +42,8 @@ demo: build
 lint:
 	cargo fmt --all --check
 	cargo clippy --locked --all-targets -- -D warnings
+	cargo fmt --manifest-path fuzz/Cargo.toml --check
+	cargo clippy --locked --manifest-path fuzz/Cargo.toml --all-targets -- -D warnings
 
 rust-test:
 	cargo test --workspace --locked
@@ -85,8 +87,6 @@ capi-test: capi-build tools
 	nm $(CAPI_OUT)/abi_c_asan | grep __asan_init >/dev/null || { echo "abi_c_asan is not instrumented"; exit 1; }
 	ldd $(CAPI_OUT)/abi_c_shared | grep "libbrand.so => $(CAPI_LIBDIR)" >/dev/null || { echo "abi_c_shared: no libbrand.so"; exit 1; }
 	args="$(CAPI_OUT)/ds $(CAPI_OUT)/files $(CAPI_SAMPLES)"
-	# The panic-path test prints the panic message; no backtrace with it.
-	export RUST_BACKTRACE=0
 	for t in abi_c_static abi_c_shared abi_cxx_static abi_cxx_shared abi_c_asan; do
 		echo "== $$t"; $(CAPI_OUT)/$$t $$args
 	done
@@ -101,7 +101,7 @@ cpp-test: capi-build tools
 	cmake --build $(CPP_BUILD) -j 2
 	ctest --test-dir $(CPP_BUILD) --output-on-failure
 
-test: tools lint rust-test capi-test cpp-test python-test bench-test
+test: tools lint rust-test fuzz-replay capi-test cpp-test python-test bench-test
 
 # The benchmark harness (bench/, see bench/README.md): brand against fio, PyTorch's DataLoader,
 # SPDL, tf.data and a per-file loader, larger than memory (a memory cgroup per run) on the raw disk
@@ -124,3 +124,14 @@ bench: capi-build tools
 bench-test:
 	venv=$$(scripts/bench-venv.sh test)
 	"$$venv/bin/python" -m pytest -q -p no:cacheprovider bench/tests
+
+# Coverage-guided fuzzing (libFuzzer on stable Rust, fuzz/README.md): each
+# target for FUZZ_SECONDS; FUZZ_TARGETS="index manifest" picks some.
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?=
+fuzz:
+	FUZZ_SECONDS=$(FUZZ_SECONDS) fuzz/run.sh $(FUZZ_TARGETS)
+
+# Every fuzz corpus file through its target, uninstrumented (part of make test).
+fuzz-replay:
+	cargo test --locked --manifest-path fuzz/Cargo.toml
