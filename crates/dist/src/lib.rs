@@ -27,7 +27,8 @@ use serde::Serialize;
 
 use brand_format::dataset::Dataset;
 use brand_format::error::{Error, Result};
-use brand_loader::{LoaderConfig, LoaderState, SampleBytes, SampleRef};
+pub use brand_loader::Batch;
+use brand_loader::{LoaderConfig, LoaderState};
 use brand_plan::Planner;
 
 pub use config::DistConfig;
@@ -47,39 +48,6 @@ impl Config {
     pub fn from_toml(text: &str) -> Result<Self> {
         let (loader, dist) = config::from_toml(text)?;
         Ok(Config { loader, dist })
-    }
-}
-
-/// Samples handed out together; owns their bytes (as `brand_loader::Batch`).
-#[derive(Debug)]
-pub struct Batch {
-    pub epoch: u64,
-    ds: Arc<Dataset>,
-    ids: Vec<u64>,
-    data: Vec<SampleBytes>,
-}
-
-impl Batch {
-    pub fn len(&self) -> usize {
-        self.ids.len()
-    }
-    pub fn is_empty(&self) -> bool {
-        self.ids.is_empty()
-    }
-    pub fn get(&self, i: usize) -> Option<SampleRef<'_>> {
-        let id = *self.ids.get(i)?;
-        Some(SampleRef {
-            id,
-            label: self.ds.index.label[id as usize],
-            data: &self.data[i],
-            key: self.ds.index.key(id),
-        })
-    }
-    pub fn iter(&self) -> impl Iterator<Item = SampleRef<'_>> {
-        (0..self.len()).filter_map(|i| self.get(i))
-    }
-    pub fn into_parts(self) -> (Vec<u64>, Vec<SampleBytes>) {
-        (self.ids, self.data)
     }
 }
 
@@ -332,12 +300,7 @@ impl DistLoader {
             .iter()
             .map(|&id| self.ds.index.stored_len[id as usize] as u64)
             .sum::<u64>();
-        Ok(Some(Batch {
-            epoch: self.epoch,
-            ds: self.ds.clone(),
-            ids,
-            data,
-        }))
+        Ok(Some(Batch::new(self.epoch, self.ds.clone(), ids, data)))
     }
 }
 

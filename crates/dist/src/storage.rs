@@ -9,8 +9,8 @@ use brand_format::buffer::AlignedBuf;
 use brand_format::dataset::Dataset;
 use brand_format::error::Result;
 use brand_format::extents::{ReadGap, extents};
-use brand_io::engine::{Engine, EngineConfig, Job};
-use brand_loader::{IoConfig, ReadGapSetting};
+use brand_io::engine::{Engine, Job};
+use brand_loader::IoConfig;
 
 /// One finished extent of a read.
 pub struct Done {
@@ -33,17 +33,7 @@ pub struct Storage {
 impl Storage {
     pub fn open(ds: Arc<Dataset>, io: &IoConfig) -> Result<Self> {
         let engine = Engine::start(ds.clone(), io.engine_config(&ds))?;
-        let gap = match io.read_gap {
-            ReadGapSetting::Whole => ReadGap::Whole,
-            ReadGapSetting::Bytes(b) => ReadGap::Bytes(b),
-            ReadGapSetting::Auto => ReadGap::Bytes(brand_io::probe::auto_gap(
-                ds.clone(),
-                &EngineConfig {
-                    backend: engine.backend(),
-                    ..io.engine_config(&ds)
-                },
-            )?),
-        };
+        let gap = io.read_gap(&ds, &engine)?;
         Ok(Storage {
             engine,
             ds,

@@ -179,6 +179,24 @@ impl IoConfig {
     }
 }
 
+impl IoConfig {
+    /// The read gap these settings ask for; `auto` probes the device through
+    /// an engine like `engine` (same backend).
+    pub fn read_gap(&self, ds: &Arc<Dataset>, engine: &Engine) -> Result<ReadGap> {
+        Ok(match self.read_gap {
+            ReadGapSetting::Whole => ReadGap::Whole,
+            ReadGapSetting::Bytes(b) => ReadGap::Bytes(b),
+            ReadGapSetting::Auto => ReadGap::Bytes(brand_io::probe::auto_gap(
+                ds.clone(),
+                &EngineConfig {
+                    backend: engine.backend(),
+                    ..self.engine_config(ds)
+                },
+            )?),
+        })
+    }
+}
+
 impl Default for IoConfig {
     fn default() -> Self {
         IoConfig {
@@ -215,6 +233,13 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// A batch of `ids` of `ds` with their bytes (`data[i]` is sample
+    /// `ids[i]`), for readers other than [`Loader`] (the multi-node mode).
+    pub fn new(epoch: u64, ds: Arc<Dataset>, ids: Vec<u64>, data: Vec<SampleBytes>) -> Self {
+        debug_assert_eq!(ids.len(), data.len());
+        Batch { epoch, ds, ids, data }
+    }
+
     pub fn len(&self) -> usize {
         self.ids.len()
     }
@@ -347,19 +372,8 @@ impl Loader {
         if cfg.batch_size == 0 {
             return Err(Error::config("batch size must be at least 1"));
         }
-        let engine_cfg = cfg.engine_config(&ds);
-        let engine = Engine::start(ds.clone(), engine_cfg.clone())?;
-        let gap = match cfg.read_gap {
-            ReadGapSetting::Whole => ReadGap::Whole,
-            ReadGapSetting::Bytes(b) => ReadGap::Bytes(b),
-            ReadGapSetting::Auto => ReadGap::Bytes(brand_io::probe::auto_gap(
-                ds.clone(),
-                &EngineConfig {
-                    backend: engine.backend(),
-                    ..engine_cfg
-                },
-            )?),
-        };
+        let engine = Engine::start(ds.clone(), cfg.engine_config(&ds))?;
+        let gap = cfg.read_gap(&ds, &engine)?;
         let metrics = Metrics {
             read_gap: match gap {
                 ReadGap::Whole => None,
