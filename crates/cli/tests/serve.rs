@@ -5,25 +5,12 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use brand_pack::PackOptions;
-use brand_pack::synthetic::{GenOptions, generate_and_pack};
+use brand_pack::synthetic::small_dataset;
 
 const SAMPLES: u64 = 900;
 
 fn dataset(root: &std::path::Path) -> std::path::PathBuf {
-    let gen_opts = GenOptions {
-        samples: SAMPLES,
-        mean_bytes: 8000,
-        min_bytes: 10,
-        max_bytes: 40_000,
-        classes: 4,
-        ..Default::default()
-    };
-    let pack = PackOptions {
-        chunk_size: 16,
-        ..Default::default()
-    };
-    generate_and_pack(root, &gen_opts, &pack).expect("gen and pack")
+    small_dataset(root, SAMPLES).expect("gen and pack")
 }
 
 fn addresses(n: usize) -> Vec<String> {

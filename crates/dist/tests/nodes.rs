@@ -9,26 +9,13 @@ use std::time::{Duration, Instant};
 use brand_dist::{Config, DistConfig, DistLoader, DistMetrics};
 use brand_format::Dataset;
 use brand_loader::{LoaderConfig, LoaderState, ReadGapSetting};
-use brand_pack::PackOptions;
-use brand_pack::synthetic::{GenOptions, generate_and_pack};
+use brand_pack::synthetic::small_dataset;
 use brand_plan::{Event, Memory, Planner};
 
 const SAMPLES: u64 = 600;
 
 fn dataset(root: &std::path::Path) -> Arc<Dataset> {
-    let gen_opts = GenOptions {
-        samples: SAMPLES,
-        mean_bytes: 8000,
-        min_bytes: 10,
-        max_bytes: 40_000,
-        classes: 4,
-        ..Default::default()
-    };
-    let pack_opts = PackOptions {
-        chunk_size: 16,
-        ..Default::default()
-    };
-    let dir = generate_and_pack(root, &gen_opts, &pack_opts).expect("gen and pack");
+    let dir = small_dataset(root, SAMPLES).expect("gen and pack");
     Arc::new(Dataset::open(dir).expect("open"))
 }
 

@@ -187,6 +187,25 @@ pub fn generate_and_pack(root: &Path, options: &GenOptions, pack: &crate::PackOp
     Ok(out)
 }
 
+/// The small dataset the tests of several crates share: `samples` samples
+/// of mean 8 KB (10 B to 40 KB, log-normal), 4 classes, packed with chunk
+/// size 16 into `root/ds` (sources in `root/src`). Returns the dataset's path.
+pub fn small_dataset(root: &Path, samples: u64) -> Result<PathBuf> {
+    let options = GenOptions {
+        samples,
+        mean_bytes: 8000,
+        min_bytes: 10,
+        max_bytes: 40_000,
+        classes: 4,
+        ..Default::default()
+    };
+    let pack = crate::PackOptions {
+        chunk_size: 16,
+        ..Default::default()
+    };
+    generate_and_pack(root, &options, &pack)
+}
+
 /// A `side`×`side` RGB PNG a small CNN can learn to classify: each class has
 /// its own hue, stripe frequency and stripe direction; brightness, phase and
 /// per-pixel noise vary per sample.
