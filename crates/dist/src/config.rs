@@ -1,17 +1,14 @@
-//! The multi-node keys, read from the same TOML text as the loader's keys
-//! (which are handed on to [`ConfigKeys`]) and from the launcher's
-//! environment.
-//!
-//! ```toml
-//! nodes = ["10.0.0.1:7070", "10.0.0.2:7070"]  # every node's address; this node is `rank`
-//! remote_memory = "256MiB"  # pushed samples a node holds ahead of use (≥ the largest sample)
-//! peer_timeout = "30s"      # a silent or unreachable peer is an error after this long
-//! job = "resnet-run-7"      # nodes of different jobs refuse each other
-//! ```
+//! The multi-node configuration: the keys of the one key table
+//! (`brand_loader::config`, where every key is documented and range-checked)
+//! resolved with the launcher's environment.
 //!
 //! Without `nodes`: `BRAND_NODES` ("a:p,b:p,…") with `RANK` (and, if set,
-//! `WORLD_SIZE`, which must match), else `TF_CONFIG`'s worker list and task
-//! index. Nothing at all: a single node, which listens nowhere.
+//! `WORLD_SIZE`, which must match), else `TF_CONFIG`: the nodes are the
+//! cluster's `chief` (if any) then its `worker`s, in TensorFlow's task order
+//! (chief 0, worker i → i + 1 with a chief), each at its TensorFlow port +
+//! `tf_port_offset` (default [`DEFAULT_TF_PORT_OFFSET`]): TensorFlow's own
+//! server already listens on the port itself. Nothing at all: a single node,
+//! which listens nowhere.
 
 use std::time::Duration;
 
@@ -19,7 +16,8 @@ use serde::Deserialize;
 
 use brand_format::error::{Error, Result};
 use brand_loader::LoaderConfig;
-use brand_loader::config::ConfigKeys;
+use brand_loader::config::{ConfigKeys, NodeKeys};
+pub use brand_loader::config::parse_duration;
 
 /// How this node finds and treats its peers.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,20 +34,9 @@ pub struct DistConfig {
 
 pub const DEFAULT_REMOTE_MEMORY: u64 = 256 << 20;
 pub const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// The keys this module owns; everything else in the text is the loader's.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DistKeys {
-    pub nodes: Option<Vec<String>>,
-    pub remote_memory: Option<String>,
-    pub peer_timeout: Option<String>,
-    pub job: Option<String>,
-}
-
-impl DistKeys {
-    pub const NAMES: [&'static str; 4] = ["nodes", "remote_memory", "peer_timeout", "job"];
-}
+/// brand's port for a `TF_CONFIG` task: its TensorFlow port plus this
+/// (large enough to clear hand-written configs of consecutive ports).
+pub const DEFAULT_TF_PORT_OFFSET: u16 = 1000;
 
 /// A loader configuration and a multi-node one from one TOML text, with the
 /// process environment.
@@ -59,30 +46,28 @@ pub fn from_toml(text: &str) -> Result<(LoaderConfig, DistConfig)> {
 
 /// [`from_toml`] with the environment given as a function (for tests).
 pub fn from_toml_with_env(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<(LoaderConfig, DistConfig)> {
-    let table: toml::Table =
-        toml::from_str(text).map_err(|e| Error::config(format!("config: {}", e.message().trim())))?;
-    from_table(table, env)
+    resolve_keys(ConfigKeys::from_toml(text)?, env)
 }
 
 /// [`from_toml_with_env`] from parsed keys (a file's, with flags set on top).
-pub fn from_table(mut table: toml::Table, env: &dyn Fn(&str) -> Option<String>) -> Result<(LoaderConfig, DistConfig)> {
-    let bad = |e: toml::de::Error| Error::config(format!("config: {}", e.message().trim()));
-    let mut dist = toml::Table::new();
-    for k in DistKeys::NAMES {
-        if let Some(v) = table.remove(k) {
-            dist.insert(k.to_string(), v);
-        }
-    }
-    let loader_keys: ConfigKeys = toml::Value::Table(table).try_into().map_err(bad)?;
-    let dist_keys: DistKeys = toml::Value::Table(dist).try_into().map_err(bad)?;
-    resolve(loader_keys, dist_keys, env)
+pub fn from_table(table: toml::Table, env: &dyn Fn(&str) -> Option<String>) -> Result<(LoaderConfig, DistConfig)> {
+    let keys: ConfigKeys = toml::Value::Table(table)
+        .try_into()
+        .map_err(|e: toml::de::Error| Error::config(format!("config: {}", e.message().trim())))?;
+    resolve_keys(keys, env)
+}
+
+/// Splits the keys into the loader's and the multi-node ones, and resolves them.
+pub fn resolve_keys(mut keys: ConfigKeys, env: &dyn Fn(&str) -> Option<String>) -> Result<(LoaderConfig, DistConfig)> {
+    let node_keys = keys.take_nodes()?;
+    resolve(keys, node_keys, env)
 }
 
 /// Applies both key sets: the loader's world and rank follow the node list
 /// (a `world` key that disagrees with it is an error).
 pub fn resolve(
     loader_keys: ConfigKeys,
-    keys: DistKeys,
+    keys: NodeKeys,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<(LoaderConfig, DistConfig)> {
     let explicit_world = loader_keys.world;
@@ -90,7 +75,7 @@ pub fn resolve(
     let mut loader = LoaderConfig::default();
     let (nodes, env_rank) = match keys.nodes {
         Some(n) => (n, None),
-        None => nodes_from_env(env)?,
+        None => nodes_from_env(env, keys.tf_port_offset.unwrap_or(DEFAULT_TF_PORT_OFFSET))?,
     };
     let rank = explicit_rank.or(env_rank).unwrap_or(0);
     let world = nodes.len().max(1) as u32;
@@ -109,21 +94,6 @@ pub fn resolve(
         loader_keys.rank = Some(rank);
     }
     loader_keys.apply(&mut loader)?;
-    for (i, n) in nodes.iter().enumerate() {
-        if n.trim().is_empty() || !n.contains(':') {
-            return Err(Error::config(format!("node {i} address {n:?}: expected host:port")));
-        }
-    }
-    let remote_memory = match keys.remote_memory {
-        Some(v) => {
-            brand_format::units::parse_bytes(&v).map_err(|why| Error::config(format!("remote_memory {v:?}: {why}")))?
-        }
-        None => DEFAULT_REMOTE_MEMORY,
-    };
-    let peer_timeout = match keys.peer_timeout {
-        Some(v) => parse_duration(&v)?,
-        None => DEFAULT_PEER_TIMEOUT,
-    };
     let job = keys
         .job
         .or_else(|| env("BRAND_JOB"))
@@ -131,8 +101,8 @@ pub fn resolve(
     let dist = DistConfig {
         nodes,
         rank: loader.plan.rank,
-        remote_memory,
-        peer_timeout,
+        remote_memory: keys.remote_memory.unwrap_or(DEFAULT_REMOTE_MEMORY),
+        peer_timeout: keys.peer_timeout.unwrap_or(DEFAULT_PEER_TIMEOUT),
         job,
     };
     dist.check()?;
@@ -185,7 +155,7 @@ impl DistConfig {
 }
 
 /// `BRAND_NODES` + `RANK` (+ `WORLD_SIZE`), else `TF_CONFIG`; none: no nodes.
-fn nodes_from_env(env: &dyn Fn(&str) -> Option<String>) -> Result<(Vec<String>, Option<u32>)> {
+fn nodes_from_env(env: &dyn Fn(&str) -> Option<String>, tf_port_offset: u16) -> Result<(Vec<String>, Option<u32>)> {
     let int = |key: &str| -> Result<Option<u32>> {
         env(key)
             .map(|v| {
@@ -209,56 +179,78 @@ fn nodes_from_env(env: &dyn Fn(&str) -> Option<String>) -> Result<(Vec<String>, 
                 nodes.len()
             )));
         }
+        check_listed(&nodes, "BRAND_NODES")?;
         return Ok((nodes, int("RANK")?));
     }
     if let Some(text) = env("TF_CONFIG") {
-        #[derive(Deserialize)]
-        struct Task {
-            #[serde(rename = "type")]
-            kind: String,
-            index: u32,
-        }
-        #[derive(Deserialize)]
-        struct TfConfig {
-            cluster: std::collections::HashMap<String, Vec<String>>,
-            task: Task,
-        }
-        let tf: TfConfig =
-            serde_json::from_str(&text).map_err(|e| Error::config(format!("environment TF_CONFIG: {e}")))?;
-        let workers = tf.cluster.get("worker").cloned().unwrap_or_default();
-        if workers.is_empty() {
-            return Err(Error::config("environment TF_CONFIG: cluster has no \"worker\" list"));
-        }
-        if tf.task.kind != "worker" {
-            return Err(Error::config(format!(
-                "environment TF_CONFIG: task type {:?}, only workers read data",
-                tf.task.kind
-            )));
-        }
-        return Ok((workers, Some(tf.task.index)));
+        return tf_config_nodes(&text, tf_port_offset);
     }
     Ok((Vec::new(), None))
 }
 
-/// `"30s"`, `"500ms"`, `"2m"`, or plain seconds (`"1.5"`).
-pub fn parse_duration(s: &str) -> Result<Duration> {
-    let t = s.trim();
-    let bad = || Error::config(format!("duration {s:?}: expected e.g. \"30s\", \"500ms\", \"2m\""));
-    let (num, scale) = if let Some(n) = t.strip_suffix("ms") {
-        (n, 1e-3)
-    } else if let Some(n) = t.strip_suffix('s') {
-        (n, 1.0)
-    } else if let Some(n) = t.strip_suffix('m') {
-        (n, 60.0)
-    } else {
-        (t, 1.0)
-    };
-    let v: f64 = num.trim().parse().map_err(|_| bad())?;
-    let secs = v * scale;
-    if !(secs.is_finite() && secs > 0.0 && secs <= 1e9) {
-        return Err(bad());
+/// The nodes of a `TF_CONFIG` cluster (chief, then workers) at brand's
+/// ports, and this task's rank among them.
+fn tf_config_nodes(text: &str, offset: u16) -> Result<(Vec<String>, Option<u32>)> {
+    #[derive(Deserialize)]
+    struct Task {
+        #[serde(rename = "type")]
+        kind: String,
+        index: u32,
     }
-    Ok(Duration::from_secs_f64(secs))
+    #[derive(Deserialize)]
+    struct TfConfig {
+        cluster: std::collections::HashMap<String, Vec<String>>,
+        task: Task,
+    }
+    let bad = |why: String| Error::config(format!("environment TF_CONFIG: {why}"));
+    let tf: TfConfig = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+    let chiefs = tf.cluster.get("chief").cloned().unwrap_or_default();
+    let workers = tf.cluster.get("worker").cloned().unwrap_or_default();
+    if chiefs.len() > 1 {
+        return Err(bad(format!("{} chiefs; TensorFlow has at most one", chiefs.len())));
+    }
+    if chiefs.is_empty() && workers.is_empty() {
+        return Err(bad("cluster has no \"chief\" or \"worker\" list".into()));
+    }
+    let (kind, index) = (tf.task.kind.as_str(), tf.task.index);
+    let rank = match kind {
+        "chief" if index == 0 && !chiefs.is_empty() => 0,
+        "worker" if (index as usize) < workers.len() => index + chiefs.len() as u32,
+        "chief" | "worker" => return Err(bad(format!("task {kind} {index} is not in the cluster"))),
+        _ => {
+            return Err(bad(format!(
+                "task type {kind:?}: only the chief and workers read data"
+            )));
+        }
+    };
+    let mut nodes = Vec::with_capacity(chiefs.len() + workers.len());
+    for a in chiefs.iter().chain(&workers) {
+        let (host, port) = a
+            .rsplit_once(':')
+            .ok_or_else(|| bad(format!("task address {a:?}: expected host:port")))?;
+        let port: u16 = port
+            .parse()
+            .map_err(|_| bad(format!("task address {a:?}: port {port:?} is not a port")))?;
+        let ours = port.checked_add(offset).ok_or_else(|| {
+            bad(format!(
+                "task address {a:?}: port {port} + tf_port_offset {offset} is past 65535"
+            ))
+        })?;
+        nodes.push(format!("{host}:{ours}"));
+    }
+    check_listed(&nodes, "TF_CONFIG")?;
+    Ok((nodes, Some(rank)))
+}
+
+/// The checks the `nodes` key gets, for a list from the environment.
+fn check_listed(nodes: &[String], from: &str) -> Result<()> {
+    let mut keys = ConfigKeys {
+        nodes: Some(nodes.to_vec()),
+        ..Default::default()
+    };
+    keys.take_nodes()
+        .map(drop)
+        .map_err(|e| Error::config(format!("environment {from}: {e}")))
 }
 
 #[cfg(test)]
@@ -307,7 +299,31 @@ mod tests {
         };
         let (l, d) = from_toml_with_env("", &tf).expect("valid");
         assert_eq!((l.plan.rank, l.plan.world), (2, 3));
-        assert_eq!(d.nodes[2], "c:3");
+        assert_eq!(d.nodes, ["a:1001", "b:1002", "c:1003"], "TF's ports + the default offset");
+        let (_, d) = from_toml_with_env("tf_port_offset = 5", &tf).expect("valid");
+        assert_eq!(d.nodes[2], "c:8");
+    }
+
+    #[test]
+    fn tf_config_orders_the_chief_first_and_refuses_what_cannot_be_a_node() {
+        let env = |text: &'static str| move |k: &str| (k == "TF_CONFIG").then(|| text.to_string());
+        let chief = r#"{"cluster":{"chief":["c:10"],"worker":["w:20","w:30"]},"task":{"type":"worker","index":1}}"#;
+        let (l, d) = from_toml_with_env("", &env(chief)).expect("valid");
+        assert_eq!((l.plan.rank, l.plan.world), (2, 3));
+        assert_eq!(d.nodes, ["c:1010", "w:1020", "w:1030"]);
+        let is_chief = r#"{"cluster":{"chief":["c:10"],"worker":["w:20"]},"task":{"type":"chief","index":0}}"#;
+        assert_eq!(from_toml_with_env("", &env(is_chief)).expect("valid").1.rank, 0);
+        for (text, word) in [
+            (r#"{"cluster":{"worker":["w:20"],"ps":["p:1"]},"task":{"type":"ps","index":0}}"#, "\"ps\""),
+            (r#"{"cluster":{"worker":["w:20"]},"task":{"type":"worker","index":1}}"#, "worker 1"),
+            (r#"{"cluster":{"worker":["w:65000"]},"task":{"type":"worker","index":0}}"#, "past 65535"),
+            (r#"{"cluster":{"worker":["w"]},"task":{"type":"worker","index":0}}"#, "host:port"),
+            (r#"{"cluster":{},"task":{"type":"worker","index":0}}"#, "no \"chief\" or \"worker\""),
+            ("not json", "TF_CONFIG"),
+        ] {
+            let e = from_toml_with_env("", &env(text)).expect_err(text).to_string();
+            assert!(e.contains(word), "{text}: {e}");
+        }
     }
 
     #[test]

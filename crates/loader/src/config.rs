@@ -1,7 +1,8 @@
-//! The loader's configuration as TOML: what `brand read --config`, the C ABI
-//! (`brand_open`) and the TensorFlow op accept. Every key is optional; this
-//! is the one table of keys (`brand read`'s flags set the same ones through
-//! [`ConfigKeys::apply`]), and [`LoaderConfig::check`] range-checks each.
+//! brand's configuration as TOML: what `brand read --config`, `brand serve
+//! --config`, the C ABI (`brand_open`) and the TensorFlow op accept. Every
+//! key is optional; this is the one table of keys (command-line flags set
+//! the same ones), and each is range-checked here: the loader's by
+//! [`LoaderConfig::check`], the multi-node ones by [`ConfigKeys::take_nodes`].
 //!
 //! ```toml
 //! batch_size = 256      # 1..=1048576
@@ -20,9 +21,23 @@
 //! decode_threads = 2    # threads verifying/decompressing io_uring reads, 0..=64 (0: on the io thread)
 //! io_timeout = 60       # seconds a read may take before it is an error, (0, 86400]
 //! on_corrupt = "error"  # "error" (fail when the sample is due) or "skip" (leave it out, counted)
+//!
+//! # Multi-node (brand-dist): with 2 or more nodes this process is node `rank`
+//! # of a job; `world` and `rank` then follow the node list.
+//! nodes = ["10.0.0.1:7070", "10.0.0.2:7070"]  # every node's host:port by rank, 1..=65536 of them
+//! remote_memory = "256MiB"  # pushed samples a node holds ahead of use, 1 byte..=1TiB (≥ the largest sample)
+//! peer_timeout = "30s"      # a silent or unreachable peer is an error after this, (0s, 24h]
+//! job = "resnet-run-7"      # nodes of different jobs refuse each other; 1..=256 bytes
+//! tf_port_offset = 1000     # with TF_CONFIG: brand listens on each worker's port + this, 1..=65535
 //! ```
 //!
+//! Without `nodes`, the launcher's environment may give them (brand-dist's
+//! `config` module: `BRAND_NODES` with `RANK`/`WORLD_SIZE`, or `TF_CONFIG`).
+//! Nothing at all: a single node, which listens nowhere.
+//!
 //! Byte counts go through the one parser, [`brand_format::units::parse_bytes`].
+
+use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -52,11 +67,111 @@ pub struct ConfigKeys {
     pub decode_threads: Option<usize>,
     pub io_timeout: Option<f64>,
     pub on_corrupt: Option<String>,
+    pub nodes: Option<Vec<String>>,
+    pub remote_memory: Option<String>,
+    pub peer_timeout: Option<String>,
+    pub job: Option<String>,
+    pub tf_port_offset: Option<u32>,
+}
+
+/// The multi-node keys of a [`ConfigKeys`], parsed and range-checked (see
+/// the module docs); `None` where the key was not given.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NodeKeys {
+    pub nodes: Option<Vec<String>>,
+    pub remote_memory: Option<u64>,
+    pub peer_timeout: Option<Duration>,
+    pub job: Option<String>,
+    pub tf_port_offset: Option<u16>,
 }
 
 impl ConfigKeys {
-    /// Sets the keys given here on `c`, then checks the result.
+    /// Parses a TOML text into keys; the error names the line.
+    pub fn from_toml(text: &str) -> Result<Self> {
+        toml::from_str(text).map_err(|e| {
+            // One line that says where: the line number and its text.
+            let at = e.span().map(|s| s.start).unwrap_or(0).min(text.len());
+            let line_no = text[..at].matches('\n').count() + 1;
+            let line = text.lines().nth(line_no - 1).unwrap_or("").trim();
+            Error::config(format!("config line {line_no} `{line}`: {}", e.message().trim()))
+        })
+    }
+
+    /// Takes the multi-node keys out (checked), leaving the loader's.
+    pub fn take_nodes(&mut self) -> Result<NodeKeys> {
+        let nodes = self.nodes.take();
+        if let Some(list) = &nodes {
+            if list.len() > MAX_WORLD as usize {
+                return Err(Error::config(format!("nodes: {} listed, at most 65536", list.len())));
+            }
+            for (i, n) in list.iter().enumerate() {
+                check_address(n).map_err(|why| Error::config(format!("node {i} address {n:?}: {why}")))?;
+            }
+        }
+        let remote_memory = match self.remote_memory.take() {
+            Some(v) => {
+                let b = brand_format::units::parse_bytes(&v)
+                    .map_err(|why| Error::config(format!("remote_memory {v:?}: {why}")))?;
+                if !(1..=MAX_REMOTE_MEMORY).contains(&b) {
+                    return Err(Error::config(format!("remote_memory {v:?} outside 1 byte..=1TiB")));
+                }
+                Some(b)
+            }
+            None => None,
+        };
+        let peer_timeout = match self.peer_timeout.take() {
+            Some(v) => {
+                let d = parse_duration(&v)?;
+                if d > MAX_PEER_TIMEOUT {
+                    return Err(Error::config(format!("peer_timeout {v:?} outside (0s, 24h]")));
+                }
+                Some(d)
+            }
+            None => None,
+        };
+        let job = self.job.take();
+        if let Some(j) = &job
+            && !(1..=MAX_JOB_BYTES).contains(&j.len())
+        {
+            return Err(Error::config(format!(
+                "job {j:?}: {} bytes, expected 1..=256",
+                j.len()
+            )));
+        }
+        let tf_port_offset = match self.tf_port_offset.take() {
+            Some(v) => Some(
+                u16::try_from(v)
+                    .ok()
+                    .filter(|&o| o > 0)
+                    .ok_or_else(|| Error::config(format!("tf_port_offset {v} outside 1..=65535")))?,
+            ),
+            None => None,
+        };
+        Ok(NodeKeys {
+            nodes,
+            remote_memory,
+            peer_timeout,
+            job,
+            tf_port_offset,
+        })
+    }
+
+    /// Sets the keys given here on `c`, then checks the result. The
+    /// multi-node keys must have been taken out ([`take_nodes`](Self::take_nodes)):
+    /// a loader alone is one node.
     pub fn apply(self, c: &mut LoaderConfig) -> Result<()> {
+        let multi_node = [
+            ("nodes", self.nodes.is_some()),
+            ("remote_memory", self.remote_memory.is_some()),
+            ("peer_timeout", self.peer_timeout.is_some()),
+            ("job", self.job.is_some()),
+            ("tf_port_offset", self.tf_port_offset.is_some()),
+        ];
+        if let Some((key, _)) = multi_node.iter().find(|(_, set)| *set) {
+            return Err(Error::config(format!(
+                "{key} is a multi-node key: open this config as a node (brand_dist::Config, brand serve, brand_open), not as a Loader alone"
+            )));
+        }
         if let Some(v) = self.batch_size {
             c.io.batch_size = v;
         }
@@ -127,14 +242,9 @@ impl Default for LoaderConfig {
 
 impl LoaderConfig {
     /// Parses the TOML text; keys not given keep their defaults.
+    /// The multi-node keys are refused: see [`ConfigKeys::apply`].
     pub fn from_toml(text: &str) -> Result<Self> {
-        let keys: ConfigKeys = toml::from_str(text).map_err(|e| {
-            // One line that says where: the line number and its text.
-            let at = e.span().map(|s| s.start).unwrap_or(0).min(text.len());
-            let line_no = text[..at].matches('\n').count() + 1;
-            let line = text.lines().nth(line_no - 1).unwrap_or("").trim();
-            Error::config(format!("config line {line_no} `{line}`: {}", e.message().trim()))
-        })?;
+        let keys = ConfigKeys::from_toml(text)?;
         let mut c = LoaderConfig::default();
         keys.apply(&mut c)?;
         Ok(c)
@@ -196,6 +306,42 @@ const MAX_QUEUE_DEPTH: usize = 4096;
 const MAX_READ_GAP: u64 = 1 << 30;
 const MAX_DECODE_THREADS: usize = 64;
 const MAX_IO_TIMEOUT_SECS: f64 = 86_400.0;
+const MAX_REMOTE_MEMORY: u64 = 1 << 40;
+const MAX_PEER_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+const MAX_JOB_BYTES: usize = 256;
+
+/// `host:port` with a port in 1..=65535 (IPv6 hosts in brackets).
+fn check_address(a: &str) -> std::result::Result<(), String> {
+    let (host, port) = a.rsplit_once(':').ok_or("expected host:port")?;
+    if host.trim().is_empty() || host != host.trim() {
+        return Err("expected host:port".into());
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(()),
+        _ => Err(format!("port {port:?} outside 1..=65535")),
+    }
+}
+
+/// `"30s"`, `"500ms"`, `"2m"`, or plain seconds (`"1.5"`); more than 0.
+pub fn parse_duration(s: &str) -> Result<Duration> {
+    let t = s.trim();
+    let bad = || Error::config(format!("duration {s:?}: expected e.g. \"30s\", \"500ms\", \"2m\""));
+    let (num, scale) = if let Some(n) = t.strip_suffix("ms") {
+        (n, 1e-3)
+    } else if let Some(n) = t.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = t.strip_suffix('m') {
+        (n, 60.0)
+    } else {
+        (t, 1.0)
+    };
+    let v: f64 = num.trim().parse().map_err(|_| bad())?;
+    let secs = v * scale;
+    if !(secs.is_finite() && secs > 0.0 && secs <= 1e9) {
+        return Err(bad());
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
 
 #[cfg(test)]
 mod tests {
@@ -287,6 +433,58 @@ mod tests {
         ] {
             let e = LoaderConfig::from_toml(text).expect_err(text).to_string();
             assert!(e.contains(word), "{text}: {e}");
+        }
+    }
+
+    fn node_keys(text: &str) -> Result<NodeKeys> {
+        ConfigKeys::from_toml(text)?.take_nodes()
+    }
+
+    #[test]
+    fn node_keys_are_parsed_and_range_checked_here() {
+        let k = node_keys(
+            r#"nodes = ["127.0.0.1:7000", "[::1]:7001"]
+               remote_memory = "1MiB"
+               peer_timeout = "1500ms"
+               job = "j"
+               tf_port_offset = 7"#,
+        )
+        .expect("valid");
+        assert_eq!(k.nodes.as_deref().map(<[String]>::len), Some(2));
+        assert_eq!(k.remote_memory, Some(1 << 20));
+        assert_eq!(k.peer_timeout, Some(Duration::from_millis(1500)));
+        assert_eq!((k.job.as_deref(), k.tf_port_offset), (Some("j"), Some(7)));
+        assert_eq!(node_keys("batch_size = 3").expect("none"), NodeKeys::default());
+        let long_job = format!("job = \"{}\"", "x".repeat(257));
+        for (text, word) in [
+            ("nodes = [\"nohost\"]", "nohost"),
+            ("nodes = [\"h:0\"]", "port"),
+            ("nodes = [\"h:65536\"]", "65536"),
+            ("nodes = [\":7\"]", "host:port"),
+            ("remote_memory = \"lots\"", "remote_memory"),
+            ("remote_memory = \"0\"", "remote_memory"),
+            ("remote_memory = \"2TiB\"", "remote_memory"),
+            ("peer_timeout = \"soon\"", "soon"),
+            ("peer_timeout = \"0s\"", "0s"),
+            ("peer_timeout = \"25h\"", "25h"),
+            ("peer_timeout = \"90000s\"", "peer_timeout"),
+            ("job = \"\"", "job"),
+            (long_job.as_str(), "job"),
+            ("tf_port_offset = 0", "tf_port_offset"),
+            ("tf_port_offset = 65536", "tf_port_offset"),
+            ("nodes = 3", "nodes"),
+        ] {
+            let e = node_keys(text).expect_err(text).to_string();
+            assert!(e.contains(word), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_loader_alone_refuses_node_keys_by_name() {
+        for key in ["nodes = [\"h:1\", \"h:2\"]", "remote_memory = \"1MiB\"", "peer_timeout = \"1s\"", "job = \"j\"", "tf_port_offset = 3"] {
+            let e = LoaderConfig::from_toml(key).expect_err(key).to_string();
+            let name = key.split(' ').next().unwrap_or_default();
+            assert!(e.contains(&format!("{name} is a multi-node key")), "{key}: {e}");
         }
     }
 }

@@ -16,6 +16,7 @@
 //! once with an error; open a new loader in the child instead.
 
 pub mod config;
+pub mod elastic;
 pub mod stats;
 
 use std::collections::{HashMap, VecDeque};
