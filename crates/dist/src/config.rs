@@ -16,8 +16,8 @@ use serde::Deserialize;
 
 use brand_format::error::{Error, Result};
 use brand_loader::LoaderConfig;
-use brand_loader::config::{ConfigKeys, NodeKeys};
 pub use brand_loader::config::parse_duration;
+use brand_loader::config::{ConfigKeys, NodeKeys};
 
 /// How this node finds and treats its peers.
 #[derive(Debug, Clone, PartialEq)]
@@ -218,9 +218,7 @@ fn tf_config_nodes(text: &str, offset: u16) -> Result<(Vec<String>, Option<u32>)
         "worker" if (index as usize) < workers.len() => index + chiefs.len() as u32,
         "chief" | "worker" => return Err(bad(format!("task {kind} {index} is not in the cluster"))),
         _ => {
-            return Err(bad(format!(
-                "task type {kind:?}: only the chief and workers read data"
-            )));
+            return Err(bad(format!("task type {kind:?}: only the chief and workers read data")));
         }
     };
     let mut nodes = Vec::with_capacity(chiefs.len() + workers.len());
@@ -299,7 +297,11 @@ mod tests {
         };
         let (l, d) = from_toml_with_env("", &tf).expect("valid");
         assert_eq!((l.plan.rank, l.plan.world), (2, 3));
-        assert_eq!(d.nodes, ["a:1001", "b:1002", "c:1003"], "TF's ports + the default offset");
+        assert_eq!(
+            d.nodes,
+            ["a:1001", "b:1002", "c:1003"],
+            "TF's ports + the default offset"
+        );
         let (_, d) = from_toml_with_env("tf_port_offset = 5", &tf).expect("valid");
         assert_eq!(d.nodes[2], "c:8");
     }
@@ -314,11 +316,26 @@ mod tests {
         let is_chief = r#"{"cluster":{"chief":["c:10"],"worker":["w:20"]},"task":{"type":"chief","index":0}}"#;
         assert_eq!(from_toml_with_env("", &env(is_chief)).expect("valid").1.rank, 0);
         for (text, word) in [
-            (r#"{"cluster":{"worker":["w:20"],"ps":["p:1"]},"task":{"type":"ps","index":0}}"#, "\"ps\""),
-            (r#"{"cluster":{"worker":["w:20"]},"task":{"type":"worker","index":1}}"#, "worker 1"),
-            (r#"{"cluster":{"worker":["w:65000"]},"task":{"type":"worker","index":0}}"#, "past 65535"),
-            (r#"{"cluster":{"worker":["w"]},"task":{"type":"worker","index":0}}"#, "host:port"),
-            (r#"{"cluster":{},"task":{"type":"worker","index":0}}"#, "no \"chief\" or \"worker\""),
+            (
+                r#"{"cluster":{"worker":["w:20"],"ps":["p:1"]},"task":{"type":"ps","index":0}}"#,
+                "\"ps\"",
+            ),
+            (
+                r#"{"cluster":{"worker":["w:20"]},"task":{"type":"worker","index":1}}"#,
+                "worker 1",
+            ),
+            (
+                r#"{"cluster":{"worker":["w:65000"]},"task":{"type":"worker","index":0}}"#,
+                "past 65535",
+            ),
+            (
+                r#"{"cluster":{"worker":["w"]},"task":{"type":"worker","index":0}}"#,
+                "host:port",
+            ),
+            (
+                r#"{"cluster":{},"task":{"type":"worker","index":0}}"#,
+                "no \"chief\" or \"worker\"",
+            ),
             ("not json", "TF_CONFIG"),
         ] {
             let e = from_toml_with_env("", &env(text)).expect_err(text).to_string();

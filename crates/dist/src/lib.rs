@@ -28,6 +28,7 @@ use serde::Serialize;
 use brand_format::dataset::Dataset;
 use brand_format::error::{Error, Result};
 pub use brand_loader::Batch;
+use brand_loader::elastic::{GlobalPosition, SavedWorld};
 use brand_loader::{LoaderConfig, LoaderState};
 use brand_plan::Planner;
 
@@ -102,7 +103,8 @@ pub struct DistLoader {
 }
 
 /// The digest nodes exchange: job, dataset fingerprint, plan configuration
-/// and where they start.
+/// and where they start (`state.served`: the global position, see
+/// [`DistLoader::open_elastic`]).
 pub fn job_digest(ds: &Dataset, loader: &LoaderConfig, dist: &DistConfig, state: LoaderState) -> wire::JobDigest {
     let manifest = crc32c::crc32c(ds.manifest.to_toml().as_bytes()) as u64;
     let index = crc32c::crc32c(&ds.index.to_bytes()) as u64;
@@ -128,6 +130,31 @@ impl DistLoader {
     /// peers, returns once every peer has connected and agreed on the job,
     /// or fails naming those that did not within `peer_timeout`.
     pub fn open(ds: Arc<Dataset>, cfg: &Config, state: LoaderState) -> Result<Self> {
+        // Every node at `state`: the world served `served` steps of W positions.
+        let world = cfg.dist.world() as u64;
+        let at = GlobalPosition {
+            epoch: state.epoch,
+            position: state.served.saturating_mul(world),
+        };
+        Self::open_at(ds, cfg, at)
+    }
+
+    /// Opens this node where the whole world `saved` stopped (every rank's
+    /// state; any number of nodes or ranks, the same total memory, see
+    /// `brand_loader::elastic`): the nodes of this job together serve the
+    /// rest of that epoch's global sequence. Every node opens with the same
+    /// `saved`; the handshake refuses nodes that disagree.
+    pub fn open_elastic(ds: Arc<Dataset>, cfg: &Config, saved: &SavedWorld) -> Result<Self> {
+        let at = brand_loader::elastic::global_position(&ds.index, saved, &cfg.loader.plan)?;
+        Self::open_at(ds, cfg, at)
+    }
+
+    /// Opens this node with global positions `..at.position` of `at.epoch`
+    /// served. Nodes start at a common step `at.position / W`; a node whose
+    /// position of that step is below `at.position` (served already) takes
+    /// and drops that one sample, so every node's next serve is its first
+    /// position at or after `at.position`.
+    fn open_at(ds: Arc<Dataset>, cfg: &Config, at: GlobalPosition) -> Result<Self> {
         let dist = Arc::new(cfg.dist.clone());
         dist.check()?;
         let mut loader = cfg.loader.clone();
@@ -160,6 +187,13 @@ impl DistLoader {
             )));
         }
         let me = dist.rank.min(dist.world() - 1);
+        let world = dist.world() as u64;
+        let common_step = (at.position / world).min(geo.steps);
+        let state = LoaderState {
+            epoch: at.epoch,
+            served: common_step,
+        };
+        let drop_first = common_step < geo.steps && common_step * world + (me as u64) < at.position;
         let consumer_plan = ConsumerPlan::new(&planner, state.epoch, me);
         let inbox = Arc::new(Inbox::new(ds.clone(), dist.clone(), consumer_plan, state.served));
         let (control, control_rx) = crossbeam_channel::unbounded();
@@ -204,7 +238,15 @@ impl DistLoader {
         if dist.world() > 1 {
             this.net = Some(net::Net::start(net::Ctx {
                 cfg: dist.clone(),
-                digest: job_digest(&ds, &loader, &dist, state),
+                digest: job_digest(
+                    &ds,
+                    &loader,
+                    &dist,
+                    LoaderState {
+                        epoch: at.epoch,
+                        served: at.position,
+                    },
+                ),
                 inbox: inbox.clone(),
                 control,
                 max_message: largest as usize + (64 << 10),
@@ -212,6 +254,12 @@ impl DistLoader {
             inbox
                 .wait_connected(dist.peer_timeout)
                 .map_err(|e| this.peer_error(e))?;
+        }
+        if drop_first {
+            match this.inbox.take() {
+                Ok(_) => this.served += 1,
+                Err(why) => return Err(this.peer_error(why)),
+            }
         }
         Ok(this)
     }

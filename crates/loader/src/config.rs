@@ -133,10 +133,7 @@ impl ConfigKeys {
         if let Some(j) = &job
             && !(1..=MAX_JOB_BYTES).contains(&j.len())
         {
-            return Err(Error::config(format!(
-                "job {j:?}: {} bytes, expected 1..=256",
-                j.len()
-            )));
+            return Err(Error::config(format!("job {j:?}: {} bytes, expected 1..=256", j.len())));
         }
         let tf_port_offset = match self.tf_port_offset.take() {
             Some(v) => Some(
@@ -481,7 +478,13 @@ mod tests {
 
     #[test]
     fn a_loader_alone_refuses_node_keys_by_name() {
-        for key in ["nodes = [\"h:1\", \"h:2\"]", "remote_memory = \"1MiB\"", "peer_timeout = \"1s\"", "job = \"j\"", "tf_port_offset = 3"] {
+        for key in [
+            "nodes = [\"h:1\", \"h:2\"]",
+            "remote_memory = \"1MiB\"",
+            "peer_timeout = \"1s\"",
+            "job = \"j\"",
+            "tf_port_offset = 3",
+        ] {
             let e = LoaderConfig::from_toml(key).expect_err(key).to_string();
             let name = key.split(' ').next().unwrap_or_default();
             assert!(e.contains(&format!("{name} is a multi-node key")), "{key}: {e}");

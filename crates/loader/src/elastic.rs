@@ -149,7 +149,11 @@ impl Loader {
     /// saved epoch's global sequence, then every epoch as an uninterrupted
     /// run of the new world would. A memory budget in slots is exact:
     /// `Memory::Slots(total / world)`.
-    pub fn open_elastic(ds: Arc<brand_format::dataset::Dataset>, cfg: &LoaderConfig, saved: &SavedWorld) -> Result<Self> {
+    pub fn open_elastic(
+        ds: Arc<brand_format::dataset::Dataset>,
+        cfg: &LoaderConfig,
+        saved: &SavedWorld,
+    ) -> Result<Self> {
         let at = global_position(&ds.index, saved, &cfg.plan)?;
         let steps = Planner::new(&ds.index, &cfg.plan)?.geometry().steps;
         let state = at.rank_state(cfg.plan.rank, cfg.plan.world, steps);
@@ -187,7 +191,10 @@ mod tests {
         let e = GlobalPosition::of_ranks(&[st(0, 4), st(0, 5), st(0, 4)], 34)
             .expect_err("not a prefix")
             .to_string();
-        assert!(e.contains("rank 0 served 4") && e.contains("served 13 together") && e.contains("not of one global step"), "{e}");
+        assert!(
+            e.contains("rank 0 served 4") && e.contains("served 13 together") && e.contains("not of one global step"),
+            "{e}"
+        );
         let e = GlobalPosition::of_ranks(&[st(0, 4), st(2, 4)], 34)
             .expect_err("epochs")
             .to_string();

@@ -93,7 +93,11 @@ fn three_ranks_resume_on_two_continuing_the_global_order() {
     all.extend(rest[0].iter().chain(&rest[1]));
     all.pop(); // the padding
     all.sort_unstable();
-    assert_eq!(all, (0..SAMPLES).collect::<Vec<_>>(), "the epoch exactly once across both worlds");
+    assert_eq!(
+        all,
+        (0..SAMPLES).collect::<Vec<_>>(),
+        "the epoch exactly once across both worlds"
+    );
 
     // The next epoch is the new world's own, as if it had run from the start.
     for (r, got) in next_epoch.iter().enumerate() {
