@@ -243,6 +243,44 @@ typedef struct brand_metrics {
    * (`on_corrupt = "skip"`).
    */
   uint64_t skipped_corrupt;
+  /**
+   * The number of nodes of the multi-node job this loader is a node of
+   * (0: a single-process loader; then the fields below are 0). Of a node,
+   * the fields above count: `bytes_read`/`reads_issued` its own storage
+   * reads (the chunks it owns), `samples_served`/`bytes_served` what it
+   * handed out, `stalls` and `stall_*_secs` its waits for a sample not
+   * yet read or pushed (on-demand waits; no percentiles). (Appended
+   * after `skipped_corrupt` without an ABI bump, like `threads_backend`.)
+   */
+  uint32_t nodes;
+  /**
+   * This node's rank (0 for a single-process loader).
+   */
+  uint32_t node_rank;
+  /**
+   * Samples served that this node read itself (never crossed the network).
+   */
+  uint64_t samples_local;
+  /**
+   * Samples other nodes pushed to this one, and their bytes.
+   */
+  uint64_t samples_received;
+  uint64_t bytes_received;
+  /**
+   * Samples this node pushed to other nodes, and their bytes.
+   */
+  uint64_t samples_pushed;
+  uint64_t bytes_pushed;
+  /**
+   * Most bytes of pushed and local samples held at once (high-water
+   * mark), and the limit (`remote_memory`).
+   */
+  uint64_t remote_memory_peak;
+  uint64_t remote_memory_limit;
+  /**
+   * Most bytes this node held read but not yet pushed.
+   */
+  uint64_t owner_peak_bytes;
 } brand_metrics;
 
 /**
@@ -304,10 +342,22 @@ const char *brand_status_name(int32_t status);
  * Opens a loader over the dataset directory `dataset_path` (made by
  * `brand pack`), at the start of epoch 0.
  *
- * `config_toml` is the loader configuration as TOML, the same text
- * `brand read --config` accepts (batch_size, memory, policy, seed, rank,
- * world, drop_last, readahead, queue_depth, read_gap, verify; every key
- * optional), or NULL for the defaults.
+ * `config_toml` is the configuration as TOML, the same text `brand read
+ * --config` and `brand serve --config` accept (batch_size, memory, policy,
+ * seed, rank, world, drop_last, readahead, queue_depth, read_gap, verify,
+ * ...; every key optional), or NULL for the defaults.
+ *
+ * Multi-node: with 2 or more `nodes = ["host:port", ...]` (or, without
+ * `nodes`, the launcher's environment: `BRAND_NODES` with `RANK` and
+ * `WORLD_SIZE`, or `TF_CONFIG`, whose chief and workers are the nodes at
+ * their TensorFlow port + `tf_port_offset`, default 1000) the loader is
+ * node `rank` of that job: it listens on its own address, reads only the
+ * chunks it owns and pushes their samples to the nodes that serve them;
+ * `remote_memory`, `peer_timeout` and `job` tune it. It connects to its
+ * peers at the first `brand_next` (every node must be opened at the same
+ * state; `brand_start_epoch` before the first `brand_next` sets it), which
+ * fails naming a peer that is unreachable or disagrees within
+ * `peer_timeout`. Without nodes nothing listens: a single-process loader.
  *
  * On success `*out` is the new loader, to be closed with `brand_close`;
  * on failure `*out` is NULL. Errors: BRAND_ERR_NOT_FOUND (no such
@@ -336,7 +386,8 @@ brand_status brand_epoch_len_for(const char *dataset_path, const char *config_to
  *
  * The dataset and the plan-relevant config (policy, seed, memory, rank,
  * world, drop_last) must be those of the saved loader:
- * BRAND_ERR_STATE_MISMATCH says which differ. I/O settings (batch_size,
+ * BRAND_ERR_STATE_MISMATCH says which differ (to continue on another
+ * number of ranks, use `brand_open_at_elastic` with every rank's state). I/O settings (batch_size,
  * read_gap, queue_depth, readahead, verify) may change. A blob that is not
  * a state gives BRAND_ERR_INVALID_STATE. Otherwise as `brand_open`.
  */
@@ -345,6 +396,33 @@ brand_status brand_open_at(const char *dataset_path,
                            const uint8_t *state,
                            size_t state_len,
                            struct brand_loader **out);
+
+/**
+ * Opens rank `rank` of a world of `world` (from `config_toml`, as in
+ * `brand_open`, a single-process loader or a node) where a world of any
+ * other number of ranks stopped: `states[i][0..state_lens[i]]`, `count` of
+ * them, are the `brand_state_save` blobs of EVERY rank of that world, in
+ * any order, saved at one global step (each rank after the same number of
+ * batches). The ranks of the new world together serve the rest of that
+ * epoch's global order, every sample once, then every later epoch as the
+ * new world would from the start.
+ *
+ * The served order depends on the total memory, not on the world: the new
+ * world must have the same total memory (world × memory per rank; a budget
+ * of "N slots" per rank is exact), the same dataset, policy, seed and
+ * drop_last. Otherwise BRAND_ERR_STATE_MISMATCH says what differs (and the
+ * memory per rank that would match); missing or repeated ranks, and states
+ * not of one global step, are BRAND_ERR_STATE_MISMATCH too. A blob that is
+ * not a state gives BRAND_ERR_INVALID_STATE naming it (`state i`). With
+ * the same world this is the same as `brand_open_at` with this rank's
+ * state. Otherwise as `brand_open`.
+ */
+brand_status brand_open_at_elastic(const char *dataset_path,
+                                   const char *config_toml,
+                                   const uint8_t *const *states,
+                                   const size_t *state_lens,
+                                   size_t count,
+                                   struct brand_loader **out);
 
 /**
  * Closes `*loader` and sets `*loader` to NULL. `loader == NULL` or
@@ -373,7 +451,9 @@ brand_status brand_next(struct brand_loader *loader, struct brand_batch **out);
 
 /**
  * Jumps to the start of `epoch` (each epoch has its own order), dropping
- * anything read ahead. Also the way on after BRAND_ERR_CORRUPT.
+ * anything read ahead. Also the way on after BRAND_ERR_CORRUPT. A node of
+ * a multi-node job can only be told its start before its first
+ * `brand_next` (BRAND_ERR_CONFIG after, unless it is there already).
  */
 brand_status brand_start_epoch(struct brand_loader *loader, uint64_t epoch);
 

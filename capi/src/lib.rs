@@ -22,6 +22,7 @@
     reason = "extern \"C\" entry points for C; every pointer is checked as brand.h documents (the rlib serves this crate's own tests; Rust code uses brand-loader)"
 )]
 
+mod reader;
 mod state;
 mod status;
 
@@ -32,9 +33,13 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use ::brand_loader::{Batch, Loader, LoaderConfig, LoaderState};
+use ::brand_loader::elastic::{SavedWorld, global_position};
+use ::brand_loader::{Batch, Loader, LoaderState};
+use brand_dist::Config;
 use brand_format::Dataset;
 use brand_plan::Planner;
+
+use reader::{Node, NodeStart, Reader};
 
 use state::Fingerprint;
 pub use status::brand_status;
@@ -141,11 +146,35 @@ pub struct brand_metrics {
     /// Samples left out of their epoch because their record was corrupt
     /// (`on_corrupt = "skip"`).
     pub skipped_corrupt: u64,
+    /// The number of nodes of the multi-node job this loader is a node of
+    /// (0: a single-process loader; then the fields below are 0). Of a node,
+    /// the fields above count: `bytes_read`/`reads_issued` its own storage
+    /// reads (the chunks it owns), `samples_served`/`bytes_served` what it
+    /// handed out, `stalls` and `stall_*_secs` its waits for a sample not
+    /// yet read or pushed (on-demand waits; no percentiles). (Appended
+    /// after `skipped_corrupt` without an ABI bump, like `threads_backend`.)
+    pub nodes: u32,
+    /// This node's rank (0 for a single-process loader).
+    pub node_rank: u32,
+    /// Samples served that this node read itself (never crossed the network).
+    pub samples_local: u64,
+    /// Samples other nodes pushed to this one, and their bytes.
+    pub samples_received: u64,
+    pub bytes_received: u64,
+    /// Samples this node pushed to other nodes, and their bytes.
+    pub samples_pushed: u64,
+    pub bytes_pushed: u64,
+    /// Most bytes of pushed and local samples held at once (high-water
+    /// mark), and the limit (`remote_memory`).
+    pub remote_memory_peak: u64,
+    pub remote_memory_limit: u64,
+    /// Most bytes this node held read but not yet pushed.
+    pub owner_peak_bytes: u64,
 }
 
 /// The state of one open loader, behind its handle.
 struct Open {
-    loader: Loader,
+    loader: Reader,
     fingerprint: Fingerprint,
     /// Samples this loader serves per epoch.
     epoch_len: u64,
@@ -243,27 +272,87 @@ pub extern "C" fn brand_status_name(status: i32) -> *const c_char {
         .map_or(c"BRAND_UNKNOWN_STATUS".as_ptr(), |s| s.name().as_ptr())
 }
 
-/// The dataset path and the loader config (NULL: the defaults) of an open call.
-fn path_and_config<'a>(
-    dataset_path: *const c_char,
-    config_toml: *const c_char,
-) -> Result<(&'a Path, LoaderConfig), Failure> {
+/// The dataset path and the configuration (NULL: the defaults) of an open
+/// call, with the launcher's environment (`brand_dist::config`).
+fn path_and_config<'a>(dataset_path: *const c_char, config_toml: *const c_char) -> Result<(&'a Path, Config), Failure> {
     let path = Path::new(OsStr::from_bytes(c_str(dataset_path, "dataset_path")?.to_bytes()));
-    let config = if config_toml.is_null() {
-        LoaderConfig::default()
+    let text = if config_toml.is_null() {
+        ""
     } else {
-        let text = c_str(config_toml, "config_toml")?
+        c_str(config_toml, "config_toml")?
             .to_str()
-            .map_err(|e| Failure::invalid(format!("config_toml is not UTF-8: {e}")))?;
-        LoaderConfig::from_toml(text)?
+            .map_err(|e| Failure::invalid(format!("config_toml is not UTF-8: {e}")))?
     };
-    Ok((path, config))
+    let (loader, dist) = brand_dist::config::from_toml(text)?;
+    Ok((path, Config { loader, dist }))
+}
+
+/// Where an open call starts.
+enum Resume<'a> {
+    Fresh,
+    /// One state blob, of this rank.
+    At(&'a [u8]),
+    /// Every rank's state blob of a saved world (elastic resume).
+    World(Vec<&'a [u8]>),
+}
+
+fn decode(blob: &[u8]) -> Result<(LoaderState, Fingerprint), Failure> {
+    state::decode(blob).map_err(|why| Failure::new(BRAND_ERR_INVALID_STATE, why))
+}
+
+/// The saved world of every rank's blob, checked against `now` (what this
+/// loader would save): the dataset and the order's settings must agree and
+/// the blobs must be ranks 0..W of one world, each once.
+fn saved_world(blobs: &[&[u8]], now: &Fingerprint) -> Result<SavedWorld, Failure> {
+    let mismatch = |why: String| Failure::new(BRAND_ERR_STATE_MISMATCH, why);
+    let mut saved: Vec<(LoaderState, Fingerprint)> = Vec::with_capacity(blobs.len());
+    for (i, blob) in blobs.iter().enumerate() {
+        let (s, f) = decode(blob).map_err(|e| Failure::new(e.status, format!("state {i}: {}", e.message)))?;
+        if let Some(why) = f.elastic_mismatch(now) {
+            return Err(mismatch(format!("state {i}: {why}")));
+        }
+        saved.push((s, f));
+    }
+    let Some(&(_, first)) = saved.first() else {
+        return Err(Failure::invalid("no states (count is 0)"));
+    };
+    let world = first.world;
+    if world as usize != saved.len() {
+        return Err(mismatch(format!(
+            "cannot restore the loader states: {} states given, of a world of {world} ranks (every rank's state is needed)",
+            saved.len()
+        )));
+    }
+    let mut states = vec![None; world as usize];
+    for (i, (s, f)) in saved.iter().enumerate() {
+        if f.world != world || f.slots != first.slots {
+            return Err(mismatch(format!(
+                "cannot restore the loader states: state {i} is of a world of {} ranks with {} slots per rank, state 0 of {world} with {}",
+                f.world, f.slots, first.slots
+            )));
+        }
+        match states.get_mut(f.rank as usize) {
+            Some(slot @ None) => *slot = Some(*s),
+            _ => {
+                return Err(mismatch(format!(
+                    "cannot restore the loader states: rank {} appears twice (state {i})",
+                    f.rank
+                )));
+            }
+        }
+    }
+    Ok(SavedWorld {
+        plan: first
+            .saved_plan()
+            .map_err(|why| Failure::new(BRAND_ERR_INVALID_STATE, why))?,
+        states: states.into_iter().flatten().collect(),
+    })
 }
 
 fn open_loader(
     dataset_path: *const c_char,
     config_toml: *const c_char,
-    state: Option<&[u8]>,
+    resume: Resume<'_>,
     out: *mut *mut brand_loader,
 ) -> Outcome {
     if out.is_null() {
@@ -272,16 +361,18 @@ fn open_loader(
     // SAFETY: out is non-NULL and points to a writable pointer (contract).
     unsafe { out.write(std::ptr::null_mut()) };
     let (path, config) = path_and_config(dataset_path, config_toml)?;
-    let saved = state
-        .map(|blob| state::decode(blob).map_err(|why| Failure::new(BRAND_ERR_INVALID_STATE, why)))
-        .transpose()?;
+    let saved = match resume {
+        Resume::At(blob) => Some(decode(blob)?),
+        _ => None,
+    };
     let ds = Arc::new(Dataset::open(path)?);
-    let planner = Planner::new(&ds.index, &config.plan)?;
+    let plan = &config.loader.plan;
+    let planner = Planner::new(&ds.index, plan)?;
     let epoch_len = planner.geometry().steps;
-    let fingerprint = Fingerprint::of(&ds, &config.plan, planner.geometry());
-    let start = match saved {
-        None => LoaderState::default(),
-        Some((s, f)) => {
+    let fingerprint = Fingerprint::of(&ds, plan, planner.geometry());
+    let mut elastic = None;
+    let start = match (resume, saved) {
+        (Resume::At(_), Some((s, f))) => {
             if let Some(why) = f.mismatch(&fingerprint) {
                 return Err(Failure::new(BRAND_ERR_STATE_MISMATCH, why));
             }
@@ -296,8 +387,24 @@ fn open_loader(
             }
             s
         }
+        (Resume::World(blobs), _) => {
+            let world = saved_world(&blobs, &fingerprint)?;
+            let at = global_position(&ds.index, &world, plan)
+                .map_err(|e| Failure::new(BRAND_ERR_STATE_MISMATCH, e.to_string()))?;
+            elastic = Some(world);
+            at.rank_state(plan.rank, plan.world, epoch_len)
+        }
+        _ => LoaderState::default(),
     };
-    let loader = Loader::open(ds, &config, start)?;
+    let loader = if config.dist.world() > 1 {
+        let node_start = match elastic {
+            Some(world) => NodeStart::Elastic(world),
+            None => NodeStart::At(start),
+        };
+        Reader::Node(Box::new(Node::new(ds, config, node_start, start)))
+    } else {
+        Reader::Local(Box::new(Loader::open(ds, &config.loader, start)?))
+    };
     let open = Arc::new(Mutex::new(Open {
         loader,
         fingerprint,
@@ -313,10 +420,22 @@ fn open_loader(
 /// Opens a loader over the dataset directory `dataset_path` (made by
 /// `brand pack`), at the start of epoch 0.
 ///
-/// `config_toml` is the loader configuration as TOML, the same text
-/// `brand read --config` accepts (batch_size, memory, policy, seed, rank,
-/// world, drop_last, readahead, queue_depth, read_gap, verify; every key
-/// optional), or NULL for the defaults.
+/// `config_toml` is the configuration as TOML, the same text `brand read
+/// --config` and `brand serve --config` accept (batch_size, memory, policy,
+/// seed, rank, world, drop_last, readahead, queue_depth, read_gap, verify,
+/// ...; every key optional), or NULL for the defaults.
+///
+/// Multi-node: with 2 or more `nodes = ["host:port", ...]` (or, without
+/// `nodes`, the launcher's environment: `BRAND_NODES` with `RANK` and
+/// `WORLD_SIZE`, or `TF_CONFIG`, whose chief and workers are the nodes at
+/// their TensorFlow port + `tf_port_offset`, default 1000) the loader is
+/// node `rank` of that job: it listens on its own address, reads only the
+/// chunks it owns and pushes their samples to the nodes that serve them;
+/// `remote_memory`, `peer_timeout` and `job` tune it. It connects to its
+/// peers at the first `brand_next` (every node must be opened at the same
+/// state; `brand_start_epoch` before the first `brand_next` sets it), which
+/// fails naming a peer that is unreachable or disagrees within
+/// `peer_timeout`. Without nodes nothing listens: a single-process loader.
 ///
 /// On success `*out` is the new loader, to be closed with `brand_close`;
 /// on failure `*out` is NULL. Errors: BRAND_ERR_NOT_FOUND (no such
@@ -328,7 +447,7 @@ pub extern "C" fn brand_open(
     config_toml: *const c_char,
     out: *mut *mut brand_loader,
 ) -> brand_status {
-    boundary(|| open_loader(dataset_path, config_toml, None, out))
+    boundary(|| open_loader(dataset_path, config_toml, Resume::Fresh, out))
 }
 
 /// The number of samples a loader opened with these arguments serves per
@@ -350,7 +469,7 @@ pub extern "C" fn brand_epoch_len_for(
         }
         let (path, config) = path_and_config(dataset_path, config_toml)?;
         let ds = Dataset::open(path)?;
-        let planner = Planner::new(&ds.index, &config.plan)?;
+        let planner = Planner::new(&ds.index, &config.loader.plan)?;
         put(out, "out", planner.geometry().steps)?;
         Ok(BRAND_OK)
     })
@@ -362,7 +481,8 @@ pub extern "C" fn brand_epoch_len_for(
 ///
 /// The dataset and the plan-relevant config (policy, seed, memory, rank,
 /// world, drop_last) must be those of the saved loader:
-/// BRAND_ERR_STATE_MISMATCH says which differ. I/O settings (batch_size,
+/// BRAND_ERR_STATE_MISMATCH says which differ (to continue on another
+/// number of ranks, use `brand_open_at_elastic` with every rank's state). I/O settings (batch_size,
 /// read_gap, queue_depth, readahead, verify) may change. A blob that is not
 /// a state gives BRAND_ERR_INVALID_STATE. Otherwise as `brand_open`.
 #[unsafe(no_mangle)]
@@ -384,7 +504,69 @@ pub extern "C" fn brand_open_at(
         // SAFETY: state is non-NULL and points to state_len readable bytes
         // (contract); they are only read during this call.
         let blob = unsafe { std::slice::from_raw_parts(state, state_len) };
-        open_loader(dataset_path, config_toml, Some(blob), out)
+        open_loader(dataset_path, config_toml, Resume::At(blob), out)
+    })
+}
+
+/// Opens rank `rank` of a world of `world` (from `config_toml`, as in
+/// `brand_open`, a single-process loader or a node) where a world of any
+/// other number of ranks stopped: `states[i][0..state_lens[i]]`, `count` of
+/// them, are the `brand_state_save` blobs of EVERY rank of that world, in
+/// any order, saved at one global step (each rank after the same number of
+/// batches). The ranks of the new world together serve the rest of that
+/// epoch's global order, every sample once, then every later epoch as the
+/// new world would from the start.
+///
+/// The served order depends on the total memory, not on the world: the new
+/// world must have the same total memory (world × memory per rank; a budget
+/// of "N slots" per rank is exact), the same dataset, policy, seed and
+/// drop_last. Otherwise BRAND_ERR_STATE_MISMATCH says what differs (and the
+/// memory per rank that would match); missing or repeated ranks, and states
+/// not of one global step, are BRAND_ERR_STATE_MISMATCH too. A blob that is
+/// not a state gives BRAND_ERR_INVALID_STATE naming it (`state i`). With
+/// the same world this is the same as `brand_open_at` with this rank's
+/// state. Otherwise as `brand_open`.
+#[unsafe(no_mangle)]
+pub extern "C" fn brand_open_at_elastic(
+    dataset_path: *const c_char,
+    config_toml: *const c_char,
+    states: *const *const u8,
+    state_lens: *const usize,
+    count: usize,
+    out: *mut *mut brand_loader,
+) -> brand_status {
+    boundary(|| {
+        let refuse = |why: String| {
+            if !out.is_null() {
+                // SAFETY: out is non-NULL and points to a writable pointer (contract).
+                unsafe { out.write(std::ptr::null_mut()) };
+            }
+            Err(Failure::invalid(why))
+        };
+        if count == 0 {
+            return refuse("count is 0: every rank's state is needed".into());
+        }
+        if states.is_null() || state_lens.is_null() {
+            return refuse("states or state_lens is NULL".into());
+        }
+        // SAFETY: both are non-NULL and point to `count` readable elements
+        // (contract); only read during this call.
+        let (ptrs, lens) = unsafe {
+            (
+                std::slice::from_raw_parts(states, count),
+                std::slice::from_raw_parts(state_lens, count),
+            )
+        };
+        let mut blobs = Vec::with_capacity(count);
+        for (i, (&p, &len)) in ptrs.iter().zip(lens).enumerate() {
+            if p.is_null() {
+                return refuse(format!("states[{i}] is NULL"));
+            }
+            // SAFETY: p is non-NULL and points to `len` readable bytes
+            // (contract); only read during this call.
+            blobs.push(unsafe { std::slice::from_raw_parts(p, len) });
+        }
+        open_loader(dataset_path, config_toml, Resume::World(blobs), out)
     })
 }
 
@@ -458,7 +640,9 @@ pub extern "C" fn brand_next(loader: *mut brand_loader, out: *mut *mut brand_bat
 }
 
 /// Jumps to the start of `epoch` (each epoch has its own order), dropping
-/// anything read ahead. Also the way on after BRAND_ERR_CORRUPT.
+/// anything read ahead. Also the way on after BRAND_ERR_CORRUPT. A node of
+/// a multi-node job can only be told its start before its first
+/// `brand_next` (BRAND_ERR_CONFIG after, unless it is there already).
 #[unsafe(no_mangle)]
 pub extern "C" fn brand_start_epoch(loader: *mut brand_loader, epoch: u64) -> brand_status {
     boundary(|| {
@@ -571,7 +755,8 @@ pub extern "C" fn brand_get_metrics(loader: *const brand_loader, out: *mut brand
                 "out->struct_size is {caller}: set it to sizeof(brand_metrics)"
             )));
         }
-        let m = with_loader(loader, |open| Ok(open.loader.metrics()))?;
+        let (m, node) = with_loader(loader, |open| Ok(open.loader.metrics()))?;
+        let (d, node_rank, nodes) = node.unwrap_or_default();
         let n = caller.min(size_of::<brand_metrics>());
         let filled = brand_metrics {
             struct_size: n as u32,
@@ -598,6 +783,16 @@ pub extern "C" fn brand_get_metrics(loader: *const brand_loader, out: *mut brand
             registered_buffer_bytes: m.registered_buffer_bytes,
             peak_read_buffer_bytes: m.peak_read_buffer_bytes,
             skipped_corrupt: m.skipped_corrupt,
+            nodes,
+            node_rank,
+            samples_local: d.samples_local,
+            samples_received: d.samples_received,
+            bytes_received: d.bytes_received,
+            samples_pushed: d.samples_pushed,
+            bytes_pushed: d.bytes_pushed,
+            remote_memory_peak: d.remote_memory_peak,
+            remote_memory_limit: d.remote_memory_limit,
+            owner_peak_bytes: d.owner_peak_bytes,
         };
         // SAFETY: out points to at least `caller` >= n writable bytes
         // (contract: struct_size is the size of the caller's struct);

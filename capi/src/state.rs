@@ -29,10 +29,16 @@
 //! I/O settings (batch size, read gap, queue depth, readahead, verify) are
 //! not part of it: they change how fast the plan's sequence arrives, never
 //! the sequence, so a run may resume with different ones.
+//!
+//! Elastic resume needs no other version: the states of all W ranks carry
+//! each rank's `rank`, `world`, `slots` and `served`, so together they give
+//! the total memory (W × slots) and the global position (the sum of
+//! `served`, checked to be one prefix of the global sequence), which a
+//! single blob could only assume (see `brand_loader::elastic`).
 
 use ::brand_loader::LoaderState;
 use brand_format::Dataset;
-use brand_plan::{Geometry, PlanConfig, Policy};
+use brand_plan::{Geometry, Memory, PlanConfig, Policy};
 
 pub(crate) const MAGIC: [u8; 8] = *b"BRDSTATE";
 pub(crate) const VERSION: u32 = 1;
@@ -63,11 +69,12 @@ fn policy_code(p: Policy) -> u8 {
     }
 }
 
+fn policy_of(code: u8) -> Option<Policy> {
+    Policy::ALL.into_iter().find(|&p| policy_code(p) == code)
+}
+
 fn policy_name(code: u8) -> String {
-    Policy::ALL
-        .into_iter()
-        .find(|&p| policy_code(p) == code)
-        .map_or_else(|| format!("unknown policy #{code}"), |p| p.name().to_string())
+    policy_of(code).map_or_else(|| format!("unknown policy #{code}"), |p| p.name().to_string())
 }
 
 impl Fingerprint {
@@ -136,6 +143,47 @@ impl Fingerprint {
     /// Why a state saved with `self` cannot be restored on `now`, if so.
     pub fn mismatch(&self, now: &Fingerprint) -> Option<String> {
         let (data, plan) = self.differences(now);
+        Self::describe(data, plan).map(|why| {
+            if self.world != now.world {
+                format!(
+                    "{why} (to continue a world of {} ranks on {}, pass every rank's state to brand_open_at_elastic)",
+                    self.world, now.world
+                )
+            } else {
+                why
+            }
+        })
+    }
+
+    /// Why a state saved with `self` cannot be one of the states an elastic
+    /// resume on `now` starts from, if so: the dataset and the order's
+    /// settings must agree; rank, world and memory per rank may differ
+    /// (the total memory is checked across all the states).
+    pub fn elastic_mismatch(&self, now: &Fingerprint) -> Option<String> {
+        let same_world = Fingerprint {
+            rank: now.rank,
+            world: now.world,
+            slots: now.slots,
+            ..*self
+        };
+        let (data, plan) = same_world.differences(now);
+        Self::describe(data, plan)
+    }
+
+    /// The plan config the saved world ran (rank 0; memory in its slots).
+    pub fn saved_plan(&self) -> Result<PlanConfig, String> {
+        Ok(PlanConfig {
+            memory: Memory::Slots(self.slots),
+            policy: policy_of(self.policy)
+                .ok_or_else(|| format!("loader state has unknown policy #{}", self.policy))?,
+            seed: self.seed,
+            rank: 0,
+            world: self.world,
+            drop_last: self.drop_last,
+        })
+    }
+
+    fn describe(data: Vec<String>, plan: Vec<String>) -> Option<String> {
         let mut parts = Vec::new();
         if !data.is_empty() {
             parts.push(format!("it was saved for a different dataset ({})", data.join(", ")));
