@@ -80,6 +80,9 @@ def element_spec(batched):
 
 
 def _toml_value(v):
+    if isinstance(v, (list, tuple)):
+        # `nodes = ["host:port", ...]`
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, int):
@@ -89,7 +92,7 @@ def _toml_value(v):
         escaped = v.replace("\\", "\\\\").replace('"', '\\"')
         escaped = "".join(c if c >= " " and c != "\x7f" else f"\\u{ord(c):04x}" for c in escaped)
         return f'"{escaped}"'
-    raise TypeError(f"config value {v!r}: expected bool, int or str")
+    raise TypeError(f"config value {v!r}: expected bool, int, str or a list of them")
 
 
 def _config_toml(settings):
@@ -130,6 +133,14 @@ class BrandDataset(dataset_ops.DatasetSource):
         `dataset_fn` for `tf.distribute`).
       config: loader TOML text; its keys override the keywords (any key
         `brand_open` accepts: drop_last, readahead, queue_depth, verify, ...).
+
+    Multi-node: with `nodes = ["host:port", ...]` and `rank` in `config`, or
+    with `TF_CONFIG` in the environment (a `tf.distribute` multi-worker job:
+    the chief and workers are the nodes, brand listening on each one's
+    TensorFlow port + `tf_port_offset`, default 1000), each worker's
+    dataset is one node of a brand job: it reads only the chunks it owns
+    and the workers together serve each epoch exactly once. Every worker
+    must then iterate the same epochs; `rank`/`world` follow the node list.
 
     Elements are dicts {"data": tf.string, "label": tf.int64, "id": tf.int64,
     "key": tf.string}: the sample's bytes, its class (-1 if none), its
