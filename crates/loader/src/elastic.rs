@@ -121,7 +121,7 @@ fn check_same_order(a: &PlanConfig, ga: &Geometry, b: &PlanConfig, gb: &Geometry
         diff.push(format!("drop_last {} saved, {} now", a.drop_last, b.drop_last));
     }
     if ga.slots != gb.slots || ga.resident != gb.resident {
-        let fix = if ga.slots % gb.world as u64 == 0 {
+        let fix = if ga.slots.is_multiple_of(gb.world as u64) {
             format!("memory = \"{} slots\" per rank keeps it", ga.slots / gb.world as u64)
         } else {
             format!("no whole number of slots per rank of {} gives it", gb.world)
