@@ -36,7 +36,10 @@ impl Ownership {
     /// dataset of `layout`: what `brand pack --partitions` places on each
     /// node so that every node's chunks are on its own disk.
     pub fn of_layout(layout: Layout, plan: &PlanConfig) -> Result<Self> {
-        let plan = PlanConfig { rank: 0, ..plan.clone() };
+        let plan = PlanConfig {
+            rank: 0,
+            ..plan.clone()
+        };
         Ok(Self::of_plan(&Planner::from_layout(layout, &plan)?))
     }
 

@@ -95,7 +95,12 @@ fn plan_order(ds: &Dataset, cfg: &Config, epoch: u64) -> Vec<u64> {
 
 type Served = Vec<Vec<(u64, Vec<u8>)>>;
 
-fn run_node(dir: PathBuf, cfg: Config, epochs: u64, all_done: Arc<std::sync::Barrier>) -> Result<(Served, DistMetrics), String> {
+fn run_node(
+    dir: PathBuf,
+    cfg: Config,
+    epochs: u64,
+    all_done: Arc<std::sync::Barrier>,
+) -> Result<(Served, DistMetrics), String> {
     let ds = Arc::new(Dataset::open_any(&dir).map_err(|e| e.to_string())?);
     let mut l = DistLoader::open(ds, &cfg, LoaderState::default()).map_err(|e| e.to_string())?;
     let mut out = Vec::new();
@@ -128,7 +133,10 @@ fn three_nodes_serve_from_their_own_partitions_only() {
             .filter(|&s| ds.holds_segment(s))
             .count();
         assert_eq!(present, held, "node {w}: only its own segment files");
-        assert!(held > 0 && held < ds.manifest.segments.len(), "node {w}: {held} segments");
+        assert!(
+            held > 0 && held < ds.manifest.segments.len(),
+            "node {w}: {held} segments"
+        );
     }
     let all_done = Arc::new(std::sync::Barrier::new(NODES as usize));
     let handles: Vec<_> = (0..NODES as usize)
@@ -156,7 +164,11 @@ fn three_nodes_serve_from_their_own_partitions_only() {
             all.extend(ids);
         }
         all.sort_unstable();
-        assert_eq!(all, (0..SAMPLES).collect::<Vec<_>>(), "epoch {epoch}: every sample once");
+        assert_eq!(
+            all,
+            (0..SAMPLES).collect::<Vec<_>>(),
+            "epoch {epoch}: every sample once"
+        );
     }
     // Whole-chunk reads: each node read exactly its own chunks' share of
     // the global protocol's reads.
@@ -184,7 +196,9 @@ fn a_partition_of_another_pack_or_node_is_refused() {
     let (a, b) = (t.path().join("a"), t.path().join("b"));
     std::fs::create_dir_all(&a).expect("mkdir");
     std::fs::create_dir_all(&b).expect("mkdir");
-    let three: Vec<Config> = (0..NODES).map(|r| config(&addresses(3), r, Memory::Slots(64), 1 << 20)).collect();
+    let three: Vec<Config> = (0..NODES)
+        .map(|r| config(&addresses(3), r, Memory::Slots(64), 1 << 20))
+        .collect();
     let (_, dirs_a) = whole_and_partitions(&a, SAMPLES, 0, &three[0]);
     let (_, dirs_b) = whole_and_partitions(&b, SAMPLES, 1, &three[0]);
 
@@ -233,7 +247,7 @@ fn a_rank_far_ahead_of_a_slow_one_is_held_back() {
     // One chunk of budget per rank and many steps: without the drift limit
     // the fast ranks finish the epoch while the slow one has barely begun,
     // and every owner holds the slow rank's share of the epoch.
-    const N: u64 = 3000;
+    const N: u64 = 1500;
     let t = tempfile::tempdir().expect("tempdir");
     let ds = Arc::new(Dataset::open(small_dataset(t.path(), N).expect("pack")).expect("open"));
     let nodes = addresses(NODES as usize);
@@ -253,7 +267,7 @@ fn a_rank_far_ahead_of_a_slow_one_is_held_back() {
                     served += b.len() as u64;
                     if r == 2 {
                         slow.store(served, Ordering::SeqCst);
-                        std::thread::sleep(Duration::from_millis(15));
+                        std::thread::sleep(Duration::from_millis(100));
                     } else {
                         max_lead = max_lead.max(served.saturating_sub(slow.load(Ordering::SeqCst)));
                     }
@@ -268,7 +282,7 @@ fn a_rank_far_ahead_of_a_slow_one_is_held_back() {
         assert_eq!(served, steps, "rank {rank}");
         // The window of a consumer (remote_memory), the drift limit, a
         // batch, and what readahead and credit batching let through.
-        let slack = 150;
+        let slack = 100;
         assert!(
             lead <= drift + slack,
             "rank {rank} ran {lead} steps ahead of the slow rank (limit {drift} + {slack}; the epoch has {steps})"

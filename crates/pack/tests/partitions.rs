@@ -37,7 +37,11 @@ impl Source for Samples {
     }
     fn read(&self, i: usize) -> brand_format::Result<Vec<u8>> {
         if Some(i) == self.fail_at {
-            return Err(brand_format::Error::input("virtual/source", format!("sample {i}"), "disk went away"));
+            return Err(brand_format::Error::input(
+                "virtual/source",
+                format!("sample {i}"),
+                "disk went away",
+            ));
         }
         Ok(vec![(i % 251) as u8; 100 + (i * 37) % 3000])
     }
@@ -98,16 +102,27 @@ fn partitions_split_the_chunks_by_owner_and_share_the_index() {
         }
         // Only its own segment files are here.
         for s in 0..ds.manifest.segments.len() as u32 {
-            assert_eq!(ds.segment_path(s).exists(), ds.holds_segment(s), "partition {w} segment {s}");
+            assert_eq!(
+                ds.segment_path(s).exists(),
+                ds.holds_segment(s),
+                "partition {w} segment {s}"
+            );
         }
         // A sample it does not hold: an error naming the partition that does.
-        let foreign = (0..ds.index.chunk_count()).find(|&c| !ds.holds_chunk(c)).expect("foreign chunk");
+        let foreign = (0..ds.index.chunk_count())
+            .find(|&c| !ds.holds_chunk(c))
+            .expect("foreign chunk");
         let e = ds.read_sample(foreign * 8).expect_err("not held").to_string();
         let holder = (foreign / group_chunks) % count as u64;
         assert!(e.contains(&format!("held by partition {holder} of {count}")), "{e}");
         // A partition is not a whole dataset.
-        let e = Dataset::open(ds.dir()).expect_err("a partition is not whole").to_string();
-        assert!(e.contains("manifest.toml") && e.contains(&format!("partition {w} of {count}")), "{e}");
+        let e = Dataset::open(ds.dir())
+            .expect_err("a partition is not whole")
+            .to_string();
+        assert!(
+            e.contains("manifest.toml") && e.contains(&format!("partition {w} of {count}")),
+            "{e}"
+        );
         // verify checks its own chunks; inspect says which share it is.
         let report = brand_pack::verify::verify(ds, &|_, _| {}).expect("verify");
         assert!(report.ok(), "{:?}", report.problems);
@@ -116,9 +131,16 @@ fn partitions_split_the_chunks_by_owner_and_share_the_index() {
         let ps = s.partition.as_ref().expect("partition summary");
         assert_eq!((ps.index, ps.chunks), (w as u32, report.chunks));
         assert!(s.to_string().contains(&format!("partition    {w} of {count}")), "{s}");
-        assert!(brand_pack::verify::rebuild_index(ds.dir()).is_err(), "a partition cannot rebuild the index");
+        assert!(
+            brand_pack::verify::rebuild_index(ds.dir()).is_err(),
+            "a partition cannot rebuild the index"
+        );
     }
-    assert_eq!(seen.len() as u64, whole.index.chunk_count(), "every chunk in one partition");
+    assert_eq!(
+        seen.len() as u64,
+        whole.index.chunk_count(),
+        "every chunk in one partition"
+    );
     assert_eq!(verified, 1000);
     // A whole dataset is unchanged by the feature: no partition key.
     let text = std::fs::read_to_string(whole_dir.join("manifest.toml")).expect("manifest");
@@ -131,7 +153,9 @@ fn a_damaged_partition_is_reported_by_verify() {
     let out = t.path().join("parts");
     pack(&Samples::new(300, None), &out, &options(2, 2), &|_, _, _| {}).expect("pack");
     let ds = Dataset::open_any(partition_dir(&out, 1)).expect("partition");
-    let seg = (0..ds.manifest.segments.len() as u32).find(|&s| ds.holds_segment(s)).expect("own segment");
+    let seg = (0..ds.manifest.segments.len() as u32)
+        .find(|&s| ds.holds_segment(s))
+        .expect("own segment");
     let path = ds.segment_path(seg);
     let mut bytes = std::fs::read(&path).expect("read");
     let at = bytes.len() / 2;
@@ -139,7 +163,11 @@ fn a_damaged_partition_is_reported_by_verify() {
     std::fs::write(&path, bytes).expect("write");
     let report = brand_pack::verify::verify(&ds, &|_, _| {}).expect("verify");
     assert!(!report.ok());
-    assert!(report.problems[0].to_string().contains(&path.display().to_string()), "{:?}", report.problems);
+    assert!(
+        report.problems[0].to_string().contains(&path.display().to_string()),
+        "{:?}",
+        report.problems
+    );
 }
 
 #[test]
@@ -161,8 +189,13 @@ fn bad_partitionings_are_refused_before_writing() {
     let t = tempfile::tempdir().expect("tempdir");
     for (count, group_chunks) in [(0, 1), (3, 0), (brand_pack::MAX_PARTITIONS + 1, 1)] {
         let out = t.path().join("parts");
-        let e = pack(&Samples::new(10, None), &out, &options(count, group_chunks), &|_, _, _| {})
-            .expect_err("refused");
+        let e = pack(
+            &Samples::new(10, None),
+            &out,
+            &options(count, group_chunks),
+            &|_, _, _| {},
+        )
+        .expect_err("refused");
         assert!(e.to_string().contains("partitions"), "{e}");
         assert!(!out.exists());
     }
