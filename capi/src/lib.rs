@@ -365,7 +365,13 @@ fn open_loader(
         Resume::At(blob) => Some(decode(blob)?),
         _ => None,
     };
-    let ds = Arc::new(Dataset::open(path)?);
+    // A node may be given its partition of a partitioned pack; a single
+    // loader needs the whole dataset (Dataset::open refuses a partition).
+    let ds = Arc::new(if config.dist.world() > 1 {
+        Dataset::open_any(path)?
+    } else {
+        Dataset::open(path)?
+    });
     let plan = &config.loader.plan;
     let planner = Planner::new(&ds.index, plan)?;
     let epoch_len = planner.geometry().steps;
@@ -468,7 +474,7 @@ pub extern "C" fn brand_epoch_len_for(
             return Err(Failure::invalid("out is NULL"));
         }
         let (path, config) = path_and_config(dataset_path, config_toml)?;
-        let ds = Dataset::open(path)?;
+        let ds = Dataset::open_any(path)?;
         let planner = Planner::new(&ds.index, &config.loader.plan)?;
         put(out, "out", planner.geometry().steps)?;
         Ok(BRAND_OK)

@@ -14,7 +14,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use brand_format::Dataset;
-use brand_pack::{PackOptions, files::FileSource, source::Source};
+use brand_pack::{PackOptions, Partitioning, files::FileSource, source::Source};
+use brand_plan::{Memory, PlanConfig};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -124,6 +125,14 @@ struct PackArgs {
     /// Replace OUT if it already exists.
     #[arg(long)]
     force: bool,
+    /// Write W partitions, OUT/part-0 … OUT/part-{W-1}, one per node's local
+    /// disk: part-w holds the chunks node w owns in a job of W nodes.
+    #[arg(long, value_name = "W", value_parser = clap::value_parser!(u32).range(1..=brand_pack::MAX_PARTITIONS as i64))]
+    partitions: Option<u32>,
+    /// With --partitions: the memory budget per rank the job will use ("10%"
+    /// or "N slots"), which sizes the groups that are assigned to nodes.
+    #[arg(long, requires = "partitions")]
+    memory: Option<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -301,10 +310,49 @@ fn remove_unfinished_pack_on_interrupt() -> brand_format::Result<()> {
     Ok(())
 }
 
+/// The groups `brand serve` will assign to `count` nodes for a dataset of
+/// `samples` samples in chunks of `chunk_size`, under the budget `memory`
+/// (the multi-node mode's own rule).
+fn partitioning(count: u32, memory: Option<&str>, samples: u64, chunk_size: u32) -> brand_format::Result<Partitioning> {
+    let memory: Memory = match memory {
+        Some(m) => m.parse()?,
+        None => brand_loader::config::DEFAULT_MEMORY,
+    };
+    if let Memory::Bytes(_) = memory {
+        return Err(brand_format::Error::config(format!(
+            "--memory {memory}: give the budget as a percentage or \"N slots\" with --partitions (a byte budget depends on sample sizes, known only once packed)"
+        )));
+    }
+    let layout = brand_plan::Layout {
+        samples,
+        chunk_size,
+        sample_bytes: 0,
+    };
+    let plan = PlanConfig {
+        world: count,
+        ..PlanConfig::new(memory)
+    };
+    let own = brand_dist::routes::Ownership::of_layout(layout, &plan)?;
+    Ok(Partitioning {
+        count,
+        group_chunks: own.group_chunks,
+    })
+}
+
 fn pack_cmd(a: &PackArgs) -> brand_format::Result<ExitCode> {
     remove_unfinished_pack_on_interrupt()?;
     let source = open_source(a)?;
+    let partitions = match a.partitions {
+        Some(w) => Some(partitioning(
+            w,
+            a.memory.as_deref(),
+            source.entries().len() as u64,
+            a.chunk_size,
+        )?),
+        None => None,
+    };
     let opts = PackOptions {
+        partitions,
         chunk_size: a.chunk_size,
         seed: a.seed,
         zstd: a.zstd,
@@ -323,11 +371,20 @@ fn pack_cmd(a: &PackArgs) -> brand_format::Result<ExitCode> {
         m.data_bytes as f64 / (1 << 20) as f64,
         a.out.display()
     );
+    if let Some(p) = partitions {
+        eprintln!(
+            "as {} partitions ({}/part-0 … part-{}), groups of {} chunks; give part-w to node w",
+            p.count,
+            a.out.display(),
+            p.count - 1,
+            p.group_chunks
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 
 fn inspect_cmd(a: &InspectArgs) -> brand_format::Result<ExitCode> {
-    let ds = Dataset::open(&a.dataset)?;
+    let ds = Dataset::open_any(&a.dataset)?;
     let s = brand_pack::inspect::summary(&ds);
     if a.json {
         println!(
@@ -349,7 +406,7 @@ fn verify_cmd(a: &VerifyArgs) -> brand_format::Result<ExitCode> {
             idx.chunk_count()
         );
     }
-    let ds = Dataset::open(&a.dataset)?;
+    let ds = Dataset::open_any(&a.dataset)?;
     let bar = progress_bar(ds.index.chunk_count(), "verify");
     let report = brand_pack::verify::verify(&ds, &|done, _| bar.set_position(done))?;
     bar.finish_and_clear();
@@ -378,7 +435,7 @@ fn verify_cmd(a: &VerifyArgs) -> brand_format::Result<ExitCode> {
 }
 
 fn cat_cmd(a: &CatArgs) -> brand_format::Result<ExitCode> {
-    let ds = Dataset::open(&a.dataset)?;
+    let ds = Dataset::open_any(&a.dataset)?;
     let id = match (&a.key, a.id) {
         (Some(k), _) => ds
             .index

@@ -100,7 +100,8 @@ fn config(a: &ServeArgs) -> brand_format::Result<Config> {
 
 pub fn run(a: &ServeArgs) -> brand_format::Result<()> {
     let cfg = config(a)?;
-    let ds = Arc::new(Dataset::open(&a.dataset)?);
+    // A partition (`brand pack --partitions`) is this node's share.
+    let ds = Arc::new(Dataset::open_any(&a.dataset)?);
     let rank = cfg.dist.rank;
     let mut node = DistLoader::open(ds, &cfg, LoaderState::default())?;
     if !a.json {
@@ -135,7 +136,7 @@ pub fn run(a: &ServeArgs) -> brand_format::Result<()> {
         if !a.json {
             let m = &r.metrics;
             println!(
-                "epoch {}: {} samples in {:.2}s ({:.0}/s); read {:.1} MB; pushed {} ({:.1} MB), received {} ({:.1} MB), local {}; {} stalls ({:.3}s); remote memory peak {:.1} MB",
+                "epoch {}: {} samples in {:.2}s ({:.0}/s); read {:.1} MB; pushed {} ({:.1} MB), received {} ({:.1} MB), local {}; {} stalls ({:.3}s, p50 {:.2} ms, p99 {:.2} ms); remote memory peak {:.1} MB, owner peak {:.1} MB",
                 r.epoch,
                 r.samples,
                 r.seconds,
@@ -148,7 +149,10 @@ pub fn run(a: &ServeArgs) -> brand_format::Result<()> {
                 m.samples_local,
                 m.stalls,
                 m.stall_secs_total,
-                m.remote_memory_peak as f64 / 1e6
+                m.stall_p50_secs * 1e3,
+                m.stall_p99_secs * 1e3,
+                m.remote_memory_peak as f64 / 1e6,
+                m.owner_peak_bytes as f64 / 1e6
             );
         }
         reports.push(r);

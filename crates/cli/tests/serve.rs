@@ -118,3 +118,70 @@ fn killing_a_serve_process_fails_the_others_naming_it() {
         killed_at.elapsed()
     );
 }
+
+#[test]
+fn pack_partitions_then_three_serve_processes_each_on_its_own_partition() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let whole = dataset(t.path());
+    let parts = t.path().join("parts");
+    let brand = env!("CARGO_BIN_EXE_brand");
+    let pack = Command::new(brand)
+        .arg("pack")
+        .arg(t.path().join("src"))
+        .arg("-o")
+        .arg(&parts)
+        .args(["--chunk-size", "16", "--partitions", "3", "--memory", "64 slots"])
+        .output()
+        .expect("brand pack");
+    assert!(pack.status.success(), "{}", String::from_utf8_lossy(&pack.stderr));
+    // Each partition on its own "disk"; inspect and verify know what they are.
+    let disks: Vec<std::path::PathBuf> = (0..3)
+        .map(|w| {
+            let disk = t.path().join(format!("disk-{w}"));
+            std::fs::rename(parts.join(format!("part-{w}")), &disk).expect("move");
+            disk
+        })
+        .collect();
+    for (w, disk) in disks.iter().enumerate() {
+        let out = Command::new(brand).arg("inspect").arg(disk).output().expect("inspect");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains(&format!("partition    {w} of 3")),
+            "{text}"
+        );
+        let out = Command::new(brand).arg("verify").arg(disk).output().expect("verify");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+        // A loader of the whole dataset refuses a partition, naming it.
+        let out = Command::new(brand).arg("read").arg(disk).output().expect("read");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("manifest.toml") && err.contains("partition"),
+            "{err}"
+        );
+    }
+    let nodes = addresses(3);
+    let children: Vec<Child> = (0..3)
+        .map(|r| serve(&disks[r], &nodes, r, &["--epochs", "2"]))
+        .collect();
+    let mut read = 0u64;
+    for (rank, c) in children.into_iter().enumerate() {
+        let (ok, out, err) = finish(c, Duration::from_secs(60));
+        assert!(ok, "rank {rank} failed: {err}");
+        let report: serde_json::Value = serde_json::from_str(&out).expect("json");
+        for e in report["epochs"].as_array().expect("array") {
+            assert_eq!(e["samples"], SAMPLES / 3, "rank {rank}");
+        }
+        let m = &report["closed"];
+        assert!(m["stall_p99_secs"].as_f64().is_some(), "rank {rank}: {m}");
+        read += m["bytes_read"].as_u64().expect("read");
+    }
+    let d = brand_format::Dataset::open(&whole).expect("open");
+    let mut plan = brand_plan::PlanConfig::new(brand_plan::Memory::Slots(64));
+    plan.world = 3;
+    let planner = brand_plan::Planner::new(&d.index, &plan).expect("planner");
+    let expected: u64 = (0..2)
+        .flat_map(|e| planner.global_epoch(e).reads().to_vec())
+        .map(|r| d.index.chunk_padded_len(r.chunk as u64))
+        .sum();
+    assert_eq!(read, expected, "bytes read across the partitions");
+}

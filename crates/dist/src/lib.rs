@@ -35,7 +35,7 @@ use brand_plan::Planner;
 pub use config::DistConfig;
 use inbox::{CreditSink, Inbox, sample_len};
 use owner::{Control, Owner, OwnerStats};
-use routes::ConsumerPlan;
+use routes::{ConsumerPlan, Ownership};
 
 /// A loader configuration and the multi-node one.
 #[derive(Debug, Clone)]
@@ -71,6 +71,9 @@ pub struct DistMetrics {
     /// Times the consumer waited for a sample not yet there (on-demand waits).
     pub stalls: u64,
     pub stall_secs_total: f64,
+    /// Median and 99th percentile of those waits (nearest rank; 0 without stalls).
+    pub stall_p50_secs: f64,
+    pub stall_p99_secs: f64,
     pub stall_max_secs: f64,
     /// Most bytes of pushed (and local) samples held at once, and the limit.
     pub remote_memory_peak: u64,
@@ -87,6 +90,7 @@ pub struct DistLoader {
     ds: Arc<Dataset>,
     cfg: Arc<DistConfig>,
     planner: Planner,
+    ownership: Ownership,
     batch_size: usize,
     epoch: u64,
     served: u64,
@@ -106,7 +110,13 @@ pub struct DistLoader {
 /// and where they start (`state.served`: the global position, see
 /// [`DistLoader::open_elastic`]).
 pub fn job_digest(ds: &Dataset, loader: &LoaderConfig, dist: &DistConfig, state: LoaderState) -> wire::JobDigest {
-    let manifest = crc32c::crc32c(ds.manifest.to_toml().as_bytes()) as u64;
+    // Partitions of one pack differ only in which part they are: the
+    // fingerprint is the whole dataset's (and the partitioning's).
+    let mut logical = ds.manifest.clone();
+    if let Some(p) = &mut logical.partition {
+        p.index = 0;
+    }
+    let manifest = crc32c::crc32c(logical.to_toml().as_bytes()) as u64;
     let index = crc32c::crc32c(&ds.index.to_bytes()) as u64;
     let p = &loader.plan;
     wire::JobDigest {
@@ -123,6 +133,45 @@ pub fn job_digest(ds: &Dataset, loader: &LoaderConfig, dist: &DistConfig, state:
         start_epoch: state.epoch,
         start_served: state.served,
     }
+}
+
+/// Who reads which chunk: the plan's groups, or, for a partition, the
+/// groups it was packed with, which must be this node's of this world.
+fn ownership(ds: &Dataset, planner: &Planner, dist: &DistConfig, me: u32) -> Result<Ownership> {
+    let plan = Ownership::of_plan(planner);
+    let Some(p) = ds.manifest.partition else {
+        return Ok(plan);
+    };
+    if p.count != dist.world() || p.index != me {
+        return Err(Error::config(format!(
+            "{}: partition {} of {}, but this is node {me} of {}: each node opens its own partition of a pack for as many nodes",
+            ds.dir().display(),
+            p.index,
+            p.count,
+            dist.world()
+        )));
+    }
+    if p.group_chunks != plan.group_chunks {
+        tracing::warn!(
+            "{}: packed for groups of {} chunks, the plan's are {} (another memory budget): each node still reads only its own chunks",
+            ds.dir().display(),
+            p.group_chunks,
+            plan.group_chunks
+        );
+    }
+    Ok(Ownership {
+        group_chunks: p.group_chunks,
+        ..plan
+    })
+}
+
+/// The nearest-rank `q` quantile of `sorted` (0 when empty).
+fn percentile(sorted: &[u64], q: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 impl DistLoader {
@@ -194,7 +243,8 @@ impl DistLoader {
             served: common_step,
         };
         let drop_first = common_step < geo.steps && common_step * world + (me as u64) < at.position;
-        let consumer_plan = ConsumerPlan::new(&planner, state.epoch, me);
+        let ownership = ownership(&ds, &planner, &dist, me)?;
+        let consumer_plan = ConsumerPlan::new(&planner, &ownership, state.epoch, me);
         let inbox = Arc::new(Inbox::new(ds.clone(), dist.clone(), consumer_plan, state.served));
         let (control, control_rx) = crossbeam_channel::unbounded();
         inbox
@@ -204,6 +254,8 @@ impl DistLoader {
         let owner_stats = Arc::new(OwnerStats::default());
         let owner = Owner {
             planner: Planner::new(&ds.index, &loader.plan)?,
+            ownership,
+            drift_steps: owner::drift_steps(&ds, dist.remote_memory),
             node: me,
             storage,
             inbox: inbox.clone(),
@@ -222,6 +274,7 @@ impl DistLoader {
             ds: ds.clone(),
             cfg: dist.clone(),
             planner,
+            ownership,
             batch_size: loader.io.batch_size,
             epoch: state.epoch,
             served: state.served,
@@ -288,6 +341,8 @@ impl DistLoader {
     pub fn metrics(&self) -> DistMetrics {
         let s = self.inbox.stats();
         let o = &self.owner_stats;
+        let mut stalls = s.stall_nanos.clone();
+        stalls.sort_unstable();
         DistMetrics {
             samples_served: self.samples_served,
             bytes_served: self.bytes_served,
@@ -300,7 +355,9 @@ impl DistLoader {
             reads_issued: o.reads_issued.load(Ordering::Relaxed),
             stalls: s.stall_nanos.len() as u64,
             stall_secs_total: s.stall_nanos.iter().sum::<u64>() as f64 * 1e-9,
-            stall_max_secs: s.stall_nanos.iter().max().copied().unwrap_or(0) as f64 * 1e-9,
+            stall_p50_secs: percentile(&stalls, 0.50) as f64 * 1e-9,
+            stall_p99_secs: percentile(&stalls, 0.99) as f64 * 1e-9,
+            stall_max_secs: stalls.last().copied().unwrap_or(0) as f64 * 1e-9,
             remote_memory_peak: s.held_peak_bytes,
             remote_memory_limit: self.cfg.remote_memory,
             owner_peak_bytes: o.held_peak_bytes.load(Ordering::Relaxed),
@@ -320,7 +377,7 @@ impl DistLoader {
             self.epoch += 1;
             self.served = 0;
             self.epoch_ended = false;
-            let plan = ConsumerPlan::new(&self.planner, self.epoch, self.planner.config().rank);
+            let plan = ConsumerPlan::new(&self.planner, &self.ownership, self.epoch, self.planner.config().rank);
             self.inbox.start_epoch(plan, 0);
         }
         let mut ids = Vec::with_capacity(self.batch_size);

@@ -5,6 +5,15 @@
 //! Reads are demand-driven: a read is issued once some consumer's credit
 //! reaches a record of it (plus `readahead` bytes beyond), so what the
 //! owner holds is what the plan holds, not the whole epoch.
+//!
+//! A read carries records for every consumer, and those not yet credited
+//! wait here. So that a consumer far behind the others cannot make that
+//! unbounded, credit counts towards reads only for steps within
+//! [`drift_steps`] of the slowest live consumer's window: a rank that runs
+//! ahead waits for the others (back-pressure), the slowest is never held
+//! up (its steps are inside the limit), so nothing deadlocks. What the
+//! owner holds is then its share of the plan's memory, plus about
+//! `drift_steps` steps of every consumer, plus `readahead`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,8 +23,10 @@ use std::time::{Duration, Instant};
 use brand_format::buffer::AlignedBuf;
 use brand_plan::Planner;
 
+use brand_format::dataset::Dataset;
+
 use crate::inbox::Inbox;
-use crate::routes::OwnerPlan;
+use crate::routes::{OwnerPlan, Ownership};
 use crate::storage::Storage;
 use crate::wire::{Credit, Push, Sample, push};
 
@@ -65,6 +76,9 @@ enum Outlet {
 
 pub struct Owner {
     pub planner: Planner,
+    pub ownership: Ownership,
+    /// How far past the slowest consumer's window credit counts for reads.
+    pub drift_steps: u64,
     pub node: u32,
     pub storage: Storage,
     pub inbox: Arc<Inbox>,
@@ -82,6 +96,9 @@ struct Progress {
     plan: OwnerPlan,
     /// Per consumer: queue entries covered by its credit.
     demand: Vec<usize>,
+    /// Per consumer: queue entries whose reads are due (credited and within
+    /// the drift limit).
+    due: Vec<usize>,
     /// Per consumer: queue entries pushed.
     sent: Vec<usize>,
     /// Highest read index some credited entry needs.
@@ -96,6 +113,7 @@ impl Progress {
         Progress {
             plan,
             demand: vec![0; w],
+            due: vec![0; w],
             sent: vec![0; w],
             needed: None,
             next_read: 0,
@@ -129,7 +147,13 @@ impl Owner {
             w
         ];
         let mut epoch = self.start_epoch;
-        let mut p = Progress::new(OwnerPlan::new(&self.planner, epoch, self.node, self.start_step));
+        let mut p = Progress::new(OwnerPlan::new(
+            &self.planner,
+            &self.ownership,
+            epoch,
+            self.node,
+            self.start_step,
+        ));
         let mut held: u64 = 0;
         let mut in_flight_bytes: u64 = 0;
         // The last epoch to serve, once the local consumer stopped.
@@ -148,6 +172,7 @@ impl Owner {
                 if matches!(o, Outlet::Gone) {
                     let len = p.plan.queues[c].len();
                     p.demand[c] = len;
+                    p.due[c] = len;
                     p.sent[c] = len;
                     p.ready.retain(|&(rc, _), b| {
                         if rc as usize == c {
@@ -159,16 +184,25 @@ impl Owner {
                     });
                 }
             }
-            // 2. What the credits cover.
+            // 2. What the credits cover, and which of it is due for reading:
+            // steps within the drift limit of the slowest live consumer.
+            let horizon = (0..w)
+                .filter(|&c| credits[c].epoch == epoch && !matches!(outlets[c], Outlet::Gone))
+                .map(|c| credits[c].window)
+                .min()
+                .map_or(u64::MAX, |slowest| slowest.saturating_add(self.drift_steps));
             for c in 0..w {
                 if credits[c].epoch != epoch {
                     continue;
                 }
                 let q = &p.plan.queues[c];
                 while p.demand[c] < q.len() && q[p.demand[c]].0 < credits[c].window {
-                    let read = q[p.demand[c]].1;
-                    p.needed = Some(p.needed.map_or(read, |n| n.max(read)));
                     p.demand[c] += 1;
+                }
+                while p.due[c] < p.demand[c] && q[p.due[c]].0 < horizon {
+                    let read = q[p.due[c]].1;
+                    p.needed = Some(p.needed.map_or(read, |n| n.max(read)));
+                    p.due[c] += 1;
                 }
             }
             // 3. Reads: everything credited, then readahead (once some
@@ -244,7 +278,7 @@ impl Owner {
                     return;
                 }
                 epoch += 1;
-                p = Progress::new(OwnerPlan::new(&self.planner, epoch, self.node, 0));
+                p = Progress::new(OwnerPlan::new(&self.planner, &self.ownership, epoch, self.node, 0));
                 held = 0;
                 in_flight_bytes = 0;
                 continue;
@@ -351,3 +385,15 @@ fn apply(c: Control, outlets: &mut [Outlet], credits: &mut [Credit], stopping: &
         Control::Abort(_) => {}
     }
 }
+
+/// Steps a consumer's credit may run ahead of the slowest consumer's and
+/// still make the owner read: about what `remote_memory` holds of average
+/// samples, and never fewer than two credit batches (credits arrive in
+/// batches, so a smaller limit could hold up the slowest consumer itself).
+pub fn drift_steps(ds: &Dataset, remote_memory: u64) -> u64 {
+    let mean = ds.manifest.mean_sample_bytes.max(1.0);
+    ((remote_memory as f64 / mean) as u64).max(MIN_DRIFT_STEPS)
+}
+
+/// Two credit batches (see `inbox::CREDIT_BATCH`), and then some.
+const MIN_DRIFT_STEPS: u64 = 64;

@@ -1,20 +1,55 @@
 //! Who reads and who serves what, per epoch: pure functions of the plan.
 //!
-//! Group `g` belongs to node `g mod W`. The plan's global epoch says which
+//! Group `g` belongs to node `g mod W`: the plan's groups with the dataset
+//! on shared storage, the groups a partitioned dataset was packed with
+//! otherwise (the same ones when the job's budget is the pack's; if not,
+//! ownership still follows where the chunks are). The plan's global epoch says which
 //! position serves which sample and when the protocol reads each chunk; the
 //! serving rank of position `p` is `p mod W` (step `p / W`). From that an
 //! owner knows, for every record it reads, the consumer and step it goes
 //! to, and a consumer knows which owner sends each of its steps.
 
-use brand_plan::{Geometry, Planner};
+use brand_format::error::Result;
+use brand_plan::{Layout, PlanConfig, Planner};
 
-/// Node that owns (alone reads) `chunk`.
-pub fn owner_of_chunk(geo: &Geometry, chunk: u64) -> u32 {
-    (geo.group_of_chunk(chunk) % geo.world as u64) as u32
+/// Which node owns (alone reads) each chunk: groups of `group_chunks`
+/// chunks, group `g` to node `g mod world`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ownership {
+    pub group_chunks: u64,
+    pub world: u32,
+    pub chunk_size: u32,
 }
 
-pub fn owner_of_sample(geo: &Geometry, sample: u64) -> u32 {
-    owner_of_chunk(geo, sample / geo.chunk_size as u64)
+impl Ownership {
+    /// The plan's groups (the dataset on shared storage).
+    pub fn of_plan(planner: &Planner) -> Self {
+        let geo = planner.geometry();
+        Ownership {
+            group_chunks: geo.group_size,
+            world: geo.world,
+            chunk_size: geo.chunk_size,
+        }
+    }
+
+    /// The groups a job of `plan.world` nodes under `plan` assigns for a
+    /// dataset of `layout`: what `brand pack --partitions` places on each
+    /// node so that every node's chunks are on its own disk.
+    pub fn of_layout(layout: Layout, plan: &PlanConfig) -> Result<Self> {
+        let plan = PlanConfig {
+            rank: 0,
+            ..plan.clone()
+        };
+        Ok(Self::of_plan(&Planner::from_layout(layout, &plan)?))
+    }
+
+    pub fn owner_of_chunk(&self, chunk: u64) -> u32 {
+        ((chunk / self.group_chunks.max(1)) % self.world.max(1) as u64) as u32
+    }
+
+    pub fn owner_of_sample(&self, sample: u64) -> u32 {
+        self.owner_of_chunk(sample / self.chunk_size.max(1) as u64)
+    }
 }
 
 /// One consumer's epoch: the sample of each step and the node that sends it.
@@ -25,7 +60,7 @@ pub struct ConsumerPlan {
 }
 
 impl ConsumerPlan {
-    pub fn new(planner: &Planner, epoch: u64, rank: u32) -> Self {
+    pub fn new(planner: &Planner, own: &Ownership, epoch: u64, rank: u32) -> Self {
         let geo = *planner.geometry();
         let global = planner.global_epoch(epoch);
         let served = global.served();
@@ -33,7 +68,7 @@ impl ConsumerPlan {
         let samples: Vec<u32> = (0..geo.steps)
             .map(|i| served[((rank as u64 + i * w) % n) as usize])
             .collect();
-        let owners = samples.iter().map(|&y| owner_of_sample(&geo, y as u64)).collect();
+        let owners = samples.iter().map(|&y| own.owner_of_sample(y as u64)).collect();
         ConsumerPlan { epoch, samples, owners }
     }
 
@@ -61,7 +96,7 @@ pub struct OwnerPlan {
 impl OwnerPlan {
     /// `node`'s reads and pushes of `epoch`, leaving out every step below
     /// `from_step` (a resume: those were served before the restart).
-    pub fn new(planner: &Planner, epoch: u64, node: u32, from_step: u64) -> Self {
+    pub fn new(planner: &Planner, own: &Ownership, epoch: u64, node: u32, from_step: u64) -> Self {
         let geo = *planner.geometry();
         let global = planner.global_epoch(epoch);
         let (n, k, w) = (geo.samples, geo.chunk_size as u64, geo.world as u64);
@@ -73,7 +108,7 @@ impl OwnerPlan {
         let mut reads = Vec::new();
         for r in global.reads() {
             let chunk = r.chunk as u64;
-            if owner_of_chunk(&geo, chunk) != node {
+            if own.owner_of_chunk(chunk) != node {
                 continue;
             }
             let (mut mask, mut deliveries) = (0u64, Vec::new());
@@ -99,7 +134,7 @@ impl OwnerPlan {
         // Padding: position q ≥ N repeats the sample of q − N, read afresh.
         for q in n..geo.positions {
             let sample = served[(q - n) as usize] as u64;
-            if q / w < from_step || owner_of_sample(&geo, sample) != node {
+            if q / w < from_step || own.owner_of_sample(sample) != node {
                 continue;
             }
             reads.push(OwnedRead {

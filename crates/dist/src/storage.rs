@@ -32,8 +32,14 @@ pub struct Storage {
 
 impl Storage {
     pub fn open(ds: Arc<Dataset>, io: &IoConfig) -> Result<Self> {
-        let engine = Engine::start(ds.clone(), io.engine_config(&ds))?;
-        let gap = io.read_gap(&ds, &engine)?;
+        let local = local_segments(&ds);
+        let engine = Engine::start(ds.clone(), io.engine_config(&local))?;
+        // A partition that holds nothing never reads (and has nothing to probe).
+        let gap = if local.manifest.segments.is_empty() {
+            ReadGap::Whole
+        } else {
+            io.read_gap(&local, &engine)?
+        };
         Ok(Storage {
             engine,
             ds,
@@ -110,4 +116,21 @@ impl Drop for Storage {
             }
         }
     }
+}
+
+/// The dataset as far as this directory holds it: for a partition, a view
+/// listing only its own segment files, so that what sizes the engine and
+/// probes the device (the `auto` read gap) touches only files that are here.
+/// Reads still go through the whole dataset's numbering; the owner reads
+/// only its own chunks, which are all in these segments.
+fn local_segments(ds: &Arc<Dataset>) -> Arc<Dataset> {
+    if ds.manifest.partition.is_none() {
+        return ds.clone();
+    }
+    let mut view = (**ds).clone();
+    view.manifest.segments = (0..ds.manifest.segments.len() as u32)
+        .filter(|&s| ds.holds_segment(s))
+        .map(|s| ds.manifest.segments[s as usize].clone())
+        .collect();
+    Arc::new(view)
 }

@@ -18,7 +18,27 @@ pub struct Dataset {
 impl Dataset {
     /// Opens the dataset directory `dir`: loads the manifest and the index and
     /// checks that they describe the same dataset. Segments are not touched.
+    /// A partition (`brand pack --partitions`) is refused: it holds only one
+    /// node's chunks, and a reader of the whole would serve part of them.
     pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
+        let ds = Self::open_any(dir)?;
+        if let Some(p) = ds.manifest.partition {
+            return Err(Error::format(
+                ds.dir.join(MANIFEST_FILE),
+                0,
+                format!(
+                    "partition {} of {}: it holds only node {}'s chunks of a dataset packed with --partitions {}; serve it with `brand serve` as node {} of {}",
+                    p.index, p.count, p.index, p.count, p.index, p.count
+                ),
+            ));
+        }
+        Ok(ds)
+    }
+
+    /// Opens a whole dataset or one partition of one (`manifest.partition`
+    /// says which; a partition's index is the whole dataset's, and only the
+    /// chunks [`holds_chunk`](Self::holds_chunk) says are present).
+    pub fn open_any(dir: impl AsRef<Path>) -> Result<Self> {
         let dir = dir.as_ref().to_path_buf();
         if !dir.is_dir() {
             return Err(Error::io(
@@ -70,6 +90,26 @@ impl Dataset {
                         seg.name, seg.bytes
                     ),
                 ));
+            }
+        }
+        // A partition's segment holds the chunks of one partition only, so
+        // whether a segment is present follows from its chunks' owner.
+        if let Some(p) = m.partition {
+            let mut owner: Vec<Option<u32>> = vec![None; m.segments.len()];
+            for (c, loc) in idx.chunks.iter().enumerate() {
+                let o = p.owner_of_chunk(c as u64);
+                if let Some(prev) = owner[loc.segment as usize].replace(o)
+                    && prev != o
+                {
+                    return Err(Error::format(
+                        ipath,
+                        0,
+                        format!(
+                            "{} holds chunks of partitions {prev} and {o}; a partition's segment holds one",
+                            m.segments[loc.segment as usize].name
+                        ),
+                    ));
+                }
             }
         }
         for (seg, &count) in m.segments.iter().zip(&per_segment) {
@@ -131,6 +171,22 @@ impl Dataset {
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Whether `chunk`'s bytes are in this directory: always for a whole
+    /// dataset, for its own chunks only in a partition.
+    pub fn holds_chunk(&self, chunk: u64) -> bool {
+        self.manifest
+            .partition
+            .is_none_or(|p| p.owner_of_chunk(chunk) == p.index)
+    }
+
+    /// Whether segment `segment`'s file belongs in this directory.
+    pub fn holds_segment(&self, segment: u32) -> bool {
+        self.manifest.partition.is_none_or(|p| {
+            let first = self.index.chunks.iter().position(|l| l.segment == segment);
+            first.is_some_and(|c| p.owner_of_chunk(c as u64) == p.index)
+        })
     }
 
     pub fn segment_path(&self, segment: u32) -> PathBuf {
@@ -202,6 +258,16 @@ impl Dataset {
             return Err(Error::config(format!(
                 "sample {id} out of range: the dataset has {}",
                 self.index.samples()
+            )));
+        }
+        let chunk = self.index.chunk_of(id);
+        if let Some(p) = self.manifest.partition.filter(|_| !self.holds_chunk(chunk)) {
+            return Err(Error::config(format!(
+                "{}: sample {id} is in chunk {chunk}, held by partition {} of {}, not this one ({})",
+                self.dir.display(),
+                p.owner_of_chunk(chunk),
+                p.count,
+                p.index
             )));
         }
         let (segment, offset, len) = self.index.record_location(id);

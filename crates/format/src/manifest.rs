@@ -39,6 +39,32 @@ pub struct Manifest {
     pub label_names: Vec<String>,
     pub segments: Vec<SegmentInfo>,
     pub provenance: Provenance,
+    /// Set only in a partition written by `brand pack --partitions`: this
+    /// directory holds one node's share of the chunks (the segments listed
+    /// here that it owns), with the whole dataset's index. Builds before
+    /// partitions refuse the key (`deny_unknown_fields`); whole datasets
+    /// never write it, so they are unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<Partition>,
+}
+
+/// Which share of a partitioned dataset a directory holds: the chunks of
+/// the groups node `index` owns in a world of `count` nodes (group `g`,
+/// chunks `[g·group_chunks, (g+1)·group_chunks)`, belongs to node `g mod
+/// count`, as in the multi-node mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Partition {
+    pub index: u32,
+    pub count: u32,
+    pub group_chunks: u64,
+}
+
+impl Partition {
+    /// The partition (node) that holds `chunk`.
+    pub fn owner_of_chunk(&self, chunk: u64) -> u32 {
+        ((chunk / self.group_chunks.max(1)) % self.count.max(1) as u64) as u32
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -116,6 +142,17 @@ impl Manifest {
             return Err(bad(
                 "alignment",
                 format!("{} is not understood (expected {})", self.alignment, super::ALIGN),
+            ));
+        }
+        if let Some(p) = &self.partition
+            && (p.count == 0 || p.index >= p.count || p.group_chunks == 0)
+        {
+            return Err(bad(
+                "index",
+                format!(
+                    "partition {} of {} with groups of {} chunks is not a partition",
+                    p.index, p.count, p.group_chunks
+                ),
             ));
         }
         for s in &self.segments {

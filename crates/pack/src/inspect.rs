@@ -26,6 +26,20 @@ pub struct Summary {
     pub labels: u64,
     pub pack_seed: u64,
     pub source: String,
+    /// A partition (`brand pack --partitions`): which one, and its share.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partition: Option<PartitionSummary>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PartitionSummary {
+    pub index: u32,
+    pub count: u32,
+    pub group_chunks: u64,
+    /// Chunks, samples and segment bytes held here.
+    pub chunks: u64,
+    pub samples: u64,
+    pub data_bytes: u64,
 }
 
 pub fn summary(ds: &Dataset) -> Summary {
@@ -57,6 +71,20 @@ pub fn summary(ds: &Dataset) -> Summary {
         labels: labels.len() as u64,
         pack_seed: m.pack_seed,
         source: m.provenance.source.clone(),
+        partition: m.partition.map(|p| {
+            let held: Vec<u64> = (0..idx.chunk_count()).filter(|&c| ds.holds_chunk(c)).collect();
+            PartitionSummary {
+                index: p.index,
+                count: p.count,
+                group_chunks: p.group_chunks,
+                chunks: held.len() as u64,
+                samples: held.iter().map(|&c| idx.chunk_records(c) as u64).sum(),
+                data_bytes: (0..m.segments.len() as u32)
+                    .filter(|&s| ds.holds_segment(s))
+                    .map(|s| m.segments[s as usize].bytes)
+                    .sum(),
+            }
+        }),
     }
 }
 
@@ -90,6 +118,19 @@ impl std::fmt::Display for Summary {
         writeln!(f, "compression  {}", self.compression)?;
         writeln!(f, "labels       {}", self.labels)?;
         writeln!(f, "pack seed    {}", self.pack_seed)?;
-        writeln!(f, "source       {}", self.source)
+        writeln!(f, "source       {}", self.source)?;
+        if let Some(p) = &self.partition {
+            writeln!(
+                f,
+                "partition    {} of {} (groups of {} chunks): holds {} chunks, {} samples, {:.1} MiB",
+                p.index,
+                p.count,
+                p.group_chunks,
+                p.chunks,
+                p.samples,
+                mib(p.data_bytes)
+            )?;
+        }
+        Ok(())
     }
 }

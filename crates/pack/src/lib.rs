@@ -3,7 +3,9 @@
 //! All samples are shuffled once with the pack seed and the shuffled sequence
 //! is cut into chunks of K (paper §3.2). The output is written into a hidden
 //! temporary directory beside OUT and renamed into place only when complete,
-//! so a failed pack leaves nothing that looks like a dataset. The same input
+//! so a failed pack leaves nothing that looks like a dataset (with
+//! `--partitions`, OUT is a directory of `part-N` datasets, installed as
+//! one). The same input
 //! and seed give a byte-identical dataset (no timestamps, single-threaded
 //! zstd, fixed order).
 
@@ -25,7 +27,7 @@ use std::sync::{Mutex, MutexGuard};
 use brand_format::chunk::{self, FLAG_ZSTD, RecordIn};
 use brand_format::error::{Error, IoContext, Result};
 use brand_format::index::{ChunkLoc, Index, SampleMeta};
-use brand_format::manifest::{Manifest, Provenance, SegmentInfo};
+use brand_format::manifest::{Manifest, Partition, Provenance, SegmentInfo};
 use brand_format::rng::{Prng, domain};
 use brand_format::{self as format, align_up};
 use source::Source;
@@ -42,7 +44,28 @@ pub struct PackOptions {
     pub force: bool,
     /// The inputs as the user named them, recorded in the manifest.
     pub inputs: Vec<String>,
+    /// Write one partition per node instead of one dataset (the paper's
+    /// §3.4 placement on nodes' local disks).
+    pub partitions: Option<Partitioning>,
 }
+
+/// How `pack` splits a dataset into partitions: `OUT/part-W` for each node
+/// `W < count` holds the chunks of the groups of `group_chunks` chunks that
+/// node owns (group `g` → node `g mod count`, the multi-node rule), and
+/// every partition holds the whole index, so every node plans alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Partitioning {
+    pub count: u32,
+    pub group_chunks: u64,
+}
+
+/// Directory of partition `index` inside a partitioned pack's output.
+pub fn partition_dir(out: &Path, index: u32) -> PathBuf {
+    out.join(format!("part-{index}"))
+}
+
+/// Most partitions a pack writes (each holds a copy of the index).
+pub const MAX_PARTITIONS: u32 = 1024;
 
 impl Default for PackOptions {
     fn default() -> Self {
@@ -53,6 +76,7 @@ impl Default for PackOptions {
             segment_bytes: format::DEFAULT_SEGMENT_BYTES,
             force: false,
             inputs: Vec::new(),
+            partitions: None,
         }
     }
 }
@@ -184,6 +208,16 @@ fn check_replaceable(out: &Path) -> Result<()> {
     if out.join(format::MANIFEST_FILE).is_file() || std::fs::read_dir(out).at(out)?.next().is_none() {
         return Ok(());
     }
+    // A partitioned pack's output: nothing but `part-N` datasets.
+    let mut entries = std::fs::read_dir(out).at(out)?;
+    let all_parts = entries.all(|e| {
+        e.is_ok_and(|e| {
+            e.file_name().to_string_lossy().starts_with("part-") && e.path().join(format::MANIFEST_FILE).is_file()
+        })
+    });
+    if all_parts {
+        return Ok(());
+    }
     Err(Error::config(format!(
         "{} exists and is not a brand dataset (no {}); --force replaces only a brand dataset",
         out.display(),
@@ -195,6 +229,8 @@ fn check_replaceable(out: &Path) -> Result<()> {
 struct SegmentWriter {
     file: File,
     path: PathBuf,
+    /// Its number in the dataset's segment list.
+    number: u32,
     offset: u64,
     chunks: u64,
 }
@@ -213,6 +249,14 @@ pub fn pack(source: &dyn Source, out: &Path, opts: &PackOptions, progress: Progr
             "segment size {} is below {} bytes",
             opts.segment_bytes,
             format::ALIGN
+        )));
+    }
+    if let Some(p) = opts.partitions
+        && (p.count == 0 || p.count > MAX_PARTITIONS || p.group_chunks == 0)
+    {
+        return Err(Error::config(format!(
+            "{} partitions of groups of {} chunks: need 1..={MAX_PARTITIONS} partitions and groups of at least one chunk",
+            p.count, p.group_chunks
         )));
     }
     if let Some(level) = opts.zstd
@@ -244,9 +288,26 @@ pub fn pack(source: &dyn Source, out: &Path, opts: &PackOptions, progress: Progr
     let order = Prng::stream(opts.seed, &[domain::PACK]).permutation(n);
     let tmp = temp_dir_for(out)?;
     let flags = if opts.zstd.is_some() { FLAG_ZSTD } else { 0 };
+    // Where each partition's segments go (the output itself when whole).
+    let parts = opts.partitions.map_or(1, |p| p.count);
+    let part_of = |chunk: u64| match opts.partitions {
+        Some(p) => ((chunk / p.group_chunks) % p.count as u64) as usize,
+        None => 0,
+    };
+    let part_dirs: Vec<PathBuf> = match opts.partitions {
+        Some(_) => (0..parts).map(|w| partition_dir(&tmp.path, w)).collect(),
+        None => vec![tmp.path.clone()],
+    };
+    if opts.partitions.is_some() {
+        for d in &part_dirs {
+            std::fs::create_dir(d).at(d)?;
+        }
+    }
 
+    // Segments are numbered in the order they are started; each holds the
+    // chunks of one partition (all of them when whole).
     let mut segments: Vec<SegmentInfo> = Vec::new();
-    let mut seg: Option<SegmentWriter> = None;
+    let mut writers: Vec<Option<SegmentWriter>> = (0..parts).map(|_| None).collect();
     let mut chunk_locs = Vec::with_capacity(n.div_ceil(k as usize));
     let mut metas = Vec::with_capacity(n);
     let (mut raw_bytes, mut stored_bytes) = (0u64, 0u64);
@@ -308,16 +369,24 @@ pub fn pack(source: &dyn Source, out: &Path, opts: &PackOptions, progress: Progr
                     records[biggest - first].0.len()
                 )));
             }
+            let seg = &mut writers[part_of(c as u64)];
             if seg.as_ref().is_none_or(|s| s.offset + len > opts.segment_bytes) {
                 if let Some(s) = seg.take() {
                     finish_segment(s, &mut segments)?;
                 }
-                let name = format::segment_name(segments.len() as u32);
-                let path = tmp.path.join(&name);
+                let number = segments.len() as u32;
+                let name = format::segment_name(number);
+                let path = part_dirs[part_of(c as u64)].join(&name);
                 let file = File::create(&path).at(&path)?;
-                seg = Some(SegmentWriter {
+                segments.push(SegmentInfo {
+                    name,
+                    bytes: 0,
+                    chunks: 0,
+                });
+                *seg = Some(SegmentWriter {
                     file,
                     path,
+                    number,
                     offset: 0,
                     chunks: 0,
                 });
@@ -325,7 +394,7 @@ pub fn pack(source: &dyn Source, out: &Path, opts: &PackOptions, progress: Progr
             let s = seg.as_mut().ok_or_else(|| Error::config("internal: no open segment"))?;
             s.file.write_all(&bytes).at(&s.path)?;
             chunk_locs.push(ChunkLoc {
-                segment: segments.len() as u32,
+                segment: s.number,
                 record_count: (hi - lo) as u32,
                 offset: s.offset,
             });
@@ -349,7 +418,7 @@ pub fn pack(source: &dyn Source, out: &Path, opts: &PackOptions, progress: Progr
         }
         progress(last as u64, n as u64, data_bytes);
     }
-    if let Some(s) = seg.take() {
+    for s in writers.iter_mut().filter_map(Option::take) {
         finish_segment(s, &mut segments)?;
     }
 
@@ -358,8 +427,8 @@ pub fn pack(source: &dyn Source, out: &Path, opts: &PackOptions, progress: Progr
     labels.dedup();
     let index = Index::new(k, segments.len() as u32, chunk_locs, metas)
         .map_err(|e| Error::config(format!("internal: packed index is inconsistent: {e}")))?;
-    write_synced(&tmp.path.join(format::INDEX_FILE), &index.to_bytes())?;
-    let manifest = Manifest {
+    let index_bytes = index.to_bytes();
+    let mut manifest = Manifest {
         format_version: format::FORMAT_VERSION,
         samples: n as u64,
         chunk_size: k,
@@ -383,21 +452,32 @@ pub fn pack(source: &dyn Source, out: &Path, opts: &PackOptions, progress: Progr
             inputs: opts.inputs.clone(),
             packer: concat!("brand ", env!("CARGO_PKG_VERSION")).into(),
         },
+        partition: None,
     };
-    write_synced(&tmp.path.join(format::MANIFEST_FILE), manifest.to_toml().as_bytes())?;
+    // Every partition holds the whole index and manifest (so every node
+    // plans alike and can name any sample), marked with which part it is.
+    for (w, dir) in part_dirs.iter().enumerate() {
+        manifest.partition = opts.partitions.map(|p| Partition {
+            index: w as u32,
+            count: p.count,
+            group_chunks: p.group_chunks,
+        });
+        write_synced(&dir.join(format::INDEX_FILE), &index_bytes)?;
+        write_synced(&dir.join(format::MANIFEST_FILE), manifest.to_toml().as_bytes())?;
+        sync_dir(dir)?;
+    }
     sync_dir(&tmp.path)?;
     install(tmp, out, opts.force)?;
+    manifest.partition = None;
     Ok(manifest)
 }
 
-fn finish_segment(s: SegmentWriter, segments: &mut Vec<SegmentInfo>) -> Result<()> {
+fn finish_segment(s: SegmentWriter, segments: &mut [SegmentInfo]) -> Result<()> {
     s.file.sync_all().at(&s.path)?;
     debug_assert_eq!(s.offset, align_up(s.offset));
-    segments.push(SegmentInfo {
-        name: format::segment_name(segments.len() as u32),
-        bytes: s.offset,
-        chunks: s.chunks,
-    });
+    let info = &mut segments[s.number as usize];
+    info.bytes = s.offset;
+    info.chunks = s.chunks;
     Ok(())
 }
 

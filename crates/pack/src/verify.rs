@@ -41,6 +41,7 @@ impl std::fmt::Display for Problem {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct VerifyReport {
+    /// Chunks (and their samples) checked: a partition's own only.
     pub chunks: u64,
     pub samples: u64,
     pub bytes_read: u64,
@@ -63,6 +64,11 @@ pub fn verify(ds: &Dataset, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<Veri
     let mut files = Vec::new();
     for (s, info) in ds.manifest.segments.iter().enumerate() {
         let path = ds.segment_path(s as u32);
+        // Another partition's segment: not here, by design.
+        if !ds.holds_segment(s as u32) {
+            files.push(None);
+            continue;
+        }
         match File::open(&path) {
             Ok(f) => {
                 let len = f.metadata().at(&path)?.len();
@@ -90,9 +96,10 @@ pub fn verify(ds: &Dataset, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<Veri
         }
     }
     let done = std::sync::atomic::AtomicU64::new(0);
-    let total = idx.chunk_count();
-    let per_chunk: Vec<(u64, Vec<Problem>)> = crate::parallel::try_map(total as usize, |c| {
-        let c = c as u64;
+    let held: Vec<u64> = (0..idx.chunk_count()).filter(|&c| ds.holds_chunk(c)).collect();
+    let total = held.len() as u64;
+    let per_chunk: Vec<(u64, Vec<Problem>)> = crate::parallel::try_map(held.len(), |i| {
+        let c = held[i];
         let loc = idx.chunks[c as usize];
         let r = match &files[loc.segment as usize] {
             Some((f, file_len)) => check_chunk(ds, f, *file_len, c),
@@ -110,9 +117,10 @@ pub fn verify(ds: &Dataset, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<Veri
         bytes_read += b;
         problems.extend(p);
     }
+    let samples = held.iter().map(|&c| idx.chunk_records(c) as u64).sum();
     Ok(VerifyReport {
         chunks: total,
-        samples: idx.samples(),
+        samples,
         bytes_read,
         problems,
     })
@@ -259,7 +267,18 @@ fn read_full_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()>
 /// returns it. Fails (naming segment and offset) if a chunk header is bad:
 /// the index cannot be rebuilt past it.
 pub fn rebuild_index(dir: &Path) -> Result<Index> {
-    let manifest = Manifest::load(&dir.join(format::MANIFEST_FILE))?;
+    let mpath = dir.join(format::MANIFEST_FILE);
+    let manifest = Manifest::load(&mpath)?;
+    if let Some(p) = manifest.partition {
+        return Err(Error::format(
+            &mpath,
+            0,
+            format!(
+                "partition {} of {}: its chunks alone cannot rebuild the whole index; copy index.bin from another partition of the same pack",
+                p.index, p.count
+            ),
+        ));
+    }
     let mut chunks = Vec::new();
     let mut samples = Vec::new();
     for (s, info) in manifest.segments.iter().enumerate() {
