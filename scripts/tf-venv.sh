@@ -17,6 +17,8 @@ rm -rf "$venv"
 mkdir -p "$(dirname "$venv")"
 python3 -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --upgrade pip uv >&2
-"$venv/bin/python" -m uv pip install --quiet --python "$venv/bin/python" -r "$req" >&2
+# Bytecode compiled at install: each `import tensorflow` would otherwise
+# compile it again in every test process (~20 s of CPU).
+"$venv/bin/python" -m uv pip install --quiet --compile-bytecode --python "$venv/bin/python" -r "$req" >&2
 printf '%s' "$want" > "$stamp"
 echo "$venv"
