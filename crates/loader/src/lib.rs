@@ -307,6 +307,8 @@ pub struct Loader {
     in_flight: HashMap<u64, InFlight>,
     /// Decoded bytes of the records in flight.
     in_flight_bytes: u64,
+    /// Bytes of the reads in flight (their read buffers).
+    in_flight_read_bytes: u64,
     /// The plan's resident bound in decoded bytes ([`memory_bound_bytes`]):
     /// read-ahead is held back while the decoded bytes held (resident + in
     /// flight) reach it plus `readahead` (None: no byte budget known).
@@ -408,6 +410,7 @@ impl Loader {
             pending: HashMap::new(),
             in_flight: HashMap::new(),
             in_flight_bytes: 0,
+            in_flight_read_bytes: 0,
             memory_bound: None,
             failed: None,
             hung: false,
@@ -505,6 +508,7 @@ impl Loader {
                 Err(_) => {
                     self.in_flight.clear();
                     self.in_flight_bytes = 0;
+                    self.in_flight_read_bytes = 0;
                 }
             }
         }
@@ -515,6 +519,7 @@ impl Loader {
     fn forget(&mut self, tag: u64) -> Option<InFlight> {
         let f = self.in_flight.remove(&tag)?;
         self.in_flight_bytes -= f.decoded;
+        self.in_flight_read_bytes -= f.len;
         for id in &f.ids {
             if let Some(n) = self.pending.get_mut(id) {
                 *n -= 1;
@@ -659,8 +664,9 @@ impl Loader {
     /// Whether read-ahead must wait: the decoded bytes held (resident and
     /// in flight) reach `memory + readahead`, or the reads issued ahead
     /// within the consumer's epoch reach `readahead`. Reads of the next
-    /// epoch, taken while this epoch's last serves empty memory, are held
-    /// by the byte bound alone: they fill the room those serves free, so
+    /// epoch, taken while this epoch's last serves empty memory, are not
+    /// held by that window but fill the room those serves free (decoded
+    /// bytes held up to `memory`, reads in flight up to `readahead`), so
     /// the next epoch starts with its first reads done instead of pausing.
     /// At least one read is always allowed, so the consumer can progress.
     fn ahead_full(&self) -> bool {
@@ -671,7 +677,14 @@ impl Loader {
         match self.memory_bound {
             Some(memory) => {
                 let held = self.resident_bytes + self.in_flight_bytes;
-                held >= memory.saturating_add(self.cfg.readahead_bytes) || (window_full && !self.feed_ahead())
+                if self.feed_ahead() {
+                    // Across the boundary: what both epochs hold stays
+                    // within memory, and the reads in flight (their read
+                    // buffers) within `readahead`.
+                    held >= memory || self.in_flight_read_bytes >= self.cfg.readahead_bytes
+                } else {
+                    held >= memory.saturating_add(self.cfg.readahead_bytes) || window_full
+                }
             }
             None => window_full,
         }
@@ -687,6 +700,10 @@ impl Loader {
     /// epoch into the next, and issues their reads while [`ahead_full`]
     /// allows.
     fn fill_lookahead(&mut self) -> Result<()> {
+        // Take in the reads that are done, so reads in flight count right.
+        while let Some(c) = self.engine.recv_timeout(Duration::ZERO)? {
+            self.accept(c);
+        }
         while self.lookahead.len() < MAX_LOOKAHEAD_EVENTS && !self.ahead_full() {
             let ev = match &mut self.feed {
                 Feed::Running(events) => match events.next() {
@@ -749,6 +766,7 @@ impl Loader {
         self.metrics.reads_issued += 1;
         self.next_tag += 1;
         self.in_flight_bytes += decoded;
+        self.in_flight_read_bytes += e.len;
         self.in_flight.insert(
             self.next_tag,
             InFlight {
