@@ -10,8 +10,7 @@
 //! the decoded bytes it holds (resident samples plus reads in flight)
 //! reach the plan's resident bound (its slots in decoded bytes) plus
 //! `readahead`. The next epoch is planned in the background and read ahead
-//! across the boundary within that bound: its first reads fill the memory
-//! the current epoch's last serves free, so it starts without a pause.
+//! across the boundary within the same bounds.
 //!
 //! Fork: a loader belongs to the process that opened it (its engine's
 //! threads do not survive `fork()`). Used in a forked child it fails at
@@ -283,12 +282,8 @@ pub struct Loader {
     served: u64,
     /// Plan steps taken but not yet reached by the consumer.
     lookahead: VecDeque<Step>,
-    /// Bytes of the reads issued for events still in `lookahead`, oldest
-    /// first, and whether they count in `ahead_bytes` (reads of a later
-    /// epoch than the consumer's, taken during this epoch's last serves,
-    /// do not: the byte bound alone holds them, see [`Loader::ahead_full`]).
-    ahead: VecDeque<(u64, bool)>,
-    /// Bytes of the reads in `ahead` issued within the consumer's epoch.
+    /// Bytes of the reads issued for events still in `lookahead`, oldest first.
+    ahead: VecDeque<u64>,
     ahead_bytes: u64,
     next_tag: u64,
     /// Samples read and not yet served (or kept: resident mode), decoded,
@@ -307,8 +302,6 @@ pub struct Loader {
     in_flight: HashMap<u64, InFlight>,
     /// Decoded bytes of the records in flight.
     in_flight_bytes: u64,
-    /// Bytes of the reads in flight (their read buffers).
-    in_flight_read_bytes: u64,
     /// The plan's resident bound in decoded bytes ([`memory_bound_bytes`]):
     /// read-ahead is held back while the decoded bytes held (resident + in
     /// flight) reach it plus `readahead` (None: no byte budget known).
@@ -410,7 +403,6 @@ impl Loader {
             pending: HashMap::new(),
             in_flight: HashMap::new(),
             in_flight_bytes: 0,
-            in_flight_read_bytes: 0,
             memory_bound: None,
             failed: None,
             hung: false,
@@ -508,7 +500,6 @@ impl Loader {
                 Err(_) => {
                     self.in_flight.clear();
                     self.in_flight_bytes = 0;
-                    self.in_flight_read_bytes = 0;
                 }
             }
         }
@@ -519,7 +510,6 @@ impl Loader {
     fn forget(&mut self, tag: u64) -> Option<InFlight> {
         let f = self.in_flight.remove(&tag)?;
         self.in_flight_bytes -= f.decoded;
-        self.in_flight_read_bytes -= f.len;
         for id in &f.ids {
             if let Some(n) = self.pending.get_mut(id) {
                 *n -= 1;
@@ -661,49 +651,25 @@ impl Loader {
         self.memory_bound
     }
 
-    /// Whether read-ahead must wait: the decoded bytes held (resident and
-    /// in flight) reach `memory + readahead`, or the reads issued ahead
-    /// within the consumer's epoch reach `readahead`. Reads of the next
-    /// epoch, taken while this epoch's last serves empty memory, are not
-    /// held by that window but fill the room those serves free (decoded
-    /// bytes held up to `memory`, reads in flight up to `readahead`), so
-    /// the next epoch starts with its first reads done instead of pausing.
-    /// At least one read is always allowed, so the consumer can progress.
+    /// Whether read-ahead must wait: the bytes of reads issued ahead reach
+    /// `readahead`, or the decoded bytes held (resident and in flight)
+    /// reach the memory bound plus `readahead`. At least one read is always
+    /// allowed, so the consumer can progress.
     fn ahead_full(&self) -> bool {
         if self.ahead.is_empty() {
             return false;
         }
-        let window_full = self.ahead_bytes >= self.cfg.readahead_bytes;
-        match self.memory_bound {
-            Some(memory) => {
-                let held = self.resident_bytes + self.in_flight_bytes;
-                if self.feed_ahead() {
-                    // Across the boundary: what both epochs hold stays
-                    // within memory, and the reads in flight (their read
-                    // buffers) within `readahead`.
-                    held >= memory || self.in_flight_read_bytes >= self.cfg.readahead_bytes
-                } else {
-                    held >= memory.saturating_add(self.cfg.readahead_bytes) || window_full
-                }
-            }
-            None => window_full,
-        }
-    }
-
-    /// Whether plan steps are being taken from a later epoch than the
-    /// consumer's.
-    fn feed_ahead(&self) -> bool {
-        self.feed_epoch > self.epoch
+        let held = self.resident_bytes + self.in_flight_bytes;
+        self.ahead_bytes >= self.cfg.readahead_bytes
+            || self
+                .memory_bound
+                .is_some_and(|memory| held >= memory.saturating_add(self.cfg.readahead_bytes))
     }
 
     /// Fills the lookahead window: takes plan steps, across the end of an
     /// epoch into the next, and issues their reads while [`ahead_full`]
     /// allows.
     fn fill_lookahead(&mut self) -> Result<()> {
-        // Take in the reads that are done, so reads in flight count right.
-        while let Some(c) = self.engine.recv_timeout(Duration::ZERO)? {
-            self.accept(c);
-        }
         while self.lookahead.len() < MAX_LOOKAHEAD_EVENTS && !self.ahead_full() {
             let ev = match &mut self.feed {
                 Feed::Running(events) => match events.next() {
@@ -741,11 +707,8 @@ impl Loader {
                 for e in ext {
                     self.submit(e)?;
                 }
-                let counted = self.memory_bound.is_none() || !self.feed_ahead();
-                self.ahead.push_back((bytes, counted));
-                if counted {
-                    self.ahead_bytes += bytes;
-                }
+                self.ahead.push_back(bytes);
+                self.ahead_bytes += bytes;
                 self.metrics.peak_readahead_bytes = self.metrics.peak_readahead_bytes.max(self.ahead_bytes);
                 self.metrics.refills += 1;
             }
@@ -766,7 +729,6 @@ impl Loader {
         self.metrics.reads_issued += 1;
         self.next_tag += 1;
         self.in_flight_bytes += decoded;
-        self.in_flight_read_bytes += e.len;
         self.in_flight.insert(
             self.next_tag,
             InFlight {
@@ -870,10 +832,8 @@ impl Loader {
                 Event::Read { .. } => {
                     // Its bytes count when the consumer reaches the read, so
                     // reads for the next epoch count in that epoch.
-                    if let Some((bytes, counted)) = self.ahead.pop_front() {
-                        if counted {
-                            self.ahead_bytes -= bytes;
-                        }
+                    if let Some(bytes) = self.ahead.pop_front() {
+                        self.ahead_bytes -= bytes;
                         self.metrics.bytes_read += bytes;
                     }
                     // Room in the window: read further ahead.

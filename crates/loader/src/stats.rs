@@ -31,11 +31,8 @@ pub struct Metrics {
     /// Peak bytes of resident samples, as served (decoded).
     pub peak_resident_bytes: u64,
     pub peak_resident_samples: u64,
-    /// Peak bytes of reads issued ahead of consumption within the
-    /// consumer's epoch: `readahead`, which the last read issued may
-    /// overshoot by its own size. Reads of the next epoch issued during
-    /// this one's last serves are not counted here: the memory bound holds
-    /// them (they use the room those serves free).
+    /// Peak bytes of reads issued ahead of consumption: `readahead`, which
+    /// the last read issued may overshoot by its own size.
     pub peak_readahead_bytes: u64,
     /// Bytes of read buffers registered with io_uring (fixed buffers).
     pub registered_buffer_bytes: u64,
