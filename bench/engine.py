@@ -16,8 +16,12 @@ over rounds, and same-round ratios:
   size-skewed dataset.
 
 Usage: bench/engine.py [--rounds 5] [--samples 10000] [--disk-dir /var/tmp]
+                       [--parts tmpfs,boundary,rss,disk] [--bin NAME=PATH ...]
 Needs fio (apt-get install -y fio) and a release build (cargo build --release
--p brand-cli); BRAND_BIN overrides the binary.
+-p brand-cli); BRAND_BIN overrides the binary. `--bin` (repeatable) runs
+several builds interleaved in the same rounds (e.g. before/after a change:
+`--bin before=/dev/shm/brand-before --bin after=target/release/brand`); the
+datasets are made by the first. `--parts` picks the sections to run.
 """
 
 import argparse
@@ -91,23 +95,44 @@ def fmt(xs, scale=1.0, unit=""):
     return f"{statistics.median(xs):8.3f}{unit} [{min(xs):.3f}, {max(xs):.3f}]"
 
 
+PARTS = ("tmpfs", "boundary", "rss", "disk")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--samples", type=int, default=10000)
     ap.add_argument("--disk-dir", default=None)
+    ap.add_argument("--parts", default=",".join(PARTS), help="comma-separated: " + ", ".join(PARTS))
+    ap.add_argument("--bin", action="append", default=[], metavar="NAME=PATH",
+                    help="a brand binary to measure (repeatable; interleaved in each round)")
     args = ap.parse_args()
-    brand = os.environ.get("BRAND_BIN", os.path.join(HERE, "target/release/brand"))
+    parts = [p for p in args.parts.split(",") if p]
+    for p in parts:
+        if p not in PARTS:
+            ap.error(f"unknown part {p!r}: expected some of {', '.join(PARTS)}")
+    bins = []
+    for b in args.bin:
+        name, sep, path = b.partition("=")
+        if not sep or not name or not path:
+            ap.error(f"--bin {b!r}: expected NAME=PATH")
+        bins.append((name, os.path.abspath(path)))
+    if not bins:
+        bins = [("brand", os.environ.get("BRAND_BIN", os.path.join(HERE, "target/release/brand")))]
+    brand = bins[0][1]
     shm = f"/dev/shm/brand-engine-bench-{args.samples}"
     n = args.samples
     args.disk_dir = args.disk_dir or f"/var/tmp/brand-engine-bench-{n}"
     t0 = time.time()
-    sets = {
-        "plain": make(brand, shm, "plain", n),
-        "zstd": make(brand, shm, "zstd", n, ["--compressible", "3"], ["--zstd", "3"]),
-        "skew": make(brand, shm, "skew", n // 2, ["--min-kib", "1", "--max-kib", "4096", "--mean-kib", "220"]),
-        "disk": make(brand, args.disk_dir, "plain", n),
-    }
+    sets = {}
+    if {"tmpfs", "boundary", "rss"} & set(parts):
+        sets["plain"] = make(brand, shm, "plain", n)
+    if {"tmpfs", "rss"} & set(parts):
+        sets["zstd"] = make(brand, shm, "zstd", n, ["--compressible", "3"], ["--zstd", "3"])
+    if "rss" in parts:
+        sets["skew"] = make(brand, shm, "skew", n // 2, ["--min-kib", "1", "--max-kib", "4096", "--mean-kib", "220"])
+    if "disk" in parts:
+        sets["disk"] = make(brand, args.disk_dir, "plain", n)
     print(f"datasets ready in {time.time() - t0:.0f}s", file=sys.stderr)
     variants = []
     for dsn in ["plain", "zstd"]:
@@ -124,72 +149,94 @@ def main():
         cmds[key] = " ".join(cmd)
 
     for rnd in range(args.rounds):
+        if "tmpfs" in parts:
+            for dsn in ["plain", "zstd"]:
+                f, c = fio(sets[dsn])
+                add(("fio", dsn), f, c)
+                for vd, policy, extra in variants:
+                    if vd != dsn:
+                        continue
+                    for bn, bp in bins:
+                        b, c = brand_read(bp, sets[dsn], policy, extra=extra)
+                        add((bn, dsn, policy, extra), b, c)
+        if "disk" in parts:
+            f, c = fio(sets["disk"])
+            add(("fio", "disk"), f, c)
+            for extra in disk_variants:
+                for bn, bp in bins:
+                    b, c = brand_read(bp, sets["disk"], "direct", extra=extra)
+                    add((bn, "disk", extra), b, c)
+        if "boundary" in parts:
+            # Epoch boundary: four epochs of the brand policy.
+            for bn, bp in bins:
+                b, c = brand_read(bp, sets["plain"], "brand", epochs=4, extra=("--batch", "256"))
+                add((bn, "boundary"), b, c)
+        if "rss" in parts:
+            # Peak RSS against memory + readahead.
+            for dsn in ["plain", "zstd", "skew"]:
+                for bn, bp in bins:
+                    b, c = brand_read(bp, sets[dsn], "brand", epochs=1,
+                                      extra=("--memory", "256MiB", "--readahead", "64MiB"))
+                    add((bn, "rss", dsn), b, c)
+        print(f"round {rnd + 1}/{args.rounds} done at {time.time() - t0:.0f}s", file=sys.stderr)
+
+    print(f"# brand engine benchmark: {args.rounds} interleaved rounds, {n} samples (mean 110 KiB), "
+          f"parts {','.join(parts)}, builds {', '.join(f'{bn}={bp}' for bn, bp in bins)}")
+    print("# median [min, max] over rounds; ratios are per round, then summarised\n")
+    if "tmpfs" in parts:
         for dsn in ["plain", "zstd"]:
-            f, c = fio(sets[dsn])
-            add(("fio", dsn), f, c)
+            fr = res[("fio", dsn)]
+            print(f"## tmpfs, {dsn}: fio {fmt([r['bps'] for r in fr], 1e-9, ' GB/s')}, "
+                  f"{fmt([r['cpu_per_gb'] for r in fr], 1, ' CPU-s/GB')}")
+            print(f"   fio: {cmds[('fio', dsn)]}")
             for vd, policy, extra in variants:
                 if vd != dsn:
                     continue
-                b, c = brand_read(brand, sets[dsn], policy, extra=extra)
-                add((dsn, policy, extra), b, c)
-        f, c = fio(sets["disk"])
-        add(("fio", "disk"), f, c)
-        for extra in disk_variants:
-            b, c = brand_read(brand, sets["disk"], "direct", extra=extra)
-            add(("disk", extra), b, c)
-        # Epoch boundary: three epochs of the brand policy.
-        b, c = brand_read(brand, sets["plain"], "brand", epochs=4, extra=("--batch", "256"))
-        add(("boundary",), b, c)
-        # Peak RSS against memory + readahead.
-        for dsn in ["plain", "zstd", "skew"]:
-            b, c = brand_read(brand, sets[dsn], "brand", epochs=1,
-                              extra=("--memory", "256MiB", "--readahead", "64MiB"))
-            add(("rss", dsn), b, c)
-        print(f"round {rnd + 1}/{args.rounds} done at {time.time() - t0:.0f}s", file=sys.stderr)
-
-    print(f"# brand engine benchmark: {args.rounds} interleaved rounds, {n} samples (mean 110 KiB)")
-    print("# median [min, max] over rounds; ratios are per round, then summarised\n")
-    for dsn in ["plain", "zstd"]:
-        fr = res[("fio", dsn)]
-        print(f"## tmpfs, {dsn}: fio {fmt([r['bps'] for r in fr], 1e-9, ' GB/s')}, "
-              f"{fmt([r['cpu_per_gb'] for r in fr], 1, ' CPU-s/GB')}")
-        print(f"   fio: {cmds[('fio', dsn)]}")
-        for vd, policy, extra in variants:
-            if vd != dsn:
-                continue
-            br = res[(dsn, policy, extra)]
-            bw = [b["bps"] / f["bps"] for b, f in zip(br, fr)]
-            cpu = [b["cpu_per_gb"] / f["cpu_per_gb"] for b, f in zip(br, fr)]
-            print(f"   {policy:6} {' '.join(extra):40} {fmt([b['bps'] for b in br], 1e-9, ' GB/s')} "
-                  f"bytes/s ratio {fmt(bw)}  CPU/GB {fmt([b['cpu_per_gb'] for b in br])} ratio {fmt(cpu)}")
-        print()
-    fr = res[("fio", "disk")]
-    print(f"## disk ({args.disk_dir}): fio {fmt([r['bps'] for r in fr], 1e-9, ' GB/s')}")
-    base = None
-    for extra in disk_variants:
-        br = res[("disk", extra)]
-        ratio = [b["bps"] / f["bps"] for b, f in zip(br, fr)]
-        print(f"   direct {' '.join(extra):40} {fmt([b['bps'] for b in br], 1e-9, ' GB/s')} vs fio {fmt(ratio)}")
-        if base is None:
-            base = br
-        else:
-            tu = [t["bps"] / u["bps"] for t, u in zip(br, base)]
-            print(f"   threads / io_uring bytes/s {fmt(tu)}")
-    print("\n## epoch boundary (brand policy, 4 epochs, batch 256): first-batch wait of epochs 1-3 vs P99 batch wait")
-    firsts = [e["first_batch_wait_secs"] for r in res[("boundary",)] for e in r["epochs"][1:]]
-    p99s = [e["batch_wait_p99_secs"] for r in res[("boundary",)] for e in r["epochs"][1:]]
-    print(f"   first batch {fmt(firsts, 1e3, ' ms')}   P99 mid-epoch {fmt(p99s, 1e3, ' ms')}   "
-          f"ratio {fmt([a / b if b else 0 for a, b in zip(firsts, p99s)])}")
-    print(f"   {cmds[('boundary',)]}")
-    print("\n## peak RSS / (memory 256 MiB + readahead 64 MiB)")
-    bound = (256 + 64) << 20
-    for dsn in ["plain", "zstd", "skew"]:
-        rs = res[("rss", dsn)]
-        peaks = [max(e["peak_rss_bytes"] for e in r["epochs"]) for r in rs]
-        res_peak = [max(e["metrics"]["peak_resident_bytes"] for e in r["epochs"]) for r in rs]
-        print(f"   {dsn:5} RSS/bound {fmt([p / bound for p in peaks])}  (RSS - 64 MiB)/bound "
-              f"{fmt([(p - (64 << 20)) / bound for p in peaks])}  peak resident {fmt(res_peak, 2**-20, ' MiB')}")
-    print(f"   {cmds[('rss', 'skew')]}")
+                for bn, _ in bins:
+                    br = res[(bn, dsn, policy, extra)]
+                    bw = [b["bps"] / f["bps"] for b, f in zip(br, fr)]
+                    cpu = [b["cpu_per_gb"] / f["cpu_per_gb"] for b, f in zip(br, fr)]
+                    print(f"   {bn:8} {policy:6} {' '.join(extra):36} {fmt([b['bps'] for b in br], 1e-9, ' GB/s')} "
+                          f"bytes/s ratio {fmt(bw)}  CPU/GB {fmt([b['cpu_per_gb'] for b in br])} ratio {fmt(cpu)}")
+                print(f"            {cmds[(bins[-1][0], dsn, policy, extra)]}")
+            print()
+    if "disk" in parts:
+        fr = res[("fio", "disk")]
+        print(f"## disk ({args.disk_dir}): fio {fmt([r['bps'] for r in fr], 1e-9, ' GB/s')}")
+        for bn, _ in bins:
+            base = None
+            for extra in disk_variants:
+                br = res[(bn, "disk", extra)]
+                ratio = [b["bps"] / f["bps"] for b, f in zip(br, fr)]
+                print(f"   {bn:8} direct {' '.join(extra):36} {fmt([b['bps'] for b in br], 1e-9, ' GB/s')} "
+                      f"vs fio {fmt(ratio)}")
+                if base is None:
+                    base = br
+                else:
+                    tu = [t["bps"] / u["bps"] for t, u in zip(br, base)]
+                    print(f"   {bn:8} threads / io_uring bytes/s {fmt(tu)}")
+    if "boundary" in parts:
+        print("\n## epoch boundary (brand policy, 4 epochs, batch 256): "
+              "first-batch wait of epochs 1-3 vs P99 batch wait")
+        for bn, _ in bins:
+            runs = res[(bn, "boundary")]
+            firsts = [e["first_batch_wait_secs"] for r in runs for e in r["epochs"][1:]]
+            p99s = [e["batch_wait_p99_secs"] for r in runs for e in r["epochs"][1:]]
+            print(f"   {bn:8} first batch {fmt(firsts, 1e3, ' ms')}   P99 mid-epoch {fmt(p99s, 1e3, ' ms')}   "
+                  f"ratio {fmt([a / b if b else 0 for a, b in zip(firsts, p99s)])}")
+            print(f"            {cmds[(bn, 'boundary')]}")
+    if "rss" in parts:
+        print("\n## peak RSS / (memory 256 MiB + readahead 64 MiB)")
+        bound = (256 + 64) << 20
+        for bn, _ in bins:
+            for dsn in ["plain", "zstd", "skew"]:
+                rs = res[(bn, "rss", dsn)]
+                peaks = [max(e["peak_rss_bytes"] for e in r["epochs"]) for r in rs]
+                res_peak = [max(e["metrics"]["peak_resident_bytes"] for e in r["epochs"]) for r in rs]
+                print(f"   {bn:8} {dsn:5} RSS/bound {fmt([p / bound for p in peaks])}  (RSS - 64 MiB)/bound "
+                      f"{fmt([(p - (64 << 20)) / bound for p in peaks])}  "
+                      f"peak resident {fmt(res_peak, 2**-20, ' MiB')}")
+            print(f"            {cmds[(bn, 'rss', 'skew')]}")
     print(f"\n# total {time.time() - t0:.0f}s")
 
 

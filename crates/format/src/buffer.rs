@@ -10,6 +10,78 @@ use crate::ALIGN;
 /// Alignment of sample buffers handed to consumers.
 pub const SAMPLE_ALIGN: usize = 64;
 
+/// Sample buffers of at least this many bytes are sized in whole pages and
+/// recycled (see [`recycle`]); smaller ones are left to the allocator.
+const RECYCLE_MIN: usize = 64 << 10;
+
+/// Most bytes of freed sample buffers kept for reuse, process-wide.
+const RECYCLE_LIMIT: usize = 16 << 20;
+
+/// Freed sample buffers kept for the next samples of about their size.
+///
+/// Why: samples are allocated on the engine's threads and freed on the
+/// consumer's, a gigabyte a second on a fast device; the system allocator
+/// hands such churn back to the kernel and faults it in again (about 15 %
+/// of `brand read`'s CPU on tmpfs went to page faults and page clearing).
+/// Bounded by [`RECYCLE_LIMIT`]; a buffer is reused only for a sample of at
+/// most 1/16 less than its capacity, so the waste is small. Never blocks:
+/// when the lock is taken (or poisoned), buffers go to the allocator.
+mod recycle {
+    use std::collections::BTreeMap;
+    use std::ptr::NonNull;
+    use std::sync::Mutex;
+
+    struct Free(NonNull<u8>);
+    // SAFETY: a free buffer is owned by the cache alone; nothing else holds
+    // its pointer, so it may move between threads with the cache.
+    unsafe impl Send for Free {}
+
+    struct Cache {
+        by_cap: BTreeMap<usize, Vec<Free>>,
+        bytes: usize,
+    }
+
+    static CACHE: Mutex<Cache> = Mutex::new(Cache {
+        by_cap: BTreeMap::new(),
+        bytes: 0,
+    });
+
+    /// A free buffer (pointer, capacity) of capacity in `need..=need + need/16`.
+    pub fn take(need: usize) -> Option<(NonNull<u8>, usize)> {
+        let mut c = CACHE.try_lock().ok()?;
+        let (&cap, list) = c.by_cap.range_mut(need..=need + need / 16).next()?;
+        let Free(ptr) = list.pop()?;
+        if list.is_empty() {
+            c.by_cap.remove(&cap);
+        }
+        c.bytes -= cap;
+        Some((ptr, cap))
+    }
+
+    /// Keeps a freed buffer; false (the caller frees it) when full or busy.
+    pub fn put(ptr: NonNull<u8>, cap: usize) -> bool {
+        let Ok(mut c) = CACHE.try_lock() else {
+            return false;
+        };
+        if c.bytes + cap > super::RECYCLE_LIMIT {
+            return false;
+        }
+        c.bytes += cap;
+        c.by_cap.entry(cap).or_default().push(Free(ptr));
+        true
+    }
+}
+
+/// The capacity of a sample buffer of `len` bytes.
+fn sample_cap(len: usize) -> usize {
+    let unit = if len >= RECYCLE_MIN {
+        crate::ALIGN as usize
+    } else {
+        SAMPLE_ALIGN
+    };
+    len.max(1).div_ceil(unit) * unit
+}
+
 /// A zeroed heap buffer whose start is aligned to `align` and whose capacity
 /// is a multiple of it. `len` counts the bytes holding data. The allocation
 /// never moves or grows, so its address is stable for the buffer's life (the
@@ -36,35 +108,100 @@ impl AlignedBuf {
 
     /// A [`SAMPLE_ALIGN`]-aligned buffer holding exactly `len` bytes of zeros.
     pub fn for_sample(len: usize) -> Self {
-        let mut b = Self::with_alignment(len, SAMPLE_ALIGN);
+        let (mut b, _) = Self::sample_uninit(len);
+        // SAFETY: the buffer holds cap ≥ len bytes.
+        unsafe { std::ptr::write_bytes(b.ptr.as_ptr(), 0, len) };
         b.len = len;
         b
+    }
+
+    /// A [`SAMPLE_ALIGN`]-aligned buffer of `len` bytes whose contents are
+    /// unspecified (zeros, or a recycled sample's bytes), for a caller that
+    /// overwrites all of them (a decompressor): saves [`for_sample`]'s
+    /// memset of every decoded byte.
+    ///
+    /// [`for_sample`]: Self::for_sample
+    pub fn for_overwrite(len: usize) -> Self {
+        let (mut b, recycled) = Self::sample_uninit(len);
+        if !recycled {
+            // SAFETY: the buffer holds cap ≥ len bytes; a recycled one's
+            // are initialised already.
+            unsafe { std::ptr::write_bytes(b.ptr.as_ptr(), 0, len) };
+        }
+        b.len = len;
+        b
+    }
+
+    /// A sample buffer able to hold `len` bytes, recycled (true) when one
+    /// fits. Its `len` is 0; its bytes `[0, len)` are a recycled sample's,
+    /// or uninitialised in a fresh one: the caller must write them before
+    /// the buffer is read.
+    fn sample_uninit(len: usize) -> (Self, bool) {
+        let need = sample_cap(len);
+        if need >= RECYCLE_MIN
+            && let Some((ptr, cap)) = recycle::take(need)
+        {
+            let b = AlignedBuf {
+                ptr,
+                cap,
+                len: 0,
+                align: SAMPLE_ALIGN,
+            };
+            return (b, true);
+        }
+        let layout = Self::layout(need, SAMPLE_ALIGN);
+        // SAFETY: layout has a non-zero size.
+        let raw = unsafe { alloc(layout) };
+        let Some(ptr) = NonNull::new(raw) else {
+            std::alloc::handle_alloc_error(layout)
+        };
+        // SAFETY: [len, need) is inside the allocation; the caller writes
+        // [0, len), so every byte ends up initialised.
+        unsafe { std::ptr::write_bytes(ptr.as_ptr().add(len), 0, need - len) };
+        let b = AlignedBuf {
+            ptr,
+            cap: need,
+            len: 0,
+            align: SAMPLE_ALIGN,
+        };
+        (b, false)
     }
 
     /// A [`SAMPLE_ALIGN`]-aligned copy of `src`. Not zeroed first: every
     /// byte is written by the copy before the buffer exists, which saves a
     /// memset and its page faults on the hot path.
     pub fn copy_of(src: &[u8]) -> Self {
-        let cap = src.len().max(1).div_ceil(SAMPLE_ALIGN) * SAMPLE_ALIGN;
-        let layout = Self::layout(cap, SAMPLE_ALIGN);
-        // SAFETY: layout has a non-zero size.
-        let raw = unsafe { alloc(layout) };
-        let Some(ptr) = NonNull::new(raw) else {
-            std::alloc::handle_alloc_error(layout)
-        };
-        // SAFETY: the allocation holds cap ≥ src.len() bytes and cannot
-        // overlap src; then the tail past src.len() is zeroed, so all cap
-        // bytes are initialised as the type requires.
-        unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), ptr.as_ptr(), src.len());
-            std::ptr::write_bytes(ptr.as_ptr().add(src.len()), 0, cap - src.len());
+        Self::copy_and_crc32c(src, false).0
+    }
+
+    /// [`copy_of`](Self::copy_of) and the crc32c of `src` in one pass: each
+    /// block is checksummed from the copy while it is still in L1, so the
+    /// source is read once (the engine's path for uncompressed records).
+    pub fn copy_of_with_crc32c(src: &[u8]) -> (Self, u32) {
+        Self::copy_and_crc32c(src, true)
+    }
+
+    fn copy_and_crc32c(src: &[u8], checksum: bool) -> (Self, u32) {
+        /// Small enough to stay in L1 between the copy and the checksum.
+        const BLOCK: usize = 16 << 10;
+        let (mut buf, _) = Self::sample_uninit(src.len());
+        let ptr = buf.ptr;
+        let mut crc = 0;
+        for (i, from) in src.chunks(BLOCK).enumerate() {
+            // SAFETY: block i lies inside the buffer (cap ≥ src.len()),
+            // which cannot overlap src; once copied, its bytes are
+            // initialised and only read here.
+            let to = unsafe {
+                let at = ptr.as_ptr().add(i * BLOCK);
+                std::ptr::copy_nonoverlapping(from.as_ptr(), at, from.len());
+                std::slice::from_raw_parts(at, from.len())
+            };
+            if checksum {
+                crc = crc32c::crc32c_append(crc, to);
+            }
         }
-        AlignedBuf {
-            ptr,
-            cap,
-            len: src.len(),
-            align: SAMPLE_ALIGN,
-        }
+        buf.len = src.len();
+        (buf, crc)
     }
 
     /// `align` must be a power of two.
@@ -150,7 +287,11 @@ impl std::ops::Deref for AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        // SAFETY: allocated in `new` with exactly this layout.
+        if self.align == SAMPLE_ALIGN && self.cap >= RECYCLE_MIN && recycle::put(self.ptr, self.cap) {
+            return;
+        }
+        // SAFETY: allocated with exactly this layout (size cap, alignment
+        // align), by this type or by the recycler's earlier owner.
         unsafe { dealloc(self.ptr.as_ptr(), Self::layout(self.cap, self.align)) }
     }
 }
@@ -172,8 +313,53 @@ mod tests {
         assert_eq!((s.len(), s.capacity()), (100, 128));
         assert_eq!(s.as_ptr() as usize % SAMPLE_ALIGN, 0);
         assert!(s.iter().all(|&b| b == 0));
+        let src: Vec<u8> = (0..100_000u32).map(|i| (i * 31 % 251) as u8).collect();
+        let (c, crc) = AlignedBuf::copy_of_with_crc32c(&src);
+        assert_eq!((&c[..], crc), (&src[..], crc32c::crc32c(&src)));
+        assert_eq!(c.as_ptr() as usize % SAMPLE_ALIGN, 0);
+        assert_eq!(AlignedBuf::copy_of_with_crc32c(b"").1, 0);
         let c = AlignedBuf::copy_of(b"hello");
         assert_eq!((&c[..], c.capacity()), (&b"hello"[..], 64));
         assert_eq!(c.as_ptr() as usize % SAMPLE_ALIGN, 0);
+    }
+
+    #[test]
+    fn large_sample_buffers_are_recycled_clean_and_whole() {
+        // A size no other test uses; the cache is process-wide and skips a
+        // buffer when another thread holds its lock, so try a few times.
+        let len = (3 << 20) + 12_345;
+        let src: Vec<u8> = (0..len).map(|i| (i % 253) as u8 | 1).collect();
+        let mut reused = false;
+        for _ in 0..100 {
+            let a = AlignedBuf::copy_of(&src);
+            assert_eq!(a.capacity() % ALIGN as usize, 0);
+            let at = a.as_ptr();
+            drop(a);
+            // A little smaller: still fits the freed buffer.
+            let b = AlignedBuf::for_sample(len - 5000);
+            assert!(b.iter().all(|&x| x == 0), "a recycled buffer is zeroed for for_sample");
+            assert_eq!((b.len(), b.as_ptr() as usize % SAMPLE_ALIGN), (len - 5000, 0));
+            let c_at = b.as_ptr();
+            drop(b);
+            let o = AlignedBuf::for_overwrite(len - 7000);
+            assert_eq!((o.len(), o.as_ptr() as usize % SAMPLE_ALIGN), (len - 7000, 0));
+            drop(o);
+            let (c, crc) = AlignedBuf::copy_of_with_crc32c(&src[..len - 9000]);
+            assert_eq!((&c[..], crc), (&src[..len - 9000], crc32c::crc32c(&src[..len - 9000])));
+            if c_at == at && c.as_ptr() == at {
+                reused = true;
+                break;
+            }
+        }
+        assert!(reused, "a freed large sample buffer was never reused");
+        // Much smaller samples do not take a large buffer.
+        let big = AlignedBuf::copy_of(&src);
+        let at = big.as_ptr();
+        drop(big);
+        let small = AlignedBuf::copy_of(&src[..len / 2]);
+        assert!(
+            small.capacity() < len / 2 + ALIGN as usize,
+            "{small:?} took the buffer at {at:?}"
+        );
     }
 }

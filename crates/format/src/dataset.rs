@@ -212,7 +212,7 @@ impl Dataset {
             return Ok(AlignedBuf::copy_of(stored));
         }
         let raw_len = self.index.raw_len[id as usize] as usize;
-        let mut out = AlignedBuf::for_sample(raw_len);
+        let mut out = AlignedBuf::for_overwrite(raw_len);
         let n = zstd::bulk::decompress_to_buffer(stored, out.as_mut_slice())
             .map_err(|e| self.corrupt(id, format!("zstd: {e}")))?;
         if n != raw_len {

@@ -8,8 +8,9 @@
 //! Memory is held in bytes: the budget becomes abstract slots through the
 //! mean *decoded* sample size, and the loader holds back read-ahead while
 //! the decoded bytes it holds (resident samples plus reads in flight)
-//! reach `memory + readahead`. The next epoch is planned in the background
-//! and read ahead across the boundary within the same bounds.
+//! reach the plan's resident bound (its slots in decoded bytes) plus
+//! `readahead`. The next epoch is planned in the background and read ahead
+//! across the boundary within the same bounds.
 //!
 //! Fork: a loader belongs to the process that opened it (its engine's
 //! threads do not survive `fork()`). Used in a forked child it fails at
@@ -32,7 +33,7 @@ use brand_format::error::{Error, Result};
 use brand_format::extents::{Extent, ReadGap, extents};
 pub use brand_io::engine::IoBackend;
 use brand_io::engine::{Completion, Engine, EngineConfig, Job};
-use brand_plan::{Event, Layout, Memory, PlanConfig, Planner};
+use brand_plan::{Event, Geometry, Layout, PlanConfig, Planner};
 pub use stats::Metrics;
 use stats::StallLog;
 
@@ -66,16 +67,15 @@ pub fn plan_events(mut planner: Planner) -> EventSource {
     })
 }
 
-/// The budget of `plan` in decoded bytes over `ds`.
-fn memory_bytes(ds: &Dataset, plan: &PlanConfig) -> u64 {
-    let l = Layout::of(&ds.index);
-    match plan.memory {
-        Memory::Bytes(b) => b,
-        Memory::Percent(p) => (p / 100.0 * l.sample_bytes as f64) as u64,
-        Memory::Slots(m) => {
-            (m as u128 * l.sample_bytes as u128 / l.samples.max(1) as u128).min(u64::MAX as u128) as u64
-        }
-    }
+/// The plan's resident bound in decoded bytes: its rank slots (what the
+/// budget became, after the plan's own rounding, e.g. of a percentage up to
+/// one chunk) times the mean decoded sample size, rounded up; never more
+/// than the whole dataset.
+pub fn memory_bound_bytes(layout: &Layout, geometry: &Geometry) -> u64 {
+    let slots = geometry.rank_slots.min(layout.samples) as u128;
+    (slots * layout.sample_bytes as u128)
+        .div_ceil(layout.samples.max(1) as u128)
+        .min(layout.sample_bytes as u128) as u64
 }
 
 /// What to do with a sample whose record is corrupt.
@@ -303,9 +303,10 @@ pub struct Loader {
     in_flight: HashMap<u64, InFlight>,
     /// Decoded bytes of the records in flight.
     in_flight_bytes: u64,
-    /// Most decoded bytes held (resident + in flight) before read-ahead is
-    /// held back: `memory + readahead` (None: no byte budget known).
-    byte_cap: Option<u64>,
+    /// The plan's resident bound in decoded bytes ([`memory_bound_bytes`]):
+    /// read-ahead is held back while the decoded bytes held (resident + in
+    /// flight) reach it plus `readahead` (None: no byte budget known).
+    memory_bound: Option<u64>,
     /// An error, reported again on every call until the loader is reset:
     /// the sample it stopped on cannot be served.
     failed: Option<Error>,
@@ -362,9 +363,9 @@ impl Loader {
     /// (`LoaderState::default()` for the first epoch).
     pub fn open(ds: Arc<Dataset>, cfg: &LoaderConfig, state: LoaderState) -> Result<Self> {
         let planner = Planner::new(&ds.index, &cfg.plan)?;
-        let cap = memory_bytes(&ds, &cfg.plan).saturating_add(cfg.io.readahead_bytes);
+        let memory = memory_bound_bytes(&Layout::of(&ds.index), planner.geometry());
         let mut l = Self::new(ds, cfg.io.clone(), plan_events(planner), state)?;
-        l.byte_cap = Some(cap);
+        l.memory_bound = Some(memory);
         Ok(l)
     }
 
@@ -403,7 +404,7 @@ impl Loader {
             pending: HashMap::new(),
             in_flight: HashMap::new(),
             in_flight_bytes: 0,
-            byte_cap: None,
+            memory_bound: None,
             failed: None,
             hung: false,
             pid: std::process::id(),
@@ -645,15 +646,25 @@ impl Loader {
         }))
     }
 
+    /// The decoded bytes resident samples may hold, as the plan bounds
+    /// them (None for a loader made from an event source alone).
+    pub fn memory_bound(&self) -> Option<u64> {
+        self.memory_bound
+    }
+
     /// Whether read-ahead must wait: the bytes of reads issued ahead reach
-    /// `readahead`, or the decoded bytes held reach the byte budget. At
-    /// least one read is always allowed, so the consumer can progress.
+    /// `readahead`, or the decoded bytes held (resident and in flight)
+    /// reach the memory bound plus `readahead`. At least one read is always
+    /// allowed, so the consumer can progress.
     fn ahead_full(&self) -> bool {
         if self.ahead.is_empty() {
             return false;
         }
         let held = self.resident_bytes + self.in_flight_bytes;
-        self.ahead_bytes >= self.cfg.readahead_bytes || self.byte_cap.is_some_and(|cap| held >= cap)
+        self.ahead_bytes >= self.cfg.readahead_bytes
+            || self
+                .memory_bound
+                .is_some_and(|memory| held >= memory.saturating_add(self.cfg.readahead_bytes))
     }
 
     /// Fills the lookahead window: takes plan steps, across the end of an

@@ -637,3 +637,96 @@ fn soak_hundreds_of_epochs_stay_exact_and_flat() {
     assert!(fds <= fds_warm + 16, "fds grew from {fds_warm} to {fds}");
     assert_eq!(l.state(), LoaderState { epoch: 400, served: 0 });
 }
+
+#[test]
+fn the_memory_bound_is_the_plans_resident_bound_in_decoded_bytes() {
+    let t = tempfile::tempdir().expect("tempdir");
+    // 40 samples in chunks of 16: 1 % is less than one sample, which the
+    // plan rounds up to one chunk (16 slots).
+    let ds = zstd_dataset(t.path(), 40, 4);
+    let raw: u64 = ds.index.raw_len.iter().map(|&l| l as u64).sum();
+    let one_chunk = (16 * raw).div_ceil(40);
+    for (memory, slots) in [
+        (Memory::Percent(1.0), 16),
+        (Memory::Slots(20), 20),
+        (Memory::Bytes(raw / 2 + 1), 20),
+        (Memory::Percent(400.0), 40),
+    ] {
+        let c = config(memory, 0, 1, 0);
+        let planner = brand_plan::Planner::new(&ds.index, &c.plan).expect("plan");
+        assert_eq!(planner.geometry().rank_slots.min(40), slots, "{memory}");
+        let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
+        assert_eq!(l.memory_bound(), Some((slots * raw).div_ceil(40)), "{memory}");
+        assert!(exactly_once(&epoch(&mut l, &ds), 40), "{memory}");
+    }
+    // What a percentage below one chunk used to give: its share of the
+    // bytes, a tenth of a sample, far below the chunk the plan holds.
+    let c = config(Memory::Percent(1.0), 0, 1, 0);
+    let l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
+    assert!(l.memory_bound() == Some(one_chunk) && one_chunk > raw / 100 * 10);
+}
+
+#[test]
+fn the_next_epochs_first_reads_are_issued_before_this_epoch_ends() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let ds = dataset(t.path(), 320);
+    // Across the boundary the next epoch's reads are held by the byte
+    // bound and by the bytes of reads in flight (`readahead`, here enough
+    // for the first batch's reads), not by the read-ahead window.
+    let mut c = config(Memory::Percent(25.0), 0, 1, 0);
+    c.io.batch_size = 16;
+    let planner = brand_plan::Planner::new(&ds.index, &c.plan).expect("plan");
+    let mut plan = planner;
+    let read_of = |ev: &brand_plan::Event| match *ev {
+        brand_plan::Event::Read { chunk, mask } => {
+            let e = brand_format::extents::extents(&ds.index, chunk, mask, brand_format::extents::ReadGap::Bytes(0));
+            (e.len() as u64, e.iter().map(|e| e.len).sum::<u64>())
+        }
+        _ => (0, 0),
+    };
+    let extents_of = |ev: &brand_plan::Event| read_of(ev).0;
+    let epoch0: u64 = plan.epoch(0).map(|ev| extents_of(&ev)).sum();
+    // Epoch 1's reads up to its first batch's last serve, and their bytes.
+    let (mut serves, mut first_batch, mut first_bytes, mut first_read) = (0, 0, 0u64, 0u64);
+    for ev in plan.epoch(1) {
+        first_batch += extents_of(&ev);
+        first_read += read_of(&ev).1;
+        if let brand_plan::Event::Read { chunk, mask } = ev {
+            for j in (0..16).filter(|j| mask & (1 << j) != 0) {
+                first_bytes += ds.index.raw_len[(chunk * 16 + j) as usize] as u64;
+            }
+        }
+        if matches!(ev, brand_plan::Event::Serve { .. }) {
+            serves += 1;
+            if serves == 16 {
+                break;
+            }
+        }
+    }
+    c.io.readahead_bytes = first_read + 1;
+    let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
+    let memory = l.memory_bound().expect("a plan's loader has a bound");
+    assert!(first_batch > 1, "the first batch needs several reads: {first_batch}");
+    assert!(
+        first_bytes < memory,
+        "the first batch's {first_bytes} bytes fit memory {memory}"
+    );
+    let mut served = 0;
+    while served < 320 {
+        let b = l.next_batch().expect("batch").expect("epoch 0 is not over");
+        served += b.len();
+    }
+    assert!(l.next_batch().expect("end").is_none());
+    // Epoch 0 is over and epoch 1's first batch not asked for yet: its
+    // reads are issued already, in the memory epoch 0 has freed.
+    let issued = l.metrics().reads_issued;
+    assert!(
+        issued >= epoch0 + first_batch,
+        "{issued} reads issued at the end of epoch 0: {epoch0} of epoch 0 + {first_batch} for epoch 1's first batch expected"
+    );
+    let mut ids = epoch(&mut l, &ds);
+    ids.sort_unstable();
+    assert_eq!(ids, (0..320).collect::<Vec<u64>>());
+    let m = l.metrics();
+    assert!(m.peak_readahead_bytes <= first_read + 1 + 40_000 * 16, "{m:?}");
+}
