@@ -283,6 +283,11 @@ pub struct Loader {
     served: u64,
     /// Plan steps taken but not yet reached by the consumer.
     lookahead: VecDeque<Step>,
+    /// Without read-ahead (`readahead = 0`), a read taken from the plan
+    /// while earlier steps are unreached waits here: issued earlier, it
+    /// could complete before the serves that make room for it, and memory
+    /// would hold more than the plan's bound.
+    held_read: Option<Event>,
     /// Bytes of the reads issued for events still in `lookahead`, oldest first.
     ahead: VecDeque<u64>,
     ahead_bytes: u64,
@@ -395,6 +400,7 @@ impl Loader {
             epoch: state.epoch,
             served: state.served,
             lookahead: VecDeque::new(),
+            held_read: None,
             ahead: VecDeque::new(),
             ahead_bytes: 0,
             next_tag: 0,
@@ -475,6 +481,7 @@ impl Loader {
         self.epoch = state.epoch;
         self.served = state.served;
         self.lookahead.clear();
+        self.held_read = None;
         self.ahead.clear();
         self.ahead_bytes = 0;
         self.resident.clear();
@@ -672,6 +679,15 @@ impl Loader {
     /// allows.
     fn fill_lookahead(&mut self) -> Result<()> {
         while self.lookahead.len() < MAX_LOOKAHEAD_EVENTS && !self.ahead_full() {
+            if let Some(ev) = self.held_read {
+                if !self.lookahead.is_empty() {
+                    break;
+                }
+                self.held_read = None;
+                self.issue_read(ev)?;
+                self.lookahead.push_back(Step::Plan(ev));
+                break;
+            }
             let ev = match &mut self.feed {
                 Feed::Running(events) => match events.next() {
                     Some(ev) => ev,
@@ -702,22 +718,35 @@ impl Loader {
                     continue;
                 }
             };
-            if let Event::Read { chunk, mask } = ev {
-                let ext = extents(&self.ds.index, chunk, mask, self.gap);
-                let bytes: u64 = ext.iter().map(|e| e.len).sum();
-                for e in ext {
-                    self.submit(e)?;
+            if let Event::Read { .. } = ev {
+                if self.cfg.readahead_bytes == 0 && !self.lookahead.is_empty() {
+                    self.held_read = Some(ev);
+                    break;
                 }
-                self.ahead.push_back(bytes);
-                self.ahead_bytes += bytes;
-                self.metrics.peak_readahead_bytes = self.metrics.peak_readahead_bytes.max(self.ahead_bytes);
-                self.metrics.refills += 1;
+                self.issue_read(ev)?;
             }
             self.lookahead.push_back(Step::Plan(ev));
             if self.cfg.readahead_bytes == 0 && matches!(ev, Event::Read { .. }) {
                 break;
             }
         }
+        Ok(())
+    }
+
+    /// Submits a plan read's extents and counts its bytes as read ahead.
+    fn issue_read(&mut self, ev: Event) -> Result<()> {
+        let Event::Read { chunk, mask } = ev else {
+            return Ok(());
+        };
+        let ext = extents(&self.ds.index, chunk, mask, self.gap);
+        let bytes: u64 = ext.iter().map(|e| e.len).sum();
+        for e in ext {
+            self.submit(e)?;
+        }
+        self.ahead.push_back(bytes);
+        self.ahead_bytes += bytes;
+        self.metrics.peak_readahead_bytes = self.metrics.peak_readahead_bytes.max(self.ahead_bytes);
+        self.metrics.refills += 1;
         Ok(())
     }
 

@@ -327,6 +327,36 @@ fn resident_samples_never_exceed_the_budget_without_readahead() {
     assert!(peak > 0 && peak <= slots, "peak resident {peak} > M = {slots}");
 }
 
+/// Without read-ahead a read is issued when the consumer reaches it in the
+/// plan, not earlier: issued before the serves that make room for it, it
+/// could complete first and memory would exceed the plan's bound.
+#[test]
+fn without_readahead_each_read_is_issued_when_the_plan_reaches_it() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let ds = make_dataset(t.path(), 500);
+    let plan = plan_cfg(Policy::Brand, Memory::Percent(10.0), 0, 1);
+    let events: Vec<Event> = Planner::new(&ds.index, &plan).expect("planner").epoch(0).collect();
+    // reads_before[k]: the plan's reads before its k-th serve.
+    let mut reads_before = Vec::new();
+    let mut reads = 0u64;
+    for ev in &events {
+        match ev {
+            Event::Read { .. } => reads += 1,
+            Event::Serve { .. } => reads_before.push(reads),
+        }
+    }
+    let mut io = cfg(ReadGapSetting::Bytes(0), 8, 0);
+    io.batch_size = 1;
+    let c = LoaderConfig { plan, io };
+    let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
+    // The last serve is left out: past it, the next epoch's reads may start.
+    for (k, &expected) in reads_before.iter().enumerate().take(reads_before.len() - 1) {
+        let batch = l.next_batch().expect("batch").expect("not the end");
+        assert_eq!(batch.len(), 1);
+        assert_eq!(l.metrics().refills, expected, "reads issued by serve {k}");
+    }
+}
+
 #[test]
 fn a_segment_truncated_under_a_running_loader_is_a_named_error() {
     let t = tempfile::tempdir().expect("tempdir");
