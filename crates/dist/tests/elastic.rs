@@ -5,62 +5,34 @@
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use brand_dist::{Config, DistConfig, DistLoader};
+use brand_dist::{Config, DistLoader};
 use brand_format::Dataset;
+use brand_loader::LoaderState;
 use brand_loader::elastic::SavedWorld;
-use brand_loader::{LoaderConfig, LoaderState, ReadGapSetting};
 use brand_pack::synthetic::small_dataset;
-use brand_plan::{Event, Memory, Planner};
+use brand_plan::Memory;
+
+mod common;
+use common::{addresses, node_config, plan_order};
 
 const SAMPLES: u64 = 600;
 /// 3 nodes × 64 slots = 2 × 96 = 1 × 192.
 const TOTAL_SLOTS: u64 = 192;
 
-fn addresses(n: usize) -> Vec<String> {
-    let listeners: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"))
-        .collect();
-    listeners
-        .iter()
-        .map(|l| l.local_addr().expect("addr").to_string())
-        .collect()
-}
-
 fn config(nodes: &[String], rank: u32, slots: u64) -> Config {
-    let mut loader = LoaderConfig::default();
-    loader.plan.memory = Memory::Slots(slots);
-    loader.plan.world = nodes.len().max(1) as u32;
-    loader.plan.rank = rank;
-    loader.plan.seed = 9;
-    loader.io.batch_size = 15;
-    loader.io.read_gap = ReadGapSetting::Whole;
-    loader.io.readahead_bytes = 256 << 10;
-    Config {
-        loader,
-        dist: DistConfig {
-            nodes: nodes.to_vec(),
-            rank,
-            remote_memory: 64 << 10,
-            // Also how long the first nodes' close waits for peers that
-            // stopped with them.
-            peer_timeout: Duration::from_secs(5),
-            job: "elastic".into(),
-        },
-    }
+    let mut cfg = node_config(nodes, rank, "elastic");
+    cfg.loader.plan.memory = Memory::Slots(slots);
+    cfg.loader.plan.seed = 9;
+    cfg.loader.io.batch_size = 15;
+    // Also how long the first nodes' close waits for peers that stopped
+    // with them.
+    cfg.dist.peer_timeout = Duration::from_secs(5);
+    cfg
 }
 
 /// The uninterrupted global sequence of epoch 0: one rank with all the memory.
 fn global_order(ds: &Dataset) -> Vec<u64> {
-    let cfg = config(&[], 0, TOTAL_SLOTS);
-    let mut planner = Planner::new(&ds.index, &cfg.loader.plan).expect("planner");
-    planner
-        .seek(0, 0)
-        .expect("plan")
-        .filter_map(|e| match e {
-            Event::Serve { sample, .. } => Some(sample),
-            Event::Read { .. } => None,
-        })
-        .collect()
+    plan_order(ds, &config(&[], 0, TOTAL_SLOTS), 0)
 }
 
 #[test]

@@ -6,11 +6,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use brand_dist::{Config, DistConfig, DistLoader, DistMetrics};
+use brand_dist::{Config, DistLoader, DistMetrics};
 use brand_format::Dataset;
-use brand_loader::{LoaderConfig, LoaderState, ReadGapSetting};
+use brand_loader::LoaderState;
 use brand_pack::synthetic::small_dataset;
-use brand_plan::{Event, Memory, Planner};
+
+mod common;
+use brand_plan::Planner;
+use common::{Served, addresses, assert_ranks_serve_their_plans, node_config, plan_order, serve_epochs};
 
 const SAMPLES: u64 = 600;
 
@@ -19,40 +22,12 @@ fn dataset(root: &std::path::Path) -> Arc<Dataset> {
     Arc::new(Dataset::open(dir).expect("open"))
 }
 
-/// Distinct free loopback ports.
-fn addresses(n: usize) -> Vec<String> {
-    let listeners: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"))
-        .collect();
-    listeners
-        .iter()
-        .map(|l| l.local_addr().expect("addr").to_string())
-        .collect()
-}
-
 fn config(nodes: &[String], rank: u32, remote_memory: u64, timeout: Duration) -> Config {
-    let mut loader = LoaderConfig::default();
-    loader.plan.memory = Memory::Slots(64);
-    loader.plan.world = nodes.len().max(1) as u32;
-    loader.plan.rank = rank;
-    loader.plan.seed = 7;
-    loader.io.batch_size = 10;
-    loader.io.read_gap = ReadGapSetting::Whole;
-    loader.io.readahead_bytes = 256 << 10;
-    Config {
-        loader,
-        dist: DistConfig {
-            nodes: nodes.to_vec(),
-            rank,
-            remote_memory,
-            peer_timeout: timeout,
-            job: "test".into(),
-        },
-    }
+    let mut cfg = node_config(nodes, rank, "test");
+    cfg.dist.remote_memory = remote_memory;
+    cfg.dist.peer_timeout = timeout;
+    cfg
 }
-
-/// Ids and bytes a node served, per epoch.
-type Served = Vec<Vec<(u64, Vec<u8>)>>;
 
 fn run_node(ds: Arc<Dataset>, cfg: Config, epochs: u64) -> Result<(Served, DistMetrics), String> {
     run_node_then(ds, cfg, epochs, None)
@@ -67,29 +42,12 @@ fn run_node_then(
     all_done: Option<Arc<std::sync::Barrier>>,
 ) -> Result<(Served, DistMetrics), String> {
     let mut l = DistLoader::open(ds, &cfg, LoaderState::default()).map_err(|e| e.to_string())?;
-    let mut out = Vec::new();
-    for _ in 0..epochs {
-        let mut epoch = Vec::new();
-        while let Some(b) = l.next_batch().map_err(|e| e.to_string())? {
-            epoch.extend(b.iter().map(|s| (s.id, s.data.to_vec())));
-        }
-        out.push(epoch);
-    }
+    let out = serve_epochs(&mut l, epochs)?;
     if let Some(b) = all_done {
         b.wait();
     }
     let m = l.metrics();
     Ok((out, m))
-}
-
-fn plan_order(ds: &Dataset, cfg: &Config, epoch: u64) -> Vec<u64> {
-    let mut planner = Planner::new(&ds.index, &cfg.loader.plan).expect("planner");
-    let plan = planner.seek(epoch, 0).expect("plan");
-    plan.filter_map(|e| match e {
-        Event::Serve { sample, .. } => Some(sample),
-        Event::Read { .. } => None,
-    })
-    .collect()
 }
 
 #[test]
@@ -114,27 +72,8 @@ fn three_nodes_serve_the_plan_once_and_read_each_chunk_at_its_owner_only() {
         .into_iter()
         .map(|h| h.join().expect("thread").expect("node"))
         .collect();
-    for epoch in 0..2u64 {
-        let mut all = Vec::new();
-        for (rank, (served, _)) in results.iter().enumerate() {
-            let ids: Vec<u64> = served[epoch as usize].iter().map(|s| s.0).collect();
-            assert_eq!(
-                ids,
-                plan_order(&ds, &cfgs[rank], epoch),
-                "rank {rank} epoch {epoch}: the plan's order"
-            );
-            for (id, bytes) in &served[epoch as usize] {
-                assert_eq!(bytes, &ds.read_sample(*id).expect("source"), "sample {id}");
-            }
-            all.extend(ids);
-        }
-        all.sort_unstable();
-        assert_eq!(
-            all,
-            (0..SAMPLES).collect::<Vec<_>>(),
-            "epoch {epoch}: every sample once"
-        );
-    }
+    let served: Vec<&Served> = results.iter().map(|(s, _)| s).collect();
+    assert_ranks_serve_their_plans(&served, &cfgs, &ds, SAMPLES);
     // Whole-chunk reads: the nodes together read exactly what one global
     // protocol reads, so no chunk was read twice.
     let planner = Planner::new(&ds.index, &cfgs[0].loader.plan).expect("planner");

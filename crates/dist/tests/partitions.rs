@@ -10,46 +10,26 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use brand_dist::routes::Ownership;
-use brand_dist::{Config, DistConfig, DistLoader, DistMetrics};
+use brand_dist::{Config, DistLoader, DistMetrics};
 use brand_format::Dataset;
-use brand_loader::{LoaderConfig, LoaderState, ReadGapSetting};
+use brand_loader::LoaderState;
 use brand_pack::files::FileSource;
 use brand_pack::synthetic::small_dataset;
 use brand_pack::{PackOptions, Partitioning, partition_dir};
-use brand_plan::{Event, Layout, Memory, Planner};
+use brand_plan::{Layout, Memory, Planner};
+
+mod common;
+use common::{Served, addresses, assert_ranks_serve_their_plans, node_config, serve_epochs};
 
 const SAMPLES: u64 = 600;
 const NODES: u32 = 3;
 
-fn addresses(n: usize) -> Vec<String> {
-    let listeners: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"))
-        .collect();
-    listeners
-        .iter()
-        .map(|l| l.local_addr().expect("addr").to_string())
-        .collect()
-}
-
 fn config(nodes: &[String], rank: u32, memory: Memory, remote_memory: u64) -> Config {
-    let mut loader = LoaderConfig::default();
-    loader.plan.memory = memory;
-    loader.plan.world = nodes.len().max(1) as u32;
-    loader.plan.rank = rank;
-    loader.plan.seed = 7;
-    loader.io.batch_size = 10;
-    loader.io.read_gap = ReadGapSetting::Whole;
-    loader.io.readahead_bytes = 64 << 10;
-    Config {
-        loader,
-        dist: DistConfig {
-            nodes: nodes.to_vec(),
-            rank,
-            remote_memory,
-            peer_timeout: Duration::from_secs(20),
-            job: "partitions".into(),
-        },
-    }
+    let mut cfg = node_config(nodes, rank, "partitions");
+    cfg.loader.plan.memory = memory;
+    cfg.loader.io.readahead_bytes = 64 << 10;
+    cfg.dist.remote_memory = remote_memory;
+    cfg
 }
 
 /// The whole dataset (`root/ds`, for the expected bytes) and the same
@@ -81,20 +61,6 @@ fn whole_and_partitions(root: &Path, samples: u64, seed: u64, cfg: &Config) -> (
     (ds, dirs)
 }
 
-fn plan_order(ds: &Dataset, cfg: &Config, epoch: u64) -> Vec<u64> {
-    let mut planner = Planner::new(&ds.index, &cfg.loader.plan).expect("planner");
-    planner
-        .seek(epoch, 0)
-        .expect("plan")
-        .filter_map(|e| match e {
-            Event::Serve { sample, .. } => Some(sample),
-            Event::Read { .. } => None,
-        })
-        .collect()
-}
-
-type Served = Vec<Vec<(u64, Vec<u8>)>>;
-
 fn run_node(
     dir: PathBuf,
     cfg: Config,
@@ -103,14 +69,7 @@ fn run_node(
 ) -> Result<(Served, DistMetrics), String> {
     let ds = Arc::new(Dataset::open_any(&dir).map_err(|e| e.to_string())?);
     let mut l = DistLoader::open(ds, &cfg, LoaderState::default()).map_err(|e| e.to_string())?;
-    let mut out = Vec::new();
-    for _ in 0..epochs {
-        let mut epoch = Vec::new();
-        while let Some(b) = l.next_batch().map_err(|e| e.to_string())? {
-            epoch.extend(b.iter().map(|s| (s.id, s.data.to_vec())));
-        }
-        out.push(epoch);
-    }
+    let out = serve_epochs(&mut l, epochs)?;
     all_done.wait();
     Ok((out, l.metrics()))
 }
@@ -149,27 +108,8 @@ fn three_nodes_serve_from_their_own_partitions_only() {
         .into_iter()
         .map(|h| h.join().expect("thread").expect("node"))
         .collect();
-    for epoch in 0..2u64 {
-        let mut all = Vec::new();
-        for (rank, (served, _)) in results.iter().enumerate() {
-            let ids: Vec<u64> = served[epoch as usize].iter().map(|s| s.0).collect();
-            assert_eq!(
-                ids,
-                plan_order(&whole, &cfgs[rank], epoch),
-                "rank {rank} epoch {epoch}: the single-process plan"
-            );
-            for (id, bytes) in &served[epoch as usize] {
-                assert_eq!(bytes, &whole.read_sample(*id).expect("source"), "sample {id}");
-            }
-            all.extend(ids);
-        }
-        all.sort_unstable();
-        assert_eq!(
-            all,
-            (0..SAMPLES).collect::<Vec<_>>(),
-            "epoch {epoch}: every sample once"
-        );
-    }
+    let served: Vec<&Served> = results.iter().map(|(s, _)| s).collect();
+    assert_ranks_serve_their_plans(&served, &cfgs, &whole, SAMPLES);
     // Whole-chunk reads: each node read exactly its own chunks' share of
     // the global protocol's reads.
     let planner = Planner::new(&whole.index, &cfgs[0].loader.plan).expect("planner");
