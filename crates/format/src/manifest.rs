@@ -252,4 +252,26 @@ packer = "brand 0.1.0"
             assert!(!msg.contains("at byte 0:"), "{to}: the offset points at the key: {msg}");
         }
     }
+
+    #[test]
+    fn a_partition_table_that_is_no_partition_is_refused() {
+        let with = |index: u32, count: u32, group_chunks: u64| {
+            format!(
+                "{}\n[partition]\nindex = {index}\ncount = {count}\ngroup_chunks = {group_chunks}\n",
+                good()
+            )
+        };
+        let m = load(&with(2, 3, 4)).expect("a partition");
+        assert_eq!(m.partition.map(|p| (p.index, p.count, p.group_chunks)), Some((2, 3, 4)));
+        for (index, count, group_chunks) in [(3, 3, 4), (0, 0, 4), (0, 3, 0), (u32::MAX, 1, 1)] {
+            let msg = load(&with(index, count, group_chunks))
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(
+                msg.contains("manifest.toml") && msg.contains("is not a partition"),
+                "{index}/{count}/{group_chunks}: {msg:?}"
+            );
+        }
+    }
 }
