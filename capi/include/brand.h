@@ -226,8 +226,8 @@ typedef struct brand_metrics {
    */
   uint32_t uring_refused;
   /**
-   * Peak bytes of reads issued ahead of consumption (`readahead`, which
-   * the last read issued may overshoot by its own size).
+   * Peak bytes of reads in flight (issued, not yet taken in): bounded by
+   * `readahead`, which the last read issued may overshoot by its own size.
    */
   uint64_t peak_readahead_bytes;
   /**

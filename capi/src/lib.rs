@@ -136,8 +136,8 @@ pub struct brand_metrics {
     pub threads_backend: u32,
     /// 1 if `io_backend = "auto"` found io_uring refused and fell back to threads.
     pub uring_refused: u32,
-    /// Peak bytes of reads issued ahead of consumption (`readahead`, which
-    /// the last read issued may overshoot by its own size).
+    /// Peak bytes of reads in flight (issued, not yet taken in): bounded by
+    /// `readahead`, which the last read issued may overshoot by its own size.
     pub peak_readahead_bytes: u64,
     /// Bytes of read buffers registered with io_uring (fixed buffers).
     pub registered_buffer_bytes: u64,

@@ -238,6 +238,15 @@ impl Engine {
         self.done.recv().map_err(|_| stopped())
     }
 
+    /// A completion that has arrived already, if any (never waits).
+    pub fn try_recv(&self) -> Result<Option<Completion>> {
+        match self.done.try_recv() {
+            Ok(c) => Ok(Some(c)),
+            Err(crossbeam_channel::TryRecvError::Empty) => Ok(None),
+            Err(crossbeam_channel::TryRecvError::Disconnected) => Err(stopped()),
+        }
+    }
+
     /// The next completion, or `Ok(None)` if none arrives within `timeout`.
     pub fn recv_timeout(&self, timeout: Duration) -> Result<Option<Completion>> {
         match self.done.recv_timeout(timeout) {

@@ -12,7 +12,7 @@
 //! rank = 0              # 0..world
 //! world = 1             # 1..=65536
 //! drop_last = false     # false: pad every rank to the same number of steps
-//! readahead = "64MiB"   # planned reads issued ahead of consumption, 0..=1TiB
+//! readahead = "64MiB"   # bytes of planned reads in flight ahead of consumption, 0..=1TiB
 //! queue_depth = 32      # reads in flight, 1..=4096
 //! read_gap = "auto"     # "whole" (paper), "auto" (probe the device) or bytes up to 1GiB, e.g. "16KiB"
 //! verify = true         # check every record's crc32c

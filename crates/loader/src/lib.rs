@@ -308,6 +308,8 @@ pub struct Loader {
     in_flight: HashMap<u64, InFlight>,
     /// Decoded bytes of the records in flight.
     in_flight_bytes: u64,
+    /// Bytes the reads in flight transfer: `readahead` bounds them.
+    in_flight_read_bytes: u64,
     /// The plan's resident bound in decoded bytes ([`memory_bound_bytes`]):
     /// read-ahead is held back while the decoded bytes held (resident + in
     /// flight) reach it plus `readahead` (None: no byte budget known).
@@ -410,6 +412,7 @@ impl Loader {
             pending: HashMap::new(),
             in_flight: HashMap::new(),
             in_flight_bytes: 0,
+            in_flight_read_bytes: 0,
             memory_bound: None,
             failed: None,
             hung: false,
@@ -448,7 +451,7 @@ impl Loader {
             read_gap: self.metrics.read_gap,
             peak_resident_bytes: self.resident_bytes,
             peak_resident_samples: self.resident.len() as u64,
-            peak_readahead_bytes: self.ahead_bytes,
+            peak_readahead_bytes: self.in_flight_read_bytes,
             ..Default::default()
         };
         self.stalls = StallLog::default();
@@ -508,6 +511,7 @@ impl Loader {
                 Err(_) => {
                     self.in_flight.clear();
                     self.in_flight_bytes = 0;
+                    self.in_flight_read_bytes = 0;
                 }
             }
         }
@@ -518,6 +522,7 @@ impl Loader {
     fn forget(&mut self, tag: u64) -> Option<InFlight> {
         let f = self.in_flight.remove(&tag)?;
         self.in_flight_bytes -= f.decoded;
+        self.in_flight_read_bytes -= f.len;
         for id in &f.ids {
             if let Some(n) = self.pending.get_mut(id) {
                 *n -= 1;
@@ -659,25 +664,35 @@ impl Loader {
         self.memory_bound
     }
 
-    /// Whether read-ahead must wait: the bytes of reads issued ahead reach
+    /// Whether read-ahead must wait: the bytes of reads in flight reach
     /// `readahead`, or the decoded bytes held (resident and in flight)
-    /// reach the memory bound plus `readahead`. At least one read is always
-    /// allowed, so the consumer can progress.
+    /// reach the memory bound plus `readahead`. Reads that completed ahead
+    /// of the consumer count only as memory: where the plan leaves memory
+    /// unused (its start, its tail, sparse policies) read-ahead fills it,
+    /// so the next epoch's first batch, which needs a memory's worth of
+    /// reads, is read while this one ends. At least one read is always
+    /// allowed, so the consumer can progress. Without a memory bound (a
+    /// loader made from an event source alone) the bytes of reads issued
+    /// ahead, completed or not, are what `readahead` bounds.
     fn ahead_full(&self) -> bool {
         if self.ahead.is_empty() {
             return false;
         }
-        let held = self.resident_bytes + self.in_flight_bytes;
-        self.ahead_bytes >= self.cfg.readahead_bytes
-            || self
-                .memory_bound
-                .is_some_and(|memory| held >= memory.saturating_add(self.cfg.readahead_bytes))
+        let readahead = self.cfg.readahead_bytes;
+        match self.memory_bound {
+            Some(memory) => {
+                let held = self.resident_bytes + self.in_flight_bytes;
+                self.in_flight_read_bytes >= readahead || held >= memory.saturating_add(readahead)
+            }
+            None => self.ahead_bytes >= readahead,
+        }
     }
 
     /// Fills the lookahead window: takes plan steps, across the end of an
     /// epoch into the next, and issues their reads while [`ahead_full`]
     /// allows.
     fn fill_lookahead(&mut self) -> Result<()> {
+        self.accept_arrived()?;
         while self.lookahead.len() < MAX_LOOKAHEAD_EVENTS && !self.ahead_full() {
             if let Some(ev) = self.held_read {
                 if !self.lookahead.is_empty() {
@@ -733,6 +748,15 @@ impl Loader {
         Ok(())
     }
 
+    /// Takes in every completion that has arrived (while the consumer was
+    /// away), so their memory and in-flight bytes are current.
+    fn accept_arrived(&mut self) -> Result<()> {
+        while let Some(c) = self.engine.try_recv()? {
+            self.accept(c);
+        }
+        Ok(())
+    }
+
     /// Submits a plan read's extents and counts its bytes as read ahead.
     fn issue_read(&mut self, ev: Event) -> Result<()> {
         let Event::Read { chunk, mask } = ev else {
@@ -745,7 +769,6 @@ impl Loader {
         }
         self.ahead.push_back(bytes);
         self.ahead_bytes += bytes;
-        self.metrics.peak_readahead_bytes = self.metrics.peak_readahead_bytes.max(self.ahead_bytes);
         self.metrics.refills += 1;
         Ok(())
     }
@@ -759,6 +782,8 @@ impl Loader {
         self.metrics.reads_issued += 1;
         self.next_tag += 1;
         self.in_flight_bytes += decoded;
+        self.in_flight_read_bytes += e.len;
+        self.metrics.peak_readahead_bytes = self.metrics.peak_readahead_bytes.max(self.in_flight_read_bytes);
         self.in_flight.insert(
             self.next_tag,
             InFlight {

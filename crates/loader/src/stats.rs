@@ -31,8 +31,8 @@ pub struct Metrics {
     /// Peak bytes of resident samples, as served (decoded).
     pub peak_resident_bytes: u64,
     pub peak_resident_samples: u64,
-    /// Peak bytes of reads issued ahead of consumption: `readahead`, which
-    /// the last read issued may overshoot by its own size.
+    /// Peak bytes of reads in flight (issued, not yet taken in): bounded by
+    /// `readahead`, which the last read issued may overshoot by its own size.
     pub peak_readahead_bytes: u64,
     /// Bytes of read buffers registered with io_uring (fixed buffers).
     pub registered_buffer_bytes: u64,
