@@ -4,7 +4,7 @@
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -51,6 +51,11 @@ pub struct ReadArgs {
     /// Threads verifying and decompressing io_uring reads (0: on the io thread).
     #[arg(long)]
     decode_threads: Option<usize>,
+    /// Milliseconds the consumer spends on each batch before asking for the
+    /// next (a training step's compute), to see which reads the loader hides
+    /// behind it. 0: the consumer takes batches as fast as they come.
+    #[arg(long, default_value_t = 0.0)]
+    compute_ms: f64,
     #[arg(long)]
     json: bool,
 }
@@ -107,12 +112,14 @@ pub fn peak_rss() -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// Reads `epochs` epochs; calls `report` after each.
+/// Reads `epochs` epochs, spending `compute` on each batch; calls `report`
+/// after each epoch.
 pub fn run_epochs(
     ds: Arc<Dataset>,
     cfg: &LoaderConfig,
     start_epoch: u64,
     epochs: u64,
+    compute: Duration,
     progress: bool,
     mut report: impl FnMut(&EpochReport),
 ) -> brand_format::Result<Vec<EpochReport>> {
@@ -148,6 +155,10 @@ pub fn run_epochs(
             }
             samples += batch.len() as u64;
             bar.set_position(samples);
+            drop(batch);
+            if !compute.is_zero() {
+                std::thread::sleep(compute);
+            }
         }
         bar.finish_and_clear();
         let secs = start.elapsed().as_secs_f64();
@@ -182,6 +193,9 @@ pub fn run_epochs(
 
 pub fn run(a: &ReadArgs) -> brand_format::Result<bool> {
     let cfg = config(a)?;
+    let compute = Duration::try_from_secs_f64(a.compute_ms / 1e3).map_err(|_| {
+        brand_format::Error::config(format!("--compute-ms {}: expected milliseconds ≥ 0", a.compute_ms))
+    })?;
     let ds = Arc::new(Dataset::open(&a.dataset)?);
     if !a.json {
         println!(
@@ -216,6 +230,7 @@ pub fn run(a: &ReadArgs) -> brand_format::Result<bool> {
         &cfg,
         a.start_epoch,
         a.epochs,
+        compute,
         std::io::stderr().is_terminal(),
         |r| {
             if !json {

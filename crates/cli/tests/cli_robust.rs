@@ -108,6 +108,12 @@ fn absurd_gen_and_simulate_arguments_are_errors_not_aborts() {
     let err = fails(&["simulate", s(&ds), "--memory", "10%", "--world", "1000", "--drop-last"]);
     assert!(err.contains("drop_last"), "{err}");
     ok(&["simulate", s(&ds), "--memory", "10%", "--world", "300"]);
+    for ms in ["-1", "NaN", "1e300"] {
+        let err = fails(&["read", s(&ds), &format!("--compute-ms={ms}")]);
+        assert!(err.contains("--compute-ms"), "{err}");
+    }
+    let out = ok(&["read", s(&ds), "--compute-ms", "1", "--batch", "100", "--json"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("\"exactly_once\": true"));
 }
 
 #[test]
