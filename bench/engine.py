@@ -11,9 +11,11 @@ over rounds, and same-round ratios:
   uncompressed and a zstd dataset.
 * disk: the best brand variant and the threads backend against fio.
 * the epoch boundary: the wait for each epoch's first batch against the
-  P99 of the other batches' waits.
+  P99 of the other batches' waits, for a consumer that takes batches as
+  fast as they come and for one that computes on each batch (1.5x the
+  loader's mean batch time, measured in the first round).
 * peak RSS / (memory + readahead) for an uncompressed, a zstd and a
-  size-skewed dataset.
+  size-skewed dataset, with both consumers.
 
 Usage: bench/engine.py [--rounds 5] [--samples 10000] [--disk-dir /var/tmp]
                        [--parts tmpfs,boundary,rss,disk] [--bin NAME=PATH ...]
@@ -145,6 +147,7 @@ def main():
     disk_variants = [("--io-backend", "uring", "--decode-threads", "2"), ("--io-backend", "threads")]
     res = {}
     cmds = {}
+    compute_ms = None
 
     def add(key, v, cmd):
         res.setdefault(key, []).append(v)
@@ -168,18 +171,30 @@ def main():
                 for bn, bp in bins:
                     b, c = brand_read(bp, sets["disk"], "direct", extra=extra)
                     add((bn, "disk", extra), b, c)
-        if "boundary" in parts:
-            # Epoch boundary: four epochs of the brand policy.
+        if "boundary" in parts or "rss" in parts:
+            # Epoch boundary: four epochs of the brand policy, taken as fast
+            # as they come and with a training step's compute per batch.
             for bn, bp in bins:
                 b, c = brand_read(bp, sets["plain"], "brand", epochs=4, extra=("--batch", "256"))
-                add((bn, "boundary"), b, c)
+                add((bn, "boundary", "instant"), b, c)
+                if compute_ms is None:
+                    # 1.5 x the first build's mean batch time when not waited
+                    # for: the consumer asks for 2/3 of what the loader can give.
+                    eps = b["epochs"][1:]
+                    compute_ms = 1.5e3 * sum(e["seconds"] for e in eps) / sum(-(-e["samples"] // 256) for e in eps)
+                b, c = brand_read(bp, sets["plain"], "brand", epochs=4,
+                                  extra=("--batch", "256", "--compute-ms", f"{compute_ms:.2f}"))
+                add((bn, "boundary", "compute"), b, c)
         if "rss" in parts:
-            # Peak RSS against memory + readahead.
+            # Peak RSS against memory + readahead, with a consumer taking
+            # batches as they come and one computing (which lets read-ahead
+            # fill what the plan leaves free).
             for dsn in ["plain", "zstd", "skew"]:
-                for bn, bp in bins:
-                    b, c = brand_read(bp, sets[dsn], "brand", epochs=1,
-                                      extra=("--memory", "256MiB", "--readahead", "64MiB"))
-                    add((bn, "rss", dsn), b, c)
+                for consumer, extra in [("instant", ()), ("compute", ("--compute-ms", f"{compute_ms:.2f}"))]:
+                    for bn, bp in bins:
+                        b, c = brand_read(bp, sets[dsn], "brand", epochs=1,
+                                          extra=("--memory", "256MiB", "--readahead", "64MiB", *extra))
+                        add((bn, "rss", dsn, consumer), b, c)
         print(f"round {rnd + 1}/{args.rounds} done at {time.time() - t0:.0f}s", file=sys.stderr)
 
     print(f"# brand engine benchmark: {args.rounds} interleaved rounds, {n} samples (mean 110 KiB), "
@@ -218,27 +233,31 @@ def main():
                     tu = [t["bps"] / u["bps"] for t, u in zip(br, base)]
                     print(f"   {bn:8} threads / io_uring bytes/s {fmt(tu)}")
     if "boundary" in parts:
-        print("\n## epoch boundary (brand policy, 4 epochs, batch 256): "
-              "first-batch wait of epochs 1-3 vs P99 batch wait")
-        for bn, _ in bins:
-            runs = res[(bn, "boundary")]
-            firsts = [e["first_batch_wait_secs"] for r in runs for e in r["epochs"][1:]]
-            p99s = [e["batch_wait_p99_secs"] for r in runs for e in r["epochs"][1:]]
-            print(f"   {bn:8} first batch {fmt(firsts, 1e3, ' ms')}   P99 mid-epoch {fmt(p99s, 1e3, ' ms')}   "
-                  f"ratio {fmt([a / b if b else 0 for a, b in zip(firsts, p99s)])}")
-            print(f"            {cmds[(bn, 'boundary')]}")
+        print("\n## epoch boundary (brand policy, 4 epochs, batch 256): first-batch wait of epochs 1-3 vs P99 "
+              f"batch wait; consumers: instant, and computing {compute_ms:.2f} ms per batch")
+        for consumer in ["instant", "compute"]:
+            for bn, _ in bins:
+                runs = res[(bn, "boundary", consumer)]
+                firsts = [e["first_batch_wait_secs"] for r in runs for e in r["epochs"][1:]]
+                p99s = [e["batch_wait_p99_secs"] for r in runs for e in r["epochs"][1:]]
+                sps = [e["samples_per_sec"] for r in runs for e in r["epochs"][1:]]
+                print(f"   {bn:8} {consumer:7} first batch {fmt(firsts, 1e3, ' ms')}   P99 mid-epoch {fmt(p99s, 1e3, ' ms')}"
+                      f"   first - P99 {fmt([a - b for a, b in zip(firsts, p99s)], 1e3, ' ms')}   samples/s {fmt(sps, 1e-3, 'k')}")
+                print(f"            {cmds[(bn, 'boundary', consumer)]}")
     if "rss" in parts:
         print("\n## peak RSS / (memory 256 MiB + readahead 64 MiB)")
         bound = (256 + 64) << 20
         for bn, _ in bins:
             for dsn in ["plain", "zstd", "skew"]:
-                rs = res[(bn, "rss", dsn)]
-                peaks = [max(e["peak_rss_bytes"] for e in r["epochs"]) for r in rs]
-                res_peak = [max(e["metrics"]["peak_resident_bytes"] for e in r["epochs"]) for r in rs]
-                print(f"   {bn:8} {dsn:5} RSS/bound {fmt([p / bound for p in peaks])}  (RSS - 64 MiB)/bound "
-                      f"{fmt([(p - (64 << 20)) / bound for p in peaks])}  "
-                      f"peak resident {fmt(res_peak, 2**-20, ' MiB')}")
-            print(f"            {cmds[(bn, 'rss', 'skew')]}")
+                for consumer in ["instant", "compute"]:
+                    rs = res[(bn, "rss", dsn, consumer)]
+                    peaks = [max(e["peak_rss_bytes"] for e in r["epochs"]) for r in rs]
+                    res_peak = [max(e["metrics"]["peak_resident_bytes"] for e in r["epochs"]) for r in rs]
+                    buf_peak = [max(e["metrics"]["peak_read_buffer_bytes"] for e in r["epochs"]) for r in rs]
+                    print(f"   {bn:8} {dsn:5} {consumer:7} RSS/bound {fmt([p / bound for p in peaks])}  (RSS - 64 MiB)/bound "
+                          f"{fmt([(p - (64 << 20)) / bound for p in peaks])}  "
+                          f"peak resident {fmt(res_peak, 2**-20, ' MiB')}  read buffers {fmt(buf_peak, 2**-20, ' MiB')}")
+            print(f"            {cmds[(bn, 'rss', 'skew', 'compute')]}")
     print(f"\n# total {time.time() - t0:.0f}s")
 
 
