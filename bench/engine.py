@@ -19,7 +19,7 @@ over rounds, and same-round ratios:
 
 Usage: bench/engine.py [--rounds 5] [--samples 10000] [--disk-dir /var/tmp]
                        [--parts tmpfs,boundary,rss,disk] [--bin NAME=PATH ...]
-Needs fio (apt-get install -y fio) and a release build (cargo build --release
+Needs fio and zstd (apt-get install -y fio zstd) and a release build (cargo build --release
 -p brand-cli); BRAND_BIN overrides the binary. `--bin` (repeatable) runs
 several builds interleaved in the same rounds (e.g. before/after a change:
 `--bin before=/dev/shm/brand-before --bin after=target/release/brand`); the
@@ -82,6 +82,25 @@ def fio(ds, loops=2):
     out, cpu = timed(cmd)
     j = json.loads(out)["jobs"][0]["read"]
     return {"bps": j["bw_bytes"], "cpu_per_gb": cpu / (j["io_bytes"] / 1e9)}, cmd
+
+
+def zstd_decompression(brand, root):
+    """zstd's own decompression cost on samples like the zstd dataset's (`zstd -b3`, one
+    thread, in memory): CPU-seconds per GB of stored (compressed) bytes. Any reader that
+    serves those samples decompressed pays at least this on top of the read."""
+    src = os.path.join(root, "zstd-floor")
+    if not os.path.exists(os.path.join(src, ".done")):
+        sh(["rm", "-rf", src])
+        sh([brand, "gen", src, "--samples", "600", "--seed", "7", "--compressible", "3"])
+        open(os.path.join(src, ".done"), "w").close()
+    out = subprocess.run(["zstd", "-b3", "-i2", "-r", "-q", src], capture_output=True, text=True, check=True)
+    # "-3   23221519 (2.910) 242.18 MB/s 5203.9 MB/s   600 files"
+    for line in (out.stdout + out.stderr).replace("\r", "\n").splitlines():
+        f = line.split()
+        if len(f) >= 7 and f[0] == "-3" and f[2].startswith("("):
+            ratio = float(f[2].strip("()"))
+            return ratio / (float(f[5]) / 1e3)
+    raise RuntimeError(f"unexpected zstd -b output: {out.stdout!r} {out.stderr!r}")
 
 
 def brand_read(brand, ds, policy, epochs=2, extra=()):
@@ -155,6 +174,7 @@ def main():
 
     for rnd in range(args.rounds):
         if "tmpfs" in parts:
+            res.setdefault("zstd-floor", []).append(zstd_decompression(brand, shm))
             for dsn in ["plain", "zstd"]:
                 f, c = fio(sets[dsn])
                 add(("fio", dsn), f, c)
@@ -216,6 +236,11 @@ def main():
                     print(f"   {bn:8} {policy:6} {' '.join(extra):36} {fmt([b['bps'] for b in br], 1e-9, ' GB/s')} "
                           f"bytes/s ratio {fmt(bw)}  CPU/GB {fmt([b['cpu_per_gb'] for b in br])} ratio {fmt(cpu)}")
                 print(f"            {cmds[(bins[-1][0], dsn, policy, extra)]}")
+            if dsn == "zstd":
+                z = res["zstd-floor"]
+                print(f"   zstd -b3 alone (one thread, in memory): {fmt(z, 1, ' CPU-s per stored GB')}; fio + that, "
+                      f"over fio: {fmt([(f['cpu_per_gb'] + d) / f['cpu_per_gb'] for f, d in zip(fr, z)])} "
+                      "(the CPU/GB ratio no reader that decompresses can beat)")
             print()
     if "disk" in parts:
         fr = res[("fio", "disk")]
