@@ -26,11 +26,46 @@ pub const TARGETS: [(&str, Target); 7] = [
     ("lmdb", lmdb),
 ];
 
+/// A thread's scratch directory, removed when the thread ends.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+const SCRATCH_PREFIX: &str = "brand-fuzz-";
+
+/// Removes the scratch directories of processes that have ended: the main
+/// thread's is never dropped (thread-locals of the main thread are not
+/// destroyed at exit, and libFuzzer ends the process from it).
+fn remove_stale_scratch(base: &Path) {
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(SCRATCH_PREFIX))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id() && !Path::new("/proc").join(pid.to_string()).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
 /// A scratch directory for targets that parse files, one per thread.
 fn scratch() -> PathBuf {
     thread_local! {
-        static DIR: RefCell<Option<PathBuf>> = const { RefCell::new(None) };
+        static DIR: RefCell<Option<Scratch>> = const { RefCell::new(None) };
     }
+    static SWEEP: std::sync::Once = std::sync::Once::new();
     DIR.with(|d| {
         d.borrow_mut()
             .get_or_insert_with(|| {
@@ -39,14 +74,16 @@ fn scratch() -> PathBuf {
                 } else {
                     std::env::temp_dir()
                 };
+                SWEEP.call_once(|| remove_stale_scratch(&base));
                 let dir = base.join(format!(
-                    "brand-fuzz-{}-{:?}",
+                    "{SCRATCH_PREFIX}{}-{:?}",
                     std::process::id(),
                     std::thread::current().id()
                 ));
                 std::fs::create_dir_all(&dir).expect("scratch directory for the fuzz target");
-                dir
+                Scratch(dir)
             })
+            .0
             .clone()
     })
 }
