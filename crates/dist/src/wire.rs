@@ -68,7 +68,9 @@ pub struct JobDigest {
     pub drop_last: bool,
     #[prost(string, tag = "10")]
     pub nodes: String,
-    /// Where every node starts: (epoch, samples of it already served).
+    /// Where every node starts: the epoch, and the global position in it
+    /// (samples of the world's sequence already served, see
+    /// `DistLoader::open_elastic`), the same on every node.
     #[prost(uint64, tag = "11")]
     pub start_epoch: u64,
     #[prost(uint64, tag = "12")]
