@@ -1,6 +1,8 @@
 //! Aligned heap buffers: page-aligned for O_DIRECT reads (and io_uring fixed
 //! buffers), 64-byte-aligned for samples handed to consumers (SIMD decoders,
-//! zero-copy tensors).
+//! zero-copy tensors). A read buffer can become a sample without a copy
+//! ([`AlignedBuf::into_window`]): the sample owns the whole allocation and
+//! shows the bytes of one record.
 
 use std::alloc::{Layout, alloc, alloc_zeroed, dealloc};
 use std::ptr::NonNull;
@@ -17,7 +19,9 @@ const RECYCLE_MIN: usize = 64 << 10;
 /// Most bytes of freed sample buffers kept for reuse, process-wide.
 const RECYCLE_LIMIT: usize = 16 << 20;
 
-/// Freed sample buffers kept for the next samples of about their size.
+/// Freed sample buffers kept for the next samples (or extent reads, see
+/// [`AlignedBuf::for_extent`]) of about their size. Every buffer in it is
+/// page-aligned with a whole number of pages and fully initialised.
 ///
 /// Why: samples are allocated on the engine's threads and freed on the
 /// consumer's, a gigabyte a second on a fast device; the system allocator
@@ -72,25 +76,36 @@ mod recycle {
     }
 }
 
-/// The capacity of a sample buffer of `len` bytes.
-fn sample_cap(len: usize) -> usize {
+/// The capacity and alignment of a sample buffer of `len` bytes: large ones
+/// are whole pages, page-aligned, so that they and extent reads share the
+/// recycler.
+fn sample_shape(len: usize) -> (usize, usize) {
     let unit = if len >= RECYCLE_MIN {
         crate::ALIGN as usize
     } else {
         SAMPLE_ALIGN
     };
-    len.max(1).div_ceil(unit) * unit
+    (len.max(1).div_ceil(unit) * unit, unit)
 }
 
 /// A zeroed heap buffer whose start is aligned to `align` and whose capacity
 /// is a multiple of it. `len` counts the bytes holding data. The allocation
 /// never moves or grows, so its address is stable for the buffer's life (the
 /// io engine hands it to the kernel on that promise).
+///
+/// Every accessor sees the bytes from `offset` on: 0 except in a buffer made
+/// by [`into_window`](Self::into_window), whose data starts inside the
+/// allocation (still [`SAMPLE_ALIGN`]-aligned).
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     cap: usize,
+    offset: usize,
     len: usize,
     align: usize,
+    /// The bytes from `len` on may be uninitialised (a fresh extent buffer
+    /// not yet read into, see [`for_extent`](Self::for_extent)): only raw
+    /// pointers touch them, and the buffer is freed, not recycled.
+    uninit: bool,
 }
 
 // SAFETY: AlignedBuf owns its allocation exclusively (like Vec<u8>); moving it
@@ -137,19 +152,11 @@ impl AlignedBuf {
     /// or uninitialised in a fresh one: the caller must write them before
     /// the buffer is read.
     fn sample_uninit(len: usize) -> (Self, bool) {
-        let need = sample_cap(len);
-        if need >= RECYCLE_MIN
-            && let Some((ptr, cap)) = recycle::take(need)
-        {
-            let b = AlignedBuf {
-                ptr,
-                cap,
-                len: 0,
-                align: SAMPLE_ALIGN,
-            };
+        let (need, align) = sample_shape(len);
+        if let Some(b) = Self::recycled(need) {
             return (b, true);
         }
-        let layout = Self::layout(need, SAMPLE_ALIGN);
+        let layout = Self::layout(need, align);
         // SAFETY: layout has a non-zero size.
         let raw = unsafe { alloc(layout) };
         let Some(ptr) = NonNull::new(raw) else {
@@ -161,10 +168,104 @@ impl AlignedBuf {
         let b = AlignedBuf {
             ptr,
             cap: need,
+            offset: 0,
             len: 0,
-            align: SAMPLE_ALIGN,
+            align,
+            uninit: false,
         };
         (b, false)
+    }
+
+    /// A recycled buffer of at least `need` bytes (`len` 0), if one fits.
+    fn recycled(need: usize) -> Option<Self> {
+        if need < RECYCLE_MIN {
+            return None;
+        }
+        let (ptr, cap) = recycle::take(need)?;
+        Some(AlignedBuf {
+            ptr,
+            cap,
+            offset: 0,
+            len: 0,
+            align: ALIGN as usize,
+            uninit: false,
+        })
+    }
+
+    /// A page-aligned buffer for one extent read of `len` bytes that will
+    /// become a sample ([`into_window`](Self::into_window)): sized to the
+    /// read in whole pages (at most 1/16 more when recycled), not to a
+    /// read-buffer size class, because the sample keeps all of it resident.
+    /// Its bytes are unspecified, and in a fresh buffer uninitialised, until
+    /// read into: the kernel writes them through [`spare_ptr`](Self::spare_ptr)
+    /// (no memset of bytes about to be overwritten, on the reactor's
+    /// thread); `len` is 0.
+    pub fn for_extent(len: usize) -> Self {
+        let need = crate::align_up(len.max(1) as u64) as usize;
+        if let Some(b) = Self::recycled(need) {
+            return b;
+        }
+        let layout = Self::layout(need, ALIGN as usize);
+        // SAFETY: layout has a non-zero size.
+        let raw = unsafe { alloc(layout) };
+        let Some(ptr) = NonNull::new(raw) else {
+            std::alloc::handle_alloc_error(layout)
+        };
+        AlignedBuf {
+            ptr,
+            cap: need,
+            offset: 0,
+            len: 0,
+            align: ALIGN as usize,
+            uninit: true,
+        }
+    }
+
+    /// This buffer as a sample of the `len` bytes at `at`, without copying
+    /// them elsewhere: the bytes move left (in place) to the
+    /// [`SAMPLE_ALIGN`] boundary at or below `at` unless they already start
+    /// on one, and the sample keeps (and frees) the whole allocation. With
+    /// `checksum`, also the crc32c of the bytes, taken block by block as
+    /// they move so each is read while in L1. The buffer back, unchanged,
+    /// if `[at, at + len)` is not inside its data.
+    pub fn into_window(self, at: usize, len: usize, checksum: bool) -> std::result::Result<(Self, u32), Self> {
+        /// Small enough to stay in L1 between the move and the checksum.
+        const BLOCK: usize = 16 << 10;
+        if at.checked_add(len).is_none_or(|end| end > self.len) {
+            return Err(self);
+        }
+        let mut b = self;
+        let from = b.offset + at;
+        let to = from / SAMPLE_ALIGN * SAMPLE_ALIGN;
+        let mut crc = 0;
+        if to == from {
+            if checksum {
+                // SAFETY: [from, from + len) lies inside the data (checked above).
+                let bytes = unsafe { std::slice::from_raw_parts(b.ptr.as_ptr().add(from), len) };
+                crc = crc32c::crc32c(bytes);
+            }
+        } else {
+            let mut done = 0;
+            while done < len {
+                let n = BLOCK.min(len - done);
+                // SAFETY: both ranges lie inside the allocation (to < from,
+                // from + len ≤ cap); ptr::copy allows their overlap, and
+                // moving front to back never overwrites bytes not yet moved
+                // because the destination is below the source.
+                let moved = unsafe {
+                    let dst = b.ptr.as_ptr().add(to + done);
+                    std::ptr::copy(b.ptr.as_ptr().add(from + done), dst, n);
+                    std::slice::from_raw_parts(dst, n)
+                };
+                if checksum {
+                    crc = crc32c::crc32c_append(crc, moved);
+                }
+                done += n;
+            }
+        }
+        b.offset = to;
+        b.len = len;
+        Ok((b, crc))
     }
 
     /// A [`SAMPLE_ALIGN`]-aligned copy of `src`. Not zeroed first: every
@@ -216,8 +317,10 @@ impl AlignedBuf {
         AlignedBuf {
             ptr,
             cap,
+            offset: 0,
             len: 0,
             align,
+            uninit: false,
         }
     }
 
@@ -227,13 +330,26 @@ impl AlignedBuf {
         Layout::from_size_align(cap, align).unwrap_or_else(|e| panic!("buffer of {cap} bytes: {e}"))
     }
 
-    /// The data bytes, writable.
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: ptr is valid for cap ≥ len bytes, initialised, uniquely borrowed.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    /// The start of the visible bytes (see the type's doc).
+    fn base(&self) -> *mut u8 {
+        // SAFETY: offset ≤ cap, inside (or one past) the allocation.
+        unsafe { self.ptr.as_ptr().add(self.offset) }
     }
 
+    /// The data bytes, writable.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: base is valid for cap - offset ≥ len bytes, initialised, uniquely borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.base(), self.len) }
+    }
+
+    /// Bytes usable from the start of the data.
     pub fn capacity(&self) -> usize {
+        self.cap - self.offset
+    }
+
+    /// Bytes the buffer keeps allocated (its whole allocation: more than
+    /// [`capacity`](Self::capacity) for a window).
+    pub fn allocated(&self) -> usize {
         self.cap
     }
 
@@ -251,20 +367,41 @@ impl AlignedBuf {
     }
 
     pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: ptr is valid for cap ≥ len bytes, all initialised when allocated.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+        // SAFETY: base is valid for cap - offset ≥ len bytes, all initialised when allocated.
+        unsafe { std::slice::from_raw_parts(self.base(), self.len) }
     }
 
     /// The whole capacity, for synchronous reads into it.
     pub fn spare_mut(&mut self) -> &mut [u8] {
-        // SAFETY: ptr is valid for cap bytes, all initialised when allocated, uniquely borrowed.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.cap) }
+        if self.uninit {
+            // SAFETY: [len, capacity) lies inside the allocation.
+            unsafe { std::ptr::write_bytes(self.base().add(self.len), 0, self.capacity() - self.len) };
+            self.uninit = false;
+        }
+        // SAFETY: base is valid for cap - offset bytes, all initialised,
+        // uniquely borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.base(), self.capacity()) }
     }
 
-    /// Marks the first `len` bytes as holding data.
+    /// The start of the whole capacity, for the kernel to read into: unlike
+    /// [`spare_mut`](Self::spare_mut), never a reference to bytes that may
+    /// be uninitialised. Mark what it wrote with [`set_len`](Self::set_len).
+    pub fn spare_ptr(&mut self) -> *mut u8 {
+        self.base()
+    }
+
+    /// Marks the first `len` bytes as holding data (written, if the buffer
+    /// came uninitialised).
     pub fn set_len(&mut self, len: usize) {
-        assert!(len <= self.cap, "set_len {len} beyond capacity {}", self.cap);
+        assert!(
+            len <= self.capacity(),
+            "set_len {len} beyond capacity {}",
+            self.capacity()
+        );
         self.len = len;
+        if len == self.capacity() {
+            self.uninit = false;
+        }
     }
 }
 
@@ -272,8 +409,8 @@ impl std::fmt::Debug for AlignedBuf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "AlignedBuf({} of {} bytes, align {})",
-            self.len, self.cap, self.align
+            "AlignedBuf({} of {} bytes at {}, align {})",
+            self.len, self.cap, self.offset, self.align
         )
     }
 }
@@ -287,7 +424,10 @@ impl std::ops::Deref for AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        if self.align == SAMPLE_ALIGN && self.cap >= RECYCLE_MIN && recycle::put(self.ptr, self.cap) {
+        // Whole-page, page-aligned buffers of recycling size: large samples,
+        // windows and read buffers alike.
+        // (The recycler's buffers are fully initialised.)
+        if !self.uninit && self.align == ALIGN as usize && self.cap >= RECYCLE_MIN && recycle::put(self.ptr, self.cap) {
             return;
         }
         // SAFETY: allocated with exactly this layout (size cap, alignment
@@ -321,6 +461,50 @@ mod tests {
         let c = AlignedBuf::copy_of(b"hello");
         assert_eq!((&c[..], c.capacity()), (&b"hello"[..], 64));
         assert_eq!(c.as_ptr() as usize % SAMPLE_ALIGN, 0);
+    }
+
+    /// A window shows exactly the bytes asked for, moved to the 64-byte
+    /// boundary at or below them (not moved when already on one), with
+    /// their crc32c; it refuses a range outside the data; freeing it frees
+    /// (recycles) the whole allocation.
+    #[test]
+    fn a_read_buffer_becomes_a_window_in_place() {
+        let len = 100_000;
+        let src: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+        for at in [0, 64, 4096, 1, 63, 65, 4095] {
+            let mut b = AlignedBuf::for_extent(at + len);
+            let cap = b.capacity();
+            let need = crate::align_up((at + len) as u64) as usize;
+            assert!((need..=need + need / 16).contains(&cap), "{cap}: sized to the read");
+            let base = b.as_ptr() as usize;
+            assert_eq!(base % ALIGN as usize, 0);
+            b.spare_mut()[at..at + len].copy_from_slice(&src);
+            b.set_len(at + len);
+            let b = AlignedBuf::into_window(b, at, len + 1, true).expect_err("past the data");
+            let (w, crc) = AlignedBuf::into_window(b, at, len, true).expect("inside");
+            assert_eq!((&w[..], crc), (&src[..], crc32c::crc32c(&src)), "at {at}");
+            assert_eq!(w.as_ptr() as usize, base + at / SAMPLE_ALIGN * SAMPLE_ALIGN, "at {at}");
+            assert_eq!(w.capacity(), cap - at / SAMPLE_ALIGN * SAMPLE_ALIGN);
+            assert_eq!(w.allocated(), cap);
+            let (_, no_crc) = AlignedBuf::into_window(w, 0, 10, false).expect("inside");
+            assert_eq!(no_crc, 0);
+        }
+        // Dropped windows go back whole: an extent read of the same size
+        // gets the allocation back (the cache is process-wide and skips a
+        // buffer when its lock is busy, so try a few times).
+        let n = (5 << 20) + 4096 * 3;
+        let mut reused = false;
+        for _ in 0..100 {
+            let mut b = AlignedBuf::for_extent(n);
+            b.set_len(n);
+            let base = b.as_ptr();
+            drop(AlignedBuf::into_window(b, 4096 + 3, 70_000, false).expect("inside"));
+            if AlignedBuf::for_extent(n).as_ptr() == base {
+                reused = true;
+                break;
+            }
+        }
+        assert!(reused, "a dropped window's allocation was never reused");
     }
 
     #[test]

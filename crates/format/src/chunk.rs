@@ -7,6 +7,15 @@ pub const CHUNK_VERSION: u16 = 1;
 pub const FIXED_HEADER: usize = 48;
 pub const RECORD_ENTRY: usize = 32;
 pub const FLAG_ZSTD: u16 = 1;
+/// Each record starts at a multiple of [`RECORD_ALIGN`] from the chunk start
+/// (zero bytes pad the gaps), so a record read with O_DIRECT lands 64-byte
+/// aligned in its read buffer and can be served from it without a copy.
+/// Without it, records follow one another with no gap.
+pub const FLAG_ALIGNED64: u16 = 2;
+/// Every flag this build knows; any other bit is refused.
+const KNOWN_FLAGS: u16 = FLAG_ZSTD | FLAG_ALIGNED64;
+/// Where records start in a chunk flagged [`FLAG_ALIGNED64`].
+pub const RECORD_ALIGN: u64 = 64;
 const CRC_FIELD: std::ops::Range<usize> = 28..32;
 
 /// One record as the chunk's table describes it.
@@ -40,6 +49,18 @@ impl ChunkHeader {
     pub fn zstd(&self) -> bool {
         self.flags & FLAG_ZSTD != 0
     }
+    pub fn aligned64(&self) -> bool {
+        self.flags & FLAG_ALIGNED64 != 0
+    }
+}
+
+/// Where the record after one ending at `end` starts in a chunk with `flags`.
+fn next_record_offset(end: u64, flags: u16) -> u64 {
+    if flags & FLAG_ALIGNED64 != 0 {
+        end.div_ceil(RECORD_ALIGN) * RECORD_ALIGN
+    } else {
+        end
+    }
 }
 
 /// What is wrong with a chunk header; the caller adds file and offset.
@@ -58,14 +79,24 @@ pub struct RecordIn<'a> {
     pub key: &'a [u8],
 }
 
-/// Encodes a chunk, zero-padded to [`ALIGN`]. Returns the bytes and the table
-/// as written (offsets and crcs filled in). Errors if the chunk would exceed
-/// the format's 4 GiB chunk limit or a field would overflow.
+/// Encodes a chunk, zero-padded to [`ALIGN`]; with [`FLAG_ALIGNED64`] in
+/// `flags`, each record zero-padded to start at a multiple of
+/// [`RECORD_ALIGN`]. Returns the bytes and the table as written (offsets and
+/// crcs filled in). Errors if the chunk would exceed the format's 4 GiB
+/// chunk limit, a field would overflow, or `flags` has an unknown bit.
 pub fn encode(chunk_id: u64, flags: u16, records: &[RecordIn<'_>]) -> Result<(Vec<u8>, Vec<RecordEntry>), HeaderError> {
+    if flags & !KNOWN_FLAGS != 0 {
+        return Err(format!("unknown chunk flags {flags:#06x}"));
+    }
     let key_bytes: usize = records.iter().map(|r| r.key.len()).sum();
     let hlen = header_len(records.len(), key_bytes);
-    let payload: u64 = records.iter().map(|r| r.stored.len() as u64).sum();
-    let chunk_len = hlen as u64 + payload;
+    let mut offsets = Vec::with_capacity(records.len());
+    let mut chunk_len = hlen as u64;
+    for r in records {
+        let at = next_record_offset(chunk_len, flags);
+        offsets.push(at);
+        chunk_len = at + r.stored.len() as u64;
+    }
     if chunk_len > u32::MAX as u64 {
         return Err(format!(
             "chunk {chunk_id} would be {chunk_len} bytes; a chunk is limited to 4 GiB"
@@ -82,12 +113,11 @@ pub fn encode(chunk_id: u64, flags: u16, records: &[RecordIn<'_>]) -> Result<(Ve
     out.extend_from_slice(&chunk_len.to_le_bytes());
     out.extend_from_slice(&[0u8; 8]);
     let mut entries = Vec::with_capacity(records.len());
-    let mut offset = hlen as u32;
-    for r in records {
+    for (r, &offset) in records.iter().zip(&offsets) {
         let key_len = u32::try_from(r.key.len()).map_err(|_| "key longer than 4 GiB".to_string())?;
         let stored_len = r.stored.len() as u32; // bounded by chunk_len check
         let e = RecordEntry {
-            offset,
+            offset: offset as u32, // bounded by chunk_len check
             stored_len,
             raw_len: r.raw_len,
             crc: crc32c::crc32c(r.stored),
@@ -101,7 +131,6 @@ pub fn encode(chunk_id: u64, flags: u16, records: &[RecordIn<'_>]) -> Result<(Ve
         out.extend_from_slice(&e.label.to_le_bytes());
         out.extend_from_slice(&key_len.to_le_bytes());
         out.extend_from_slice(&0u32.to_le_bytes());
-        offset += stored_len;
         entries.push(e);
     }
     for r in records {
@@ -109,7 +138,8 @@ pub fn encode(chunk_id: u64, flags: u16, records: &[RecordIn<'_>]) -> Result<(Ve
     }
     let crc = crc32c::crc32c(&out[..hlen]);
     out[CRC_FIELD].copy_from_slice(&crc.to_le_bytes());
-    for r in records {
+    for (r, &offset) in records.iter().zip(&offsets) {
+        out.resize(offset as usize, 0);
         out.extend_from_slice(r.stored);
     }
     out.resize(align_up(chunk_len) as usize, 0);
@@ -158,7 +188,7 @@ pub fn compression_flag(buf: &[u8]) -> Result<bool, HeaderError> {
         ));
     }
     let flags = r.u16().ok_or("truncated chunk header")?;
-    if flags & !FLAG_ZSTD != 0 {
+    if flags & !KNOWN_FLAGS != 0 {
         return Err(format!("unknown chunk flags {flags:#06x}"));
     }
     Ok(flags & FLAG_ZSTD != 0)
@@ -186,7 +216,7 @@ pub fn parse_header(buf: &[u8]) -> Result<ChunkHeader, HeaderError> {
             "chunk header checksum mismatch (stored {stored_crc:#010x}, computed {crc:#010x})"
         ));
     }
-    if flags & !FLAG_ZSTD != 0 {
+    if flags & !KNOWN_FLAGS != 0 {
         return Err(format!("unknown chunk flags {flags:#06x}"));
     }
     let table_end = count
@@ -196,7 +226,8 @@ pub fn parse_header(buf: &[u8]) -> Result<ChunkHeader, HeaderError> {
         .ok_or_else(|| format!("record table of {count} records does not fit a {hlen}-byte header"))?;
     r.pos = FIXED_HEADER;
     let mut key_pos = table_end;
-    let mut expected_offset = hlen as u64;
+    // The end of the header, then of each record.
+    let mut end = hlen as u64;
     let mut records = Vec::with_capacity(count);
     for i in 0..count {
         let offset = r.u32().ok_or("truncated")?;
@@ -206,14 +237,18 @@ pub fn parse_header(buf: &[u8]) -> Result<ChunkHeader, HeaderError> {
         let label = r.i64().ok_or("truncated")?;
         let key_len = r.u32().ok_or("truncated")? as usize;
         r.u32().ok_or("truncated")?;
+        let expected_offset = next_record_offset(end, flags);
         if offset as u64 != expected_offset {
-            return Err(format!("record {i}: offset {offset}, expected {expected_offset}"));
+            let why = if flags & FLAG_ALIGNED64 != 0 {
+                format!(" (the first 64-byte boundary at or after byte {end}: the chunk is flagged aligned64)")
+            } else {
+                String::new()
+            };
+            return Err(format!("record {i}: offset {offset}, expected {expected_offset}{why}"));
         }
-        expected_offset += stored_len as u64;
-        if expected_offset > chunk_len {
-            return Err(format!(
-                "record {i}: ends at {expected_offset}, past the chunk end {chunk_len}"
-            ));
+        end = expected_offset + stored_len as u64;
+        if end > chunk_len {
+            return Err(format!("record {i}: ends at {end}, past the chunk end {chunk_len}"));
         }
         let key = head
             .get(key_pos..key_pos.saturating_add(key_len))
@@ -240,10 +275,8 @@ pub fn parse_header(buf: &[u8]) -> Result<ChunkHeader, HeaderError> {
             hlen as usize - key_pos
         ));
     }
-    if expected_offset != chunk_len {
-        return Err(format!(
-            "records end at {expected_offset}, chunk length says {chunk_len}"
-        ));
+    if end != chunk_len {
+        return Err(format!("records end at {end}, chunk length says {chunk_len}"));
     }
     Ok(ChunkHeader {
         flags,
@@ -319,6 +352,98 @@ mod tests {
         assert_eq!(compression_flag(&z), Ok(true));
         assert!(compression_flag(&plain[..11]).is_err());
         assert!(compression_flag(&[0u8; 48]).is_err());
+    }
+
+    /// The sample chunk's records, encoded with `flags`.
+    fn chunk_with(flags: u16) -> Vec<u8> {
+        let (a, b, c) = (b"hello".to_vec(), vec![7u8; 5000], vec![9u8; 64]);
+        let recs = [(&a, &b"k1"[..]), (&b, &b""[..]), (&c, &b"key three"[..])].map(|(s, key)| RecordIn {
+            stored: s,
+            raw_len: s.len() as u32,
+            label: 1,
+            key,
+        });
+        encode(4, flags, &recs).expect("encode").0
+    }
+
+    /// `bytes` with its header edited by `edit` and its checksum made
+    /// right again, so what is refused is the edit, not the checksum.
+    fn edited(mut bytes: Vec<u8>, edit: impl FnOnce(&mut [u8])) -> Vec<u8> {
+        let hlen = u32::from_le_bytes(bytes[24..28].try_into().expect("4 bytes")) as usize;
+        edit(&mut bytes[..hlen]);
+        bytes[CRC_FIELD].fill(0);
+        let crc = crc32c::crc32c(&bytes[..hlen]);
+        bytes[CRC_FIELD].copy_from_slice(&crc.to_le_bytes());
+        bytes
+    }
+
+    fn set_u32(head: &mut [u8], at: usize, v: u32) {
+        head[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    }
+
+    #[test]
+    fn an_aligned64_chunk_round_trips_with_records_on_64_byte_boundaries() {
+        for flags in [FLAG_ALIGNED64, FLAG_ALIGNED64 | FLAG_ZSTD] {
+            let bytes = chunk_with(flags);
+            let h = parse_header(&bytes).expect("parse");
+            assert!(h.aligned64());
+            assert_eq!(h.zstd(), flags & FLAG_ZSTD != 0);
+            assert_eq!(compression_flag(&bytes), Ok(flags & FLAG_ZSTD != 0));
+            let mut end = h.header_len as usize;
+            for (r, (fill, len)) in h.records.iter().zip([(b'h', 5), (7, 5000), (9, 64)]) {
+                let at = r.offset as usize;
+                assert_eq!(at % 64, 0, "{r:?}");
+                assert_eq!(
+                    at,
+                    end.next_multiple_of(64),
+                    "{r:?}: padded no more than to the next boundary"
+                );
+                assert!(bytes[end..at].iter().all(|&b| b == 0), "the padding is zeros");
+                let payload = &bytes[at..at + r.stored_len as usize];
+                assert_eq!((payload[0], payload.len()), (fill, len));
+                assert_eq!(crc32c::crc32c(payload), r.crc);
+                end = at + len;
+            }
+            assert_eq!(h.chunk_len, end as u64);
+            assert_eq!(h.padded_len(), bytes.len() as u64);
+            assert_eq!(h.records[2].key, b"key three");
+        }
+        // Unflagged: back to back, as in every dataset packed before the flag.
+        let h = parse_header(&chunk_with(0)).expect("parse");
+        assert!(!h.aligned64());
+        assert_eq!(h.records[1].offset, h.records[0].offset + 5);
+        assert!(encode(0, 4, &[]).is_err(), "unknown flags are not written");
+    }
+
+    #[test]
+    fn an_aligned64_chunk_refuses_any_gap_but_the_padding() {
+        let flagged = chunk_with(FLAG_ALIGNED64);
+        let h = parse_header(&flagged).expect("parse");
+        let (r1, r2) = (h.records[1].offset, h.records[2].offset);
+        // Record 1 a further 64 bytes on (still aligned; chunk_len stays right for the end).
+        let e = parse_header(&edited(flagged.clone(), |head| set_u32(head, 48 + 32, r1 + 64))).expect_err("gap");
+        assert!(
+            e.contains(&format!("record 1: offset {}, expected {r1}", r1 + 64)) && e.contains("aligned64"),
+            "{e}"
+        );
+        // Record 2 back to back with record 1, as an unflagged chunk would have it.
+        let back_to_back = r1 + 5000;
+        assert_ne!(back_to_back, r2);
+        let e = parse_header(&edited(flagged.clone(), |head| set_u32(head, 48 + 64, back_to_back)))
+            .expect_err("no padding");
+        assert!(
+            e.contains(&format!("record 2: offset {back_to_back}, expected {r2}")),
+            "{e}"
+        );
+        // The flag cleared: the padding is a gap an unflagged chunk refuses.
+        let e = parse_header(&edited(flagged.clone(), |head| head[10] = 0)).expect_err("unflagged with gaps");
+        assert!(e.contains("record 0: offset") && !e.contains("aligned64"), "{e}");
+        // The flag set on a back-to-back chunk: its records are not where the flag says.
+        let e = parse_header(&edited(chunk_with(0), |head| head[10] = FLAG_ALIGNED64 as u8)).expect_err("flag only");
+        assert!(e.contains("record 0: offset") && e.contains("aligned64"), "{e}");
+        // A flag this build does not know.
+        let e = parse_header(&edited(flagged, |head| head[10] |= 4)).expect_err("unknown flag");
+        assert!(e.contains("unknown chunk flags 0x0006"), "{e}");
     }
 
     #[test]

@@ -14,7 +14,7 @@
 //!
 //! ```text
 //! 0   magic "BRDCHNK\0"        8
-//! 8   version u16, flags u16   (flag bit 0: records are zstd frames)
+//! 8   version u16, flags u16   (bit 0: records are zstd frames; bit 1: aligned64, below)
 //! 12  record_count u32
 //! 16  chunk_id u64
 //! 24  header_len u32           fixed part + record table + keys
@@ -25,8 +25,19 @@
 //!       offset u32 (from chunk start), stored_len u32, raw_len u32,
 //!       crc32c u32 (of the stored bytes), label i64, key_len u32, reserved u32
 //!     keys, concatenated in record order
-//!     payloads, contiguous, in record order
+//!     payloads, in record order: the first right after the keys and each
+//!     next right after the one before (unflagged), or, in a chunk flagged
+//!     aligned64, each at the first multiple of 64 bytes from the chunk
+//!     start at or after that point, zero bytes between
 //! ```
+//!
+//! `brand pack` writes aligned64 chunks: a record then starts 64-byte
+//! aligned in an O_DIRECT read buffer (chunks are 4 KiB-aligned), so the
+//! reader serves it from that buffer instead of copying it to an aligned
+//! one. Unflagged chunks (datasets packed before the flag) read as before;
+//! a reader that predates the flag refuses an aligned64 chunk ("unknown
+//! chunk flags") rather than misreading it, and readers find every record
+//! through the index's offsets, so the format version stays 1.
 //!
 //! The per-record crc32c covers the bytes as stored (compressed if zstd), so
 //! a record is verified before it is decompressed and whether or not the rest

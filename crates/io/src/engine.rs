@@ -478,6 +478,38 @@ impl<'a> ReadLoop<'a> {
     }
 }
 
+/// Uncompressed records of at least this many bytes that are alone in their
+/// extent are read into a buffer of their own that becomes the sample
+/// ([`decode_in_place`]): no copy out of a read buffer. Smaller ones are
+/// copied (their page slack would be a larger share of resident memory).
+pub(crate) const IN_PLACE_MIN: usize = 64 << 10;
+
+/// Whether `ext` is read into a buffer that becomes its record's sample
+/// (see [`IN_PLACE_MIN`]). Compressed records are decompressed into a
+/// buffer of their own anyway.
+pub(crate) fn reads_in_place(ds: &Dataset, ext: &Extent) -> bool {
+    !ds.zstd()
+        && matches!(ext.records.as_slice(), [(id, _)]
+            if ds.index.stored_len.get(*id as usize).is_some_and(|&n| n as usize >= IN_PLACE_MIN))
+}
+
+/// The one record of an extent read into `buf` (which holds the extent's
+/// bytes): its crc32c checked in place and `buf` handed out as its sample
+/// ([`AlignedBuf::into_window`]). A record that does not check goes through
+/// the copying path, whose errors name what is wrong.
+pub(crate) fn decode_in_place(ds: &Dataset, ext: &Extent, buf: AlignedBuf, verify: bool) -> Vec<(u64, RecordResult)> {
+    let [(id, at)] = ext.records[..] else {
+        return decode_records(ds, ext, &buf, verify);
+    };
+    let len = ds.index.stored_len.get(id as usize).map_or(0, |&n| n as usize);
+    match buf.into_window(at as usize, len, verify) {
+        Ok((sample, crc)) if !verify || crc == ds.index.crc[id as usize] => vec![(id, Ok(sample))],
+        // Damaged: the copying path computes the crc again and names it.
+        Ok((sample, _)) => vec![(id, ds.decode(id, &sample, verify))],
+        Err(buf) => decode_records(ds, ext, &buf, verify),
+    }
+}
+
 /// Verifies and decodes each record of `ext` from the extent's bytes.
 /// Each record gets its own outcome: one bad record spoils no other.
 pub(crate) fn decode_records(ds: &Dataset, ext: &Extent, bytes: &[u8], verify: bool) -> Vec<(u64, RecordResult)> {
@@ -563,6 +595,89 @@ mod tests {
             ..Default::default()
         };
         Dataset::open(generate_and_pack(root, &g, &p).expect("pack")).expect("open")
+    }
+
+    /// The in-place path serves exactly the record's bytes, 64-aligned, from
+    /// the very buffer they were read into, wherever the record starts in
+    /// it (on a 64-byte boundary or not); a damaged record gets its crc
+    /// error, not a sample; one that runs past its read, its own error.
+    #[test]
+    fn in_place_decode_serves_the_record_aligned_and_names_damage() {
+        use brand_format::buffer::SAMPLE_ALIGN;
+        let t = tempfile::tempdir().expect("tempdir");
+        let ds = dataset(t.path(), None);
+        let id = (0..ds.index.samples())
+            .find(|&i| ds.index.stored_len[i as usize] as usize >= IN_PLACE_MIN)
+            .expect("a record of at least IN_PLACE_MIN bytes");
+        let (segment, offset, len) = ds.index.record_location(id);
+        let seg = std::fs::read(ds.segment_path(segment)).expect("segment");
+        let record = &seg[offset as usize..offset as usize + len as usize];
+        let want = ds.read_sample(id).expect("buffered");
+        let len = len as usize;
+        for at in [0usize, 64, 4096 + 192, 1, 63, 100, 4095] {
+            for damaged in [false, true] {
+                let ext = Extent {
+                    segment,
+                    offset: 0,
+                    len: brand_format::align_up((at + len) as u64),
+                    records: vec![(id, at as u64)],
+                };
+                assert!(reads_in_place(&ds, &ext));
+                let mut buf = AlignedBuf::for_extent(ext.len as usize);
+                buf.spare_mut()[..ext.len as usize].fill(0xee);
+                buf.spare_mut()[at..at + len].copy_from_slice(record);
+                if damaged {
+                    buf.spare_mut()[at + len / 2] ^= 0x01;
+                }
+                buf.set_len(ext.len as usize);
+                let base = buf.as_ptr() as usize;
+                let mut out = decode_in_place(&ds, &ext, buf, true);
+                assert_eq!(out.len(), 1);
+                let (got, result) = out.remove(0);
+                assert_eq!(got, id);
+                if damaged {
+                    let err = result.expect_err("a damaged record is no sample").to_string();
+                    assert!(
+                        err.contains("crc32c mismatch") && err.contains(&format!("sample {id}")),
+                        "at {at}: {err}"
+                    );
+                    continue;
+                }
+                let sample = result.expect("good record");
+                assert_eq!(&sample[..], &want[..], "at {at}");
+                assert_eq!(sample.as_ptr() as usize % SAMPLE_ALIGN, 0, "at {at}");
+                assert_eq!(
+                    sample.as_ptr() as usize,
+                    base + at / SAMPLE_ALIGN * SAMPLE_ALIGN,
+                    "at {at}: served from the buffer it was read into"
+                );
+            }
+        }
+        // The record runs past the bytes read: its own error, no panic.
+        let ext = Extent {
+            segment,
+            offset: 0,
+            len: brand_format::align_up(len as u64) - 4096,
+            records: vec![(id, 0)],
+        };
+        let mut buf = AlignedBuf::for_extent(ext.len as usize);
+        buf.set_len(ext.len as usize);
+        let out = decode_in_place(&ds, &ext, buf, true);
+        let err = out[0].1.as_ref().expect_err("short").to_string();
+        assert!(err.contains("runs past its read"), "{err}");
+        // Compressed records and small ones take the copying path.
+        let small = (0..ds.index.samples())
+            .find(|&i| (ds.index.stored_len[i as usize] as usize) < IN_PLACE_MIN)
+            .expect("a small record");
+        let ext_of = |id| Extent {
+            segment,
+            offset: 0,
+            len: 4096,
+            records: vec![(id, 0)],
+        };
+        assert!(!reads_in_place(&ds, &ext_of(small)));
+        let t = tempfile::tempdir().expect("tempdir");
+        assert!(!reads_in_place(&dataset(t.path(), Some(3)), &ext_of(id)));
     }
 
     /// The one-pass paths serve what `Dataset::decode` serves, and a

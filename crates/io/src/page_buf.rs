@@ -41,11 +41,12 @@ unsafe impl tokio_uring::buf::IoBuf for PageBuf {
     }
 }
 
-// SAFETY: as above; set_init only raises the mark within the allocation, and
-// every byte of an AlignedBuf is initialised when it is made.
+// SAFETY: as above; set_init only raises the mark within the allocation, to
+// bytes the kernel has written (an extent buffer may be uninitialised beyond
+// it: it is never viewed there, see AlignedBuf::for_extent).
 unsafe impl tokio_uring::buf::IoBufMut for PageBuf {
     fn stable_mut_ptr(&mut self) -> *mut u8 {
-        self.0.spare_mut().as_mut_ptr()
+        self.0.spare_ptr()
     }
     unsafe fn set_init(&mut self, pos: usize) {
         if pos > self.0.len() {

@@ -5,12 +5,16 @@
 //! gVisor, `kernel.io_uring_disabled`).
 
 use std::collections::HashMap;
-use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex};
 
+use brand_format::buffer::AlignedBuf;
 use brand_format::error::Result;
+use brand_format::extents::Extent;
 
-use crate::engine::{Completion, Job, JobSender, ReadLoop, Shared, Started, Step, decode_records, open_segment};
+use crate::engine::{
+    Completion, Job, JobSender, ReadLoop, Shared, Started, Step, decode_in_place, decode_records, open_segment,
+    reads_in_place,
+};
 use crate::page_buf::PageBuf;
 
 /// Most reader threads: beyond this, more threads only cost memory.
@@ -92,34 +96,80 @@ impl Readers {
 
     fn execute(&self, job: Job) -> Completion {
         let ext = &job.extent;
+        let (ds, verify) = (&self.shared.ds, self.shared.cfg.verify);
+        let result = if reads_in_place(ds, ext) {
+            // The buffer becomes the sample (freed with it on an error).
+            let mut buf = AlignedBuf::for_extent(ext.len as usize);
+            self.read_exact(ext, &mut buf)
+                .map(|()| decode_in_place(ds, ext, buf, verify))
+        } else {
+            let mut buf = self.take_buffer(ext.len as usize);
+            let result = self
+                .read_exact(ext, &mut buf)
+                .map(|()| decode_records(ds, ext, &buf, verify));
+            self.return_buffer(buf);
+            result
+        };
+        Completion {
+            tag: job.tag,
+            bytes_read: ext.len,
+            result,
+        }
+    }
+
+    /// Reads the whole extent into the start of `buf`; its data is then
+    /// exactly the extent's bytes.
+    fn read_exact(&self, ext: &Extent, buf: &mut AlignedBuf) -> Result<()> {
         let len = ext.len as usize;
-        let mut buf = self.take_buffer(len);
         let mut lp = ReadLoop::new(&self.shared.ds, ext, self.shared.cfg.direct);
-        let read = loop {
-            let file = match self.file(ext.segment, lp.direct) {
-                Ok(f) => f,
-                Err(e) => break Err(e),
-            };
-            let res = file.read_at(&mut buf.spare_mut()[lp.done..len], lp.pos());
+        loop {
+            let file = self.file(ext.segment, lp.direct)?;
+            let res = read_into(&file, buf, lp.done..len, lp.pos());
             match lp.step(res, &self.shared.stats) {
                 Step::Again => {}
-                Step::Done => break Ok(()),
+                Step::Done => {
+                    buf.set_len(len);
+                    return Ok(());
+                }
                 Step::Reopen => {
                     self.files
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
                         .remove(&ext.segment);
                 }
-                Step::Fail(e) => break Err(e),
+                Step::Fail(e) => return Err(e),
             }
-        };
-        let result =
-            read.map(|()| decode_records(&self.shared.ds, ext, &buf.spare_mut()[..len], self.shared.cfg.verify));
-        self.return_buffer(buf);
-        Completion {
-            tag: job.tag,
-            bytes_read: ext.len,
-            result,
         }
+    }
+}
+
+/// `pread` into `range` of `buf`'s capacity, through a raw pointer: an
+/// extent buffer's bytes are uninitialised until read into.
+fn read_into(
+    file: &std::fs::File,
+    buf: &mut AlignedBuf,
+    range: std::ops::Range<usize>,
+    pos: u64,
+) -> std::io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    assert!(
+        range.start <= range.end && range.end <= buf.capacity(),
+        "read of {range:?} past the buffer"
+    );
+    let pos = libc::off_t::try_from(pos).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: [start, end) lies inside buf's allocation (checked above),
+    // uniquely borrowed; the kernel writes at most end - start bytes there.
+    let n = unsafe {
+        libc::pread(
+            file.as_raw_fd(),
+            buf.spare_ptr().add(range.start).cast(),
+            range.end - range.start,
+            pos,
+        )
+    };
+    if n < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
     }
 }

@@ -12,13 +12,14 @@ use tokio_uring::buf::BoundedBuf;
 use tokio_uring::buf::fixed::{FixedBuf, FixedBufPool};
 use tokio_uring::fs::File;
 
+use brand_format::buffer::AlignedBuf;
 use brand_format::dataset::Dataset;
 use brand_format::error::Error;
 use brand_format::extents::Extent;
 
 use crate::engine::{
     Completion, EngineStats, FIXED_BUF_BYTES, Job, JobSender, ReadLoop, RecordResult, Shared, Started, Step,
-    decode_records, open_segment,
+    decode_in_place, decode_records, open_segment, reads_in_place,
 };
 use crate::page_buf::PageBuf;
 
@@ -90,20 +91,33 @@ struct RawBytes(*const u8, usize);
 // untouched until the decode thread has replied or dropped its reply sender.
 unsafe impl Send for RawBytes {}
 
+/// What a decode task reads its records from.
+enum Input {
+    /// A read buffer the reactor keeps (and reuses) once the task replies.
+    Lent(RawBytes),
+    /// A buffer that becomes the sample ([`decode_in_place`]).
+    Owned(AlignedBuf),
+}
+
 struct DecodeTask {
     ds: Arc<Dataset>,
     ext: Extent,
-    bytes: RawBytes,
+    input: Input,
     verify: bool,
     reply: tokio::sync::oneshot::Sender<Vec<(u64, RecordResult)>>,
 }
 
 impl DecodeTask {
     fn run(self) {
-        // SAFETY: see RawBytes: the buffer outlives this borrow, which ends
-        // before the reply is sent.
-        let bytes = unsafe { std::slice::from_raw_parts(self.bytes.0, self.bytes.1) };
-        let out = decode_records(&self.ds, &self.ext, bytes, self.verify);
+        let out = match self.input {
+            Input::Lent(bytes) => {
+                // SAFETY: see RawBytes: the buffer outlives this borrow,
+                // which ends before the reply is sent.
+                let bytes = unsafe { std::slice::from_raw_parts(bytes.0, bytes.1) };
+                decode_records(&self.ds, &self.ext, bytes, self.verify)
+            }
+            Input::Owned(buf) => decode_in_place(&self.ds, &self.ext, buf, self.verify),
+        };
         let _ = self.reply.send(out);
     }
 }
@@ -284,6 +298,9 @@ impl Reactor {
     }
 
     async fn execute_in_span(&self, job: Job) -> Completion {
+        if reads_in_place(&self.shared.ds, &job.extent) {
+            return self.execute_in_place(job).await;
+        }
         let len = job.extent.len as usize;
         let fixed = (len <= FIXED_BUF_BYTES)
             .then(|| self.fixed.as_ref()?.try_next(FIXED_BUF_BYTES))
@@ -314,6 +331,49 @@ impl Reactor {
         }
     }
 
+    /// Reads an extent into a buffer that becomes its record's sample (not a
+    /// registered one: those go back to the ring's pool).
+    async fn execute_in_place(&self, job: Job) -> Completion {
+        let ext = job.extent;
+        let len = ext.len as usize;
+        let buf = ReadBuf::Plain(PageBuf(AlignedBuf::for_extent(len)));
+        let (buf, read) = self.read_exact(&ext, buf).await;
+        let result = match (read, buf) {
+            (Err(e), _) => Err(e),
+            (Ok(()), ReadBuf::Plain(PageBuf(mut buf))) => {
+                buf.set_len(len);
+                self.decode_owned(ext.clone(), buf).await
+            }
+            (Ok(()), ReadBuf::Fixed(_)) => Err(Error::config("internal: an in-place read used a fixed buffer")),
+        };
+        Completion {
+            tag: job.tag,
+            bytes_read: ext.len,
+            result,
+        }
+    }
+
+    /// Decodes an owned buffer on the decode pool (here if there is none).
+    async fn decode_owned(&self, ext: Extent, buf: AlignedBuf) -> brand_format::Result<Vec<(u64, RecordResult)>> {
+        let (ds, verify) = (&self.shared.ds, self.shared.cfg.verify);
+        let Some(decode) = &self.decode else {
+            return Ok(decode_in_place(ds, &ext, buf, verify));
+        };
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        let task = DecodeTask {
+            ds: ds.clone(),
+            ext,
+            input: Input::Owned(buf),
+            verify,
+            reply,
+        };
+        if let Err(crossbeam_channel::SendError(task)) = decode.send(task) {
+            // No decode thread left: decode here.
+            task.run();
+        }
+        rx.await.map_err(|_| Error::config("a decode thread stopped"))
+    }
+
     /// Decodes on the decode pool, lending it the buffer until it replies.
     async fn decode_elsewhere(
         &self,
@@ -328,7 +388,7 @@ impl Reactor {
         let task = DecodeTask {
             ds: self.shared.ds.clone(),
             ext: ext.clone(),
-            bytes: raw,
+            input: Input::Lent(raw),
             verify: self.shared.cfg.verify,
             reply,
         };
