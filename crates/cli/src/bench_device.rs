@@ -103,7 +103,9 @@ pub fn device(a: &DeviceArgs) -> Result<()> {
                 direct: true,
                 verify: false,
                 fixed_buffers: true,
-                fixed_buffer_bytes: qd as u64 * bs,
+                // One registered buffer per read in flight, as the loader has
+                // with the default readahead.
+                fixed_buffer_bytes: qd as u64 * brand_io::engine::FIXED_BUF_BYTES as u64,
                 backend,
                 decode_threads: 0,
                 io_timeout: Duration::from_secs(60),

@@ -1,7 +1,8 @@
 //! How a plan `Read { chunk, mask }` becomes device reads: the whole chunk,
 //! or only the records in the mask, 4 KiB-aligned, neighbours merged when the
-//! gap between them is at most `gap` bytes. What is served never depends on
-//! this choice; only the bytes and requests sent to the device do.
+//! gap between them is at most `gap` bytes (into reads of at most
+//! [`merged_read_limit`] bytes). What is served never depends on this
+//! choice; only the bytes and requests sent to the device do.
 
 use crate::index::Index;
 use crate::{align_down, align_up};
@@ -13,6 +14,22 @@ pub enum ReadGap {
     Whole,
     /// Read only filled records, merging neighbours whose gap is ≤ this many bytes.
     Bytes(u64),
+}
+
+/// Reads of filled records merge into reads of at most this many bytes
+/// (with a small gap; see [`merged_read_limit`]). Why: where bytes are
+/// what costs (the gap is small), a 512 KiB read is as fast as a larger
+/// one, and it fits a buffer registered with io_uring (the engine
+/// registers buffers of this size), so runs of filled records (a whole
+/// chunk filled at an epoch's start) need no large buffers.
+pub const MERGED_READ_BYTES: u64 = 512 << 10;
+
+/// The most bytes neighbours merge into under `gap`: [`MERGED_READ_BYTES`],
+/// or 16 gaps where requests cost enough that the gap is large (a merged
+/// read must stay far longer than the gap it saves requests on). A record
+/// longer than the limit is read alone, whole.
+pub fn merged_read_limit(gap: u64) -> u64 {
+    MERGED_READ_BYTES.max(gap.saturating_mul(16))
 }
 
 /// One aligned device read and the records it carries.
@@ -62,6 +79,7 @@ pub fn extents(index: &Index, chunk: u64, mask: u64, gap: ReadGap) -> Vec<Extent
         }
         ReadGap::Bytes(g) => g,
     };
+    let limit = merged_read_limit(max_gap);
     let mut out: Vec<Extent> = Vec::new();
     for s in slots {
         let (id, start, len) = rec(s);
@@ -71,7 +89,7 @@ pub fn extents(index: &Index, chunk: u64, mask: u64, gap: ReadGap) -> Vec<Extent
         );
         match out.last_mut() {
             // Saturating: a gap near u64::MAX means "always merge", not a wrap.
-            Some(e) if lo <= (e.offset + e.len).saturating_add(max_gap) => {
+            Some(e) if lo <= (e.offset + e.len).saturating_add(max_gap) && hi - e.offset <= limit => {
                 e.len = hi.max(e.offset + e.len) - e.offset;
                 e.records.push((id, start - e.offset));
             }
@@ -114,6 +132,47 @@ mod tests {
             samples,
         )
         .expect("index")
+    }
+
+    /// Adjacent 200 KB records: merged two by two (three would pass
+    /// 512 KiB); a record longer than the limit is read alone.
+    #[test]
+    fn merged_reads_stop_at_the_limit() {
+        let lens = [200_000u32, 200_000, 200_000, 200_000, 600_000, 200_000];
+        let mut at = 200;
+        let samples = lens
+            .iter()
+            .map(|&l| {
+                let m = SampleMeta {
+                    rel_offset: at,
+                    stored_len: l,
+                    raw_len: l,
+                    crc: 0,
+                    label: 0,
+                    key: vec![],
+                };
+                at += l;
+                m
+            })
+            .collect();
+        let loc = ChunkLoc {
+            segment: 0,
+            record_count: lens.len() as u32,
+            offset: 8192,
+        };
+        let idx = Index::new(lens.len() as u32, 1, vec![loc], samples).expect("index");
+        let e = extents(&idx, 0, 0b111111, ReadGap::Bytes(0));
+        let ids: Vec<Vec<u64>> = e.iter().map(|e| e.records.iter().map(|r| r.0).collect()).collect();
+        assert_eq!(ids, vec![vec![0, 1], vec![2, 3], vec![4], vec![5]]);
+        for x in &e {
+            assert!(x.len <= MERGED_READ_BYTES || x.records.len() == 1, "{x:?}");
+            for &(id, off) in &x.records {
+                let end = off + lens[id as usize] as u64;
+                assert!(end <= x.len, "record {id} inside its read");
+            }
+        }
+        // Where the gap is large, merged reads may be 16 gaps long.
+        assert_eq!(extents(&idx, 0, 0b111111, ReadGap::Bytes(1 << 20)).len(), 1);
     }
 
     #[test]

@@ -72,7 +72,7 @@ pub struct EngineConfig {
     /// or beyond the registered count, use ordinary aligned buffers.
     pub fixed_buffers: bool,
     /// Most bytes of registered buffers (the loader passes its readahead,
-    /// capped by the dataset's size): at least one buffer is registered.
+    /// capped by the dataset's size); less than one buffer registers none.
     pub fixed_buffer_bytes: u64,
     pub backend: IoBackend,
     /// Threads that verify and decompress io_uring reads (the threads
@@ -83,9 +83,12 @@ pub struct EngineConfig {
     pub io_timeout: Duration,
 }
 
-/// Size of each registered buffer: holds any sparse record read of a
-/// typical image dataset; whole chunks are larger and go unregistered.
-pub const FIXED_BUF_BYTES: usize = 512 << 10;
+/// Size of each registered buffer: holds any merged read of filled records
+/// where the gap is small ([`MERGED_READ_BYTES`]); whole chunks and longer
+/// records go unregistered.
+///
+/// [`MERGED_READ_BYTES`]: brand_format::extents::MERGED_READ_BYTES
+pub const FIXED_BUF_BYTES: usize = brand_format::extents::MERGED_READ_BYTES as usize;
 
 /// Retries of a read that failed with EAGAIN or EINTR before it is an error.
 const TRANSIENT_RETRIES: u32 = 16;
@@ -287,7 +290,7 @@ impl Engine {
         self.io_timeout = Duration::ZERO;
     }
 
-    /// Peak bytes of ordinary read buffers (in use or pooled).
+    /// Peak bytes of ordinary read buffers (in use or idle).
     pub fn peak_pool_bytes(&self) -> u64 {
         self.stats.pool_peak_bytes.load(Ordering::Relaxed)
     }

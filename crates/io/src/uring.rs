@@ -214,12 +214,16 @@ impl Reactor {
     }
 
     /// Registers one buffer per queue slot (no more reads are ever in
-    /// flight), no more than `fixed_buffer_bytes` (at least one); None,
-    /// with a warning, where the kernel refuses (beyond RLIMIT_MEMLOCK
+    /// flight), no more than `fixed_buffer_bytes` (none when that is less
+    /// than one buffer); None, with a warning, where the kernel refuses (beyond RLIMIT_MEMLOCK
     /// without CAP_IPC_LOCK).
     fn register_fixed(shared: &Shared) -> Option<FixedBufPool<PageBuf>> {
-        let by_bytes = (shared.cfg.fixed_buffer_bytes / FIXED_BUF_BYTES as u64).max(1) as usize;
+        let by_bytes = (shared.cfg.fixed_buffer_bytes / FIXED_BUF_BYTES as u64) as usize;
         let count = shared.cfg.queue_depth.min(by_bytes).min(1024);
+        if count == 0 {
+            // Less read-ahead than one buffer: registering one would exceed it.
+            return None;
+        }
         let pool = FixedBufPool::new((0..count).map(|_| PageBuf::new(FIXED_BUF_BYTES)));
         match pool.register() {
             Ok(()) => {
