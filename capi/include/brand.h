@@ -235,7 +235,8 @@ typedef struct brand_metrics {
    */
   uint64_t registered_buffer_bytes;
   /**
-   * Peak bytes of ordinary read buffers, in use or pooled.
+   * Peak bytes of ordinary (unregistered) read buffers, in use or
+   * pooled: those of whole-chunk reads and of records over 512 KiB.
    */
   uint64_t peak_read_buffer_bytes;
   /**

@@ -141,7 +141,8 @@ pub struct brand_metrics {
     pub peak_readahead_bytes: u64,
     /// Bytes of read buffers registered with io_uring (fixed buffers).
     pub registered_buffer_bytes: u64,
-    /// Peak bytes of ordinary read buffers, in use or pooled.
+    /// Peak bytes of ordinary (unregistered) read buffers, in use or
+    /// pooled: those of whole-chunk reads and of records over 512 KiB.
     pub peak_read_buffer_bytes: u64,
     /// Samples left out of their epoch because their record was corrupt
     /// (`on_corrupt = "skip"`).

@@ -665,8 +665,11 @@ impl Loader {
     }
 
     /// Whether read-ahead must wait: the bytes of reads in flight reach
-    /// `readahead`, or the decoded bytes held (resident and in flight)
-    /// reach the memory bound plus `readahead`. Reads that completed ahead
+    /// `readahead`, or the bytes held (resident and in-flight samples,
+    /// decoded, and the buffers registered with the ring) reach the memory
+    /// bound plus `readahead`. (Ordinary read buffers are those of the
+    /// reads in flight, reused: merged sparse reads fit the registered
+    /// buffers, so only whole chunks and records over 512 KiB use them.) Reads that completed ahead
     /// of the consumer count only as memory: where the plan leaves memory
     /// unused (its start, its tail, sparse policies) read-ahead fills it,
     /// so the next epoch's first batch, which needs a memory's worth of
@@ -681,7 +684,7 @@ impl Loader {
         let readahead = self.cfg.readahead_bytes;
         match self.memory_bound {
             Some(memory) => {
-                let held = self.resident_bytes + self.in_flight_bytes;
+                let held = self.resident_bytes + self.in_flight_bytes + self.engine.registered_bytes();
                 self.in_flight_read_bytes >= readahead || held >= memory.saturating_add(readahead)
             }
             None => self.ahead_bytes >= readahead,

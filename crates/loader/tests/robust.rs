@@ -584,6 +584,36 @@ fn memory_bounds_decoded_bytes_of_a_compressed_dataset() {
     }
 }
 
+/// A consumer that computes on each batch lets read-ahead fill memory; what
+/// it may fill is the memory bound plus `readahead`, less the buffers
+/// registered with the ring, which count as held.
+#[test]
+fn read_ahead_fills_memory_less_the_registered_buffers() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let ds = dataset(t.path(), 600);
+    let readahead = 2 << 20;
+    let mut c = config(Memory::Percent(50.0), 0, 1, readahead);
+    c.io.io_backend = IoBackend::Uring;
+    let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
+    let memory = l.memory_bound().expect("a plan's loader has a bound");
+    let mut ids = Vec::new();
+    while let Some(b) = l.next_batch().expect("batch") {
+        ids.extend(b.iter().map(|s| s.id));
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    assert!(exactly_once(&ids, 600));
+    let m = l.metrics();
+    assert!(m.registered_buffer_bytes > 0, "{m:?}");
+    // A read is issued while below the bound: it may overshoot by one.
+    let one_read = brand_io::engine::FIXED_BUF_BYTES as u64;
+    assert!(
+        m.peak_resident_bytes + m.registered_buffer_bytes <= memory + readahead + one_read,
+        "{m:?}, memory {memory}"
+    );
+    // And read-ahead did fill it: more than the plan alone holds.
+    assert!(m.peak_resident_bytes > memory, "{m:?}, memory {memory}");
+}
+
 fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").expect("statm");
     let pages: u64 = statm
