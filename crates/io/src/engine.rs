@@ -2,9 +2,10 @@
 //! time) on one of two backends, verifies every record it was asked for
 //! (crc32c, zstd) off the caller's thread and hands the samples back.
 //!
-//! * [`IoBackend::Uring`]: a `tokio-uring` reactor on its own thread; the
-//!   records are decoded by a small pool (`decode_threads`) so the reactor
-//!   only submits and completes reads.
+//! * [`IoBackend::Uring`]: `tokio-uring` reactors (up to two rings, jobs
+//!   round-robin), each on its own thread; the records are decoded by a
+//!   small pool (`decode_threads`) so the reactors only submit and
+//!   complete reads.
 //! * [`IoBackend::Threads`]: `queue_depth` threads doing `pread` (portable:
 //!   works where io_uring is refused by seccomp, gVisor or
 //!   `kernel.io_uring_disabled`); each thread decodes what it read.
@@ -16,7 +17,7 @@
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use brand_format::buffer::AlignedBuf;
@@ -148,6 +149,7 @@ impl EngineStats {
 }
 
 /// What both backends share: the dataset, the settings, where completions go.
+#[derive(Clone)]
 pub(crate) struct Shared {
     pub ds: Arc<Dataset>,
     pub cfg: EngineConfig,
@@ -156,7 +158,8 @@ pub(crate) struct Shared {
 }
 
 pub(crate) enum JobSender {
-    Uring(tokio::sync::mpsc::UnboundedSender<Job>),
+    /// One sender per ring; jobs go round-robin.
+    Uring(Vec<tokio::sync::mpsc::UnboundedSender<Job>>, AtomicUsize),
     Threads(crossbeam_channel::Sender<Job>),
 }
 
@@ -229,7 +232,10 @@ impl Engine {
 
     pub fn submit(&self, job: Job) -> Result<()> {
         let sent = match &self.jobs {
-            Some(JobSender::Uring(j)) => j.send(job).is_ok(),
+            Some(JobSender::Uring(rings, next)) => {
+                let i = next.fetch_add(1, Ordering::Relaxed) % rings.len();
+                rings[i].send(job).is_ok()
+            }
             Some(JobSender::Threads(j)) => j.send(job).is_ok(),
             None => false,
         };
