@@ -164,11 +164,16 @@ struct CatArgs {
 }
 
 fn main() -> ExitCode {
-    // Like other Unix tools, end quietly when the reader of stdout goes away
-    // (`brand inspect … | head`) instead of panicking in println!.
-    // SAFETY: called first in main, before any thread exists; SIG_DFL is a valid handler.
-    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve(_)) {
+        // Like other Unix tools, end quietly when the reader of stdout goes
+        // away (`brand inspect … | head`) instead of panicking in println!.
+        // Not `serve`: a write to a peer that has closed its connection
+        // must be an error (EPIPE) there, not a kill by SIGPIPE, which ended
+        // nodes whose peer finished first.
+        // SAFETY: no thread exists yet; SIG_DFL is a valid handler.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     let level = match cli.verbose {
         0 => tracing::Level::WARN,
         1 => tracing::Level::INFO,

@@ -50,7 +50,8 @@ fn finish(mut child: Child, limit: Duration) -> (bool, String, String) {
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
+        // The status too: a process killed by a signal writes nothing.
+        format!("{}\n{}", out.status, String::from_utf8_lossy(&out.stderr)),
     )
 }
 
