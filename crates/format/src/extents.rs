@@ -32,6 +32,12 @@ pub fn merged_read_limit(gap: u64) -> u64 {
     MERGED_READ_BYTES.max(gap.saturating_mul(16))
 }
 
+/// Where the gap is below one page (bytes are what costs), an uncompressed
+/// record of at least this many bytes is read alone, not merged with its
+/// neighbours: the engine then serves it from its read buffer without a
+/// copy, for at most the one page it shares with a neighbour read twice.
+pub const READ_ALONE_BYTES: u64 = 64 << 10;
+
 /// One aligned device read and the records it carries.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Extent {
@@ -66,6 +72,10 @@ pub fn extents(index: &Index, chunk: u64, mask: u64, gap: ReadGap) -> Vec<Extent
             index.stored_len[id as usize] as u64,
         )
     };
+    let alone = |id: u64, gap: u64| {
+        let (stored, raw) = (index.stored_len[id as usize], index.raw_len[id as usize]);
+        gap < crate::ALIGN && stored == raw && stored as u64 >= READ_ALONE_BYTES
+    };
     let slots = (0..count).filter(|s| mask & (1 << s) != 0);
     let max_gap = match gap {
         ReadGap::Whole => {
@@ -81,15 +91,23 @@ pub fn extents(index: &Index, chunk: u64, mask: u64, gap: ReadGap) -> Vec<Extent
     };
     let limit = merged_read_limit(max_gap);
     let mut out: Vec<Extent> = Vec::new();
+    // Whether the last extent holds a record read alone.
+    let mut last_alone = false;
     for s in slots {
         let (id, start, len) = rec(s);
+        let this_alone = alone(id, max_gap);
         let (lo, hi) = (
             align_down(start),
             align_up(start + len).max(align_down(start) + crate::ALIGN),
         );
         match out.last_mut() {
             // Saturating: a gap near u64::MAX means "always merge", not a wrap.
-            Some(e) if lo <= (e.offset + e.len).saturating_add(max_gap) && hi - e.offset <= limit => {
+            Some(e)
+                if !last_alone
+                    && !this_alone
+                    && lo <= (e.offset + e.len).saturating_add(max_gap)
+                    && hi - e.offset <= limit =>
+            {
                 e.len = hi.max(e.offset + e.len) - e.offset;
                 e.records.push((id, start - e.offset));
             }
@@ -100,6 +118,7 @@ pub fn extents(index: &Index, chunk: u64, mask: u64, gap: ReadGap) -> Vec<Extent
                 records: vec![(id, start - lo)],
             }),
         }
+        last_alone = this_alone;
     }
     out
 }
@@ -134,11 +153,9 @@ mod tests {
         .expect("index")
     }
 
-    /// Adjacent 200 KB records: merged two by two (three would pass
-    /// 512 KiB); a record longer than the limit is read alone.
-    #[test]
-    fn merged_reads_stop_at_the_limit() {
-        let lens = [200_000u32, 200_000, 200_000, 200_000, 600_000, 200_000];
+    /// One chunk at 8192 of adjacent records of these stored lengths (raw:
+    /// `raw(stored)`).
+    fn index_of(lens: &[u32], raw: impl Fn(u32) -> u32) -> Index {
         let mut at = 200;
         let samples = lens
             .iter()
@@ -146,7 +163,7 @@ mod tests {
                 let m = SampleMeta {
                     rel_offset: at,
                     stored_len: l,
-                    raw_len: l,
+                    raw_len: raw(l),
                     crc: 0,
                     label: 0,
                     key: vec![],
@@ -160,8 +177,16 @@ mod tests {
             record_count: lens.len() as u32,
             offset: 8192,
         };
-        let idx = Index::new(lens.len() as u32, 1, vec![loc], samples).expect("index");
-        let e = extents(&idx, 0, 0b111111, ReadGap::Bytes(0));
+        Index::new(lens.len() as u32, 1, vec![loc], samples).expect("index")
+    }
+
+    /// Adjacent 200 KB records: merged two by two (three would pass
+    /// 512 KiB); a record longer than the limit is read alone.
+    #[test]
+    fn merged_reads_stop_at_the_limit() {
+        let lens = [200_000u32, 200_000, 200_000, 200_000, 600_000, 200_000];
+        let idx = index_of(&lens, |l| l);
+        let e = extents(&idx, 0, 0b111111, ReadGap::Bytes(4096));
         let ids: Vec<Vec<u64>> = e.iter().map(|e| e.records.iter().map(|r| r.0).collect()).collect();
         assert_eq!(ids, vec![vec![0, 1], vec![2, 3], vec![4], vec![5]]);
         for x in &e {
@@ -173,6 +198,28 @@ mod tests {
         }
         // Where the gap is large, merged reads may be 16 gaps long.
         assert_eq!(extents(&idx, 0, 0b111111, ReadGap::Bytes(1 << 20)).len(), 1);
+    }
+
+    /// Below a page of gap, uncompressed records of 64 KiB or more are read
+    /// alone (served from their read buffers); smaller or compressed ones
+    /// still merge.
+    #[test]
+    fn large_uncompressed_records_are_read_alone_where_bytes_cost() {
+        let lens = [70_000u32, 70_000, 3_000, 3_000, 70_000];
+        let ids =
+            |e: &[Extent]| -> Vec<Vec<u64>> { e.iter().map(|e| e.records.iter().map(|r| r.0).collect()).collect() };
+        let plain = index_of(&lens, |l| l);
+        let e = extents(&plain, 0, 0b11111, ReadGap::Bytes(0));
+        assert_eq!(ids(&e), vec![vec![0], vec![1], vec![2, 3], vec![4]]);
+        // Shared pages are read by both neighbours: the records stay whole.
+        for x in &e {
+            for &(id, off) in &x.records {
+                assert!(off + lens[id as usize] as u64 <= x.len, "record {id} inside its read");
+            }
+        }
+        assert_eq!(extents(&plain, 0, 0b11111, ReadGap::Bytes(4096)).len(), 1);
+        let compressed = index_of(&lens, |l| 3 * l);
+        assert_eq!(extents(&compressed, 0, 0b11111, ReadGap::Bytes(0)).len(), 1);
     }
 
     #[test]

@@ -491,7 +491,7 @@ impl<'a> ReadLoop<'a> {
 /// extent are read into a buffer of their own that becomes the sample
 /// ([`decode_in_place`]): no copy out of a read buffer. Smaller ones are
 /// copied (their page slack would be a larger share of resident memory).
-pub(crate) const IN_PLACE_MIN: usize = 64 << 10;
+pub(crate) const IN_PLACE_MIN: usize = brand_format::extents::READ_ALONE_BYTES as usize;
 
 /// Whether `ext` is read into a buffer that becomes its record's sample
 /// (see [`IN_PLACE_MIN`]). Compressed records are decompressed into a
