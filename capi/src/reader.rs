@@ -35,9 +35,6 @@ pub(crate) struct Node {
     /// What `state()` says before the node connects.
     start_state: LoaderState,
     live: Option<DistLoader>,
-    /// The last batch call returned the epoch's end (the node reports the
-    /// next epoch then, as a Loader does).
-    ended: bool,
 }
 
 impl Node {
@@ -48,7 +45,6 @@ impl Node {
             start,
             start_state,
             live: None,
-            ended: false,
         }
     }
 
@@ -71,25 +67,14 @@ impl Reader {
     pub fn next_batch(&mut self) -> Result<Option<Batch>> {
         match self {
             Reader::Local(l) => l.next_batch(),
-            Reader::Node(n) => {
-                let batch = n.live()?.next_batch()?;
-                n.ended = batch.is_none();
-                Ok(batch)
-            }
+            Reader::Node(n) => n.live()?.next_batch(),
         }
     }
 
     pub fn state(&self) -> LoaderState {
         match self {
             Reader::Local(l) => l.state(),
-            Reader::Node(n) => match &n.live {
-                None => n.start_state,
-                Some(l) if n.ended => LoaderState {
-                    epoch: l.state().epoch + 1,
-                    served: 0,
-                },
-                Some(l) => l.state(),
-            },
+            Reader::Node(n) => n.live.as_ref().map_or(n.start_state, |l| l.state()),
         }
     }
 

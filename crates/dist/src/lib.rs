@@ -330,11 +330,19 @@ impl DistLoader {
     }
 
     /// Where this rank is: enough to resume every node exactly (all nodes
-    /// must resume from the same state).
+    /// must resume from the same state). After an epoch's end (`None`), the
+    /// next epoch's start, as a `Loader` says.
     pub fn state(&self) -> LoaderState {
-        LoaderState {
-            epoch: self.epoch,
-            served: self.served,
+        if self.epoch_ended {
+            LoaderState {
+                epoch: self.epoch + 1,
+                served: 0,
+            }
+        } else {
+            LoaderState {
+                epoch: self.epoch,
+                served: self.served,
+            }
         }
     }
 
