@@ -96,23 +96,17 @@ class Run:
 def parse_serve(node: int, text: str) -> NodeRun:
     """`brand serve --json`: {"epochs": [...], "closed": metrics}."""
     r = json.loads(text)
-    epochs = r["epochs"]
-    m = r["closed"]
-    return NodeRun(
-        node=node,
-        samples=sum(e["samples"] for e in epochs),
-        seconds=sum(e["seconds"] for e in epochs),
-        bytes_read=m["bytes_read"],
-        stalls=m["stalls"],
-        stall_p50_secs=m.get("stall_p50_secs", 0.0),
-        stall_p99_secs=m.get("stall_p99_secs", 0.0),
-    )
+    return node_run(node, r["epochs"], r["closed"])
 
 
 def parse_read(node: int, text: str) -> NodeRun:
     """`brand read --json`: a list of epoch reports (metrics cumulative)."""
     epochs = json.loads(text)
-    m = epochs[-1]["metrics"]
+    return node_run(node, epochs, epochs[-1]["metrics"])
+
+
+def node_run(node: int, epochs: list[dict], m: dict) -> NodeRun:
+    """A node's run from its epoch reports and its final metrics `m`."""
     return NodeRun(
         node=node,
         samples=sum(e["samples"] for e in epochs),

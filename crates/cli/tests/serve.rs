@@ -33,6 +33,19 @@ fn serve(ds: &std::path::Path, nodes: &[String], rank: usize, extra: &[&str]) ->
         .expect("spawn brand serve")
 }
 
+/// The bytes one process reading the 3-node world's plan (64 slots, whole
+/// chunks) reads in 2 epochs: what the serve processes must read together.
+fn world_plan_read_bytes(ds: &std::path::Path) -> u64 {
+    let d = brand_format::Dataset::open(ds).expect("open");
+    let mut plan = brand_plan::PlanConfig::new(brand_plan::Memory::Slots(64));
+    plan.world = 3;
+    let planner = brand_plan::Planner::new(&d.index, &plan).expect("planner");
+    (0..2)
+        .flat_map(|e| planner.global_epoch(e).reads().to_vec())
+        .map(|r| d.index.chunk_padded_len(r.chunk as u64))
+        .sum()
+}
+
 /// Waits for `child` up to `limit`, killing it past that.
 fn finish(mut child: Child, limit: Duration) -> (bool, String, String) {
     let start = Instant::now();
@@ -81,17 +94,8 @@ fn three_serve_processes_share_the_epochs() {
         received += got;
     }
     assert_eq!(pushed, received);
-    // What one process reading the whole world's plan reads: each chunk
-    // read by its owner only, not once per node.
-    let d = brand_format::Dataset::open(&ds).expect("open");
-    let mut plan = brand_plan::PlanConfig::new(brand_plan::Memory::Slots(64));
-    plan.world = 3;
-    let planner = brand_plan::Planner::new(&d.index, &plan).expect("planner");
-    let expected: u64 = (0..2)
-        .flat_map(|e| planner.global_epoch(e).reads().to_vec())
-        .map(|r| d.index.chunk_padded_len(r.chunk as u64))
-        .sum();
-    assert_eq!(read, expected, "bytes read across the nodes");
+    // Each chunk read by its owner only, not once per node.
+    assert_eq!(read, world_plan_read_bytes(&ds), "bytes read across the nodes");
 }
 
 #[test]
@@ -176,13 +180,5 @@ fn pack_partitions_then_three_serve_processes_each_on_its_own_partition() {
         assert!(m["stall_p99_secs"].as_f64().is_some(), "rank {rank}: {m}");
         read += m["bytes_read"].as_u64().expect("read");
     }
-    let d = brand_format::Dataset::open(&whole).expect("open");
-    let mut plan = brand_plan::PlanConfig::new(brand_plan::Memory::Slots(64));
-    plan.world = 3;
-    let planner = brand_plan::Planner::new(&d.index, &plan).expect("planner");
-    let expected: u64 = (0..2)
-        .flat_map(|e| planner.global_epoch(e).reads().to_vec())
-        .map(|r| d.index.chunk_padded_len(r.chunk as u64))
-        .sum();
-    assert_eq!(read, expected, "bytes read across the partitions");
+    assert_eq!(read, world_plan_read_bytes(&whole), "bytes read across the partitions");
 }

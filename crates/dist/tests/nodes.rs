@@ -13,7 +13,9 @@ use brand_pack::synthetic::small_dataset;
 
 mod common;
 use brand_plan::Planner;
-use common::{Served, addresses, assert_ranks_serve_their_plans, node_config, plan_order, serve_epochs};
+use common::{
+    Served, addresses, assert_ranks_serve_their_plans, global_read_bytes, node_config, plan_order, serve_epochs,
+};
 
 const SAMPLES: u64 = 600;
 
@@ -77,10 +79,7 @@ fn three_nodes_serve_the_plan_once_and_read_each_chunk_at_its_owner_only() {
     // Whole-chunk reads: the nodes together read exactly what one global
     // protocol reads, so no chunk was read twice.
     let planner = Planner::new(&ds.index, &cfgs[0].loader.plan).expect("planner");
-    let expected: u64 = (0..2)
-        .flat_map(|e| planner.global_epoch(e).reads().to_vec())
-        .map(|r| ds.index.chunk_padded_len(r.chunk as u64))
-        .sum();
+    let expected = global_read_bytes(&ds, &planner, 2, |_| true);
     let read: u64 = results.iter().map(|(_, m)| m.bytes_read).sum();
     assert_eq!(read, expected, "bytes read across nodes");
     for (rank, (_, m)) in results.iter().enumerate() {

@@ -19,7 +19,7 @@ use brand_pack::{PackOptions, Partitioning, partition_dir};
 use brand_plan::{Layout, Memory, Planner};
 
 mod common;
-use common::{Served, addresses, assert_ranks_serve_their_plans, node_config, serve_epochs};
+use common::{Served, addresses, assert_ranks_serve_their_plans, global_read_bytes, node_config, serve_epochs};
 
 const SAMPLES: u64 = 600;
 const NODES: u32 = 3;
@@ -115,11 +115,7 @@ fn three_nodes_serve_from_their_own_partitions_only() {
     let planner = Planner::new(&whole.index, &cfgs[0].loader.plan).expect("planner");
     let own = Ownership::of_plan(&planner);
     for (rank, (_, m)) in results.iter().enumerate() {
-        let expected: u64 = (0..2)
-            .flat_map(|e| planner.global_epoch(e).reads().to_vec())
-            .filter(|r| own.owner_of_chunk(r.chunk as u64) == rank as u32)
-            .map(|r| whole.index.chunk_padded_len(r.chunk as u64))
-            .sum();
+        let expected = global_read_bytes(&whole, &planner, 2, |c| own.owner_of_chunk(c) == rank as u32);
         assert_eq!(m.bytes_read, expected, "rank {rank}: bytes read");
         assert!(m.samples_local > 0 && m.samples_received > 0, "rank {rank}: {m:?}");
         assert!(m.stall_p50_secs <= m.stall_p99_secs && m.stall_p99_secs <= m.stall_max_secs);

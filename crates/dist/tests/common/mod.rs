@@ -100,3 +100,14 @@ pub fn assert_ranks_serve_their_plans(served: &[&Served], cfgs: &[Config], ds: &
         );
     }
 }
+
+/// The bytes the global protocol of `planner` reads in epochs `0..epochs`
+/// with whole-chunk reads, counting only chunks `keep` accepts.
+pub fn global_read_bytes(ds: &Dataset, planner: &Planner, epochs: u64, keep: impl Fn(u64) -> bool) -> u64 {
+    (0..epochs)
+        .flat_map(|e| planner.global_epoch(e).reads().to_vec())
+        .map(|r| r.chunk as u64)
+        .filter(|&c| keep(c))
+        .map(|c| ds.index.chunk_padded_len(c))
+        .sum()
+}
