@@ -53,7 +53,7 @@ mod recycle {
         bytes: 0,
     });
 
-    /// A free buffer (pointer, capacity) of capacity in `need..=need + need/16`.
+    /// A free buffer (pointer, capacity) of capacity in `need..=need + need/8`.
     pub fn take(need: usize) -> Option<(NonNull<u8>, usize)> {
         let mut c = CACHE.try_lock().ok()?;
         let (&cap, list) = c.by_cap.range_mut(need..=need + need / 8).next()?;
