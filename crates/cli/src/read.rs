@@ -48,7 +48,8 @@ pub struct ReadArgs {
     /// auto (io_uring, threads where refused), uring or threads.
     #[arg(long)]
     io_backend: Option<String>,
-    /// Threads verifying and decompressing io_uring reads (0: on the io thread).
+    /// Threads verifying and decompressing compressed records read by io_uring
+    /// (0: on the io thread; uncompressed records are always checked there).
     #[arg(long)]
     decode_threads: Option<usize>,
     /// Milliseconds the consumer spends on each batch before asking for the

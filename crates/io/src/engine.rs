@@ -3,9 +3,10 @@
 //! (crc32c, zstd) off the caller's thread and hands the samples back.
 //!
 //! * [`IoBackend::Uring`]: `tokio-uring` reactors (up to two rings, jobs
-//!   round-robin), each on its own thread; the records are decoded by a
-//!   small pool (`decode_threads`) so the reactors only submit and
-//!   complete reads.
+//!   round-robin), each on its own thread. A reactor checks the
+//!   uncompressed records it read itself (their bytes are in its cache);
+//!   compressed ones are checked and decompressed by a small pool
+//!   (`decode_threads`), so decompression never holds up the reactors.
 //! * [`IoBackend::Threads`]: `queue_depth` threads doing `pread` (portable:
 //!   works where io_uring is refused by seccomp, gVisor or
 //!   `kernel.io_uring_disabled`); each thread decodes what it read.
@@ -76,8 +77,9 @@ pub struct EngineConfig {
     /// capped by the dataset's size); less than one buffer registers none.
     pub fixed_buffer_bytes: u64,
     pub backend: IoBackend,
-    /// Threads that verify and decompress io_uring reads (the threads
-    /// backend decodes on its reader threads).
+    /// Threads that verify and decompress compressed records read by
+    /// io_uring (uncompressed ones are checked by the reactor that read
+    /// them; the threads backend decodes on its reader threads).
     pub decode_threads: usize,
     /// How long [`Engine::drop`] waits for reads still in flight before it
     /// leaves them to finish on their own.
