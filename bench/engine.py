@@ -9,7 +9,8 @@ over rounds, and same-round ratios:
   threads) against `fio --rw=randread --bs=128k --iodepth=32
   --ioengine=io_uring --direct=1` on the dataset's segment file; an
   uncompressed and a zstd dataset.
-* disk: the best brand variant and the threads backend against fio.
+* disk: the best brand variant and the threads backend against fio, each
+  brand run against the mean of the fio runs just before and after it.
 * the epoch boundary: the wait for each epoch's first batch against the
   P99 of the other batches' waits, for a consumer that takes batches as
   fast as they come and for one that computes on each batch (1.5x the
@@ -103,8 +104,12 @@ def zstd_decompression(brand, root):
     raise RuntimeError(f"unexpected zstd -b output: {out.stdout!r} {out.stderr!r}")
 
 
+def brand_read_cmd(brand, ds, policy, epochs=2, extra=()):
+    return [brand, "read", ds, "--json", "--epochs", str(epochs), "--policy", policy, "--read-gap", "0", *extra]
+
+
 def brand_read(brand, ds, policy, epochs=2, extra=()):
-    cmd = [brand, "read", ds, "--json", "--epochs", str(epochs), "--policy", policy, "--read-gap", "0", *extra]
+    cmd = brand_read_cmd(brand, ds, policy, epochs, extra)
     out, cpu = timed(cmd)
     eps = json.loads(out)
     read = sum(e["metrics"]["bytes_read"] for e in eps)
@@ -185,12 +190,20 @@ def main():
                         b, c = brand_read(bp, sets[dsn], policy, extra=extra)
                         add((bn, dsn, policy, extra), b, c)
         if "disk" in parts:
+            # fio runs between every two brand runs, and each brand run is
+            # compared with the mean of the fio runs either side of it: this
+            # disk drifts (0.6-3 GB/s) within minutes, so a reference taken
+            # once a round can be far from the conditions a run saw.
             f, c = fio(sets["disk"])
             add(("fio", "disk"), f, c)
             for extra in disk_variants:
                 for bn, bp in bins:
-                    b, c = brand_read(bp, sets["disk"], "direct", extra=extra)
-                    add((bn, "disk", extra), b, c)
+                    b, _ = brand_read(bp, sets["disk"], "direct", extra=extra)
+                    after, c = fio(sets["disk"])
+                    add(("fio", "disk"), after, c)
+                    b["fio_bps"] = (f["bps"] + after["bps"]) / 2
+                    add((bn, "disk", extra), b, brand_read_cmd(bp, sets["disk"], "direct", extra=extra))
+                    f = after
         if "boundary" in parts or "rss" in parts:
             # Epoch boundary: four epochs of the brand policy, taken as fast
             # as they come and with a training step's compute per batch.
@@ -244,19 +257,20 @@ def main():
             print()
     if "disk" in parts:
         fr = res[("fio", "disk")]
-        print(f"## disk ({args.disk_dir}): fio {fmt([r['bps'] for r in fr], 1e-9, ' GB/s')}")
+        print(f"## disk ({args.disk_dir}): fio {fmt([r['bps'] for r in fr], 1e-9, ' GB/s')} "
+              "(every run; each brand run is compared with the mean of the fio runs just before and after it)")
         for bn, _ in bins:
             base = None
             for extra in disk_variants:
                 br = res[(bn, "disk", extra)]
-                ratio = [b["bps"] / f["bps"] for b, f in zip(br, fr)]
+                ratio = [b["bps"] / b["fio_bps"] for b in br]
                 print(f"   {bn:8} direct {' '.join(extra):36} {fmt([b['bps'] for b in br], 1e-9, ' GB/s')} "
                       f"vs fio {fmt(ratio)}")
                 if base is None:
                     base = br
                 else:
-                    tu = [t["bps"] / u["bps"] for t, u in zip(br, base)]
-                    print(f"   {bn:8} threads / io_uring bytes/s {fmt(tu)}")
+                    tu = [(t["bps"] / t["fio_bps"]) / (u["bps"] / u["fio_bps"]) for t, u in zip(br, base)]
+                    print(f"   {bn:8} threads / io_uring bytes/s (each over its fio) {fmt(tu)}")
     if "boundary" in parts:
         print("\n## epoch boundary (brand policy, 4 epochs, batch 256): first-batch wait of epochs 1-3 vs P99 "
               f"batch wait; consumers: instant, and computing {compute_ms:.2f} ms per batch")
