@@ -8,7 +8,9 @@ over rounds, and same-round ratios:
   `brand` policies, read gap 0, decode_threads 1 and 2, io_uring and
   threads) against `fio --rw=randread --bs=128k --iodepth=32
   --ioengine=io_uring --direct=1` on the dataset's segment file; an
-  uncompressed and a zstd dataset.
+  uncompressed and a zstd dataset. Whole runs (2 epochs, fio 2 passes), and
+  brand's second epoch against fio's second pass (neither pays start-up:
+  brand's first epoch also faults in its memory).
 * disk: the best brand variant and the threads backend against fio, each
   brand run against the mean of the fio runs just before and after it.
 * the epoch boundary: the wait for each epoch's first batch against the
@@ -82,7 +84,24 @@ def fio(ds, loops=2):
            "--output-format=json"]
     out, cpu = timed(cmd)
     j = json.loads(out)["jobs"][0]["read"]
-    return {"bps": j["bw_bytes"], "cpu_per_gb": cpu / (j["io_bytes"] / 1e9)}, cmd
+    return {"bps": j["bw_bytes"], "cpu_per_gb": cpu / (j["io_bytes"] / 1e9), "cpu": cpu, "bytes": j["io_bytes"]}, cmd
+
+
+def fio_steady(one, two):
+    """fio's CPU per GB of its second pass: the difference of a 1-pass and a 2-pass run
+    (what brand's second epoch is compared with: neither pays start-up there)."""
+    return (two["cpu"] - one["cpu"]) / ((two["bytes"] - one["bytes"]) / 1e9)
+
+
+def brand_steady(run):
+    """bytes/s and CPU-seconds per GB of brand's epochs after the first (which also fills
+    memory: its page faults alone were ~25 % of a 1-epoch run's CPU here); None for a
+    build whose `read --json` has no per-epoch cpu_seconds."""
+    eps = run["epochs"][1:]
+    if not eps or any("cpu_seconds" not in e for e in eps):
+        return None
+    read = sum(e["metrics"]["bytes_read"] for e in eps)
+    return {"bps": read / sum(e["seconds"] for e in eps), "cpu_per_gb": sum(e["cpu_seconds"] for e in eps) / (read / 1e9)}
 
 
 def zstd_decompression(brand, root):
@@ -183,6 +202,8 @@ def main():
             for dsn in ["plain", "zstd"]:
                 f, c = fio(sets[dsn])
                 add(("fio", dsn), f, c)
+                f1, _ = fio(sets[dsn], loops=1)
+                res.setdefault(("fio-steady", dsn), []).append(fio_steady(f1, f))
                 for vd, policy, extra in variants:
                     if vd != dsn:
                         continue
@@ -237,7 +258,8 @@ def main():
         for dsn in ["plain", "zstd"]:
             fr = res[("fio", dsn)]
             print(f"## tmpfs, {dsn}: fio {fmt([r['bps'] for r in fr], 1e-9, ' GB/s')}, "
-                  f"{fmt([r['cpu_per_gb'] for r in fr], 1, ' CPU-s/GB')}")
+                  f"{fmt([r['cpu_per_gb'] for r in fr], 1, ' CPU-s/GB')}; its second pass "
+                  f"{fmt(res[('fio-steady', dsn)], 1, ' CPU-s/GB')}")
             print(f"   fio: {cmds[('fio', dsn)]}")
             for vd, policy, extra in variants:
                 if vd != dsn:
@@ -248,6 +270,14 @@ def main():
                     cpu = [b["cpu_per_gb"] / f["cpu_per_gb"] for b, f in zip(br, fr)]
                     print(f"   {bn:8} {policy:6} {' '.join(extra):36} {fmt([b['bps'] for b in br], 1e-9, ' GB/s')} "
                           f"bytes/s ratio {fmt(bw)}  CPU/GB {fmt([b['cpu_per_gb'] for b in br])} ratio {fmt(cpu)}")
+                    steady = [brand_steady(b) for b in br]
+                    if all(steady):
+                        fs = res[("fio-steady", dsn)]
+                        print(f"   {'':8} {'':6} {'  second epoch vs fio second pass':36} "
+                              f"{fmt([s['bps'] for s in steady], 1e-9, ' GB/s')} "
+                              f"bytes/s ratio {fmt([s['bps'] / f['bps'] for s, f in zip(steady, fr)])}  "
+                              f"CPU/GB {fmt([s['cpu_per_gb'] for s in steady])} "
+                              f"ratio {fmt([s['cpu_per_gb'] / c for s, c in zip(steady, fs)])}")
                 print(f"            {cmds[(bins[-1][0], dsn, policy, extra)]}")
             if dsn == "zstd":
                 z = res["zstd-floor"]

@@ -237,7 +237,7 @@ fn sweep_point(engine: &Engine, segments: &[u64], qd: usize, bs: u64, seconds: f
 }
 
 /// User + system CPU time of the whole process (the engine's threads too).
-fn cpu_seconds() -> f64 {
+pub(crate) fn cpu_seconds() -> f64 {
     // SAFETY: an all-zero rusage is a valid value for getrusage to overwrite.
     let mut u: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: u is a valid, writable rusage.

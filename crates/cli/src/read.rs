@@ -78,6 +78,9 @@ pub struct EpochReport {
     /// P99 and max of the waits for the epoch's other batches.
     pub batch_wait_p99_secs: f64,
     pub batch_wait_max_secs: f64,
+    /// CPU time (user + system) the whole process spent during the epoch:
+    /// the consumer's, the engine's and the planning threads'.
+    pub cpu_seconds: f64,
     pub metrics: Metrics,
 }
 
@@ -144,6 +147,7 @@ pub fn run_epochs(
         let mut seen = vec![0u8; n as usize];
         let mut samples = 0u64;
         let start = Instant::now();
+        let cpu_start = crate::bench_device::cpu_seconds();
         let mut waits = Vec::new();
         loop {
             let asked = Instant::now();
@@ -163,6 +167,7 @@ pub fn run_epochs(
         }
         bar.finish_and_clear();
         let secs = start.elapsed().as_secs_f64();
+        let cpu_seconds = crate::bench_device::cpu_seconds() - cpu_start;
         let m = loader.metrics();
         let first_batch_wait_secs = waits.first().copied().unwrap_or(0.0);
         let mut rest: Vec<f64> = waits.iter().skip(1).copied().collect();
@@ -184,6 +189,7 @@ pub fn run_epochs(
             first_batch_wait_secs,
             batch_wait_p99_secs,
             batch_wait_max_secs: rest.last().copied().unwrap_or(0.0),
+            cpu_seconds,
             metrics: m,
         };
         report(&r);
@@ -210,7 +216,7 @@ pub fn run(a: &ReadArgs) -> brand_format::Result<bool> {
             cfg.io.queue_depth
         );
         println!(
-            "{:>5} {:>9} {:>8} {:>10} {:>9} {:>9} {:>6} {:>5} {:>8} {:>8} {:>8} {:>9}",
+            "{:>5} {:>9} {:>8} {:>10} {:>9} {:>9} {:>6} {:>5} {:>8} {:>8} {:>8} {:>9} {:>9}",
             "epoch",
             "samples",
             "secs",
@@ -222,7 +228,8 @@ pub fn run(a: &ReadArgs) -> brand_format::Result<bool> {
             "stall50",
             "stall99",
             "stallmax",
-            "peak RSS"
+            "peak RSS",
+            "CPU s/GB"
         );
     }
     let json = a.json;
@@ -237,7 +244,7 @@ pub fn run(a: &ReadArgs) -> brand_format::Result<bool> {
             if !json {
                 let m = &r.metrics;
                 println!(
-                    "{:>5} {:>9} {:>8.2} {:>10.0} {:>7.0}MB {:>7.0}MB {:>6.2} {:>5} {:>6.2}ms {:>6.2}ms {:>6.2}ms {:>7.0}MiB",
+                    "{:>5} {:>9} {:>8.2} {:>10.0} {:>7.0}MB {:>7.0}MB {:>6.2} {:>5} {:>6.2}ms {:>6.2}ms {:>6.2}ms {:>7.0}MiB {:>9.3}",
                     r.epoch,
                     r.samples,
                     r.seconds,
@@ -253,7 +260,9 @@ pub fn run(a: &ReadArgs) -> brand_format::Result<bool> {
                     m.stall_p50_secs * 1e3,
                     m.stall_p99_secs * 1e3,
                     m.stall_max_secs * 1e3,
-                    r.peak_rss_bytes.unwrap_or(0) as f64 / (1 << 20) as f64
+                    r.peak_rss_bytes.unwrap_or(0) as f64 / (1 << 20) as f64,
+                    // Per GB read from storage (what the device delivered).
+                    r.cpu_seconds / (m.bytes_read.max(1) as f64 / 1e9)
                 );
             }
         },

@@ -114,6 +114,17 @@ fn absurd_gen_and_simulate_arguments_are_errors_not_aborts() {
     }
     let out = ok(&["read", s(&ds), "--compute-ms", "1", "--batch", "100", "--json"]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("\"exactly_once\": true"));
+    // Each epoch reports the process's CPU time: some, and no more than
+    // every core for the epoch's wall time.
+    let epochs: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    for e in epochs.as_array().expect("epochs") {
+        let (cpu, secs) = (
+            e["cpu_seconds"].as_f64().expect("cpu_seconds"),
+            e["seconds"].as_f64().expect("seconds"),
+        );
+        assert!(cpu > 0.0 && cpu <= secs * cores + 0.02, "cpu {cpu} s in {secs} s");
+    }
 }
 
 #[test]
