@@ -967,16 +967,7 @@ impl Loader {
             }
             let _span = tracing::trace_span!("stall", sample).entered();
             match self.engine.recv_timeout(self.cfg.io_timeout)? {
-                Some(c) => {
-                    self.accept(c);
-                    // Keep the queue full while this sample's read is the
-                    // slow one: the reads that completed first made room.
-                    // (Without read-ahead no later read may start before
-                    // this serve frees its room.)
-                    if self.cfg.readahead_bytes > 0 {
-                        self.fill_lookahead()?;
-                    }
-                }
+                Some(c) => self.accept(c),
                 None => {
                     self.hung = true;
                     return Err(self.timeout_error());
