@@ -34,7 +34,11 @@ const RINGS: usize = 2;
 /// Starts the reactors; on failure hands `shared` back (for a fallback backend).
 pub(crate) fn start(shared: Shared) -> Result<Started, (std::io::Error, Option<Shared>)> {
     let (exit_tx, exit_rx) = crossbeam_channel::bounded::<()>(0);
-    let decode_threads = shared.cfg.decode_threads;
+    // Only compressed records go to the pool: a reactor checks an
+    // uncompressed record itself, while its bytes are still in this core's
+    // cache (crc32c runs at 22 GB/s over cached bytes and 10 GB/s over cold
+    // ones on this machine, and handing it over costs a wake-up besides).
+    let decode_threads = if shared.ds.zstd() { shared.cfg.decode_threads } else { 0 };
     let (task_tx, task_rx) = crossbeam_channel::unbounded::<DecodeTask>();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let rings = RINGS.min(cores).min(shared.cfg.queue_depth).max(1);
@@ -45,6 +49,7 @@ pub(crate) fn start(shared: Shared) -> Result<Started, (std::io::Error, Option<S
         let mut mine = shared.clone();
         mine.cfg.queue_depth = shared.cfg.queue_depth.div_ceil(rings);
         mine.cfg.fixed_buffer_bytes = shared.cfg.fixed_buffer_bytes / rings as u64;
+        mine.cfg.decode_threads = decode_threads;
         match start_ring(mine, r, exit_tx.clone(), task_tx.clone()) {
             Ok((tx, thread)) => {
                 senders.push(tx);
@@ -128,33 +133,22 @@ struct RawBytes(*const u8, usize);
 // untouched until the decode thread has replied or dropped its reply sender.
 unsafe impl Send for RawBytes {}
 
-/// What a decode task reads its records from.
-enum Input {
-    /// A read buffer the reactor keeps (and reuses) once the task replies.
-    Lent(RawBytes),
-    /// A buffer that becomes the sample ([`decode_in_place`]).
-    Owned(AlignedBuf),
-}
-
+/// Compressed records to decompress: the task reads them from a read
+/// buffer the reactor keeps (and reuses) once the task replies.
 struct DecodeTask {
     ds: Arc<Dataset>,
     ext: Extent,
-    input: Input,
+    bytes: RawBytes,
     verify: bool,
     reply: tokio::sync::oneshot::Sender<Vec<(u64, RecordResult)>>,
 }
 
 impl DecodeTask {
     fn run(self) {
-        let out = match self.input {
-            Input::Lent(bytes) => {
-                // SAFETY: see RawBytes: the buffer outlives this borrow,
-                // which ends before the reply is sent.
-                let bytes = unsafe { std::slice::from_raw_parts(bytes.0, bytes.1) };
-                decode_records(&self.ds, &self.ext, bytes, self.verify)
-            }
-            Input::Owned(buf) => decode_in_place(&self.ds, &self.ext, buf, self.verify),
-        };
+        // SAFETY: see RawBytes: the buffer outlives this borrow, which ends
+        // before the reply is sent.
+        let bytes = unsafe { std::slice::from_raw_parts(self.bytes.0, self.bytes.1) };
+        let out = decode_records(&self.ds, &self.ext, bytes, self.verify);
         let _ = self.reply.send(out);
     }
 }
@@ -353,7 +347,7 @@ impl Reactor {
         let (buf, read) = self.read_exact(&job.extent, buf).await;
         let (buf, result) = match read {
             Err(e) => (buf, Err(e)),
-            Ok(()) => match self.pool_for_decode() {
+            Ok(()) => match &self.decode {
                 None => {
                     let out = decode_records(&self.shared.ds, &job.extent, buf.bytes(len), self.shared.cfg.verify);
                     (buf, Ok(out))
@@ -373,7 +367,8 @@ impl Reactor {
     }
 
     /// Reads an extent into a buffer that becomes its record's sample (not a
-    /// registered one: those go back to the ring's pool).
+    /// registered one: those go back to the ring's pool), and checks it
+    /// here: such records are uncompressed.
     async fn execute_in_place(&self, job: Job) -> Completion {
         let ext = job.extent;
         let len = ext.len as usize;
@@ -383,7 +378,8 @@ impl Reactor {
             (Err(e), _) => Err(e),
             (Ok(()), ReadBuf::Plain(PageBuf(mut buf))) => {
                 buf.set_len(len);
-                self.decode_owned(ext.clone(), buf).await
+                // Uncompressed (see reads_in_place): checked here, where it was read.
+                Ok(decode_in_place(&self.shared.ds, &ext, buf, self.shared.cfg.verify))
             }
             (Ok(()), ReadBuf::Fixed(_)) => Err(Error::config("internal: an in-place read used a fixed buffer")),
         };
@@ -392,36 +388,6 @@ impl Reactor {
             bytes_read: ext.len,
             result,
         }
-    }
-
-    /// The decode pool, where records are worth sending there: compressed
-    /// ones. An uncompressed record is checked here, on the thread that
-    /// read it, while its bytes are still in this core's cache: crc32c
-    /// runs at 22 GB/s over cached bytes and 10 GB/s over cold ones on
-    /// this machine, and handing it over costs a wake-up besides.
-    fn pool_for_decode(&self) -> Option<&crossbeam_channel::Sender<DecodeTask>> {
-        self.decode.as_ref().filter(|_| self.shared.ds.zstd())
-    }
-
-    /// Decodes an owned buffer on the decode pool (here if there is none).
-    async fn decode_owned(&self, ext: Extent, buf: AlignedBuf) -> brand_format::Result<Vec<(u64, RecordResult)>> {
-        let (ds, verify) = (&self.shared.ds, self.shared.cfg.verify);
-        let Some(decode) = self.pool_for_decode() else {
-            return Ok(decode_in_place(ds, &ext, buf, verify));
-        };
-        let (reply, rx) = tokio::sync::oneshot::channel();
-        let task = DecodeTask {
-            ds: ds.clone(),
-            ext,
-            input: Input::Owned(buf),
-            verify,
-            reply,
-        };
-        if let Err(crossbeam_channel::SendError(task)) = decode.send(task) {
-            // No decode thread left: decode here.
-            task.run();
-        }
-        rx.await.map_err(|_| Error::config("a decode thread stopped"))
     }
 
     /// Decodes on the decode pool, lending it the buffer until it replies.
@@ -438,7 +404,7 @@ impl Reactor {
         let task = DecodeTask {
             ds: self.shared.ds.clone(),
             ext: ext.clone(),
-            input: Input::Lent(raw),
+            bytes: raw,
             verify: self.shared.cfg.verify,
             reply,
         };

@@ -58,24 +58,29 @@ fn exactly_once(ids: &[u64], n: u64) -> bool {
     v == (0..n).collect::<Vec<_>>()
 }
 
+/// Plain and zstd datasets alike (only compressed records go to the
+/// decode pool, so `decode_threads` changes the path for zstd alone).
 #[test]
 fn the_threads_backend_serves_what_io_uring_serves() {
     let t = tempfile::tempdir().expect("tempdir");
-    let ds = dataset(t.path(), 300);
-    let mut runs = Vec::new();
-    for backend in [IoBackend::Uring, IoBackend::Threads] {
-        for decode_threads in [0, 2] {
-            let mut c = config(Memory::Percent(15.0), 0, 1, 1 << 20);
-            c.io.io_backend = backend;
-            c.io.decode_threads = decode_threads;
-            let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
-            let e = (epoch(&mut l, &ds), epoch(&mut l, &ds));
-            assert!(exactly_once(&e.0, 300) && exactly_once(&e.1, 300));
-            assert_eq!(l.metrics().threads_backend, backend == IoBackend::Threads);
-            runs.push(e);
+    let plain = dataset(&t.path().join("plain"), 300);
+    let zstd = zstd_dataset(&t.path().join("zstd"), 300, 3);
+    for ds in [plain, zstd] {
+        let mut runs = Vec::new();
+        for backend in [IoBackend::Uring, IoBackend::Threads] {
+            for decode_threads in [0, 2] {
+                let mut c = config(Memory::Percent(15.0), 0, 1, 1 << 20);
+                c.io.io_backend = backend;
+                c.io.decode_threads = decode_threads;
+                let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
+                let e = (epoch(&mut l, &ds), epoch(&mut l, &ds));
+                assert!(exactly_once(&e.0, 300) && exactly_once(&e.1, 300));
+                assert_eq!(l.metrics().threads_backend, backend == IoBackend::Threads);
+                runs.push(e);
+            }
         }
+        assert!(runs.windows(2).all(|w| w[0] == w[1]), "same order on every backend");
     }
-    assert!(runs.windows(2).all(|w| w[0] == w[1]), "same order on every backend");
 }
 
 /// Child-process tests re-run this test binary with one test selected and
