@@ -123,12 +123,8 @@ def zstd_decompression(brand, root):
     raise RuntimeError(f"unexpected zstd -b output: {out.stdout!r} {out.stderr!r}")
 
 
-def brand_read_cmd(brand, ds, policy, epochs=2, extra=()):
-    return [brand, "read", ds, "--json", "--epochs", str(epochs), "--policy", policy, "--read-gap", "0", *extra]
-
-
 def brand_read(brand, ds, policy, epochs=2, extra=()):
-    cmd = brand_read_cmd(brand, ds, policy, epochs, extra)
+    cmd = [brand, "read", ds, "--json", "--epochs", str(epochs), "--policy", policy, "--read-gap", "0", *extra]
     out, cpu = timed(cmd)
     eps = json.loads(out)
     read = sum(e["metrics"]["bytes_read"] for e in eps)
@@ -219,11 +215,11 @@ def main():
             add(("fio", "disk"), f, c)
             for extra in disk_variants:
                 for bn, bp in bins:
-                    b, _ = brand_read(bp, sets["disk"], "direct", extra=extra)
+                    b, bc = brand_read(bp, sets["disk"], "direct", extra=extra)
                     after, c = fio(sets["disk"])
                     add(("fio", "disk"), after, c)
                     b["fio_bps"] = (f["bps"] + after["bps"]) / 2
-                    add((bn, "disk", extra), b, brand_read_cmd(bp, sets["disk"], "direct", extra=extra))
+                    add((bn, "disk", extra), b, bc)
                     f = after
         if "boundary" in parts or "rss" in parts:
             # Epoch boundary: four epochs of the brand policy, taken as fast
