@@ -117,6 +117,33 @@ unsafe impl Send for AlignedBuf {}
 // SAFETY: shared references only give `&[u8]` access, which is safe to share.
 unsafe impl Sync for AlignedBuf {}
 
+/// The first `cap` bytes of a fresh or recycled sample buffer as zstd's
+/// output: possibly uninitialised until zstd reports, through
+/// `filled_until`, how many bytes it wrote.
+struct UninitOut {
+    ptr: *mut u8,
+    cap: usize,
+    filled: usize,
+}
+
+// SAFETY: as_slice covers only the `filled` bytes zstd reported written;
+// capacity and as_mut_ptr describe `cap` bytes of one live allocation.
+unsafe impl zstd::zstd_safe::WriteBuf for UninitOut {
+    fn as_slice(&self) -> &[u8] {
+        // SAFETY: the first `filled` bytes were written (filled_until's contract).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.filled) }
+    }
+    fn capacity(&self) -> usize {
+        self.cap
+    }
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr
+    }
+    unsafe fn filled_until(&mut self, n: usize) {
+        self.filled = n;
+    }
+}
+
 impl AlignedBuf {
     /// A page-aligned buffer of at least `cap` bytes (rounded up to
     /// [`ALIGN`], at least one block), for device reads.
@@ -133,21 +160,36 @@ impl AlignedBuf {
         b
     }
 
-    /// A [`SAMPLE_ALIGN`]-aligned buffer of `len` bytes whose contents are
-    /// unspecified (zeros, or a recycled sample's bytes), for a caller that
-    /// overwrites all of them (a decompressor): saves [`for_sample`]'s
-    /// memset of every decoded byte.
-    ///
-    /// [`for_sample`]: Self::for_sample
-    pub fn for_overwrite(len: usize) -> Self {
-        let (mut b, recycled) = Self::sample_uninit(len);
-        if !recycled {
-            // SAFETY: the buffer holds cap ≥ len bytes; a recycled one's
-            // are initialised already.
-            unsafe { std::ptr::write_bytes(b.ptr.as_ptr(), 0, len) };
+    /// A [`SAMPLE_ALIGN`]-aligned buffer holding the `len` bytes the zstd
+    /// frame `frame` decompresses to, by `z` (a reused context). Not zeroed
+    /// first: zstd reports the bytes it wrote, and only a frame that wrote
+    /// exactly `len` makes a buffer, which saves a memset of every decoded
+    /// byte. The error says what is wrong with the frame.
+    pub fn zstd_decompressed(z: &mut zstd::bulk::Decompressor<'_>, frame: &[u8], len: usize) -> Result<Self, String> {
+        let (mut b, _) = Self::sample_uninit(len);
+        let mut out = UninitOut {
+            ptr: b.ptr.as_ptr(),
+            cap: len,
+            filled: 0,
+        };
+        let res = z.decompress_to_buffer(frame, &mut out);
+        let filled = out.filled;
+        match res {
+            Ok(n) if n == len && filled == len => {
+                b.len = len;
+                Ok(b)
+            }
+            bad => {
+                // SAFETY: cap ≥ len; zeroing the bytes zstd may have left
+                // unwritten keeps the buffer fully initialised, as the
+                // recycler requires of every buffer dropped into it.
+                unsafe { std::ptr::write_bytes(b.ptr.as_ptr(), 0, len) };
+                Err(match bad {
+                    Err(e) => format!("zstd: {e}"),
+                    Ok(n) => format!("decompressed to {n} bytes, index says {len}"),
+                })
+            }
         }
-        b.len = len;
-        b
     }
 
     /// A sample buffer able to hold `len` bytes, recycled (true) when one
@@ -444,6 +486,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_zstd_frame_decompresses_only_to_its_exact_length() {
+        let raw: Vec<u8> = (0..100_000u32).map(|i| (i / 7 % 251) as u8).collect();
+        let frame = zstd::bulk::compress(&raw, 3).expect("compress");
+        let mut z = zstd::bulk::Decompressor::new().expect("zstd context");
+        let b = AlignedBuf::zstd_decompressed(&mut z, &frame, raw.len()).expect("exact length");
+        assert_eq!((&b[..], b.as_ptr() as usize % SAMPLE_ALIGN), (&raw[..], 0));
+        let short = AlignedBuf::zstd_decompressed(&mut z, &frame, raw.len() + 10).err();
+        assert_eq!(
+            short.as_deref(),
+            Some("decompressed to 100000 bytes, index says 100010")
+        );
+        let long = AlignedBuf::zstd_decompressed(&mut z, &frame, raw.len() - 10).err();
+        assert!(long.is_some_and(|e| e.starts_with("zstd: ")));
+        let torn = AlignedBuf::zstd_decompressed(&mut z, &frame[..frame.len() / 2], raw.len()).err();
+        assert!(torn.is_some_and(|e| e.starts_with("zstd: ")));
+        // The context still works after the errors.
+        let again = AlignedBuf::zstd_decompressed(&mut z, &frame, raw.len()).expect("exact length");
+        assert_eq!(&again[..], &raw[..]);
+    }
+
+    #[test]
     fn aligned_and_rounded() {
         let mut b = AlignedBuf::new(5000);
         assert_eq!(b.capacity(), 8192);
@@ -528,8 +591,10 @@ mod tests {
             assert_eq!((b.len(), b.as_ptr() as usize % SAMPLE_ALIGN), (len - 5000, 0));
             let c_at = b.as_ptr();
             drop(b);
-            let o = AlignedBuf::for_overwrite(len - 7000);
-            assert_eq!((o.len(), o.as_ptr() as usize % SAMPLE_ALIGN), (len - 7000, 0));
+            let mut z = zstd::bulk::Decompressor::new().expect("zstd context");
+            let frame = zstd::bulk::compress(&src[..len - 7000], 1).expect("compress");
+            let o = AlignedBuf::zstd_decompressed(&mut z, &frame, len - 7000).expect("decompresses");
+            assert_eq!((&o[..], o.as_ptr() as usize % SAMPLE_ALIGN), (&src[..len - 7000], 0));
             drop(o);
             let (c, crc) = AlignedBuf::copy_of_with_crc32c(&src[..len - 9000]);
             assert_eq!((&c[..], crc), (&src[..len - 9000], crc32c::crc32c(&src[..len - 9000])));

@@ -212,13 +212,8 @@ impl Dataset {
             return Ok(AlignedBuf::copy_of(stored));
         }
         let raw_len = self.index.raw_len[id as usize] as usize;
-        let mut out = AlignedBuf::for_overwrite(raw_len);
-        let n = zstd::bulk::decompress_to_buffer(stored, out.as_mut_slice())
-            .map_err(|e| self.corrupt(id, format!("zstd: {e}")))?;
-        if n != raw_len {
-            return Err(self.corrupt(id, format!("decompressed to {n} bytes, index says {raw_len}")));
-        }
-        Ok(out)
+        let mut z = zstd::bulk::Decompressor::new().map_err(|e| self.corrupt(id, format!("zstd context: {e}")))?;
+        AlignedBuf::zstd_decompressed(&mut z, stored, raw_len).map_err(|what| self.corrupt(id, what))
     }
 
     fn corrupt(&self, id: u64, what: String) -> Error {

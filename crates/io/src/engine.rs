@@ -557,12 +557,10 @@ fn decode_record(ds: &Dataset, id: u64, stored: &[u8], verify: bool) -> RecordRe
             if !verify || crc == ds.index.crc[i] {
                 return Ok(copy);
             }
-        } else if !verify || crc32c::crc32c(stored) == ds.index.crc[i] {
-            let raw_len = ds.index.raw_len[i] as usize;
-            let mut out = AlignedBuf::for_overwrite(raw_len);
-            if decompress(stored, out.as_mut_slice()) == Some(raw_len) {
-                return Ok(out);
-            }
+        } else if (!verify || crc32c::crc32c(stored) == ds.index.crc[i])
+            && let Some(out) = decompress(stored, ds.index.raw_len[i] as usize)
+        {
+            return Ok(out);
         }
     }
     ds.decode(id, stored, verify)
@@ -573,14 +571,14 @@ thread_local! {
         const { std::cell::RefCell::new(None) };
 }
 
-/// Decompresses the zstd frame `src` into `dst`: its length, or None.
-fn decompress(src: &[u8], dst: &mut [u8]) -> Option<usize> {
+/// The `len` bytes the zstd frame `src` decompresses to, or None.
+fn decompress(src: &[u8], len: usize) -> Option<AlignedBuf> {
     ZSTD.with(|z| {
         let mut z = z.try_borrow_mut().ok()?;
         if z.is_none() {
             *z = zstd::bulk::Decompressor::new().ok();
         }
-        z.as_mut()?.decompress_to_buffer(src, dst).ok()
+        AlignedBuf::zstd_decompressed(z.as_mut()?, src, len).ok()
     })
 }
 
