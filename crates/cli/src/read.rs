@@ -50,6 +50,7 @@ pub struct ReadArgs {
     io_backend: Option<String>,
     /// Threads verifying and decompressing compressed records read by io_uring
     /// (0: on the io thread; uncompressed records are always checked there).
+    /// Default: the cores the (at most 2) io threads leave, at most 8.
     #[arg(long)]
     decode_threads: Option<usize>,
     /// Milliseconds the consumer spends on each batch before asking for the

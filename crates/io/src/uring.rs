@@ -29,7 +29,7 @@ use crate::page_buf::PageBuf;
 /// cache) the kernel copies each read on the thread that submits it, and
 /// one thread's copies were the bottleneck (tmpfs, 2 cores: 0.68 of fio's
 /// bytes/s with one ring, 0.81 with two, at the same CPU per byte).
-const RINGS: usize = 2;
+pub(crate) const RINGS: usize = 2;
 
 /// Starts the reactors; on failure hands `shared` back (for a fallback backend).
 pub(crate) fn start(shared: Shared) -> Result<Started, (std::io::Error, Option<Shared>)> {

@@ -18,7 +18,8 @@
 //! verify = true         # check every record's crc32c
 //! direct = true         # O_DIRECT; false reads through the page cache
 //! io_backend = "auto"   # "auto" (io_uring, threads where refused), "uring" or "threads"
-//! decode_threads = 2    # threads decompressing zstd records read by io_uring, 0..=64 (0: on the io thread)
+//! decode_threads = 2    # threads decompressing zstd records read by io_uring, 0..=64 (0: on the io thread);
+//!                       # default: the cores the (at most 2) io threads leave, at most 8
 //! io_timeout = 60       # seconds a read may take before it is an error, (0, 86400]
 //! on_corrupt = "error"  # "error" (fail when the sample is due) or "skip" (leave it out, counted)
 //!

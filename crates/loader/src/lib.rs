@@ -152,7 +152,9 @@ pub struct IoConfig {
     /// through the page cache, for datasets that stay in RAM between runs.
     pub direct: bool,
     pub io_backend: IoBackend,
-    /// Threads verifying and decompressing io_uring reads (0: on the io thread).
+    /// Threads decompressing zstd records read by io_uring (0: on the io
+    /// thread). Default: the cores the io threads leave, at most 8
+    /// ([`brand_io::engine::default_decode_threads`]).
     pub decode_threads: usize,
     /// A read that does not complete within this is an error naming its
     /// file and offset; Drop waits no longer than this for reads in flight.
@@ -208,7 +210,7 @@ impl Default for IoConfig {
             verify: true,
             direct: true,
             io_backend: IoBackend::Auto,
-            decode_threads: 2,
+            decode_threads: brand_io::engine::default_decode_threads(),
             io_timeout: Duration::from_secs(60),
             on_corrupt: OnCorrupt::Error,
         }
