@@ -203,7 +203,7 @@ fn sweep_point(engine: &Engine, segments: &[u64], qd: usize, bs: u64, seconds: f
             },
         }
     };
-    let cpu_before = cpu_seconds();
+    let cpu_before = crate::process_stats::cpu_seconds();
     let start = Instant::now();
     let deadline = Duration::from_secs_f64(seconds);
     let (mut tag, mut in_flight, mut reads, mut bytes) = (0u64, 0usize, 0u64, 0u64);
@@ -223,7 +223,7 @@ fn sweep_point(engine: &Engine, segments: &[u64], qd: usize, bs: u64, seconds: f
         }
     }
     let secs = start.elapsed().as_secs_f64();
-    let cpu = cpu_seconds() - cpu_before;
+    let cpu = crate::process_stats::cpu_seconds() - cpu_before;
     Ok(Point {
         queue_depth: qd,
         block_bytes: bs,
@@ -234,18 +234,6 @@ fn sweep_point(engine: &Engine, segments: &[u64], qd: usize, bs: u64, seconds: f
         iops: reads as f64 / secs,
         cpu_seconds_per_gb: if bytes > 0 { cpu / (bytes as f64 / 1e9) } else { 0.0 },
     })
-}
-
-/// User + system CPU time of the whole process (the engine's threads too).
-pub(crate) fn cpu_seconds() -> f64 {
-    // SAFETY: an all-zero rusage is a valid value for getrusage to overwrite.
-    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: u is a valid, writable rusage.
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
-        return 0.0;
-    }
-    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
-    t(u.ru_utime) + t(u.ru_stime)
 }
 
 fn size_label(b: u64) -> String {

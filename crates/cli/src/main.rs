@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 mod bench;
 mod bench_device;
+mod process_stats;
 mod read;
 mod serve;
 mod simulate;

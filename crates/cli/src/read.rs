@@ -109,14 +109,6 @@ fn config(a: &ReadArgs) -> brand_format::Result<LoaderConfig> {
     Ok(c)
 }
 
-/// Peak resident set size of this process (Linux), in bytes.
-pub fn peak_rss() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
 /// Reads `epochs` epochs, spending `compute` on each batch; calls `report`
 /// after each epoch.
 pub fn run_epochs(
@@ -148,7 +140,7 @@ pub fn run_epochs(
         let mut seen = vec![0u8; n as usize];
         let mut samples = 0u64;
         let start = Instant::now();
-        let cpu_start = crate::bench_device::cpu_seconds();
+        let cpu_start = crate::process_stats::cpu_seconds();
         let mut waits = Vec::new();
         loop {
             let asked = Instant::now();
@@ -168,7 +160,7 @@ pub fn run_epochs(
         }
         bar.finish_and_clear();
         let secs = start.elapsed().as_secs_f64();
-        let cpu_seconds = crate::bench_device::cpu_seconds() - cpu_start;
+        let cpu_seconds = crate::process_stats::cpu_seconds() - cpu_start;
         let m = loader.metrics();
         let first_batch_wait_secs = waits.first().copied().unwrap_or(0.0);
         let mut rest: Vec<f64> = waits.iter().skip(1).copied().collect();
@@ -186,7 +178,7 @@ pub fn run_epochs(
             read_mb_per_sec: m.bytes_read as f64 / secs / 1e6,
             read_amplification: m.read_amplification(),
             exactly_once: (cfg.plan.world == 1).then(|| seen.iter().all(|&c| c == 1)),
-            peak_rss_bytes: peak_rss(),
+            peak_rss_bytes: crate::process_stats::peak_rss(),
             first_batch_wait_secs,
             batch_wait_p99_secs,
             batch_wait_max_secs: rest.last().copied().unwrap_or(0.0),
