@@ -3,41 +3,12 @@
 //! atomicity, named errors.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 use brand_format::Dataset;
 
-fn brand(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_brand"))
-        .args(args)
-        .output()
-        .expect("run the brand binary")
-}
-
-fn ok(args: &[&str]) -> Output {
-    let out = brand(args);
-    assert!(
-        out.status.success(),
-        "brand {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-/// Runs a command that must fail cleanly: non-zero exit, one `brand: error:`
-/// line, never a panic. Returns stderr.
-fn fails(args: &[&str]) -> String {
-    let out = brand(args);
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(!out.status.success(), "brand {args:?} should fail");
-    assert!(!err.contains("panicked"), "brand {args:?} panicked: {err}");
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    err
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf-8 temp path")
-}
+mod common;
+use common::{brand, fails, ok, s};
 
 /// Small samples keep the suite fast; the layout is the same at any size.
 fn gen_samples(dir: &Path, samples: u64, seed: u64) {

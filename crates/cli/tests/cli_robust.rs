@@ -5,42 +5,11 @@
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn brand(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_brand"))
-        .args(args)
-        .env("RUST_BACKTRACE", "0")
-        .output()
-        .expect("run the brand binary")
-}
-
-fn ok(args: &[&str]) -> Output {
-    let out = brand(args);
-    assert!(
-        out.status.success(),
-        "brand {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-/// Must fail with exit 1 and one `brand: error:` line (warnings may come
-/// before it), no panic or abort.
-fn fails(args: &[&str]) -> String {
-    let out = brand(args);
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(1), "brand {args:?}: {err}");
-    assert!(!err.contains("panicked"), "brand {args:?}: {err}");
-    let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("brand: error:")).collect();
-    assert_eq!(errors.len(), 1, "one error line: {err}");
-    err
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf-8 temp path")
-}
+mod common;
+use common::{fails, ok, s};
 
 fn gen_samples(dir: &Path, samples: u64, mean_kib: &str) {
     ok(&[

@@ -1,0 +1,41 @@
+//! Running the real `brand` binary from the end-to-end tests.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+/// Runs `brand args…` to completion (no backtraces: errors are compared).
+pub fn brand(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_brand"))
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("run the brand binary")
+}
+
+/// Runs a command that must succeed.
+pub fn ok(args: &[&str]) -> Output {
+    let out = brand(args);
+    assert!(
+        out.status.success(),
+        "brand {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Runs a command that must fail cleanly: exit 1 and one `brand: error:`
+/// line (warnings may come before it), never a panic or an abort. Returns
+/// stderr.
+pub fn fails(args: &[&str]) -> String {
+    let out = brand(args);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "brand {args:?}: {err}");
+    assert!(!err.contains("panicked"), "brand {args:?}: {err}");
+    let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("brand: error:")).collect();
+    assert_eq!(errors.len(), 1, "one error line: {err}");
+    err
+}
+
+pub fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 temp path")
+}
