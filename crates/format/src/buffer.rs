@@ -153,7 +153,7 @@ impl AlignedBuf {
 
     /// A [`SAMPLE_ALIGN`]-aligned buffer holding exactly `len` bytes of zeros.
     pub fn for_sample(len: usize) -> Self {
-        let (mut b, _) = Self::sample_uninit(len);
+        let mut b = Self::sample_uninit(len);
         // SAFETY: the buffer holds cap ≥ len bytes.
         unsafe { std::ptr::write_bytes(b.ptr.as_ptr(), 0, len) };
         b.len = len;
@@ -166,7 +166,7 @@ impl AlignedBuf {
     /// exactly `len` makes a buffer, which saves a memset of every decoded
     /// byte. The error says what is wrong with the frame.
     pub fn zstd_decompressed(z: &mut zstd::bulk::Decompressor<'_>, frame: &[u8], len: usize) -> Result<Self, String> {
-        let (mut b, _) = Self::sample_uninit(len);
+        let mut b = Self::sample_uninit(len);
         let mut out = UninitOut {
             ptr: b.ptr.as_ptr(),
             cap: len,
@@ -192,33 +192,21 @@ impl AlignedBuf {
         }
     }
 
-    /// A sample buffer able to hold `len` bytes, recycled (true) when one
-    /// fits. Its `len` is 0; its bytes `[0, len)` are a recycled sample's,
-    /// or uninitialised in a fresh one: the caller must write them before
-    /// the buffer is read.
-    fn sample_uninit(len: usize) -> (Self, bool) {
+    /// A sample buffer able to hold `len` bytes, recycled when one fits. Its
+    /// `len` is 0; its bytes `[0, len)` are a recycled sample's, or
+    /// uninitialised in a fresh one: the caller must write them before the
+    /// buffer is read.
+    fn sample_uninit(len: usize) -> Self {
         let (need, align) = sample_shape(len);
         if let Some(b) = Self::recycled(need) {
-            return (b, true);
+            return b;
         }
-        let layout = Self::layout(need, align);
-        // SAFETY: layout has a non-zero size.
-        let raw = unsafe { alloc(layout) };
-        let Some(ptr) = NonNull::new(raw) else {
-            std::alloc::handle_alloc_error(layout)
-        };
+        let mut b = Self::allocate(need, align, false);
         // SAFETY: [len, need) is inside the allocation; the caller writes
         // [0, len), so every byte ends up initialised.
-        unsafe { std::ptr::write_bytes(ptr.as_ptr().add(len), 0, need - len) };
-        let b = AlignedBuf {
-            ptr,
-            cap: need,
-            offset: 0,
-            len: 0,
-            align,
-            uninit: false,
-        };
-        (b, false)
+        unsafe { std::ptr::write_bytes(b.ptr.as_ptr().add(len), 0, need - len) };
+        b.uninit = false;
+        b
     }
 
     /// A recycled buffer of at least `need` bytes (`len` 0), if one fits.
@@ -247,23 +235,7 @@ impl AlignedBuf {
     /// thread); `len` is 0.
     pub fn for_extent(len: usize) -> Self {
         let need = crate::align_up(len.max(1) as u64) as usize;
-        if let Some(b) = Self::recycled(need) {
-            return b;
-        }
-        let layout = Self::layout(need, ALIGN as usize);
-        // SAFETY: layout has a non-zero size.
-        let raw = unsafe { alloc(layout) };
-        let Some(ptr) = NonNull::new(raw) else {
-            std::alloc::handle_alloc_error(layout)
-        };
-        AlignedBuf {
-            ptr,
-            cap: need,
-            offset: 0,
-            len: 0,
-            align: ALIGN as usize,
-            uninit: true,
-        }
+        Self::recycled(need).unwrap_or_else(|| Self::allocate(need, ALIGN as usize, false))
     }
 
     /// This buffer as a sample of the `len` bytes at `at`, without copying
@@ -330,7 +302,7 @@ impl AlignedBuf {
     fn copy_and_crc32c(src: &[u8], checksum: bool) -> (Self, u32) {
         /// Small enough to stay in L1 between the copy and the checksum.
         const BLOCK: usize = 16 << 10;
-        let (mut buf, _) = Self::sample_uninit(src.len());
+        let mut buf = Self::sample_uninit(src.len());
         let ptr = buf.ptr;
         let mut crc = 0;
         for (i, from) in src.chunks(BLOCK).enumerate() {
@@ -352,10 +324,15 @@ impl AlignedBuf {
 
     /// `align` must be a power of two.
     pub fn with_alignment(cap: usize, align: usize) -> Self {
-        let cap = cap.max(1).div_ceil(align) * align;
+        Self::allocate(cap.max(1).div_ceil(align) * align, align, true)
+    }
+
+    /// A fresh allocation of `cap` bytes (a non-zero multiple of `align`),
+    /// zeroed, or left uninitialised and marked so (see `uninit`).
+    fn allocate(cap: usize, align: usize, zeroed: bool) -> Self {
         let layout = Self::layout(cap, align);
         // SAFETY: layout has a non-zero size.
-        let raw = unsafe { alloc_zeroed(layout) };
+        let raw = unsafe { if zeroed { alloc_zeroed(layout) } else { alloc(layout) } };
         let Some(ptr) = NonNull::new(raw) else {
             std::alloc::handle_alloc_error(layout)
         };
@@ -365,7 +342,7 @@ impl AlignedBuf {
             offset: 0,
             len: 0,
             align,
-            uninit: false,
+            uninit: !zeroed,
         }
     }
 
