@@ -1,7 +1,9 @@
 //! The io_uring backend: `tokio-uring` reactors (up to two rings, each on
 //! its own thread) submit and complete reads and check the uncompressed
-//! records they read; a small pool of decode threads verifies and
-//! decompresses compressed ones, so decompression never holds up I/O.
+//! records they read; compressed ones are verified and decompressed by a
+//! small pool of decode threads (`decode_threads`), or by the reactor that
+//! read them when the pool has none (the default where no core is left
+//! beside the reactors).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
