@@ -161,11 +161,31 @@ impl AlignedBuf {
     }
 
     /// A [`SAMPLE_ALIGN`]-aligned buffer holding the `len` bytes the zstd
-    /// frame `frame` decompresses to, by `z` (a reused context). Not zeroed
-    /// first: zstd reports the bytes it wrote, and only a frame that wrote
-    /// exactly `len` makes a buffer, which saves a memset of every decoded
-    /// byte. The error says what is wrong with the frame.
-    pub fn zstd_decompressed(z: &mut zstd::bulk::Decompressor<'_>, frame: &[u8], len: usize) -> Result<Self, String> {
+    /// frame `frame` decompresses to, by this thread's reused zstd context
+    /// (making one per record costs more than copying the record). Not
+    /// zeroed first: zstd reports the bytes it wrote, and only a frame that
+    /// wrote exactly `len` makes a buffer, which saves a memset of every
+    /// decoded byte. The error says what is wrong with the frame.
+    pub fn zstd_decompressed(frame: &[u8], len: usize) -> Result<Self, String> {
+        thread_local! {
+            static ZSTD: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+                const { std::cell::RefCell::new(None) };
+        }
+        let context = || zstd::bulk::Decompressor::new().map_err(|e| format!("zstd context: {e}"));
+        ZSTD.with(|cell| {
+            // Only a re-entrant call finds this thread's context taken: it makes its own.
+            let Ok(mut cached) = cell.try_borrow_mut() else {
+                return Self::zstd_decompressed_by(&mut context()?, frame, len);
+            };
+            let z = match &mut *cached {
+                Some(z) => z,
+                empty => empty.insert(context()?),
+            };
+            Self::zstd_decompressed_by(z, frame, len)
+        })
+    }
+
+    fn zstd_decompressed_by(z: &mut zstd::bulk::Decompressor<'_>, frame: &[u8], len: usize) -> Result<Self, String> {
         let mut b = Self::sample_uninit(len);
         let mut out = UninitOut {
             ptr: b.ptr.as_ptr(),
@@ -466,20 +486,19 @@ mod tests {
     fn a_zstd_frame_decompresses_only_to_its_exact_length() {
         let raw: Vec<u8> = (0..100_000u32).map(|i| (i / 7 % 251) as u8).collect();
         let frame = zstd::bulk::compress(&raw, 3).expect("compress");
-        let mut z = zstd::bulk::Decompressor::new().expect("zstd context");
-        let b = AlignedBuf::zstd_decompressed(&mut z, &frame, raw.len()).expect("exact length");
+        let b = AlignedBuf::zstd_decompressed(&frame, raw.len()).expect("exact length");
         assert_eq!((&b[..], b.as_ptr() as usize % SAMPLE_ALIGN), (&raw[..], 0));
-        let short = AlignedBuf::zstd_decompressed(&mut z, &frame, raw.len() + 10).err();
+        let short = AlignedBuf::zstd_decompressed(&frame, raw.len() + 10).err();
         assert_eq!(
             short.as_deref(),
             Some("decompressed to 100000 bytes, index says 100010")
         );
-        let long = AlignedBuf::zstd_decompressed(&mut z, &frame, raw.len() - 10).err();
+        let long = AlignedBuf::zstd_decompressed(&frame, raw.len() - 10).err();
         assert!(long.is_some_and(|e| e.starts_with("zstd: ")));
-        let torn = AlignedBuf::zstd_decompressed(&mut z, &frame[..frame.len() / 2], raw.len()).err();
+        let torn = AlignedBuf::zstd_decompressed(&frame[..frame.len() / 2], raw.len()).err();
         assert!(torn.is_some_and(|e| e.starts_with("zstd: ")));
-        // The context still works after the errors.
-        let again = AlignedBuf::zstd_decompressed(&mut z, &frame, raw.len()).expect("exact length");
+        // This thread's context still works after the errors.
+        let again = AlignedBuf::zstd_decompressed(&frame, raw.len()).expect("exact length");
         assert_eq!(&again[..], &raw[..]);
     }
 
@@ -568,9 +587,8 @@ mod tests {
             assert_eq!((b.len(), b.as_ptr() as usize % SAMPLE_ALIGN), (len - 5000, 0));
             let c_at = b.as_ptr();
             drop(b);
-            let mut z = zstd::bulk::Decompressor::new().expect("zstd context");
             let frame = zstd::bulk::compress(&src[..len - 7000], 1).expect("compress");
-            let o = AlignedBuf::zstd_decompressed(&mut z, &frame, len - 7000).expect("decompresses");
+            let o = AlignedBuf::zstd_decompressed(&frame, len - 7000).expect("decompresses");
             assert_eq!((&o[..], o.as_ptr() as usize % SAMPLE_ALIGN), (&src[..len - 7000], 0));
             drop(o);
             let (c, crc) = AlignedBuf::copy_of_with_crc32c(&src[..len - 9000]);

@@ -212,8 +212,7 @@ impl Dataset {
             return Ok(AlignedBuf::copy_of(stored));
         }
         let raw_len = self.index.raw_len[id as usize] as usize;
-        let mut z = zstd::bulk::Decompressor::new().map_err(|e| self.corrupt(id, format!("zstd context: {e}")))?;
-        AlignedBuf::zstd_decompressed(&mut z, stored, raw_len).map_err(|what| self.corrupt(id, what))
+        AlignedBuf::zstd_decompressed(stored, raw_len).map_err(|what| self.corrupt(id, what))
     }
 
     fn corrupt(&self, id: u64, what: String) -> Error {

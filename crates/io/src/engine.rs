@@ -565,42 +565,20 @@ pub(crate) fn decode_records(ds: &Dataset, ext: &Extent, bytes: &[u8], verify: b
         .collect()
 }
 
-/// One record's decoded bytes: an uncompressed record is copied and
-/// checksummed in one pass, a compressed one decompressed with this
-/// thread's reused zstd context (making one per record cost more than the
-/// copy). Anything that does not match the index goes through
-/// [`Dataset::decode`], which names what is wrong.
+/// One record's decoded bytes. An uncompressed record is copied and
+/// checksummed in one pass (each block while in L1) where
+/// [`Dataset::decode`] would read it twice; everything else, and a record
+/// that does not match the index, goes through [`Dataset::decode`], which
+/// decompresses and names what is wrong.
 fn decode_record(ds: &Dataset, id: u64, stored: &[u8], verify: bool) -> RecordResult {
     let i = id as usize;
-    if stored.len() == ds.index.stored_len[i] as usize {
-        if !ds.zstd() {
-            let (copy, crc) = AlignedBuf::copy_of_with_crc32c(stored);
-            if !verify || crc == ds.index.crc[i] {
-                return Ok(copy);
-            }
-        } else if (!verify || crc32c::crc32c(stored) == ds.index.crc[i])
-            && let Some(out) = decompress(stored, ds.index.raw_len[i] as usize)
-        {
-            return Ok(out);
+    if !ds.zstd() && stored.len() == ds.index.stored_len[i] as usize {
+        let (copy, crc) = AlignedBuf::copy_of_with_crc32c(stored);
+        if !verify || crc == ds.index.crc[i] {
+            return Ok(copy);
         }
     }
     ds.decode(id, stored, verify)
-}
-
-thread_local! {
-    static ZSTD: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
-        const { std::cell::RefCell::new(None) };
-}
-
-/// The `len` bytes the zstd frame `src` decompresses to, or None.
-fn decompress(src: &[u8], len: usize) -> Option<AlignedBuf> {
-    ZSTD.with(|z| {
-        let mut z = z.try_borrow_mut().ok()?;
-        if z.is_none() {
-            *z = zstd::bulk::Decompressor::new().ok();
-        }
-        AlignedBuf::zstd_decompressed(z.as_mut()?, src, len).ok()
-    })
 }
 
 #[cfg(test)]
@@ -710,8 +688,9 @@ mod tests {
         assert!(!reads_in_place(&dataset(t.path(), Some(3)), &ext_of(id)));
     }
 
-    /// The one-pass paths serve what `Dataset::decode` serves, and a
-    /// damaged record gets its named error, not a sample.
+    /// The one-pass path serves what `Dataset::decode` serves (compressed
+    /// records go through it), and a damaged record gets its named error,
+    /// not a sample.
     #[test]
     fn fast_decode_matches_the_dataset_and_names_damage() {
         for zstd in [None, Some(3)] {
