@@ -19,7 +19,7 @@ blkio group's where the device is throttled), stall P50/P99 and on-demand
 waits; median and min/max over the rounds, as a Markdown table and JSON.
 The dataset's page cache is dropped (posix_fadvise DONTNEED) before each run.
 
-    sudo python3 bench/dist.py --work /var/tmp/brand-dist --samples 14000 --rounds 5
+    sudo python3 bench/dist.py --work /var/tmp/brand-nodes --samples 14000 --rounds 5
 
 makes (once) `WORK/whole` and `WORK/parts/part-{0,1,2}` from generated
 samples (the sources are deleted once packed), then measures. On tmpfs
@@ -216,7 +216,7 @@ class Throttle:
             return
         self.dev = dev
         for n in range(NODES):
-            g = BLKIO / f"brand-dist-{os.getpid()}-node{n}"
+            g = BLKIO / f"brand-nodes-{os.getpid()}-node{n}"
             g.mkdir(exist_ok=True)
             self.groups.append(g)
             (g / "blkio.throttle.read_iops_device").write_text(f"{dev} {iops}")

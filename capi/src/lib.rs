@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex};
 
 use ::brand_loader::elastic::{SavedWorld, global_position};
 use ::brand_loader::{Batch, Loader, LoaderState};
-use brand_dist::Config;
+use brand_nodes::Config;
 use brand_format::Dataset;
 use brand_plan::Planner;
 
@@ -274,7 +274,7 @@ pub extern "C" fn brand_status_name(status: i32) -> *const c_char {
 }
 
 /// The dataset path and the configuration (NULL: the defaults) of an open
-/// call, with the launcher's environment (`brand_dist::config`).
+/// call, with the launcher's environment (`brand_nodes::config`).
 fn path_and_config<'a>(dataset_path: *const c_char, config_toml: *const c_char) -> Result<(&'a Path, Config), Failure> {
     let path = Path::new(OsStr::from_bytes(c_str(dataset_path, "dataset_path")?.to_bytes()));
     let text = if config_toml.is_null() {
@@ -284,8 +284,8 @@ fn path_and_config<'a>(dataset_path: *const c_char, config_toml: *const c_char) 
             .to_str()
             .map_err(|e| Failure::invalid(format!("config_toml is not UTF-8: {e}")))?
     };
-    let (loader, dist) = brand_dist::config::from_toml(text)?;
-    Ok((path, Config { loader, dist }))
+    let (loader, dist) = brand_nodes::config::from_toml(text)?;
+    Ok((path, Config { loader, nodes: dist }))
 }
 
 /// Where an open call starts.
@@ -368,7 +368,7 @@ fn open_loader(
     };
     // A node may be given its partition of a partitioned pack; a single
     // loader needs the whole dataset (Dataset::open refuses a partition).
-    let ds = Arc::new(if config.dist.world() > 1 {
+    let ds = Arc::new(if config.nodes.world() > 1 {
         Dataset::open_any(path)?
     } else {
         Dataset::open(path)?
@@ -403,7 +403,7 @@ fn open_loader(
         }
         _ => LoaderState::default(),
     };
-    let loader = if config.dist.world() > 1 {
+    let loader = if config.nodes.world() > 1 {
         let node_start = match elastic {
             Some(world) => NodeStart::Elastic(world),
             None => NodeStart::At(start),

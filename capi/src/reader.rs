@@ -1,5 +1,5 @@
 //! What an open handle reads through: a [`Loader`] (one process, the
-//! default) or a node of a multi-node job ([`DistLoader`]), chosen by the
+//! default) or a node of a multi-node job ([`NodeLoader`]), chosen by the
 //! configuration (`nodes`, or the launcher's environment).
 //!
 //! A node connects to its peers at its first batch, not when it is opened:
@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use brand_dist::{Config, DistLoader, DistMetrics};
+use brand_nodes::{Config, NodeLoader, NodeMetrics};
 use brand_format::Dataset;
 use brand_format::error::{Error, Result};
 use brand_loader::elastic::SavedWorld;
@@ -34,7 +34,7 @@ pub(crate) struct Node {
     start: NodeStart,
     /// What `state()` says before the node connects.
     start_state: LoaderState,
-    live: Option<DistLoader>,
+    live: Option<NodeLoader>,
 }
 
 impl Node {
@@ -48,11 +48,11 @@ impl Node {
         }
     }
 
-    fn live(&mut self) -> Result<&mut DistLoader> {
+    fn live(&mut self) -> Result<&mut NodeLoader> {
         if self.live.is_none() {
             let node = match &self.start {
-                NodeStart::At(s) => DistLoader::open(self.ds.clone(), &self.cfg, *s)?,
-                NodeStart::Elastic(saved) => DistLoader::open_elastic(self.ds.clone(), &self.cfg, saved)?,
+                NodeStart::At(s) => NodeLoader::open(self.ds.clone(), &self.cfg, *s)?,
+                NodeStart::Elastic(saved) => NodeLoader::open_elastic(self.ds.clone(), &self.cfg, saved)?,
             };
             self.live = Some(node);
         }
@@ -109,11 +109,11 @@ impl Reader {
     }
 
     /// The loader's metrics, and a node's (zero before it connects), with its rank and world.
-    pub fn metrics(&self) -> (Metrics, Option<(DistMetrics, u32, u32)>) {
+    pub fn metrics(&self) -> (Metrics, Option<(NodeMetrics, u32, u32)>) {
         match self {
             Reader::Local(l) => (l.metrics(), None),
             Reader::Node(n) => {
-                let d = n.live.as_ref().map(DistLoader::metrics).unwrap_or_default();
+                let d = n.live.as_ref().map(NodeLoader::metrics).unwrap_or_default();
                 let m = Metrics {
                     bytes_read: d.bytes_read,
                     bytes_served: d.bytes_served,
@@ -129,7 +129,7 @@ impl Reader {
                     },
                     ..Metrics::default()
                 };
-                (m, Some((d, n.cfg.dist.rank, n.cfg.dist.world())))
+                (m, Some((d, n.cfg.nodes.rank, n.cfg.nodes.world())))
             }
         }
     }

@@ -338,7 +338,7 @@ fn partitioning(count: u32, memory: Option<&str>, samples: u64, chunk_size: u32)
         world: count,
         ..PlanConfig::new(memory)
     };
-    let own = brand_dist::routes::Ownership::of_layout(layout, &plan)?;
+    let own = brand_nodes::routes::Ownership::of_layout(layout, &plan)?;
     Ok(Partitioning {
         count,
         group_chunks: own.group_chunks,

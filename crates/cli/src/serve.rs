@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use brand_dist::{Config, DistLoader, DistMetrics};
+use brand_nodes::{Config, NodeLoader, NodeMetrics};
 use brand_format::{Dataset, Error};
 use brand_loader::LoaderState;
 
@@ -55,14 +55,14 @@ struct EpochReport {
     seconds: f64,
     samples_per_sec: f64,
     /// Cumulative since the node opened.
-    metrics: DistMetrics,
+    metrics: NodeMetrics,
 }
 
 #[derive(Debug, Serialize)]
 struct ServeReport {
     epochs: Vec<EpochReport>,
     /// Totals once the node closed (after serving what its peers were owed).
-    closed: DistMetrics,
+    closed: NodeMetrics,
 }
 
 fn config(a: &ServeArgs) -> brand_format::Result<Config> {
@@ -94,24 +94,24 @@ fn config(a: &ServeArgs) -> brand_format::Result<Config> {
     set("read_gap", string(&a.read_gap));
     set("seed", a.seed.map(|s| toml::Value::Integer(s as i64)));
     set("batch_size", a.batch.map(|b| toml::Value::Integer(b as i64)));
-    let (loader, dist) = brand_dist::config::from_table(t, &|k| std::env::var(k).ok())?;
-    Ok(Config { loader, dist })
+    let (loader, dist) = brand_nodes::config::from_table(t, &|k| std::env::var(k).ok())?;
+    Ok(Config { loader, nodes: dist })
 }
 
 pub fn run(a: &ServeArgs) -> brand_format::Result<()> {
     let cfg = config(a)?;
     // A partition (`brand pack --partitions`) is this node's share.
     let ds = Arc::new(Dataset::open_any(&a.dataset)?);
-    let rank = cfg.dist.rank;
-    let mut node = DistLoader::open(ds, &cfg, LoaderState::default())?;
+    let rank = cfg.nodes.rank;
+    let mut node = NodeLoader::open(ds, &cfg, LoaderState::default())?;
     if !a.json {
         println!(
             "{} of {}: policy {}, memory {} per rank, remote memory {} bytes",
-            cfg.dist.name(rank),
-            cfg.dist.world(),
+            cfg.nodes.name(rank),
+            cfg.nodes.world(),
             cfg.loader.plan.policy,
             cfg.loader.plan.memory,
-            cfg.dist.remote_memory
+            cfg.nodes.remote_memory
         );
     }
     let mut reports = Vec::new();

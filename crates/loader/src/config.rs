@@ -23,7 +23,7 @@
 //! io_timeout = 60       # seconds a read may take before it is an error, (0, 86400]
 //! on_corrupt = "error"  # "error" (fail when the sample is due) or "skip" (leave it out, counted)
 //!
-//! # Multi-node (brand-dist): with 2 or more nodes this process is node `rank`
+//! # Multi-node (brand-nodes): with 2 or more nodes this process is node `rank`
 //! # of a job; `world` and `rank` then follow the node list.
 //! nodes = ["10.0.0.1:7070", "10.0.0.2:7070"]  # every node's host:port by rank, 1..=65536 of them
 //! remote_memory = "256MiB"  # pushed samples a node holds ahead of use, 1 byte..=1TiB (≥ the largest sample)
@@ -32,7 +32,7 @@
 //! tf_port_offset = 1000     # with TF_CONFIG: brand listens on each worker's port + this, 1..=65535
 //! ```
 //!
-//! Without `nodes`, the launcher's environment may give them (brand-dist's
+//! Without `nodes`, the launcher's environment may give them (brand-nodes's
 //! `config` module: `BRAND_NODES` with `RANK`/`WORLD_SIZE`, or `TF_CONFIG`).
 //! Nothing at all: a single node, which listens nowhere.
 //!
@@ -167,7 +167,7 @@ impl ConfigKeys {
         ];
         if let Some((key, _)) = multi_node.iter().find(|(_, set)| *set) {
             return Err(Error::config(format!(
-                "{key} is a multi-node key: open this config as a node (brand_dist::Config, brand serve, brand_open), not as a Loader alone"
+                "{key} is a multi-node key: open this config as a node (brand_nodes::Config, brand serve, brand_open), not as a Loader alone"
             )));
         }
         if let Some(v) = self.batch_size {

@@ -70,7 +70,7 @@ pub struct JobDigest {
     pub nodes: String,
     /// Where every node starts: the epoch, and the global position in it
     /// (samples of the world's sequence already served, see
-    /// `DistLoader::open_elastic`), the same on every node.
+    /// `NodeLoader::open_elastic`), the same on every node.
     #[prost(uint64, tag = "11")]
     pub start_epoch: u64,
     #[prost(uint64, tag = "12")]
@@ -135,5 +135,5 @@ pub struct Credit {
 
 #[allow(clippy::all, clippy::pedantic)]
 pub mod service {
-    include!(concat!(env!("OUT_DIR"), "/brand.dist.Node.rs"));
+    include!(concat!(env!("OUT_DIR"), "/brand.nodes.Node.rs"));
 }

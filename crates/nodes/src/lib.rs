@@ -1,4 +1,4 @@
-//! brand-dist: the multi-node mode (DESIGN.md §6, paper §3.4).
+//! brand-nodes: the multi-node mode (DESIGN.md §6, paper §3.4).
 //!
 //! Groups are assigned to nodes (group `g` → node `g mod W`); a node reads
 //! only the chunks of its groups, once, through the io engine, and pushes
@@ -32,7 +32,7 @@ use brand_loader::elastic::{GlobalPosition, SavedWorld};
 use brand_loader::{LoaderConfig, LoaderState};
 use brand_plan::Planner;
 
-pub use config::DistConfig;
+pub use config::NodeConfig;
 use inbox::{CreditSink, Inbox, sample_len};
 use owner::{Control, Owner, OwnerStats};
 use routes::{ConsumerPlan, Ownership};
@@ -41,20 +41,20 @@ use routes::{ConsumerPlan, Ownership};
 #[derive(Debug, Clone)]
 pub struct Config {
     pub loader: LoaderConfig,
-    pub dist: DistConfig,
+    pub nodes: NodeConfig,
 }
 
 impl Config {
     /// Both from one TOML text (and the launcher's environment, see [`config`]).
     pub fn from_toml(text: &str) -> Result<Self> {
         let (loader, dist) = config::from_toml(text)?;
-        Ok(Config { loader, dist })
+        Ok(Config { loader, nodes: dist })
     }
 }
 
 /// What a node did since it opened.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct DistMetrics {
+pub struct NodeMetrics {
     pub samples_served: u64,
     pub bytes_served: u64,
     /// Served samples this node owns (never crossed the network).
@@ -86,9 +86,9 @@ pub struct DistMetrics {
 /// One node of a multi-node job: serves this rank's batches, and reads and
 /// pushes the samples of the groups it owns. A single node (no `nodes`)
 /// listens nowhere and serves everything itself.
-pub struct DistLoader {
+pub struct NodeLoader {
     ds: Arc<Dataset>,
-    cfg: Arc<DistConfig>,
+    cfg: Arc<NodeConfig>,
     planner: Planner,
     ownership: Ownership,
     batch_size: usize,
@@ -108,8 +108,8 @@ pub struct DistLoader {
 
 /// The digest nodes exchange: job, dataset fingerprint, plan configuration
 /// and where they start (`state.served`: the global position, see
-/// [`DistLoader::open_elastic`]).
-pub fn job_digest(ds: &Dataset, loader: &LoaderConfig, dist: &DistConfig, state: LoaderState) -> wire::JobDigest {
+/// [`NodeLoader::open_elastic`]).
+pub fn job_digest(ds: &Dataset, loader: &LoaderConfig, dist: &NodeConfig, state: LoaderState) -> wire::JobDigest {
     // Partitions of one pack differ only in which part they are: the
     // fingerprint is the whole dataset's (and the partitioning's).
     let mut logical = ds.manifest.clone();
@@ -137,7 +137,7 @@ pub fn job_digest(ds: &Dataset, loader: &LoaderConfig, dist: &DistConfig, state:
 
 /// Who reads which chunk: the plan's groups, or, for a partition, the
 /// groups it was packed with, which must be this node's of this world.
-fn ownership(ds: &Dataset, planner: &Planner, dist: &DistConfig, me: u32) -> Result<Ownership> {
+fn ownership(ds: &Dataset, planner: &Planner, dist: &NodeConfig, me: u32) -> Result<Ownership> {
     let plan = Ownership::of_plan(planner);
     let Some(p) = ds.manifest.partition else {
         return Ok(plan);
@@ -174,13 +174,13 @@ fn percentile(sorted: &[u64], q: f64) -> u64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-impl DistLoader {
-    /// Opens this node (`cfg.dist.rank` of `cfg.dist.nodes`) at `state`; with
+impl NodeLoader {
+    /// Opens this node (`cfg.nodes.rank` of `cfg.nodes.nodes`) at `state`; with
     /// peers, returns once every peer has connected and agreed on the job,
     /// or fails naming those that did not within `peer_timeout`.
     pub fn open(ds: Arc<Dataset>, cfg: &Config, state: LoaderState) -> Result<Self> {
         // Every node at `state`: the world served `served` steps of W positions.
-        let world = cfg.dist.world() as u64;
+        let world = cfg.nodes.world() as u64;
         let at = GlobalPosition {
             epoch: state.epoch,
             position: state.served.saturating_mul(world),
@@ -204,7 +204,7 @@ impl DistLoader {
     /// and drops that one sample, so every node's next serve is its first
     /// position at or after `at.position`.
     fn open_at(ds: Arc<Dataset>, cfg: &Config, at: GlobalPosition) -> Result<Self> {
-        let dist = Arc::new(cfg.dist.clone());
+        let dist = Arc::new(cfg.nodes.clone());
         dist.check()?;
         let mut loader = cfg.loader.clone();
         loader.check()?;
@@ -270,7 +270,7 @@ impl DistLoader {
             .name(format!("brand-owner-{me}"))
             .spawn(move || owner.run())
             .map_err(|e| Error::io("<brand-owner thread>", e))?;
-        let mut this = DistLoader {
+        let mut this = NodeLoader {
             ds: ds.clone(),
             cfg: dist.clone(),
             planner,
@@ -346,12 +346,12 @@ impl DistLoader {
         }
     }
 
-    pub fn metrics(&self) -> DistMetrics {
+    pub fn metrics(&self) -> NodeMetrics {
         let s = self.inbox.stats();
         let o = &self.owner_stats;
         let mut stalls = s.stall_nanos.clone();
         stalls.sort_unstable();
-        DistMetrics {
+        NodeMetrics {
             samples_served: self.samples_served,
             bytes_served: self.bytes_served,
             samples_local: s.samples_local,
@@ -417,11 +417,11 @@ impl DistLoader {
     }
 }
 
-impl DistLoader {
+impl NodeLoader {
     /// Leaves cleanly: first serves the peers what they are owed of the
     /// current epoch (see `Drop`), then returns the final metrics (which
     /// then count every read and push this node made).
-    pub fn close(mut self) -> DistMetrics {
+    pub fn close(mut self) -> NodeMetrics {
         self.stop_owner();
         self.metrics()
     }
@@ -433,7 +433,7 @@ impl DistLoader {
     }
 }
 
-impl Drop for DistLoader {
+impl Drop for NodeLoader {
     fn drop(&mut self) {
         self.stop_owner();
         if let Some(net) = self.net.take() {
@@ -442,7 +442,7 @@ impl Drop for DistLoader {
     }
 }
 
-impl DistLoader {
+impl NodeLoader {
     fn stop_owner(&mut self) {
         if self.owner.is_none() {
             return;

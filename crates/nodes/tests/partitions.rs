@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use brand_dist::routes::Ownership;
-use brand_dist::{Config, DistLoader, DistMetrics};
+use brand_nodes::routes::Ownership;
+use brand_nodes::{Config, NodeLoader, NodeMetrics};
 use brand_format::Dataset;
 use brand_loader::LoaderState;
 use brand_pack::files::FileSource;
@@ -28,7 +28,7 @@ fn config(nodes: &[String], rank: u32, memory: Memory, remote_memory: u64) -> Co
     let mut cfg = node_config(nodes, rank, "partitions");
     cfg.loader.plan.memory = memory;
     cfg.loader.io.readahead_bytes = 64 << 10;
-    cfg.dist.remote_memory = remote_memory;
+    cfg.nodes.remote_memory = remote_memory;
     cfg
 }
 
@@ -66,9 +66,9 @@ fn run_node(
     cfg: Config,
     epochs: u64,
     all_done: Arc<std::sync::Barrier>,
-) -> Result<(Served, DistMetrics), String> {
+) -> Result<(Served, NodeMetrics), String> {
     let ds = Arc::new(Dataset::open_any(&dir).map_err(|e| e.to_string())?);
-    let mut l = DistLoader::open(ds, &cfg, LoaderState::default()).map_err(|e| e.to_string())?;
+    let mut l = NodeLoader::open(ds, &cfg, LoaderState::default()).map_err(|e| e.to_string())?;
     let out = serve_epochs(&mut l, epochs)?;
     all_done.wait();
     Ok((out, l.metrics()))
@@ -104,7 +104,7 @@ fn three_nodes_serve_from_their_own_partitions_only() {
             std::thread::spawn(move || run_node(dir, cfg, 2, b))
         })
         .collect();
-    let results: Vec<(Served, DistMetrics)> = handles
+    let results: Vec<(Served, NodeMetrics)> = handles
         .into_iter()
         .map(|h| h.join().expect("thread").expect("node"))
         .collect();
@@ -140,14 +140,14 @@ fn a_partition_of_another_pack_or_node_is_refused() {
 
     // A partition of a 3-node pack in a 2-node job: named, at open.
     let ds = Arc::new(Dataset::open_any(&dirs_a[0]).expect("open"));
-    let e = DistLoader::open(ds, &cfgs[0], LoaderState::default())
+    let e = NodeLoader::open(ds, &cfgs[0], LoaderState::default())
         .err()
         .map(|e| e.to_string())
         .unwrap_or_default();
     assert!(e.contains("partition 0 of 3") && e.contains("node 0 of 2"), "{e}");
     // Node 0 given node 1's partition: named.
     let ds = Arc::new(Dataset::open_any(&dirs_a[1]).expect("open"));
-    let e = DistLoader::open(ds, &three[0], LoaderState::default())
+    let e = NodeLoader::open(ds, &three[0], LoaderState::default())
         .err()
         .map(|e| e.to_string())
         .unwrap_or_default();
@@ -159,11 +159,11 @@ fn a_partition_of_another_pack_or_node_is_refused() {
     let handles: Vec<_> = (0..NODES)
         .map(|r| {
             let mut cfg = config(&nodes3, r, Memory::Slots(64), 1 << 20);
-            cfg.dist.peer_timeout = Duration::from_secs(5);
+            cfg.nodes.peer_timeout = Duration::from_secs(5);
             let dir = mixed[r as usize].clone();
             std::thread::spawn(move || {
                 let ds = Arc::new(Dataset::open_any(&dir).map_err(|e| e.to_string())?);
-                DistLoader::open(ds, &cfg, LoaderState::default())
+                NodeLoader::open(ds, &cfg, LoaderState::default())
                     .map(|_| ())
                     .map_err(|e| e.to_string())
             })
@@ -197,7 +197,7 @@ fn a_rank_far_ahead_of_a_slow_one_is_held_back() {
         .map(|r| {
             let (ds, cfg, slow) = (ds.clone(), cfgs[r as usize].clone(), slow_served.clone());
             std::thread::spawn(move || {
-                let mut l = DistLoader::open(ds, &cfg, LoaderState::default()).map_err(|e| e.to_string())?;
+                let mut l = NodeLoader::open(ds, &cfg, LoaderState::default()).map_err(|e| e.to_string())?;
                 let (mut served, mut max_lead) = (0u64, 0u64);
                 while let Some(b) = l.next_batch().map_err(|e| e.to_string())? {
                     served += b.len() as u64;

@@ -14,7 +14,7 @@ fn main() {
         .build();
     let service = tonic_build::manual::Service::builder()
         .name("Node")
-        .package("brand.dist")
+        .package("brand.nodes")
         .method(push)
         .build();
     tonic_build::manual::Builder::new().compile(&[service]);

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use brand_dist::{Config, DistConfig, DistLoader};
+use brand_nodes::{Config, NodeConfig, NodeLoader};
 use brand_format::Dataset;
 use brand_loader::{LoaderConfig, ReadGapSetting};
 use brand_plan::{Event, Memory, Planner};
@@ -38,7 +38,7 @@ pub fn node_config(nodes: &[String], rank: u32, job: &str) -> Config {
     loader.io.readahead_bytes = 256 << 10;
     Config {
         loader,
-        dist: DistConfig {
+        dist: NodeConfig {
             nodes: nodes.to_vec(),
             rank,
             remote_memory: 64 << 10,
@@ -62,7 +62,7 @@ pub fn plan_order(ds: &Dataset, cfg: &Config, epoch: u64) -> Vec<u64> {
 }
 
 /// Serves `epochs` epochs of `l`, keeping what each served.
-pub fn serve_epochs(l: &mut DistLoader, epochs: u64) -> Result<Served, String> {
+pub fn serve_epochs(l: &mut NodeLoader, epochs: u64) -> Result<Served, String> {
     let mut out = Vec::new();
     for _ in 0..epochs {
         let mut epoch = Vec::new();

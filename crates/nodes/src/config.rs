@@ -21,7 +21,7 @@ use brand_loader::config::{ConfigKeys, NodeKeys};
 
 /// How this node finds and treats its peers.
 #[derive(Debug, Clone, PartialEq)]
-pub struct DistConfig {
+pub struct NodeConfig {
     /// Every node's `host:port`, by rank. One entry (or none): single node.
     pub nodes: Vec<String>,
     /// This node's index in `nodes` (the loader's `rank`).
@@ -40,17 +40,17 @@ pub const DEFAULT_TF_PORT_OFFSET: u16 = 1000;
 
 /// A loader configuration and a multi-node one from one TOML text, with the
 /// process environment.
-pub fn from_toml(text: &str) -> Result<(LoaderConfig, DistConfig)> {
+pub fn from_toml(text: &str) -> Result<(LoaderConfig, NodeConfig)> {
     from_toml_with_env(text, &|k| std::env::var(k).ok())
 }
 
 /// [`from_toml`] with the environment given as a function (for tests).
-pub fn from_toml_with_env(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<(LoaderConfig, DistConfig)> {
+pub fn from_toml_with_env(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<(LoaderConfig, NodeConfig)> {
     resolve_keys(ConfigKeys::from_toml(text)?, env)
 }
 
 /// [`from_toml_with_env`] from parsed keys (a file's, with flags set on top).
-pub fn from_table(table: toml::Table, env: &dyn Fn(&str) -> Option<String>) -> Result<(LoaderConfig, DistConfig)> {
+pub fn from_table(table: toml::Table, env: &dyn Fn(&str) -> Option<String>) -> Result<(LoaderConfig, NodeConfig)> {
     let keys: ConfigKeys = toml::Value::Table(table)
         .try_into()
         .map_err(|e: toml::de::Error| Error::config(format!("config: {}", e.message().trim())))?;
@@ -58,7 +58,7 @@ pub fn from_table(table: toml::Table, env: &dyn Fn(&str) -> Option<String>) -> R
 }
 
 /// Splits the keys into the loader's and the multi-node ones, and resolves them.
-pub fn resolve_keys(mut keys: ConfigKeys, env: &dyn Fn(&str) -> Option<String>) -> Result<(LoaderConfig, DistConfig)> {
+pub fn resolve_keys(mut keys: ConfigKeys, env: &dyn Fn(&str) -> Option<String>) -> Result<(LoaderConfig, NodeConfig)> {
     let node_keys = keys.take_nodes()?;
     resolve(keys, node_keys, env)
 }
@@ -69,7 +69,7 @@ pub fn resolve(
     loader_keys: ConfigKeys,
     keys: NodeKeys,
     env: &dyn Fn(&str) -> Option<String>,
-) -> Result<(LoaderConfig, DistConfig)> {
+) -> Result<(LoaderConfig, NodeConfig)> {
     let explicit_world = loader_keys.world;
     let explicit_rank = loader_keys.rank;
     let mut loader = LoaderConfig::default();
@@ -98,7 +98,7 @@ pub fn resolve(
         .job
         .or_else(|| env("BRAND_JOB"))
         .unwrap_or_else(|| format!("brand:{}", nodes.join(",")));
-    let dist = DistConfig {
+    let dist = NodeConfig {
         nodes,
         rank: loader.plan.rank,
         remote_memory: keys.remote_memory.unwrap_or(DEFAULT_REMOTE_MEMORY),
@@ -109,10 +109,10 @@ pub fn resolve(
     Ok((loader, dist))
 }
 
-impl DistConfig {
+impl NodeConfig {
     /// A single node: nothing listens, every sample is local.
     pub fn single() -> Self {
-        DistConfig {
+        NodeConfig {
             nodes: Vec::new(),
             rank: 0,
             remote_memory: DEFAULT_REMOTE_MEMORY,

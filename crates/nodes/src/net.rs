@@ -13,7 +13,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use brand_format::error::{Error, Result};
 
-use crate::config::DistConfig;
+use crate::config::NodeConfig;
 use crate::inbox::{CreditSink, Inbox};
 use crate::owner::Control;
 use crate::wire::service::node_client::NodeClient;
@@ -37,7 +37,7 @@ pub struct Net {
 }
 
 pub struct Ctx {
-    pub cfg: Arc<DistConfig>,
+    pub cfg: Arc<NodeConfig>,
     pub digest: JobDigest,
     pub inbox: Arc<Inbox>,
     pub control: crossbeam_channel::Sender<Control>,
@@ -68,11 +68,11 @@ impl Net {
         let addr = ctx.cfg.nodes[me as usize].clone();
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
-            .thread_name("brand-dist")
+            .thread_name("brand-nodes")
             .on_thread_start(block_sigpipe)
             .enable_all()
             .build()
-            .map_err(|e| Error::io("<brand-dist runtime>", e))?;
+            .map_err(|e| Error::io("<brand-nodes runtime>", e))?;
         // Bound here, synchronously, so a taken port is an error from open().
         let listener = std::net::TcpListener::bind(&addr)
             .map_err(|e| Error::config(format!("{}: cannot listen: {e}", ctx.cfg.name(me))))?;

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use brand_dist::{Config, DistLoader, DistMetrics};
+use brand_nodes::{Config, NodeLoader, NodeMetrics};
 use brand_format::Dataset;
 use brand_loader::LoaderState;
 use brand_pack::synthetic::small_dataset;
@@ -26,12 +26,12 @@ fn dataset(root: &std::path::Path) -> Arc<Dataset> {
 
 fn config(nodes: &[String], rank: u32, remote_memory: u64, timeout: Duration) -> Config {
     let mut cfg = node_config(nodes, rank, "test");
-    cfg.dist.remote_memory = remote_memory;
-    cfg.dist.peer_timeout = timeout;
+    cfg.nodes.remote_memory = remote_memory;
+    cfg.nodes.peer_timeout = timeout;
     cfg
 }
 
-fn run_node(ds: Arc<Dataset>, cfg: Config, epochs: u64) -> Result<(Served, DistMetrics), String> {
+fn run_node(ds: Arc<Dataset>, cfg: Config, epochs: u64) -> Result<(Served, NodeMetrics), String> {
     run_node_then(ds, cfg, epochs, None)
 }
 
@@ -42,8 +42,8 @@ fn run_node_then(
     cfg: Config,
     epochs: u64,
     all_done: Option<Arc<std::sync::Barrier>>,
-) -> Result<(Served, DistMetrics), String> {
-    let mut l = DistLoader::open(ds, &cfg, LoaderState::default()).map_err(|e| e.to_string())?;
+) -> Result<(Served, NodeMetrics), String> {
+    let mut l = NodeLoader::open(ds, &cfg, LoaderState::default()).map_err(|e| e.to_string())?;
     let out = serve_epochs(&mut l, epochs)?;
     if let Some(b) = all_done {
         b.wait();
@@ -70,7 +70,7 @@ fn three_nodes_serve_the_plan_once_and_read_each_chunk_at_its_owner_only() {
             std::thread::spawn(move || run_node_then(ds, c, 2, Some(b)))
         })
         .collect();
-    let results: Vec<(Served, DistMetrics)> = handles
+    let results: Vec<(Served, NodeMetrics)> = handles
         .into_iter()
         .map(|h| h.join().expect("thread").expect("node"))
         .collect();
@@ -156,7 +156,7 @@ fn a_node_killed_mid_epoch_fails_the_others_naming_it() {
     let killed = {
         let (ds, c) = (ds.clone(), cfgs[2].clone());
         std::thread::spawn(move || {
-            let mut l = DistLoader::open(ds, &c, LoaderState::default()).map_err(|e| e.to_string())?;
+            let mut l = NodeLoader::open(ds, &c, LoaderState::default()).map_err(|e| e.to_string())?;
             for _ in 0..3 {
                 l.next_batch().map_err(|e| e.to_string())?;
             }
@@ -200,7 +200,7 @@ fn all_nodes_resume_mid_epoch_from_the_same_state() {
         .map(|c| {
             let ds = ds.clone();
             std::thread::spawn(move || {
-                let mut l = DistLoader::open(ds, &c, state).map_err(|e| e.to_string())?;
+                let mut l = NodeLoader::open(ds, &c, state).map_err(|e| e.to_string())?;
                 let mut ids = Vec::new();
                 while let Some(b) = l.next_batch().map_err(|e| e.to_string())? {
                     ids.extend(b.iter().map(|s| s.id));

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use brand_format::dataset::Dataset;
 use brand_loader::SampleBytes;
 
-use crate::config::DistConfig;
+use crate::config::NodeConfig;
 use crate::owner::Control;
 use crate::routes::ConsumerPlan;
 use crate::wire::{Credit, Sample};
@@ -72,7 +72,7 @@ struct State {
 
 pub struct Inbox {
     ds: Arc<Dataset>,
-    cfg: Arc<DistConfig>,
+    cfg: Arc<NodeConfig>,
     state: Mutex<State>,
     cond: Condvar,
 }
@@ -91,7 +91,7 @@ pub fn sample_len(ds: &Dataset, sample: u64) -> u64 {
 const CREDIT_BATCH: u64 = 16;
 
 impl Inbox {
-    pub fn new(ds: Arc<Dataset>, cfg: Arc<DistConfig>, plan: ConsumerPlan, from_step: u64) -> Self {
+    pub fn new(ds: Arc<Dataset>, cfg: Arc<NodeConfig>, plan: ConsumerPlan, from_step: u64) -> Self {
         let w = cfg.world() as usize;
         let mut state = State {
             plan: Arc::new(plan),
@@ -123,7 +123,7 @@ impl Inbox {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn reset(ds: &Dataset, cfg: &DistConfig, s: &mut State, from_step: u64) {
+    fn reset(ds: &Dataset, cfg: &NodeConfig, s: &mut State, from_step: u64) {
         let from = from_step.min(s.plan.steps());
         s.cursor = from;
         s.window = from;
@@ -133,7 +133,7 @@ impl Inbox {
         Self::grow_window(ds, cfg, s);
     }
 
-    fn grow_window(ds: &Dataset, cfg: &DistConfig, s: &mut State) {
+    fn grow_window(ds: &Dataset, cfg: &NodeConfig, s: &mut State) {
         let steps = s.plan.steps();
         while s.window < steps {
             let len = sample_len(ds, s.plan.samples[s.window as usize] as u64);
