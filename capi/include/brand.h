@@ -56,14 +56,14 @@
 #define BRAND_ABI_VERSION 1
 
 /**
- * `brand_metrics.read_gap` when whole chunks are read (the paper's way).
- */
-#define BRAND_READ_GAP_WHOLE UINT64_MAX
-
-/**
  * The alignment of every sample's `data` pointer, in bytes.
  */
 #define BRAND_SAMPLE_ALIGN 64
+
+/**
+ * `brand_metrics.read_gap` when whole chunks are read (the paper's way).
+ */
+#define BRAND_READ_GAP_WHOLE UINT64_MAX
 
 /**
  * What a call did. A fixed-width `int32_t` in C: `BRAND_OK` is 0, the
@@ -154,6 +154,34 @@ typedef struct brand_batch brand_batch;
  * An open loader. Opaque: the pointer is a handle, never dereference it.
  */
 typedef struct brand_loader brand_loader;
+
+/**
+ * One sample of a batch, borrowed from it: every pointer stays valid until
+ * the batch is freed.
+ */
+typedef struct brand_sample {
+  /**
+   * The sample's bytes, `BRAND_SAMPLE_ALIGN`-aligned (never NULL, even
+   * when `len` is 0). Not a copy: it points into the batch.
+   */
+  const uint8_t *data;
+  size_t len;
+  /**
+   * The sample's key (its source path, `file:record`, or LMDB key): raw
+   * bytes, `key_len` of them, NOT NUL-terminated and not necessarily
+   * UTF-8. Print it with `printf("%.*s", (int)key_len, key)`.
+   */
+  const char *key;
+  size_t key_len;
+  /**
+   * The sample id: its position in the packed dataset, `0..samples`.
+   */
+  uint64_t id;
+  /**
+   * The class label, -1 where the source had none.
+   */
+  int64_t label;
+} brand_sample;
 
 /**
  * Loader counters (`brand_get_metrics`), cumulative since the loader was opened. Set
@@ -284,34 +312,6 @@ typedef struct brand_metrics {
   uint64_t owner_peak_bytes;
 } brand_metrics;
 
-/**
- * One sample of a batch, borrowed from it: every pointer stays valid until
- * the batch is freed.
- */
-typedef struct brand_sample {
-  /**
-   * The sample's bytes, `BRAND_SAMPLE_ALIGN`-aligned (never NULL, even
-   * when `len` is 0). Not a copy: it points into the batch.
-   */
-  const uint8_t *data;
-  size_t len;
-  /**
-   * The sample's key (its source path, `file:record`, or LMDB key): raw
-   * bytes, `key_len` of them, NOT NUL-terminated and not necessarily
-   * UTF-8. Print it with `printf("%.*s", (int)key_len, key)`.
-   */
-  const char *key;
-  size_t key_len;
-  /**
-   * The sample id: its position in the packed dataset, `0..samples`.
-   */
-  uint64_t id;
-  /**
-   * The class label, -1 where the source had none.
-   */
-  int64_t label;
-} brand_sample;
-
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -338,6 +338,66 @@ const char *brand_last_error(void);
  * "BRAND_UNKNOWN_STATUS" for values this library does not define).
  */
 const char *brand_status_name(int32_t status);
+
+/**
+ * The next batch of the current epoch.
+ *
+ * BRAND_OK: `*out` is a batch of 1..=batch_size samples, owned by the
+ * caller until `brand_batch_free`. BRAND_END_OF_EPOCH: `*out` is NULL and
+ * the epoch is complete (every sample of this rank's share served exactly
+ * once); the next call starts the next epoch. On an error `*out` is NULL
+ * and nothing was consumed: a corrupt record (BRAND_ERR_CORRUPT; the
+ * message names segment, chunk, offset and sample) is reported again on
+ * every call until `brand_start_epoch`, and the state still points at it.
+ */
+brand_status brand_next(struct brand_loader *loader, struct brand_batch **out);
+
+/**
+ * The number of samples in `batch` (0 for NULL).
+ */
+size_t brand_batch_len(const struct brand_batch *batch);
+
+/**
+ * The epoch `batch` belongs to (0 for NULL).
+ */
+uint64_t brand_batch_epoch(const struct brand_batch *batch);
+
+/**
+ * Sample `index` (0..brand_batch_len) of `batch`, into `*out`. Zero-copy:
+ * `out->data` and `out->key` point into the batch and stay valid until
+ * `brand_batch_free`. BRAND_ERR_INVALID_ARGUMENT for NULLs or an index out
+ * of range.
+ */
+brand_status brand_batch_sample(const struct brand_batch *batch,
+                                size_t index,
+                                struct brand_sample *out);
+
+/**
+ * Samples `first..first + count` of `batch` into `out[0..count]` in one
+ * call: the same as `brand_batch_sample` for each index, without a call per
+ * sample (use it on hot paths). BRAND_ERR_INVALID_ARGUMENT for NULLs or a
+ * range past the end, with nothing written. `out` may be NULL if `count` is 0.
+ */
+brand_status brand_batch_samples(const struct brand_batch *batch,
+                                 size_t first,
+                                 size_t count,
+                                 struct brand_sample *out);
+
+/**
+ * Frees `*batch` and sets `*batch` to NULL; `batch == NULL` or
+ * `*batch == NULL` is a no-op. So freeing twice through the same variable
+ * is safe; freeing through another copy of a freed pointer is not (batches
+ * are plain heap objects: that is a double free). Samples taken from the
+ * batch become invalid. A batch may be freed on any thread, and may be
+ * freed after its loader was closed.
+ */
+void brand_batch_free(struct brand_batch **batch);
+
+/**
+ * Fills `*out` with the loader's counters. The caller sets
+ * `out->struct_size` first (at least 4); see `brand_metrics`.
+ */
+brand_status brand_get_metrics(const struct brand_loader *loader, struct brand_metrics *out);
 
 /**
  * Opens a loader over the dataset directory `dataset_path` (made by
@@ -438,19 +498,6 @@ brand_status brand_open_at_elastic(const char *dataset_path,
 brand_status brand_close(struct brand_loader **loader);
 
 /**
- * The next batch of the current epoch.
- *
- * BRAND_OK: `*out` is a batch of 1..=batch_size samples, owned by the
- * caller until `brand_batch_free`. BRAND_END_OF_EPOCH: `*out` is NULL and
- * the epoch is complete (every sample of this rank's share served exactly
- * once); the next call starts the next epoch. On an error `*out` is NULL
- * and nothing was consumed: a corrupt record (BRAND_ERR_CORRUPT; the
- * message names segment, chunk, offset and sample) is reported again on
- * every call until `brand_start_epoch`, and the state still points at it.
- */
-brand_status brand_next(struct brand_loader *loader, struct brand_batch **out);
-
-/**
  * Jumps to the start of `epoch` (each epoch has its own order), dropping
  * anything read ahead. Also the way on after BRAND_ERR_CORRUPT. A node of
  * a multi-node job can only be told its start before its first
@@ -496,53 +543,6 @@ brand_status brand_state_save(const struct brand_loader *loader,
                               uint8_t *buf,
                               size_t len,
                               size_t *written);
-
-/**
- * Fills `*out` with the loader's counters. The caller sets
- * `out->struct_size` first (at least 4); see `brand_metrics`.
- */
-brand_status brand_get_metrics(const struct brand_loader *loader, struct brand_metrics *out);
-
-/**
- * The number of samples in `batch` (0 for NULL).
- */
-size_t brand_batch_len(const struct brand_batch *batch);
-
-/**
- * The epoch `batch` belongs to (0 for NULL).
- */
-uint64_t brand_batch_epoch(const struct brand_batch *batch);
-
-/**
- * Sample `index` (0..brand_batch_len) of `batch`, into `*out`. Zero-copy:
- * `out->data` and `out->key` point into the batch and stay valid until
- * `brand_batch_free`. BRAND_ERR_INVALID_ARGUMENT for NULLs or an index out
- * of range.
- */
-brand_status brand_batch_sample(const struct brand_batch *batch,
-                                size_t index,
-                                struct brand_sample *out);
-
-/**
- * Samples `first..first + count` of `batch` into `out[0..count]` in one
- * call: the same as `brand_batch_sample` for each index, without a call per
- * sample (use it on hot paths). BRAND_ERR_INVALID_ARGUMENT for NULLs or a
- * range past the end, with nothing written. `out` may be NULL if `count` is 0.
- */
-brand_status brand_batch_samples(const struct brand_batch *batch,
-                                 size_t first,
-                                 size_t count,
-                                 struct brand_sample *out);
-
-/**
- * Frees `*batch` and sets `*batch` to NULL; `batch == NULL` or
- * `*batch == NULL` is a no-op. So freeing twice through the same variable
- * is safe; freeing through another copy of a freed pointer is not (batches
- * are plain heap objects: that is a double free). Samples taken from the
- * batch become invalid. A batch may be freed on any thread, and may be
- * freed after its loader was closed.
- */
-void brand_batch_free(struct brand_batch **batch);
 
 #ifdef __cplusplus
 }  // extern "C"

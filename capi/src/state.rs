@@ -1,349 +1,109 @@
-//! The checkpoint blob of `brand_state_save` / `brand_open_at`.
-//!
-//! Version 1, 88 bytes, every integer little-endian:
-//!
-//! ```text
-//!  0  magic      8   "BRDSTATE"
-//!  8  version    u32 1
-//! 12  length     u32 88 (the whole blob)
-//! 16  epoch      u64 LoaderState::epoch
-//! 24  served     u64 LoaderState::served (samples of `epoch` already handed out)
-//!     -- the dataset --
-//! 32  samples    u64
-//! 40  chunk_size u32
-//! 44  content    u32 crc32c over the index's per-record crc32c column (which
-//!                    data: two packs of different inputs differ here)
-//! 48  pack_seed  u64
-//!     -- the plan config (everything the served order depends on) --
-//! 56  slots      u64 the memory budget as abstract slots per rank (what the
-//!                    plan uses: "10%" and an equal byte budget are the same)
-//! 64  seed       u64
-//! 72  rank       u32
-//! 76  world      u32
-//! 80  policy     u8  0 brand, 1 brand-random, 2 direct, 3 chunk-shuffle, 4 sequential
-//! 81  drop_last  u8  0 or 1
-//! 82  reserved   [u8; 2] zero
-//! 84  crc32c     u32 of bytes 0..84
-//! ```
-//!
-//! I/O settings (batch size, read gap, queue depth, readahead, verify) are
-//! not part of it: they change how fast the plan's sequence arrives, never
-//! the sequence, so a run may resume with different ones.
-//!
-//! Elastic resume needs no other version: the states of all W ranks carry
-//! each rank's `rank`, `world`, `slots` and `served`, so together they give
-//! the total memory (W × slots) and the global position (the sum of
-//! `served`, checked to be one prefix of the global sequence), which a
-//! single blob could only assume (see `brand_loader::elastic`).
+//! Where a loader is and its checkpoints: the position (`brand_tell`,
+//! `brand_start_epoch`), the epoch's size, and the state blob
+//! (`brand_loader::Checkpoint`) that `brand_open_at` resumes from.
 
-use ::brand_loader::LoaderState;
-use brand_format::Dataset;
-use brand_plan::{Geometry, Memory, PlanConfig, Policy};
+use ::brand_loader::Checkpoint;
 
-pub(crate) const MAGIC: [u8; 8] = *b"BRDSTATE";
-pub(crate) const VERSION: u32 = 1;
-pub(crate) const LEN: usize = 88;
+use crate::handles::{brand_loader, put, with_loader};
+use crate::status::brand_status::{self, *};
+use crate::status::{Failure, boundary};
 
-/// What a state must agree with before it is restored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Fingerprint {
-    pub samples: u64,
-    pub chunk_size: u32,
-    pub content: u32,
-    pub pack_seed: u64,
-    pub slots: u64,
-    pub seed: u64,
-    pub rank: u32,
-    pub world: u32,
-    pub policy: u8,
-    pub drop_last: bool,
-}
-
-fn policy_code(p: Policy) -> u8 {
-    match p {
-        Policy::Brand => 0,
-        Policy::BrandRandom => 1,
-        Policy::Direct => 2,
-        Policy::ChunkShuffle => 3,
-        Policy::Sequential => 4,
-    }
-}
-
-fn policy_of(code: u8) -> Option<Policy> {
-    Policy::ALL.into_iter().find(|&p| policy_code(p) == code)
-}
-
-fn policy_name(code: u8) -> String {
-    policy_of(code).map_or_else(|| format!("unknown policy #{code}"), |p| p.name().to_string())
-}
-
-impl Fingerprint {
-    pub fn of(ds: &Dataset, plan: &PlanConfig, geometry: &Geometry) -> Self {
-        // The per-record checksums stand for the data: cheap (4 bytes a
-        // sample, hashed once at open) and different for different contents.
-        let mut content = 0u32;
-        let mut buf = Vec::with_capacity(4096);
-        for part in ds.index.crc.chunks(1024) {
-            buf.clear();
-            buf.extend(part.iter().flat_map(|c| c.to_le_bytes()));
-            content = crc32c::crc32c_append(content, &buf);
-        }
-        Fingerprint {
-            samples: ds.index.samples(),
-            chunk_size: ds.index.chunk_size(),
-            content,
-            pack_seed: ds.manifest.pack_seed,
-            slots: geometry.rank_slots,
-            seed: plan.seed,
-            rank: plan.rank,
-            world: plan.world,
-            policy: policy_code(plan.policy),
-            drop_last: plan.drop_last,
-        }
-    }
-
-    /// What differs from `now`, one phrase each (empty: they agree).
-    fn differences(&self, now: &Fingerprint) -> (Vec<String>, Vec<String>) {
-        let mut data = Vec::new();
-        let mut plan = Vec::new();
-        let cmp = |list: &mut Vec<String>, what: &str, saved: String, current: String| {
-            if saved != current {
-                list.push(format!("{what} {saved} in the state, {current} now"));
-            }
-        };
-        let (s, n) = (self, now);
-        cmp(&mut data, "samples", s.samples.to_string(), n.samples.to_string());
-        cmp(
-            &mut data,
-            "chunk size",
-            s.chunk_size.to_string(),
-            n.chunk_size.to_string(),
-        );
-        cmp(&mut data, "pack seed", s.pack_seed.to_string(), n.pack_seed.to_string());
-        cmp(
-            &mut data,
-            "content checksum",
-            format!("{:#010x}", s.content),
-            format!("{:#010x}", n.content),
-        );
-        cmp(&mut plan, "policy", policy_name(s.policy), policy_name(n.policy));
-        cmp(&mut plan, "seed", s.seed.to_string(), n.seed.to_string());
-        cmp(
-            &mut plan,
-            "memory (slots per rank)",
-            s.slots.to_string(),
-            n.slots.to_string(),
-        );
-        cmp(&mut plan, "rank", s.rank.to_string(), n.rank.to_string());
-        cmp(&mut plan, "world", s.world.to_string(), n.world.to_string());
-        cmp(&mut plan, "drop_last", s.drop_last.to_string(), n.drop_last.to_string());
-        (data, plan)
-    }
-
-    /// Why a state saved with `self` cannot be restored on `now`, if so.
-    pub fn mismatch(&self, now: &Fingerprint) -> Option<String> {
-        let (data, plan) = self.differences(now);
-        Self::describe(data, plan).map(|why| {
-            if self.world != now.world {
-                format!(
-                    "{why} (to continue a world of {} ranks on {}, pass every rank's state to brand_open_at_elastic)",
-                    self.world, now.world
-                )
-            } else {
-                why
-            }
+/// Jumps to the start of `epoch` (each epoch has its own order), dropping
+/// anything read ahead. Also the way on after BRAND_ERR_CORRUPT. A node of
+/// a multi-node job can only be told its start before its first
+/// `brand_next` (BRAND_ERR_CONFIG after, unless it is there already).
+#[unsafe(no_mangle)]
+pub extern "C" fn brand_start_epoch(loader: *mut brand_loader, epoch: u64) -> brand_status {
+    boundary(|| {
+        with_loader(loader, |reader| {
+            reader.start_epoch(epoch)?;
+            Ok(BRAND_OK)
         })
-    }
+    })
+}
 
-    /// Why a state saved with `self` cannot be one of the states an elastic
-    /// resume on `now` starts from, if so: the dataset and the order's
-    /// settings must agree; rank, world and memory per rank may differ
-    /// (the total memory is checked across all the states).
-    pub fn elastic_mismatch(&self, now: &Fingerprint) -> Option<String> {
-        let same_world = Fingerprint {
-            rank: now.rank,
-            world: now.world,
-            slots: now.slots,
-            ..*self
-        };
-        let (data, plan) = same_world.differences(now);
-        Self::describe(data, plan)
-    }
-
-    /// The plan config the saved world ran (rank 0; memory in its slots).
-    pub fn saved_plan(&self) -> Result<PlanConfig, String> {
-        Ok(PlanConfig {
-            memory: Memory::Slots(self.slots),
-            policy: policy_of(self.policy)
-                .ok_or_else(|| format!("loader state has unknown policy #{}", self.policy))?,
-            seed: self.seed,
-            rank: 0,
-            world: self.world,
-            drop_last: self.drop_last,
-        })
-    }
-
-    fn describe(data: Vec<String>, plan: Vec<String>) -> Option<String> {
-        let mut parts = Vec::new();
-        if !data.is_empty() {
-            parts.push(format!("it was saved for a different dataset ({})", data.join(", ")));
+/// Where the loader is: the current epoch and the samples of it already
+/// handed out (after BRAND_END_OF_EPOCH: the next epoch and 0). Either out
+/// pointer may be NULL.
+#[unsafe(no_mangle)]
+pub extern "C" fn brand_tell(loader: *const brand_loader, epoch: *mut u64, served: *mut u64) -> brand_status {
+    boundary(|| {
+        let s = with_loader(loader, |reader| Ok(reader.state()))?;
+        if !epoch.is_null() {
+            put(epoch, "epoch", s.epoch)?;
         }
-        if !plan.is_empty() {
-            parts.push(format!(
-                "it was saved with a different plan config ({})",
-                plan.join(", ")
+        if !served.is_null() {
+            put(served, "served", s.served)?;
+        }
+        Ok(BRAND_OK)
+    })
+}
+
+/// The number of samples this loader serves per epoch (its rank's share,
+/// with padding unless drop_last), into `*out`.
+#[unsafe(no_mangle)]
+pub extern "C" fn brand_epoch_len(loader: *const brand_loader, out: *mut u64) -> brand_status {
+    boundary(|| {
+        let n = with_loader(loader, |reader| Ok(reader.epoch_len()))?;
+        put(out, "out", n)?;
+        Ok(BRAND_OK)
+    })
+}
+
+/// The number of samples in the dataset, into `*out`.
+#[unsafe(no_mangle)]
+pub extern "C" fn brand_dataset_samples(loader: *const brand_loader, out: *mut u64) -> brand_status {
+    boundary(|| {
+        let n = with_loader(loader, |reader| Ok(reader.dataset().index.samples()))?;
+        put(out, "out", n)?;
+        Ok(BRAND_OK)
+    })
+}
+
+/// The size in bytes of this loader's state blob, into `*out` (the same
+/// for every loader of this library version; ask anyway).
+#[unsafe(no_mangle)]
+pub extern "C" fn brand_state_size(loader: *const brand_loader, out: *mut usize) -> brand_status {
+    boundary(|| {
+        with_loader(loader, |_| Ok(()))?;
+        put(out, "out", Checkpoint::LEN)?;
+        Ok(BRAND_OK)
+    })
+}
+
+/// Saves where the loader is (after the last batch it returned) as a blob
+/// for `brand_open_at`: versioned, little-endian, checksummed, and bound to
+/// the dataset and plan config. Writes it to `buf[0..len]` and its size to
+/// `*written`. If `len` is too small: BRAND_ERR_BUFFER_TOO_SMALL, nothing
+/// is written to `buf`, and `*written` is the size needed.
+///
+/// Samples in batches not yet consumed by the caller count as served: save
+/// after the training step that consumed the last batch.
+#[unsafe(no_mangle)]
+pub extern "C" fn brand_state_save(
+    loader: *const brand_loader,
+    buf: *mut u8,
+    len: usize,
+    written: *mut usize,
+) -> brand_status {
+    boundary(|| {
+        if written.is_null() {
+            return Err(Failure::invalid("written is NULL"));
+        }
+        let blob = with_loader(loader, |reader| Ok(reader.checkpoint()?.to_bytes()))?;
+        put(written, "written", blob.len())?;
+        if len < blob.len() {
+            return Err(Failure::new(
+                BRAND_ERR_BUFFER_TOO_SMALL,
+                format!("the state needs {} bytes, the buffer has {len}", blob.len()),
             ));
         }
-        (!parts.is_empty()).then(|| format!("cannot restore the loader state: {}", parts.join("; ")))
-    }
-}
-
-pub fn encode(state: LoaderState, f: &Fingerprint) -> [u8; LEN] {
-    let mut b = [0u8; LEN];
-    let mut put = |at: usize, bytes: &[u8]| b[at..at + bytes.len()].copy_from_slice(bytes);
-    put(0, &MAGIC);
-    put(8, &VERSION.to_le_bytes());
-    put(12, &(LEN as u32).to_le_bytes());
-    put(16, &state.epoch.to_le_bytes());
-    put(24, &state.served.to_le_bytes());
-    put(32, &f.samples.to_le_bytes());
-    put(40, &f.chunk_size.to_le_bytes());
-    put(44, &f.content.to_le_bytes());
-    put(48, &f.pack_seed.to_le_bytes());
-    put(56, &f.slots.to_le_bytes());
-    put(64, &f.seed.to_le_bytes());
-    put(72, &f.rank.to_le_bytes());
-    put(76, &f.world.to_le_bytes());
-    put(80, &[f.policy, f.drop_last as u8, 0, 0]);
-    let crc = crc32c::crc32c(&b[..LEN - 4]);
-    b[LEN - 4..].copy_from_slice(&crc.to_le_bytes());
-    b
-}
-
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    let mut a = [0u8; 4];
-    a.copy_from_slice(&b[at..at + 4]);
-    u32::from_le_bytes(a)
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(a)
-}
-
-/// Parses a blob; the error says what is wrong with it.
-pub fn decode(b: &[u8]) -> Result<(LoaderState, Fingerprint), String> {
-    if b.len() < 16 || b[..8] != MAGIC {
-        return Err(format!(
-            "not a brand loader state ({} bytes without the \"BRDSTATE\" magic)",
-            b.len()
-        ));
-    }
-    let version = u32_at(b, 8);
-    if version != VERSION {
-        return Err(format!(
-            "loader state version {version}; this library reads version {VERSION}"
-        ));
-    }
-    let len = u32_at(b, 12) as usize;
-    if len != LEN || b.len() != LEN {
-        return Err(format!(
-            "loader state is {} bytes (its header says {len}); version {VERSION} states are {LEN}",
-            b.len()
-        ));
-    }
-    let (stored, computed) = (u32_at(b, LEN - 4), crc32c::crc32c(&b[..LEN - 4]));
-    if stored != computed {
-        return Err(format!(
-            "loader state is damaged: crc32c {computed:#010x}, the state says {stored:#010x}"
-        ));
-    }
-    if b[81] > 1 || b[82] != 0 || b[83] != 0 {
-        return Err("loader state has invalid flag bytes".to_string());
-    }
-    let state = LoaderState {
-        epoch: u64_at(b, 16),
-        served: u64_at(b, 24),
-    };
-    let f = Fingerprint {
-        samples: u64_at(b, 32),
-        chunk_size: u32_at(b, 40),
-        content: u32_at(b, 44),
-        pack_seed: u64_at(b, 48),
-        slots: u64_at(b, 56),
-        seed: u64_at(b, 64),
-        rank: u32_at(b, 72),
-        world: u32_at(b, 76),
-        policy: b[80],
-        drop_last: b[81] == 1,
-    };
-    Ok((state, f))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn fp() -> Fingerprint {
-        Fingerprint {
-            samples: 1000,
-            chunk_size: 16,
-            content: 0xdead_beef,
-            pack_seed: 7,
-            slots: 128,
-            seed: 3,
-            rank: 1,
-            world: 4,
-            policy: 2,
-            drop_last: true,
+        if buf.is_null() {
+            return Err(Failure::invalid("buf is NULL"));
         }
-    }
-
-    #[test]
-    fn round_trips_and_has_the_documented_layout() {
-        let s = LoaderState { epoch: 5, served: 77 };
-        let b = encode(s, &fp());
-        assert_eq!(&b[..8], b"BRDSTATE");
-        assert_eq!(u32_at(&b, 8), 1);
-        assert_eq!(u32_at(&b, 12), 88);
-        assert_eq!((u64_at(&b, 16), u64_at(&b, 24)), (5, 77));
-        assert_eq!(u64_at(&b, 32), 1000);
-        assert_eq!((b[80], b[81]), (2, 1));
-        assert_eq!(decode(&b), Ok((s, fp())));
-    }
-
-    #[test]
-    fn every_damage_is_refused_with_a_reason() {
-        let good = encode(LoaderState { epoch: 1, served: 2 }, &fp());
-        assert!(decode(&good[..40]).is_err_and(|e| e.contains("88")));
-        assert!(decode(b"hello").is_err_and(|e| e.contains("not a brand loader state")));
-        for i in 16..LEN {
-            let mut b = good;
-            b[i] ^= 0x10;
-            assert!(decode(&b).is_err_and(|e| e.contains("damaged")), "byte {i}");
-        }
-        let mut v2 = good;
-        v2[8] = 2;
-        assert!(decode(&v2).is_err_and(|e| e.contains("version 2")));
-        let mut longer = good.to_vec();
-        longer.push(0);
-        assert!(decode(&longer).is_err_and(|e| e.contains("89 bytes")));
-    }
-
-    #[test]
-    fn mismatches_name_each_field() {
-        assert_eq!(fp().mismatch(&fp()), None);
-        let mut other = fp();
-        other.samples = 999;
-        other.seed = 4;
-        other.policy = 0;
-        let m = fp().mismatch(&other).unwrap_or_default();
-        assert!(
-            m.contains("different dataset (samples 1000 in the state, 999 now)"),
-            "{m}"
-        );
-        assert!(m.contains("policy direct in the state, brand now"), "{m}");
-        assert!(m.contains("seed 3 in the state, 4 now"), "{m}");
-    }
+        // SAFETY: buf is non-NULL and points to len >= blob.len() writable
+        // bytes (contract); blob is a local array, so they do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(blob.as_ptr(), buf, blob.len()) };
+        Ok(BRAND_OK)
+    })
 }

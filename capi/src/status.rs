@@ -118,6 +118,8 @@ impl From<brand_format::Error> for Failure {
             brand_format::Error::Format { .. } | brand_format::Error::Input { .. } => BRAND_ERR_FORMAT,
             brand_format::Error::Corrupt { .. } => BRAND_ERR_CORRUPT,
             brand_format::Error::Config(_) => BRAND_ERR_CONFIG,
+            brand_format::Error::StateMismatch(_) => BRAND_ERR_STATE_MISMATCH,
+            brand_format::Error::InvalidState(_) => BRAND_ERR_INVALID_STATE,
         };
         Failure::new(status, e.to_string())
     }

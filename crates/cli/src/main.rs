@@ -1,4 +1,5 @@
-//! The `brand` command line: pack, inspect, verify, cat, gen.
+//! The `brand` command line: gen, pack, inspect, verify, cat, simulate, read,
+//! serve and bench. Wiring only: each command is a call into the crates.
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -6,6 +7,7 @@ use std::process::ExitCode;
 
 mod bench;
 mod bench_device;
+mod configure;
 mod process_stats;
 mod read;
 mod serve;
@@ -16,7 +18,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use brand_format::Dataset;
 use brand_pack::{PackOptions, Partitioning, files::FileSource, source::Source};
-use brand_plan::{Memory, PlanConfig};
+use brand_plan::Memory;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -318,25 +320,32 @@ fn remove_unfinished_pack_on_interrupt() -> brand_format::Result<()> {
 
 /// The groups `brand serve` will assign to `count` nodes for a dataset of
 /// `samples` samples in chunks of `chunk_size`, under the budget `memory`
-/// (the multi-node mode's own rule).
-fn partitioning(count: u32, memory: Option<&str>, samples: u64, chunk_size: u32) -> brand_format::Result<Partitioning> {
-    let memory: Memory = match memory {
-        Some(m) => m.parse()?,
-        None => brand_loader::config::DEFAULT_MEMORY,
-    };
-    if let Memory::Bytes(_) = memory {
+/// (the multi-node mode's own rule), resolved as every configuration is.
+fn partitioning(
+    count: u32,
+    memory: &Option<String>,
+    samples: u64,
+    chunk_size: u32,
+) -> brand_format::Result<Partitioning> {
+    let cfg = configure::resolve(
+        None,
+        &[
+            ("memory", configure::Flag::Text(memory)),
+            ("world", configure::Flag::Int(Some(count.into()))),
+        ],
+        false,
+    )?;
+    let plan = cfg.loader.plan;
+    if let Memory::Bytes(_) = plan.memory {
         return Err(brand_format::Error::config(format!(
-            "--memory {memory}: give the budget as a percentage or \"N slots\" with --partitions (a byte budget depends on sample sizes, known only once packed)"
+            "--memory {}: give the budget as a percentage or \"N slots\" with --partitions (a byte budget depends on sample sizes, known only once packed)",
+            plan.memory
         )));
     }
     let layout = brand_plan::Layout {
         samples,
         chunk_size,
         sample_bytes: 0,
-    };
-    let plan = PlanConfig {
-        world: count,
-        ..PlanConfig::new(memory)
     };
     let own = brand_nodes::routes::Ownership::of_layout(layout, &plan)?;
     Ok(Partitioning {
@@ -349,12 +358,7 @@ fn pack_cmd(a: &PackArgs) -> brand_format::Result<ExitCode> {
     remove_unfinished_pack_on_interrupt()?;
     let source = open_source(a)?;
     let partitions = match a.partitions {
-        Some(w) => Some(partitioning(
-            w,
-            a.memory.as_deref(),
-            source.entries().len() as u64,
-            a.chunk_size,
-        )?),
+        Some(w) => Some(partitioning(w, &a.memory, source.entries().len() as u64, a.chunk_size)?),
         None => None,
     };
     let opts = PackOptions {

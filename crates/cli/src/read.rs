@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use brand_format::Dataset;
-use brand_loader::config::ConfigKeys;
 use brand_loader::{Loader, LoaderConfig, LoaderState, Metrics};
+
+use crate::configure::{Flag, resolve};
 
 #[derive(clap::Args, Debug)]
 pub struct ReadArgs {
@@ -85,28 +86,34 @@ pub struct EpochReport {
     pub metrics: Metrics,
 }
 
-/// Builds the loader configuration from the file and the flags.
+/// The loader configuration of the file and the flags (one process: a
+/// configuration that makes this process a node is refused).
 fn config(a: &ReadArgs) -> brand_format::Result<LoaderConfig> {
-    let mut c = match &a.config {
-        Some(p) => LoaderConfig::from_toml(&std::fs::read_to_string(p).map_err(|e| brand_format::Error::io(p, e))?)?,
-        None => LoaderConfig::default(),
-    };
-    let flags = ConfigKeys {
-        batch_size: a.batch,
-        memory: a.memory.clone(),
-        policy: a.policy.clone(),
-        seed: a.seed,
-        rank: a.rank,
-        world: a.world,
-        readahead: a.readahead.clone(),
-        queue_depth: a.queue_depth,
-        read_gap: a.read_gap.clone(),
-        io_backend: a.io_backend.clone(),
-        decode_threads: a.decode_threads,
-        ..Default::default()
-    };
-    flags.apply(&mut c)?;
-    Ok(c)
+    let int = |v: Option<usize>| Flag::Int(v.map(|n| n as u64));
+    let c = resolve(
+        a.config.as_deref(),
+        &[
+            ("batch_size", int(a.batch)),
+            ("memory", Flag::Text(&a.memory)),
+            ("policy", Flag::Text(&a.policy)),
+            ("seed", Flag::Int(a.seed)),
+            ("rank", Flag::Int(a.rank.map(u64::from))),
+            ("world", Flag::Int(a.world.map(u64::from))),
+            ("readahead", Flag::Text(&a.readahead)),
+            ("queue_depth", int(a.queue_depth)),
+            ("read_gap", Flag::Text(&a.read_gap)),
+            ("io_backend", Flag::Text(&a.io_backend)),
+            ("decode_threads", int(a.decode_threads)),
+        ],
+        true,
+    )?;
+    if c.nodes.world() > 1 {
+        return Err(brand_format::Error::config(format!(
+            "this configuration makes a node of a {}-node job (nodes, BRAND_NODES or TF_CONFIG): brand read reads in one process; run nodes with brand serve",
+            c.nodes.world()
+        )));
+    }
+    Ok(c.loader)
 }
 
 /// Reads `epochs` epochs, spending `compute` on each batch; calls `report`
@@ -204,7 +211,7 @@ pub fn run(a: &ReadArgs) -> brand_format::Result<bool> {
             ds.index.samples(),
             cfg.plan.policy,
             cfg.plan.memory,
-            cfg.io.batch_size,
+            cfg.batch_size,
             cfg.io.read_gap,
             cfg.io.queue_depth
         );

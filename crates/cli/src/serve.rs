@@ -8,9 +8,11 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use brand_nodes::{Config, NodeLoader, NodeMetrics};
 use brand_format::{Dataset, Error};
-use brand_loader::LoaderState;
+use brand_loader::{LoaderState, Metrics};
+use brand_nodes::{Config, NodeLoader};
+
+use crate::configure::{Flag, resolve};
 
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
@@ -55,47 +57,31 @@ struct EpochReport {
     seconds: f64,
     samples_per_sec: f64,
     /// Cumulative since the node opened.
-    metrics: NodeMetrics,
+    metrics: Metrics,
 }
 
 #[derive(Debug, Serialize)]
 struct ServeReport {
     epochs: Vec<EpochReport>,
     /// Totals once the node closed (after serving what its peers were owed).
-    closed: NodeMetrics,
+    closed: Metrics,
 }
 
 fn config(a: &ServeArgs) -> brand_format::Result<Config> {
-    let text = match &a.config {
-        Some(p) => std::fs::read_to_string(p).map_err(|e| Error::io(p, e))?,
-        None => String::new(),
-    };
-    let mut t: toml::Table = toml::from_str(&text).map_err(|e| {
-        Error::config(format!(
-            "{}: {}",
-            a.config.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
-            e.message().trim()
-        ))
-    })?;
-    let mut set = |k: &str, v: Option<toml::Value>| {
-        if let Some(v) = v {
-            t.insert(k.to_string(), v);
-        }
-    };
-    let string = |v: &Option<String>| v.clone().map(toml::Value::String);
-    set(
-        "nodes",
-        (!a.nodes.is_empty()).then(|| toml::Value::Array(a.nodes.iter().cloned().map(toml::Value::String).collect())),
-    );
-    set("rank", a.rank.map(|r| toml::Value::Integer(r as i64)));
-    set("memory", string(&a.memory));
-    set("remote_memory", string(&a.remote_memory));
-    set("peer_timeout", string(&a.peer_timeout));
-    set("read_gap", string(&a.read_gap));
-    set("seed", a.seed.map(|s| toml::Value::Integer(s as i64)));
-    set("batch_size", a.batch.map(|b| toml::Value::Integer(b as i64)));
-    let (loader, dist) = brand_nodes::config::from_table(t, &|k| std::env::var(k).ok())?;
-    Ok(Config { loader, nodes: dist })
+    resolve(
+        a.config.as_deref(),
+        &[
+            ("nodes", Flag::List(&a.nodes)),
+            ("rank", Flag::Int(a.rank.map(u64::from))),
+            ("memory", Flag::Text(&a.memory)),
+            ("remote_memory", Flag::Text(&a.remote_memory)),
+            ("peer_timeout", Flag::Text(&a.peer_timeout)),
+            ("read_gap", Flag::Text(&a.read_gap)),
+            ("seed", Flag::Int(a.seed)),
+            ("batch_size", Flag::Int(a.batch.map(|b| b as u64))),
+        ],
+        true,
+    )
 }
 
 pub fn run(a: &ServeArgs) -> brand_format::Result<()> {

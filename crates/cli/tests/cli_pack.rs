@@ -8,7 +8,7 @@ use std::process::Command;
 use brand_format::Dataset;
 
 mod common;
-use common::{brand, fails, ok, s};
+use common::{brand, fails, hidden_entries, ok, s};
 
 /// Small samples keep the suite fast; the layout is the same at any size.
 fn gen_samples(dir: &Path, samples: u64, seed: u64) {
@@ -41,15 +41,6 @@ fn files_of(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
         .collect();
     v.sort();
     v
-}
-
-/// Nothing but the dataset directories the test expects: no temp dirs.
-fn leftovers(parent: &Path) -> Vec<String> {
-    std::fs::read_dir(parent)
-        .expect("read parent")
-        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with('.'))
-        .collect()
 }
 
 #[test]
@@ -89,7 +80,7 @@ fn pack_round_trips_every_sample_and_inspect_counts_them() {
     }
     assert!(fails(&["cat", s(&ds), "2000"]).contains("out of range"));
     assert!(fails(&["cat", s(&ds), "--key", "nope"]).contains("nope"));
-    assert!(leftovers(t.path()).is_empty());
+    assert!(hidden_entries(t.path()).is_empty());
 }
 
 #[test]
@@ -326,9 +317,9 @@ fn bad_input_gives_a_named_error_and_no_dataset() {
     );
     assert!(!out.exists());
     assert!(
-        leftovers(t.path()).is_empty(),
+        hidden_entries(t.path()).is_empty(),
         "temp dirs left: {:?}",
-        leftovers(t.path())
+        hidden_entries(t.path())
     );
     std::fs::remove_file(&f).expect("rm symlink");
 
@@ -344,7 +335,7 @@ fn bad_input_gives_a_named_error_and_no_dataset() {
     assert!(fails(&["pack", s(&src), "-o", o]).contains("--force"));
     ok(&["pack", s(&src), "-o", o, "--force", "--seed", "9"]);
     assert_eq!(Dataset::open(&out).expect("open").manifest.pack_seed, 9);
-    assert!(leftovers(t.path()).is_empty());
+    assert!(hidden_entries(t.path()).is_empty());
 
     // Bad options.
     assert!(fails(&["pack", s(&src), "-o", s(&t.path().join("o2")), "--chunk-size", "65"]).contains("chunk size"));

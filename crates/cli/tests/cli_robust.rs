@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{fails, ok, s};
+use common::{fails, hidden_entries, ok, s};
 
 fn gen_samples(dir: &Path, samples: u64, mean_kib: &str) {
     ok(&[
@@ -28,15 +28,6 @@ fn gen_samples(dir: &Path, samples: u64, mean_kib: &str) {
         "--seed",
         "3",
     ]);
-}
-
-/// Hidden entries of `parent` (temp dirs of packs).
-fn hidden(parent: &Path) -> Vec<String> {
-    std::fs::read_dir(parent)
-        .expect("read parent")
-        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with('.'))
-        .collect()
 }
 
 #[test]
@@ -134,7 +125,7 @@ fn force_replaces_only_a_dataset() {
     std::fs::create_dir(&empty).expect("mkdir");
     ok(&["pack", s(&src), "-o", s(&empty), "--force"]);
     ok(&["pack", s(&src), "-o", s(&empty), "--force", "--seed", "4"]);
-    assert!(hidden(t.path()).is_empty(), "{:?}", hidden(t.path()));
+    assert!(hidden_entries(t.path()).is_empty(), "{:?}", hidden_entries(t.path()));
 }
 
 /// Starts a pack slow enough to interrupt (zstd at its highest level) and
@@ -184,9 +175,9 @@ fn sigterm_and_sigint_mid_pack_leave_nothing_and_a_killed_packs_leftover_is_clea
         assert!(err.contains("interrupted"), "{err}");
         assert!(!out.exists(), "no output after signal {signal}");
         assert!(
-            hidden(t.path()).is_empty(),
+            hidden_entries(t.path()).is_empty(),
             "signal {signal} left {:?}",
-            hidden(t.path())
+            hidden_entries(t.path())
         );
     }
 
@@ -195,12 +186,12 @@ fn sigterm_and_sigint_mid_pack_leave_nothing_and_a_killed_packs_leftover_is_clea
     let mut child = start_slow_pack(&src, &out);
     child.kill().expect("SIGKILL");
     child.wait().expect("wait");
-    assert_eq!(hidden(t.path()).len(), 1, "{:?}", hidden(t.path()));
+    assert_eq!(hidden_entries(t.path()).len(), 1, "{:?}", hidden_entries(t.path()));
     ok(&["pack", s(&src), "-o", s(&out), "--chunk-size", "64"]);
     assert!(
-        hidden(t.path()).is_empty(),
+        hidden_entries(t.path()).is_empty(),
         "stale dir not removed: {:?}",
-        hidden(t.path())
+        hidden_entries(t.path())
     );
 }
 
@@ -220,5 +211,5 @@ fn a_dataset_a_killed_pack_moved_aside_is_restored() {
     assert!(err.contains("already exists"), "{err}");
     let restored = brand_format::Dataset::open(&out).expect("the old dataset is back");
     assert_eq!(restored.manifest.pack_seed, 7);
-    assert!(hidden(t.path()).is_empty());
+    assert!(hidden_entries(t.path()).is_empty());
 }

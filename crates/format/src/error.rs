@@ -40,6 +40,13 @@ pub enum Error {
     /// A configuration or argument that cannot work.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// A saved loader state that cannot be restored here: saved for another
+    /// dataset or another order (the message says what differs).
+    #[error("{0}")]
+    StateMismatch(String),
+    /// Bytes that are not a loader state (the message says why).
+    #[error("{0}")]
+    InvalidState(String),
 }
 
 impl Error {
@@ -102,6 +109,8 @@ impl Error {
                 what: what.clone(),
             },
             Error::Config(what) => Error::Config(what.clone()),
+            Error::StateMismatch(what) => Error::StateMismatch(what.clone()),
+            Error::InvalidState(what) => Error::InvalidState(what.clone()),
         }
     }
 }

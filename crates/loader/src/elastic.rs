@@ -13,9 +13,7 @@ use brand_format::error::{Error, Result};
 use brand_format::index::Index;
 use brand_plan::{Geometry, PlanConfig, Planner};
 
-use std::sync::Arc;
-
-use super::{Loader, LoaderConfig, LoaderState};
+use crate::LoaderState;
 
 /// What a world of ranks saved: the plan config they ran (its `rank` is
 /// ignored, its `world` is the number of states) and every rank's state,
@@ -88,7 +86,7 @@ impl GlobalPosition {
 /// Where `saved` stopped, checked against the plan `now` runs over `index`:
 /// the served order must be the same one (policy, seed, drop_last and the
 /// total memory, world × slots per rank); the error says what differs.
-pub fn global_position(index: &Index, saved: &SavedWorld, now: &PlanConfig) -> Result<GlobalPosition> {
+pub fn global_position(index: &Index, saved: &SavedWorld, now: &Planner) -> Result<GlobalPosition> {
     let world = saved.states.len() as u32;
     if world != saved.plan.world {
         return Err(Error::config(format!(
@@ -103,8 +101,7 @@ pub fn global_position(index: &Index, saved: &SavedWorld, now: &PlanConfig) -> R
             ..saved.plan.clone()
         },
     )?;
-    let new = Planner::new(index, now)?;
-    check_same_order(&saved.plan, old.geometry(), now, new.geometry())?;
+    check_same_order(&saved.plan, old.geometry(), now.config(), now.geometry())?;
     GlobalPosition::of_ranks(&saved.states, old.geometry().steps)
 }
 
@@ -120,15 +117,18 @@ fn check_same_order(a: &PlanConfig, ga: &Geometry, b: &PlanConfig, gb: &Geometry
     if a.drop_last != b.drop_last {
         diff.push(format!("drop_last {} saved, {} now", a.drop_last, b.drop_last));
     }
-    if ga.slots != gb.slots || ga.resident != gb.resident {
-        let fix = if ga.slots.is_multiple_of(gb.world as u64) {
-            format!("memory = \"{} slots\" per rank keeps it", ga.slots / gb.world as u64)
+    if ga.world_slots != gb.world_slots || ga.holds_all != gb.holds_all {
+        let fix = if ga.world_slots.is_multiple_of(gb.world as u64) {
+            format!(
+                "memory = \"{} slots\" per rank keeps it",
+                ga.world_slots / gb.world as u64
+            )
         } else {
             format!("no whole number of slots per rank of {} gives it", gb.world)
         };
         diff.push(format!(
             "total memory {} × {} = {} slots saved, {} × {} = {} slots now ({fix})",
-            ga.world, ga.rank_slots, ga.slots, gb.world, gb.rank_slots, gb.slots
+            ga.world, ga.rank_slots, ga.world_slots, gb.world, gb.rank_slots, gb.world_slots
         ));
     }
     if diff.is_empty() {
@@ -140,25 +140,6 @@ fn check_same_order(a: &PlanConfig, ga: &Geometry, b: &PlanConfig, gb: &Geometry
         gb.world,
         diff.join("; ")
     )))
-}
-
-impl Loader {
-    /// Opens rank `cfg.plan.rank` of a world of `cfg.plan.world` where the
-    /// world `saved` stopped (any other number of ranks, the same total
-    /// memory): the ranks of the new world together serve the rest of the
-    /// saved epoch's global sequence, then every epoch as an uninterrupted
-    /// run of the new world would. A memory budget in slots is exact:
-    /// `Memory::Slots(total / world)`.
-    pub fn open_elastic(
-        ds: Arc<brand_format::dataset::Dataset>,
-        cfg: &LoaderConfig,
-        saved: &SavedWorld,
-    ) -> Result<Self> {
-        let at = global_position(&ds.index, saved, &cfg.plan)?;
-        let steps = Planner::new(&ds.index, &cfg.plan)?.geometry().steps;
-        let state = at.rank_state(cfg.plan.rank, cfg.plan.world, steps);
-        Loader::open(ds, cfg, state)
-    }
 }
 
 #[cfg(test)]

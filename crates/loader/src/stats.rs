@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-/// Cumulative counters since the loader was built (or since `reset`).
+/// Cumulative counters since the loader was built (or since `reset`): one
+/// struct for a loader and for a node of a multi-node job, whose fields
+/// from `nodes` on are 0 for a loader alone.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Metrics {
     /// Bytes transferred from storage, counted when the consumer reaches
@@ -50,6 +52,27 @@ pub struct Metrics {
     pub uring_refused: bool,
     /// The read gap in effect (None = whole chunks).
     pub read_gap: Option<u64>,
+    /// The number of nodes of the multi-node job (0: a loader alone). Of a
+    /// node, `bytes_read`/`reads_issued` count its own storage reads (the
+    /// chunks it owns), `samples_served`/`bytes_served` what it handed out,
+    /// and `stalls` its waits for a sample not yet read or pushed.
+    pub nodes: u32,
+    /// This node's rank.
+    pub node_rank: u32,
+    /// Samples served that this node read itself (never crossed the network).
+    pub samples_local: u64,
+    /// Samples other nodes pushed to this one, and their bytes.
+    pub samples_received: u64,
+    pub bytes_received: u64,
+    /// Samples this node pushed to others, and their bytes.
+    pub samples_pushed: u64,
+    pub bytes_pushed: u64,
+    /// Most bytes of pushed and local samples held at once, and the limit
+    /// (`remote_memory`).
+    pub remote_memory_peak: u64,
+    pub remote_memory_limit: u64,
+    /// Most bytes this node held read but not yet pushed.
+    pub owner_peak_bytes: u64,
 }
 
 impl Metrics {
@@ -67,7 +90,7 @@ impl Metrics {
 /// histogram (each power of two split in [`SUB`] buckets, so a percentile is
 /// within 1/[`SUB`] of the true value) plus the exact count, sum and max.
 #[derive(Debug, Clone)]
-pub(crate) struct StallLog {
+pub struct StallLog {
     buckets: Vec<u64>,
     count: u64,
     total_nanos: u128,

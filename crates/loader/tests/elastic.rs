@@ -24,13 +24,14 @@ fn config(rank: u32, world: u32, slots: u64) -> LoaderConfig {
             world,
             drop_last: false,
         },
+        batch_size: 4,
+        readahead_bytes: 64 << 10,
         io: IoConfig {
-            batch_size: 4,
-            readahead_bytes: 64 << 10,
             queue_depth: 8,
             read_gap: ReadGapSetting::Bytes(0),
             ..IoConfig::default()
         },
+        ..LoaderConfig::default()
     }
 }
 
@@ -77,7 +78,7 @@ fn three_ranks_resume_on_two_continuing_the_global_order() {
     let mut rest = Vec::new();
     let mut next_epoch = Vec::new();
     for r in 0..2 {
-        let mut l = Loader::open_elastic(ds.clone(), &config(r, 2, TOTAL_SLOTS / 2), &saved).expect("elastic");
+        let mut l = Loader::open(ds.clone(), &config(r, 2, TOTAL_SLOTS / 2), saved.clone()).expect("elastic");
         assert_eq!(l.state(), LoaderState { epoch: 0, served: 18 });
         rest.push(rest_of_epoch(&mut l, &ds));
         next_epoch.push(rest_of_epoch(&mut l, &ds));
@@ -120,7 +121,7 @@ fn a_resume_with_other_total_memory_or_other_ranks_is_refused_saying_what_differ
         plan: config(0, 3, 16).plan,
         states: vec![step(4), step(4), step(4)],
     };
-    let err = |cfg: LoaderConfig, saved: &SavedWorld| match Loader::open_elastic(ds.clone(), &cfg, saved) {
+    let err = |cfg: LoaderConfig, saved: &SavedWorld| match Loader::open(ds.clone(), &cfg, saved.clone()) {
         Ok(_) => panic!("opened"),
         Err(e) => e.to_string(),
     };

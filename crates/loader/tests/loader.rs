@@ -84,15 +84,18 @@ fn collect_epoch(loader: &mut Loader, ds: &Dataset) -> Vec<u64> {
     ids
 }
 
-fn cfg(gap: ReadGapSetting, qd: usize, readahead: u64) -> IoConfig {
-    IoConfig {
+fn cfg(gap: ReadGapSetting, qd: usize, readahead: u64) -> LoaderConfig {
+    LoaderConfig {
         batch_size: 10,
         readahead_bytes: readahead,
-        queue_depth: qd,
-        read_gap: gap,
-        verify: true,
-        direct: true,
-        ..IoConfig::default()
+        io: IoConfig {
+            queue_depth: qd,
+            read_gap: gap,
+            verify: true,
+            direct: true,
+            ..IoConfig::default()
+        },
+        ..LoaderConfig::default()
     }
 }
 
@@ -191,6 +194,11 @@ fn a_corrupt_record_stops_the_loader_with_a_named_error() {
     );
 }
 
+fn with_direct(mut c: LoaderConfig, direct: bool) -> LoaderConfig {
+    c.io.direct = direct;
+    c
+}
+
 fn plan_cfg(policy: Policy, memory: Memory, rank: u32, world: u32) -> PlanConfig {
     PlanConfig {
         memory,
@@ -209,7 +217,7 @@ fn every_policy_serves_every_sample_once_through_the_engine() {
     for policy in Policy::ALL {
         let cfg = LoaderConfig {
             plan: plan_cfg(policy, Memory::Percent(20.0), 0, 1),
-            io: cfg(ReadGapSetting::Bytes(0), 16, 1 << 20),
+            ..cfg(ReadGapSetting::Bytes(0), 16, 1 << 20)
         };
         let mut l = Loader::open(ds.clone(), &cfg, LoaderState::default()).expect("loader");
         let mut ids = collect_epoch(&mut l, &ds);
@@ -247,10 +255,7 @@ fn brand_order_is_the_plans_whatever_the_read_gap_and_queue_depth() {
     ] {
         let c = LoaderConfig {
             plan: plan.clone(),
-            io: IoConfig {
-                direct,
-                ..cfg(gap, qd, 4 << 20)
-            },
+            ..with_direct(cfg(gap, qd, 4 << 20), direct)
         };
         let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
         assert_eq!(collect_epoch(&mut l, &ds), expected, "{gap:?} qd {qd} direct {direct}");
@@ -270,7 +275,7 @@ fn resume_through_the_real_plan_at_any_batch() {
         for rank in 0..world {
             let c = LoaderConfig {
                 plan: plan_cfg(Policy::Brand, Memory::Percent(15.0), rank, world),
-                io: cfg(ReadGapSetting::Whole, 8, 1 << 20),
+                ..cfg(ReadGapSetting::Whole, 8, 1 << 20)
             };
             let mut full = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
             let whole = collect_epoch(&mut full, &ds);
@@ -298,7 +303,7 @@ fn a_dataset_that_fits_is_read_once_then_served_from_memory() {
     let ds = make_dataset(t.path(), 150);
     let c = LoaderConfig {
         plan: plan_cfg(Policy::Brand, Memory::Percent(100.0), 0, 1),
-        io: cfg(ReadGapSetting::Whole, 8, 1 << 20),
+        ..cfg(ReadGapSetting::Whole, 8, 1 << 20)
     };
     let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
     let mut e0 = collect_epoch(&mut l, &ds);
@@ -319,7 +324,7 @@ fn resident_samples_never_exceed_the_budget_without_readahead() {
     let slots = Planner::new(&ds.index, &plan).expect("planner").geometry().rank_slots;
     let c = LoaderConfig {
         plan,
-        io: cfg(ReadGapSetting::Bytes(0), 8, 0),
+        ..cfg(ReadGapSetting::Bytes(0), 8, 0)
     };
     let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
     collect_epoch(&mut l, &ds);
@@ -345,9 +350,11 @@ fn without_readahead_each_read_is_issued_when_the_plan_reaches_it() {
             Event::Serve { .. } => reads_before.push(reads),
         }
     }
-    let mut io = cfg(ReadGapSetting::Bytes(0), 8, 0);
-    io.batch_size = 1;
-    let c = LoaderConfig { plan, io };
+    let c = LoaderConfig {
+        plan,
+        batch_size: 1,
+        ..cfg(ReadGapSetting::Bytes(0), 8, 0)
+    };
     let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
     // The last serve is left out: past it, the next epoch's reads may start.
     for (k, &expected) in reads_before.iter().enumerate().take(reads_before.len() - 1) {
@@ -363,7 +370,7 @@ fn a_segment_truncated_under_a_running_loader_is_a_named_error() {
     let ds = make_dataset(t.path(), 200);
     let c = LoaderConfig {
         plan: plan_cfg(Policy::Sequential, Memory::Percent(20.0), 0, 1),
-        io: cfg(ReadGapSetting::Whole, 4, 0),
+        ..cfg(ReadGapSetting::Whole, 4, 0)
     };
     let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
     let first = l.next_batch().expect("first batch").expect("not the end");
@@ -394,22 +401,20 @@ fn invalid_configurations_fail_when_the_loader_is_built() {
     let bad = [
         LoaderConfig {
             plan: plan_cfg(Policy::Brand, Memory::Percent(10.0), 0, 1),
-            io: IoConfig {
-                batch_size: 0,
-                ..cfg(ReadGapSetting::Whole, 4, 0)
-            },
+            batch_size: 0,
+            ..cfg(ReadGapSetting::Whole, 4, 0)
         },
         LoaderConfig {
             plan: plan_cfg(Policy::Brand, Memory::Bytes(10), 0, 1),
-            io: cfg(ReadGapSetting::Whole, 4, 0),
+            ..cfg(ReadGapSetting::Whole, 4, 0)
         },
         LoaderConfig {
             plan: plan_cfg(Policy::Brand, Memory::Percent(10.0), 2, 2),
-            io: cfg(ReadGapSetting::Whole, 4, 0),
+            ..cfg(ReadGapSetting::Whole, 4, 0)
         },
         LoaderConfig {
             plan: plan_cfg(Policy::Brand, Memory::Percent(10.0), 0, 1),
-            io: cfg(ReadGapSetting::Whole, 0, 0),
+            ..cfg(ReadGapSetting::Whole, 0, 0)
         },
     ];
     for (i, c) in bad.iter().enumerate() {

@@ -29,13 +29,14 @@ fn config(memory: Memory, rank: u32, world: u32, readahead: u64) -> LoaderConfig
             world,
             drop_last: false,
         },
+        batch_size: 8,
+        readahead_bytes: readahead,
         io: IoConfig {
-            batch_size: 8,
-            readahead_bytes: readahead,
             queue_depth: 8,
             read_gap: ReadGapSetting::Bytes(0),
             ..IoConfig::default()
         },
+        ..LoaderConfig::default()
     }
 }
 
@@ -420,7 +421,7 @@ fn a_corrupt_record_fails_exactly_when_its_sample_is_due() {
 fn on_corrupt_skip_leaves_the_sample_out_and_counts_it() {
     let t = tempfile::tempdir().expect("tempdir");
     let mut c = config(Memory::Percent(10.0), 0, 1, 1 << 20);
-    c.io.on_corrupt = OnCorrupt::Skip;
+    c.on_corrupt = OnCorrupt::Skip;
     let (ds, order, victim) = corrupt_one(t.path(), &c, 0.4);
     let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
     let got = epoch(&mut l, &ds);
@@ -650,7 +651,7 @@ fn soak_hundreds_of_epochs_stay_exact_and_flat() {
     };
     let ds = Arc::new(Dataset::open(generate_and_pack(t.path(), &g, &p).expect("pack")).expect("open"));
     let mut c = config(Memory::Percent(25.0), 0, 1, 64 << 10);
-    c.io.batch_size = 7;
+    c.batch_size = 7;
     let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
     let (mut rss_warm, mut fds_warm) = (0, 0);
     for e in 0..400u64 {
@@ -711,7 +712,7 @@ fn the_next_epochs_first_reads_are_issued_before_this_epoch_ends() {
     // consumer that computes on each batch gives the reads time to land,
     // and the room the epoch's tail frees takes the next epoch's first batch.
     let mut c = config(Memory::Percent(25.0), 0, 1, 0);
-    c.io.batch_size = 16;
+    c.batch_size = 16;
     let planner = brand_plan::Planner::new(&ds.index, &c.plan).expect("plan");
     let mut plan = planner;
     let read_of = |ev: &brand_plan::Event| match *ev {
@@ -746,9 +747,9 @@ fn the_next_epochs_first_reads_are_issued_before_this_epoch_ends() {
             }
         }
     }
-    c.io.readahead_bytes = first_read / 3;
+    c.readahead_bytes = first_read / 3;
     assert!(
-        first_read > c.io.readahead_bytes + largest_read,
+        first_read > c.readahead_bytes + largest_read,
         "the first batch reads {first_read} bytes"
     );
     let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
@@ -777,5 +778,5 @@ fn the_next_epochs_first_reads_are_issued_before_this_epoch_ends() {
     ids.sort_unstable();
     assert_eq!(ids, (0..320).collect::<Vec<u64>>());
     let m = l.metrics();
-    assert!(m.peak_readahead_bytes <= c.io.readahead_bytes + largest_read, "{m:?}");
+    assert!(m.peak_readahead_bytes <= c.readahead_bytes + largest_read, "{m:?}");
 }

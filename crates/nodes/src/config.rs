@@ -1,14 +1,28 @@
-//! The multi-node configuration: the keys of the one key table
-//! (`brand_loader::config`, where every key is documented and range-checked)
-//! resolved with the launcher's environment.
+//! brand's one configuration path: [`Config::resolve`] is the function
+//! every entry point calls (`brand read`, `brand serve`, `brand pack
+//! --partitions`, the C ABI, the TF op and Python), with a TOML text, the
+//! flags or keywords given over it, and the launcher's environment. It takes
+//! the multi-node keys out of the key table (this crate owns them), parses
+//! and range-checks them here, and hands the rest to
+//! [`LoaderConfig::from_table`], which owns the loader's keys
+//! (`brand_loader::config` lists them). The multi-node keys:
 //!
-//! Without `nodes`: `BRAND_NODES` ("a:p,b:p,…") with `RANK` (and, if set,
-//! `WORLD_SIZE`, which must match), else `TF_CONFIG`: the nodes are the
-//! cluster's `chief` (if any) then its `worker`s, in TensorFlow's task order
-//! (chief 0, worker i → i + 1 with a chief), each at its TensorFlow port +
-//! `tf_port_offset` (default [`DEFAULT_TF_PORT_OFFSET`]): TensorFlow's own
-//! server already listens on the port itself. Nothing at all: a single node,
-//! which listens nowhere.
+//! ```toml
+//! nodes = ["10.0.0.1:7070", "10.0.0.2:7070"]  # every node's host:port by rank, 1..=65536 of them
+//! remote_memory = "256MiB"  # pushed samples a node holds ahead of use, 1 byte..=1TiB (≥ the largest sample)
+//! peer_timeout = "30s"      # a silent or unreachable peer is an error after this, (0s, 24h]
+//! job = "resnet-run-7"      # nodes of different jobs refuse each other; 1..=256 bytes
+//! tf_port_offset = 1000     # with TF_CONFIG: brand listens on each worker's port + this, 1..=65535
+//! ```
+//!
+//! With 2 or more nodes this process is node `rank` of a job; `world` and
+//! `rank` then follow the node list. Without `nodes`: `BRAND_NODES`
+//! ("a:p,b:p,…") with `RANK` (and, if set, `WORLD_SIZE`, which must match),
+//! else `TF_CONFIG`: the nodes are the cluster's `chief` (if any) then its
+//! `worker`s, in TensorFlow's task order (chief 0, worker i → i + 1 with a
+//! chief), each at its TensorFlow port + `tf_port_offset` (default
+//! [`DEFAULT_TF_PORT_OFFSET`]): TensorFlow's own server already listens on
+//! the port itself. Nothing at all: a single node, which listens nowhere.
 
 use std::time::Duration;
 
@@ -16,8 +30,14 @@ use serde::Deserialize;
 
 use brand_format::error::{Error, Result};
 use brand_loader::LoaderConfig;
-pub use brand_loader::config::parse_duration;
-use brand_loader::config::{ConfigKeys, NodeKeys};
+use brand_loader::config::{Value, parse_table};
+
+/// A loader's configuration and the multi-node one: what an open needs.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub loader: LoaderConfig,
+    pub nodes: NodeConfig,
+}
 
 /// How this node finds and treats its peers.
 #[derive(Debug, Clone, PartialEq)]
@@ -38,75 +58,192 @@ pub const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_secs(30);
 /// (large enough to clear hand-written configs of consecutive ports).
 pub const DEFAULT_TF_PORT_OFFSET: u16 = 1000;
 
-/// A loader configuration and a multi-node one from one TOML text, with the
-/// process environment.
-pub fn from_toml(text: &str) -> Result<(LoaderConfig, NodeConfig)> {
-    from_toml_with_env(text, &|k| std::env::var(k).ok())
+/// The launcher's environment, as a lookup (tests pass their own).
+pub type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+/// This process's environment.
+pub fn process_env(key: &str) -> Option<String> {
+    std::env::var(key).ok()
 }
 
-/// [`from_toml`] with the environment given as a function (for tests).
-pub fn from_toml_with_env(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<(LoaderConfig, NodeConfig)> {
-    resolve_keys(ConfigKeys::from_toml(text)?, env)
+impl Config {
+    /// The one configuration path: the keys of the TOML `text`, `flags`
+    /// over them (a command line's flags, Python's keywords), then the
+    /// launcher's environment for the nodes where no key gives them. Every
+    /// key is parsed and range-checked once, here or in the loader's
+    /// [`LoaderConfig::set`]/[`LoaderConfig::check`].
+    pub fn resolve(text: &str, flags: toml::Table, env: Env<'_>) -> Result<Config> {
+        let mut table = parse_table(text)?;
+        table.extend(flags);
+        let keys = NodeKeys::take(&mut table)?;
+        let (nodes, env_rank) = match keys.nodes {
+            Some(n) => (n, None),
+            None => nodes_from_env(env, keys.tf_port_offset.unwrap_or(DEFAULT_TF_PORT_OFFSET))?,
+        };
+        if !nodes.is_empty() {
+            // World and rank follow the node list.
+            let world = nodes.len() as u32;
+            let given = |key: &str| -> Result<Option<u32>> {
+                table.get(key).map(|value| Value { key, value }.whole()).transpose()
+            };
+            if let Some(w) = given("world")?
+                && w != world
+            {
+                return Err(Error::config(format!("world {w} but {world} nodes are listed")));
+            }
+            let rank = given("rank")?.or(env_rank).unwrap_or(0);
+            if rank >= world {
+                return Err(Error::config(format!("rank {rank} out of range for {world} nodes")));
+            }
+            table.insert("world".into(), toml::Value::Integer(world.into()));
+            table.insert("rank".into(), toml::Value::Integer(rank.into()));
+        }
+        let loader = LoaderConfig::from_table(&table)?;
+        let job = keys
+            .job
+            .or_else(|| env("BRAND_JOB"))
+            .unwrap_or_else(|| format!("brand:{}", nodes.join(",")));
+        let nodes = NodeConfig {
+            nodes,
+            rank: loader.plan.rank,
+            remote_memory: keys.remote_memory.unwrap_or(DEFAULT_REMOTE_MEMORY),
+            peer_timeout: keys.peer_timeout.unwrap_or(DEFAULT_PEER_TIMEOUT),
+            job,
+        };
+        Ok(Config { loader, nodes })
+    }
+
+    /// [`resolve`](Self::resolve) of a TOML text alone, with this process's
+    /// environment.
+    pub fn from_toml(text: &str) -> Result<Config> {
+        Self::resolve(text, toml::Table::new(), &process_env)
+    }
 }
 
-/// [`from_toml_with_env`] from parsed keys (a file's, with flags set on top).
-pub fn from_table(table: toml::Table, env: &dyn Fn(&str) -> Option<String>) -> Result<(LoaderConfig, NodeConfig)> {
-    let keys: ConfigKeys = toml::Value::Table(table)
-        .try_into()
-        .map_err(|e: toml::de::Error| Error::config(format!("config: {}", e.message().trim())))?;
-    resolve_keys(keys, env)
+/// The multi-node keys of a key table, parsed and range-checked; `None`
+/// where the key was not given.
+#[derive(Debug, Default)]
+struct NodeKeys {
+    nodes: Option<Vec<String>>,
+    remote_memory: Option<u64>,
+    peer_timeout: Option<Duration>,
+    job: Option<String>,
+    tf_port_offset: Option<u16>,
 }
 
-/// Splits the keys into the loader's and the multi-node ones, and resolves them.
-pub fn resolve_keys(mut keys: ConfigKeys, env: &dyn Fn(&str) -> Option<String>) -> Result<(LoaderConfig, NodeConfig)> {
-    let node_keys = keys.take_nodes()?;
-    resolve(keys, node_keys, env)
+const MAX_NODES: usize = 1 << 16;
+const MAX_REMOTE_MEMORY: u64 = 1 << 40;
+const MAX_PEER_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+const MAX_JOB_BYTES: usize = 256;
+
+impl NodeKeys {
+    /// Takes the multi-node keys out of `table`, leaving the loader's.
+    fn take(table: &mut toml::Table) -> Result<Self> {
+        let mut keys = NodeKeys::default();
+        if let Some(value) = table.remove("nodes") {
+            let list = value
+                .as_array()
+                .and_then(|a| {
+                    a.iter()
+                        .map(|v| v.as_str().map(str::to_string))
+                        .collect::<Option<Vec<_>>>()
+                })
+                .ok_or_else(|| Error::config(format!("nodes = {value}: expected a list of \"host:port\" strings")))?;
+            check_listed(&list).map_err(|why| Error::config(format!("nodes: {why}")))?;
+            keys.nodes = Some(list);
+        }
+        if let Some(value) = table.remove("remote_memory") {
+            let b = Value {
+                key: "remote_memory",
+                value: &value,
+            }
+            .bytes()?;
+            if !(1..=MAX_REMOTE_MEMORY).contains(&b) {
+                return Err(Error::config(format!("remote_memory {value} outside 1 byte..=1TiB")));
+            }
+            keys.remote_memory = Some(b);
+        }
+        if let Some(value) = table.remove("peer_timeout") {
+            let text = Value {
+                key: "peer_timeout",
+                value: &value,
+            }
+            .text()?;
+            let d = parse_duration(text)?;
+            if d > MAX_PEER_TIMEOUT {
+                return Err(Error::config(format!("peer_timeout {text:?} outside (0s, 24h]")));
+            }
+            keys.peer_timeout = Some(d);
+        }
+        if let Some(value) = table.remove("job") {
+            let j = Value {
+                key: "job",
+                value: &value,
+            }
+            .text()?;
+            if !(1..=MAX_JOB_BYTES).contains(&j.len()) {
+                return Err(Error::config(format!("job {j:?}: {} bytes, expected 1..=256", j.len())));
+            }
+            keys.job = Some(j.to_string());
+        }
+        if let Some(value) = table.remove("tf_port_offset") {
+            let v: i64 = Value {
+                key: "tf_port_offset",
+                value: &value,
+            }
+            .whole()?;
+            let offset = u16::try_from(v)
+                .ok()
+                .filter(|&o| o > 0)
+                .ok_or_else(|| Error::config(format!("tf_port_offset {v} outside 1..=65535")))?;
+            keys.tf_port_offset = Some(offset);
+        }
+        Ok(keys)
+    }
 }
 
-/// Applies both key sets: the loader's world and rank follow the node list
-/// (a `world` key that disagrees with it is an error).
-pub fn resolve(
-    loader_keys: ConfigKeys,
-    keys: NodeKeys,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Result<(LoaderConfig, NodeConfig)> {
-    let explicit_world = loader_keys.world;
-    let explicit_rank = loader_keys.rank;
-    let mut loader = LoaderConfig::default();
-    let (nodes, env_rank) = match keys.nodes {
-        Some(n) => (n, None),
-        None => nodes_from_env(env, keys.tf_port_offset.unwrap_or(DEFAULT_TF_PORT_OFFSET))?,
+/// `"30s"`, `"500ms"`, `"2m"`, or plain seconds (`"1.5"`); more than 0.
+pub fn parse_duration(s: &str) -> Result<Duration> {
+    let t = s.trim();
+    let bad = || Error::config(format!("duration {s:?}: expected e.g. \"30s\", \"500ms\", \"2m\""));
+    let (num, scale) = if let Some(n) = t.strip_suffix("ms") {
+        (n, 1e-3)
+    } else if let Some(n) = t.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = t.strip_suffix('m') {
+        (n, 60.0)
+    } else {
+        (t, 1.0)
     };
-    let rank = explicit_rank.or(env_rank).unwrap_or(0);
-    let world = nodes.len().max(1) as u32;
-    if let Some(w) = explicit_world
-        && !nodes.is_empty()
-        && w != world
-    {
-        return Err(Error::config(format!("world {w} but {world} nodes are listed")));
+    let v: f64 = num.trim().parse().map_err(|_| bad())?;
+    let secs = v * scale;
+    if !(secs.is_finite() && secs > 0.0 && secs <= 1e9) {
+        return Err(bad());
     }
-    if !nodes.is_empty() && rank >= world {
-        return Err(Error::config(format!("rank {rank} out of range for {world} nodes")));
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// The checks every node list gets (the key's or the environment's): at
+/// most 65536 entries, each `host:port` with a port in 1..=65535 (IPv6
+/// hosts in brackets).
+fn check_listed(nodes: &[String]) -> std::result::Result<(), String> {
+    if nodes.len() > MAX_NODES {
+        return Err(format!("{} listed, at most 65536", nodes.len()));
     }
-    let mut loader_keys = loader_keys;
-    if !nodes.is_empty() {
-        loader_keys.world = Some(world);
-        loader_keys.rank = Some(rank);
+    for (i, a) in nodes.iter().enumerate() {
+        let why = match a.rsplit_once(':') {
+            None => Some("expected host:port".to_string()),
+            Some((host, _)) if host.trim().is_empty() || host != host.trim() => Some("expected host:port".into()),
+            Some((_, port)) => match port.parse::<u16>() {
+                Ok(p) if p > 0 => None,
+                _ => Some(format!("port {port:?} outside 1..=65535")),
+            },
+        };
+        if let Some(why) = why {
+            return Err(format!("node {i} address {a:?}: {why}"));
+        }
     }
-    loader_keys.apply(&mut loader)?;
-    let job = keys
-        .job
-        .or_else(|| env("BRAND_JOB"))
-        .unwrap_or_else(|| format!("brand:{}", nodes.join(",")));
-    let dist = NodeConfig {
-        nodes,
-        rank: loader.plan.rank,
-        remote_memory: keys.remote_memory.unwrap_or(DEFAULT_REMOTE_MEMORY),
-        peer_timeout: keys.peer_timeout.unwrap_or(DEFAULT_PEER_TIMEOUT),
-        job,
-    };
-    dist.check()?;
-    Ok((loader, dist))
+    Ok(())
 }
 
 impl NodeConfig {
@@ -131,26 +268,6 @@ impl NodeConfig {
             Some(a) => format!("node {node} ({a})"),
             None => format!("node {node}"),
         }
-    }
-
-    pub fn check(&self) -> Result<()> {
-        if self.remote_memory == 0 {
-            return Err(Error::config("remote_memory must be at least 1 byte"));
-        }
-        if self.peer_timeout.is_zero() || self.peer_timeout > Duration::from_secs(24 * 3600) {
-            return Err(Error::config(format!(
-                "peer_timeout {:?} outside (0s, 24h]",
-                self.peer_timeout
-            )));
-        }
-        if self.nodes.len() > 1 && self.rank as usize >= self.nodes.len() {
-            return Err(Error::config(format!(
-                "rank {} out of range for {} nodes",
-                self.rank,
-                self.nodes.len()
-            )));
-        }
-        Ok(())
     }
 }
 
@@ -179,7 +296,7 @@ fn nodes_from_env(env: &dyn Fn(&str) -> Option<String>, tf_port_offset: u16) -> 
                 nodes.len()
             )));
         }
-        check_listed(&nodes, "BRAND_NODES")?;
+        check_listed(&nodes).map_err(|why| Error::config(format!("environment BRAND_NODES: {why}")))?;
         return Ok((nodes, int("RANK")?));
     }
     if let Some(text) = env("TF_CONFIG") {
@@ -236,19 +353,8 @@ fn tf_config_nodes(text: &str, offset: u16) -> Result<(Vec<String>, Option<u32>)
         })?;
         nodes.push(format!("{host}:{ours}"));
     }
-    check_listed(&nodes, "TF_CONFIG")?;
+    check_listed(&nodes).map_err(|why| Error::config(format!("environment TF_CONFIG: {why}")))?;
     Ok((nodes, Some(rank)))
-}
-
-/// The checks the `nodes` key gets, for a list from the environment.
-fn check_listed(nodes: &[String], from: &str) -> Result<()> {
-    let mut keys = ConfigKeys {
-        nodes: Some(nodes.to_vec()),
-        ..Default::default()
-    };
-    keys.take_nodes()
-        .map(drop)
-        .map_err(|e| Error::config(format!("environment {from}: {e}")))
 }
 
 #[cfg(test)]
@@ -259,8 +365,26 @@ mod tests {
         None
     }
 
+    fn from_toml_with_env(text: &str, env: Env<'_>) -> Result<(LoaderConfig, NodeConfig)> {
+        Config::resolve(text, toml::Table::new(), env).map(|c| (c.loader, c.nodes))
+    }
+
     #[test]
-    fn keys_split_between_loader_and_dist() {
+    fn flags_override_the_text_and_go_through_the_same_checks() {
+        let mut flags = toml::Table::new();
+        flags.insert("batch_size".into(), toml::Value::Integer(9));
+        flags.insert("memory".into(), toml::Value::String("3 slots".into()));
+        let c = Config::resolve("batch_size = 7\nseed = 4", flags, &no_env).expect("valid");
+        assert_eq!((c.loader.batch_size, c.loader.plan.seed), (9, 4));
+        assert_eq!(c.loader.plan.memory, brand_plan::Memory::Slots(3));
+        let mut bad = toml::Table::new();
+        bad.insert("queue_depth".into(), toml::Value::Integer(0));
+        let e = Config::resolve("", bad, &no_env).expect_err("range").to_string();
+        assert!(e.contains("queue_depth"), "{e}");
+    }
+
+    #[test]
+    fn keys_split_between_loader_and_nodes() {
         let (l, d) = from_toml_with_env(
             r#"nodes = ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]
                rank = 2
@@ -271,7 +395,7 @@ mod tests {
             &no_env,
         )
         .expect("valid");
-        assert_eq!((l.plan.rank, l.plan.world, l.io.batch_size), (2, 3, 7));
+        assert_eq!((l.plan.rank, l.plan.world, l.batch_size), (2, 3, 7));
         assert_eq!(d.rank, 2);
         assert_eq!(d.nodes.len(), 3);
         assert_eq!(d.remote_memory, 1 << 20);
@@ -354,6 +478,17 @@ mod tests {
             ("peer_timeout = \"0s\"", "0s"),
             ("bogus = 1", "bogus"),
             ("batch_size = 0", "batch_size"),
+            ("nodes = [\"h:0\"]", "port"),
+            ("nodes = [\"h:65536\"]", "65536"),
+            ("nodes = [\":7\"]", "host:port"),
+            ("nodes = 3", "nodes"),
+            ("remote_memory = \"0\"", "remote_memory"),
+            ("remote_memory = \"2TiB\"", "remote_memory"),
+            ("peer_timeout = \"25h\"", "25h"),
+            ("peer_timeout = \"90000s\"", "peer_timeout"),
+            ("job = \"\"", "job"),
+            ("tf_port_offset = 0", "tf_port_offset"),
+            ("tf_port_offset = 65536", "tf_port_offset"),
         ] {
             let e = from_toml_with_env(text, &no_env).expect_err(text).to_string();
             assert!(e.contains(word), "{text}: {e}");

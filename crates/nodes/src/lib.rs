@@ -16,6 +16,7 @@ pub mod config;
 mod inbox;
 mod net;
 mod owner;
+pub mod reader;
 pub mod routes;
 mod storage;
 pub mod wire;
@@ -23,65 +24,19 @@ pub mod wire;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use serde::Serialize;
-
 use brand_format::dataset::Dataset;
 use brand_format::error::{Error, Result};
 pub use brand_loader::Batch;
 use brand_loader::elastic::{GlobalPosition, SavedWorld};
-use brand_loader::{LoaderConfig, LoaderState};
+use brand_loader::stats::StallLog;
+use brand_loader::{Checkpoint, Fingerprint, LoaderConfig, LoaderState, Metrics, Resume};
 use brand_plan::Planner;
 
-pub use config::NodeConfig;
+pub use config::{Config, NodeConfig};
 use inbox::{CreditSink, Inbox, sample_len};
 use owner::{Control, Owner, OwnerStats};
+pub use reader::Reader;
 use routes::{ConsumerPlan, Ownership};
-
-/// A loader configuration and the multi-node one.
-#[derive(Debug, Clone)]
-pub struct Config {
-    pub loader: LoaderConfig,
-    pub nodes: NodeConfig,
-}
-
-impl Config {
-    /// Both from one TOML text (and the launcher's environment, see [`config`]).
-    pub fn from_toml(text: &str) -> Result<Self> {
-        let (loader, dist) = config::from_toml(text)?;
-        Ok(Config { loader, nodes: dist })
-    }
-}
-
-/// What a node did since it opened.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct NodeMetrics {
-    pub samples_served: u64,
-    pub bytes_served: u64,
-    /// Served samples this node owns (never crossed the network).
-    pub samples_local: u64,
-    /// Samples pushed to this node by others.
-    pub samples_received: u64,
-    pub bytes_received: u64,
-    /// Samples this node pushed to others.
-    pub samples_pushed: u64,
-    pub bytes_pushed: u64,
-    /// Bytes this node read from its storage.
-    pub bytes_read: u64,
-    pub reads_issued: u64,
-    /// Times the consumer waited for a sample not yet there (on-demand waits).
-    pub stalls: u64,
-    pub stall_secs_total: f64,
-    /// Median and 99th percentile of those waits (nearest rank; 0 without stalls).
-    pub stall_p50_secs: f64,
-    pub stall_p99_secs: f64,
-    pub stall_max_secs: f64,
-    /// Most bytes of pushed (and local) samples held at once, and the limit.
-    pub remote_memory_peak: u64,
-    pub remote_memory_limit: u64,
-    /// Most bytes the owner held read but not yet pushed.
-    pub owner_peak_bytes: u64,
-    pub buffered_fallback: bool,
-}
 
 /// One node of a multi-node job: serves this rank's batches, and reads and
 /// pushes the samples of the groups it owns. A single node (no `nodes`)
@@ -90,6 +45,9 @@ pub struct NodeLoader {
     ds: Arc<Dataset>,
     cfg: Arc<NodeConfig>,
     planner: Planner,
+    fingerprint: Fingerprint,
+    /// The read gap this node's storage chose (None: whole chunks).
+    read_gap: Option<u64>,
     ownership: Ownership,
     batch_size: usize,
     epoch: u64,
@@ -107,9 +65,8 @@ pub struct NodeLoader {
 }
 
 /// The digest nodes exchange: job, dataset fingerprint, plan configuration
-/// and where they start (`state.served`: the global position, see
-/// [`NodeLoader::open_elastic`]).
-pub fn job_digest(ds: &Dataset, loader: &LoaderConfig, dist: &NodeConfig, state: LoaderState) -> wire::JobDigest {
+/// and the global position they start at.
+pub fn job_digest(ds: &Dataset, loader: &LoaderConfig, dist: &NodeConfig, at: GlobalPosition) -> wire::JobDigest {
     // Partitions of one pack differ only in which part they are: the
     // fingerprint is the whole dataset's (and the partitioning's).
     let mut logical = ds.manifest.clone();
@@ -130,8 +87,8 @@ pub fn job_digest(ds: &Dataset, loader: &LoaderConfig, dist: &NodeConfig, state:
         world: p.world,
         drop_last: p.drop_last,
         nodes: dist.nodes.join(","),
-        start_epoch: state.epoch,
-        start_served: state.served,
+        start_epoch: at.epoch,
+        start_position: at.position,
     }
 }
 
@@ -165,67 +122,50 @@ fn ownership(ds: &Dataset, planner: &Planner, dist: &NodeConfig, me: u32) -> Res
     })
 }
 
-/// The nearest-rank `q` quantile of `sorted` (0 when empty).
-fn percentile(sorted: &[u64], q: f64) -> u64 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    let rank = (q * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
 impl NodeLoader {
-    /// Opens this node (`cfg.nodes.rank` of `cfg.nodes.nodes`) at `state`; with
+    /// Opens this node (`cfg.nodes.rank` of `cfg.nodes.nodes`) where
+    /// `resume` says: a state every node starts at, this rank's checkpoint,
+    /// or every rank's checkpoints of a saved world of any number of nodes
+    /// (the same total memory; every node opens with the same ones). With
     /// peers, returns once every peer has connected and agreed on the job,
     /// or fails naming those that did not within `peer_timeout`.
-    pub fn open(ds: Arc<Dataset>, cfg: &Config, state: LoaderState) -> Result<Self> {
-        // Every node at `state`: the world served `served` steps of W positions.
-        let world = cfg.nodes.world() as u64;
-        let at = GlobalPosition {
-            epoch: state.epoch,
-            position: state.served.saturating_mul(world),
-        };
-        Self::open_at(ds, cfg, at)
+    pub fn open(ds: Arc<Dataset>, cfg: &Config, resume: impl Into<Resume>) -> Result<Self> {
+        let planner = Planner::new(&ds.index, &cfg.loader.plan)?;
+        let fingerprint = Fingerprint::of(&ds, &planner);
+        let start = resume.into().start(&ds, &planner, &fingerprint)?;
+        Self::open_planned(ds, cfg, planner, start.global)
     }
 
-    /// Opens this node where the whole world `saved` stopped (every rank's
-    /// state; any number of nodes or ranks, the same total memory, see
-    /// `brand_loader::elastic`): the nodes of this job together serve the
-    /// rest of that epoch's global sequence. Every node opens with the same
-    /// `saved`; the handshake refuses nodes that disagree.
+    /// [`open`](Self::open) where the whole world `saved` stopped.
     pub fn open_elastic(ds: Arc<Dataset>, cfg: &Config, saved: &SavedWorld) -> Result<Self> {
-        let at = brand_loader::elastic::global_position(&ds.index, saved, &cfg.loader.plan)?;
-        Self::open_at(ds, cfg, at)
+        Self::open(ds, cfg, Resume::World(saved.clone()))
     }
 
-    /// Opens this node with global positions `..at.position` of `at.epoch`
-    /// served. Nodes start at a common step `at.position / W`; a node whose
-    /// position of that step is below `at.position` (served already) takes
-    /// and drops that one sample, so every node's next serve is its first
-    /// position at or after `at.position`.
-    fn open_at(ds: Arc<Dataset>, cfg: &Config, at: GlobalPosition) -> Result<Self> {
+    /// Opens this node with the plan made and global positions
+    /// `..at.position` of `at.epoch` served. Nodes start at a common step
+    /// `at.position / W`; a node whose position of that step is below
+    /// `at.position` (served already) takes and drops that one sample, so
+    /// every node's next serve is its first position at or after
+    /// `at.position`.
+    pub fn open_planned(ds: Arc<Dataset>, cfg: &Config, planner: Planner, at: GlobalPosition) -> Result<Self> {
         let dist = Arc::new(cfg.nodes.clone());
-        dist.check()?;
-        let mut loader = cfg.loader.clone();
-        loader.check()?;
-        if loader.plan.world != dist.world() || loader.plan.rank != dist.rank.min(dist.world() - 1) {
+        let loader = &cfg.loader;
+        let me = dist.rank;
+        if loader.plan.world != dist.world() || loader.plan.rank != me {
             return Err(Error::config(format!(
-                "rank {} of world {} but this is node {} of {}",
+                "rank {} of world {} but this is node {me} of {}",
                 loader.plan.rank,
                 loader.plan.world,
-                dist.rank,
                 dist.world()
             )));
         }
-        loader.plan.rank = dist.rank.min(dist.world() - 1);
-        let planner = Planner::new(&ds.index, &loader.plan)?;
         let geo = *planner.geometry();
-        if !loader.plan.policy.is_brand() || geo.resident {
+        if !loader.plan.policy.is_brand() || geo.holds_all {
             return Err(Error::config(format!(
                 "multi-node mode needs policy brand or brand-random and a memory budget below the dataset (policy {}, memory {}{})",
                 loader.plan.policy,
                 loader.plan.memory,
-                if geo.resident { ", which holds it all" } else { "" }
+                if geo.holds_all { ", which holds it all" } else { "" }
             )));
         }
         let largest = (0..ds.index.samples()).map(|id| sample_len(&ds, id)).max().unwrap_or(0);
@@ -235,7 +175,6 @@ impl NodeLoader {
                 dist.remote_memory
             )));
         }
-        let me = dist.rank.min(dist.world() - 1);
         let world = dist.world() as u64;
         let common_step = (at.position / world).min(geo.steps);
         let state = LoaderState {
@@ -250,10 +189,11 @@ impl NodeLoader {
         inbox
             .attach(me, CreditSink::Local(control.clone()))
             .map_err(Error::config)?;
-        let storage = storage::Storage::open(ds.clone(), &loader.io)?;
+        let storage = storage::Storage::open(ds.clone(), &loader.io, loader.readahead_bytes)?;
+        let read_gap = storage.read_gap();
         let owner_stats = Arc::new(OwnerStats::default());
         let owner = Owner {
-            planner: Planner::new(&ds.index, &loader.plan)?,
+            planner: planner.clone(),
             ownership,
             drift_steps: owner::drift_steps(&ds, dist.remote_memory),
             node: me,
@@ -263,19 +203,22 @@ impl NodeLoader {
             stats: owner_stats.clone(),
             start_epoch: state.epoch,
             start_step: state.served,
-            readahead_bytes: loader.io.readahead_bytes,
+            readahead_bytes: loader.readahead_bytes,
             linger: dist.peer_timeout,
         };
         let owner = std::thread::Builder::new()
             .name(format!("brand-owner-{me}"))
             .spawn(move || owner.run())
             .map_err(|e| Error::io("<brand-owner thread>", e))?;
+        let fingerprint = Fingerprint::of(&ds, &planner);
         let mut this = NodeLoader {
             ds: ds.clone(),
             cfg: dist.clone(),
             planner,
+            fingerprint,
+            read_gap,
             ownership,
-            batch_size: loader.io.batch_size,
+            batch_size: loader.batch_size,
             epoch: state.epoch,
             served: state.served,
             epoch_ended: false,
@@ -291,15 +234,7 @@ impl NodeLoader {
         if dist.world() > 1 {
             this.net = Some(net::Net::start(net::Ctx {
                 cfg: dist.clone(),
-                digest: job_digest(
-                    &ds,
-                    &loader,
-                    &dist,
-                    LoaderState {
-                        epoch: at.epoch,
-                        served: at.position,
-                    },
-                ),
+                digest: job_digest(&ds, loader, &dist, at),
                 inbox: inbox.clone(),
                 control,
                 max_message: largest as usize + (64 << 10),
@@ -346,31 +281,43 @@ impl NodeLoader {
         }
     }
 
-    pub fn metrics(&self) -> NodeMetrics {
+    /// This node's state bound to its dataset and plan (every node must
+    /// resume from the same state, or from every rank's checkpoints).
+    pub fn checkpoint(&self) -> Checkpoint {
+        Checkpoint {
+            state: self.state(),
+            fingerprint: self.fingerprint,
+        }
+    }
+
+    pub fn metrics(&self) -> Metrics {
         let s = self.inbox.stats();
         let o = &self.owner_stats;
-        let mut stalls = s.stall_nanos.clone();
-        stalls.sort_unstable();
-        NodeMetrics {
+        let mut m = Metrics {
             samples_served: self.samples_served,
             bytes_served: self.bytes_served,
+            bytes_read: o.bytes_read.load(Ordering::Relaxed),
+            reads_issued: o.reads_issued.load(Ordering::Relaxed),
+            buffered_fallback: o.buffered_fallback.load(Ordering::Relaxed) != 0,
+            read_gap: self.read_gap,
+            nodes: self.cfg.world(),
+            node_rank: self.cfg.rank,
             samples_local: s.samples_local,
             samples_received: s.samples_received,
             bytes_received: s.bytes_received,
             samples_pushed: o.samples_pushed.load(Ordering::Relaxed),
             bytes_pushed: o.bytes_pushed.load(Ordering::Relaxed),
-            bytes_read: o.bytes_read.load(Ordering::Relaxed),
-            reads_issued: o.reads_issued.load(Ordering::Relaxed),
-            stalls: s.stall_nanos.len() as u64,
-            stall_secs_total: s.stall_nanos.iter().sum::<u64>() as f64 * 1e-9,
-            stall_p50_secs: percentile(&stalls, 0.50) as f64 * 1e-9,
-            stall_p99_secs: percentile(&stalls, 0.99) as f64 * 1e-9,
-            stall_max_secs: stalls.last().copied().unwrap_or(0) as f64 * 1e-9,
             remote_memory_peak: s.held_peak_bytes,
             remote_memory_limit: self.cfg.remote_memory,
             owner_peak_bytes: o.held_peak_bytes.load(Ordering::Relaxed),
-            buffered_fallback: o.buffered_fallback.load(Ordering::Relaxed) != 0,
+            ..Metrics::default()
+        };
+        let mut stalls = StallLog::default();
+        for &nanos in &s.stall_nanos {
+            stalls.record(std::time::Duration::from_nanos(nanos));
         }
+        stalls.fill(&mut m);
+        m
     }
 
     /// The next batch of the current epoch, or `None` at its end; the call
@@ -421,7 +368,7 @@ impl NodeLoader {
     /// Leaves cleanly: first serves the peers what they are owed of the
     /// current epoch (see `Drop`), then returns the final metrics (which
     /// then count every read and push this node made).
-    pub fn close(mut self) -> NodeMetrics {
+    pub fn close(mut self) -> Metrics {
         self.stop_owner();
         self.metrics()
     }

@@ -31,14 +31,16 @@ pub struct Storage {
 }
 
 impl Storage {
-    pub fn open(ds: Arc<Dataset>, io: &IoConfig) -> Result<Self> {
+    /// Storage over `ds` with the engine `io` asks for, at most
+    /// `registered_bytes` of buffers registered with io_uring.
+    pub fn open(ds: Arc<Dataset>, io: &IoConfig, registered_bytes: u64) -> Result<Self> {
         let local = local_segments(&ds);
-        let engine = Engine::start(ds.clone(), io.engine_config(&local))?;
+        let engine = Engine::start(ds.clone(), io.engine_config(&local, registered_bytes))?;
         // A partition that holds nothing never reads (and has nothing to probe).
         let gap = if local.manifest.segments.is_empty() {
             ReadGap::Whole
         } else {
-            io.read_gap(&local, &engine)?
+            io.read_gap(&local, &engine, registered_bytes)?
         };
         Ok(Storage {
             engine,
@@ -91,6 +93,14 @@ impl Storage {
                     result,
                 });
             }
+        }
+    }
+
+    /// The read gap chosen (None: whole chunks).
+    pub fn read_gap(&self) -> Option<u64> {
+        match self.gap {
+            ReadGap::Whole => None,
+            ReadGap::Bytes(b) => Some(b),
         }
     }
 

@@ -74,7 +74,7 @@ pub struct JobDigest {
     #[prost(uint64, tag = "11")]
     pub start_epoch: u64,
     #[prost(uint64, tag = "12")]
-    pub start_served: u64,
+    pub start_position: u64,
 }
 
 impl JobDigest {
@@ -103,8 +103,8 @@ impl JobDigest {
         cmp("nodes", format!("[{}]", self.nodes), format!("[{}]", other.nodes));
         cmp(
             "start",
-            format!("epoch {} sample {}", self.start_epoch, self.start_served),
-            format!("epoch {} sample {}", other.start_epoch, other.start_served),
+            format!("epoch {} sample {}", self.start_epoch, self.start_position),
+            format!("epoch {} sample {}", other.start_epoch, other.start_position),
         );
         out
     }

@@ -5,10 +5,10 @@
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use brand_nodes::{Config, NodeLoader};
 use brand_format::Dataset;
 use brand_loader::LoaderState;
 use brand_loader::elastic::SavedWorld;
+use brand_nodes::{Config, NodeLoader};
 use brand_pack::synthetic::small_dataset;
 use brand_plan::Memory;
 
@@ -23,7 +23,7 @@ fn config(nodes: &[String], rank: u32, slots: u64) -> Config {
     let mut cfg = node_config(nodes, rank, "elastic");
     cfg.loader.plan.memory = Memory::Slots(slots);
     cfg.loader.plan.seed = 9;
-    cfg.loader.io.batch_size = 15;
+    cfg.loader.batch_size = 15;
     // Also how long the first nodes' close waits for peers that stopped
     // with them.
     cfg.nodes.peer_timeout = Duration::from_secs(5);

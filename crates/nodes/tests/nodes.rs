@@ -6,9 +6,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use brand_nodes::{Config, NodeLoader, NodeMetrics};
 use brand_format::Dataset;
 use brand_loader::LoaderState;
+use brand_loader::Metrics;
+use brand_nodes::{Config, NodeLoader};
 use brand_pack::synthetic::small_dataset;
 
 mod common;
@@ -31,7 +32,7 @@ fn config(nodes: &[String], rank: u32, remote_memory: u64, timeout: Duration) ->
     cfg
 }
 
-fn run_node(ds: Arc<Dataset>, cfg: Config, epochs: u64) -> Result<(Served, NodeMetrics), String> {
+fn run_node(ds: Arc<Dataset>, cfg: Config, epochs: u64) -> Result<(Served, Metrics), String> {
     run_node_then(ds, cfg, epochs, None)
 }
 
@@ -42,7 +43,7 @@ fn run_node_then(
     cfg: Config,
     epochs: u64,
     all_done: Option<Arc<std::sync::Barrier>>,
-) -> Result<(Served, NodeMetrics), String> {
+) -> Result<(Served, Metrics), String> {
     let mut l = NodeLoader::open(ds, &cfg, LoaderState::default()).map_err(|e| e.to_string())?;
     let out = serve_epochs(&mut l, epochs)?;
     if let Some(b) = all_done {
@@ -70,7 +71,7 @@ fn three_nodes_serve_the_plan_once_and_read_each_chunk_at_its_owner_only() {
             std::thread::spawn(move || run_node_then(ds, c, 2, Some(b)))
         })
         .collect();
-    let results: Vec<(Served, NodeMetrics)> = handles
+    let results: Vec<(Served, Metrics)> = handles
         .into_iter()
         .map(|h| h.join().expect("thread").expect("node"))
         .collect();

@@ -9,10 +9,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use brand_nodes::routes::Ownership;
-use brand_nodes::{Config, NodeLoader, NodeMetrics};
 use brand_format::Dataset;
 use brand_loader::LoaderState;
+use brand_loader::Metrics;
+use brand_nodes::routes::Ownership;
+use brand_nodes::{Config, NodeLoader};
 use brand_pack::files::FileSource;
 use brand_pack::synthetic::small_dataset;
 use brand_pack::{PackOptions, Partitioning, partition_dir};
@@ -27,7 +28,7 @@ const NODES: u32 = 3;
 fn config(nodes: &[String], rank: u32, memory: Memory, remote_memory: u64) -> Config {
     let mut cfg = node_config(nodes, rank, "partitions");
     cfg.loader.plan.memory = memory;
-    cfg.loader.io.readahead_bytes = 64 << 10;
+    cfg.loader.readahead_bytes = 64 << 10;
     cfg.nodes.remote_memory = remote_memory;
     cfg
 }
@@ -66,7 +67,7 @@ fn run_node(
     cfg: Config,
     epochs: u64,
     all_done: Arc<std::sync::Barrier>,
-) -> Result<(Served, NodeMetrics), String> {
+) -> Result<(Served, Metrics), String> {
     let ds = Arc::new(Dataset::open_any(&dir).map_err(|e| e.to_string())?);
     let mut l = NodeLoader::open(ds, &cfg, LoaderState::default()).map_err(|e| e.to_string())?;
     let out = serve_epochs(&mut l, epochs)?;
@@ -104,7 +105,7 @@ fn three_nodes_serve_from_their_own_partitions_only() {
             std::thread::spawn(move || run_node(dir, cfg, 2, b))
         })
         .collect();
-    let results: Vec<(Served, NodeMetrics)> = handles
+    let results: Vec<(Served, Metrics)> = handles
         .into_iter()
         .map(|h| h.join().expect("thread").expect("node"))
         .collect();

@@ -71,15 +71,15 @@ impl FromStr for Policy {
 
 /// The memory budget of one rank.
 ///
-/// It becomes a number of abstract slots, `M = budget / mean stored sample
-/// size` (paper §3.2, `M = C/d`). The protocol's abstract memory is the
+/// It becomes a number of abstract slots, `M = budget / mean decoded sample
+/// size` (paper §3.2, `M = C/d`; decoded: what memory holds once read). The protocol's abstract memory is the
 /// world's: `world × M` slots, so a rank holds about `M` samples on average.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Memory {
     /// A byte budget.
     Bytes(u64),
-    /// A percentage of the dataset's stored bytes (`10.0` is 10 %). A share
+    /// A percentage of the dataset's samples (`10.0` is 10 %). A share
     /// smaller than one chunk rounds up to one chunk (the whole dataset if
     /// it is smaller), so small datasets work with the default 10 %.
     Percent(f64),
@@ -87,12 +87,31 @@ pub enum Memory {
     Slots(u64),
 }
 
+impl Memory {
+    /// Most a percentage may be (a budget of 1000× the dataset is already
+    /// "everything").
+    pub const MAX_PERCENT: f64 = 100_000.0;
+
+    /// The one range check of a budget: a percentage in (0, 100000], at
+    /// least one byte or one slot. Parsing and planning both call it.
+    pub fn check(&self) -> Result<()> {
+        let outside = |what: String, range: &str| Err(Error::config(format!("memory {what} outside {range}")));
+        match *self {
+            Memory::Percent(p) if !(p > 0.0 && p <= Self::MAX_PERCENT) => outside(format!("{p}%"), "(0, 100000] %"),
+            Memory::Bytes(0) => outside("0 bytes".into(), "1 byte and up"),
+            Memory::Slots(0) => outside("0 slots".into(), "1 slot and up"),
+            _ => Ok(()),
+        }
+    }
+}
+
 impl FromStr for Memory {
     type Err = Error;
 
     /// `"10%"`, `"12.5%"`, `"512MiB"`, `"2G"`, `"1.5GB"`, `"1048576"`, `"4096 slots"`.
     /// Every unit is binary, as in memory flags: `K`, `KB` and `KiB` are
-    /// all 1024 bytes, `2G` is 2 GiB.
+    /// all 1024 bytes, `2G` is 2 GiB. The value is range-checked
+    /// ([`Memory::check`]).
     fn from_str(s: &str) -> Result<Self> {
         let text = s.trim();
         let bad = |why: &str| {
@@ -100,19 +119,15 @@ impl FromStr for Memory {
                 "memory {s:?}: {why} (expected e.g. \"10%\", \"512MiB\", \"2G\" or a byte count)"
             ))
         };
-        if let Some(pct) = text.strip_suffix('%') {
-            let p: f64 = pct.trim().parse().map_err(|_| bad("not a percentage"))?;
-            if !(p.is_finite() && p > 0.0) {
-                return Err(bad("the percentage must be positive"));
-            }
-            return Ok(Memory::Percent(p));
-        }
-        let lower = text.to_ascii_lowercase();
-        if let Some(n) = lower.strip_suffix("slots") {
-            let n: u64 = n.trim().parse().map_err(|_| bad("not a slot count"))?;
-            return Ok(Memory::Slots(n));
-        }
-        brand_format::units::parse_bytes(text).map(Memory::Bytes).map_err(bad)
+        let memory = if let Some(pct) = text.strip_suffix('%') {
+            Memory::Percent(pct.trim().parse().map_err(|_| bad("not a percentage"))?)
+        } else if let Some(n) = text.to_ascii_lowercase().strip_suffix("slots") {
+            Memory::Slots(n.trim().parse().map_err(|_| bad("not a slot count"))?)
+        } else {
+            Memory::Bytes(brand_format::units::parse_bytes(text).map_err(bad)?)
+        };
+        memory.check()?;
+        Ok(memory)
     }
 }
 
@@ -203,7 +218,20 @@ mod tests {
         for (text, want) in cases {
             assert_eq!(text.parse::<Memory>().ok(), Some(want), "{text}");
         }
-        for bad in ["", "%", "-5%", "0%", "NaN%", "ten", "5XB", "99999999999T", "-1G"] {
+        for bad in [
+            "",
+            "%",
+            "-5%",
+            "0%",
+            "NaN%",
+            "ten",
+            "5XB",
+            "99999999999T",
+            "-1G",
+            "100001%",
+            "0",
+            "0 slots",
+        ] {
             assert!(bad.parse::<Memory>().is_err(), "{bad:?} should not parse");
         }
     }

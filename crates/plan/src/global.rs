@@ -45,7 +45,7 @@ impl GlobalEpoch {
         let (served, reads) = match shared.config.policy {
             // Everything stays in memory: serve the permutation itself and
             // let the rank plans read each chunk once when memory is cold.
-            Policy::Brand | Policy::BrandRandom if g.resident => (permutation(seed, epoch, n), Vec::new()),
+            Policy::Brand | Policy::BrandRandom if g.holds_all => (permutation(seed, epoch, n), Vec::new()),
             Policy::Brand | Policy::BrandRandom => {
                 let random = shared.config.policy == Policy::BrandRandom;
                 brand_epoch(seed, epoch, n, k, g.group_size as u32, random, |_| true)
@@ -63,7 +63,7 @@ impl GlobalEpoch {
                     .collect();
                 (served, reads)
             }
-            Policy::ChunkShuffle => chunk_shuffle_epoch(seed, epoch, n, k, g.slots),
+            Policy::ChunkShuffle => chunk_shuffle_epoch(seed, epoch, n, k, g.world_slots),
             Policy::Sequential => {
                 let served = (0..n as u32).collect();
                 let reads = (0..g.chunks)
@@ -76,7 +76,7 @@ impl GlobalEpoch {
                 (served, reads)
             }
         };
-        let reads = if g.resident { Vec::new() } else { reads };
+        let reads = if g.holds_all { Vec::new() } else { reads };
         GlobalEpoch {
             shared,
             epoch,

@@ -1,6 +1,6 @@
 //! The plan: Brand's protocol and the other policies, from metadata only.
 //!
-//! Given the index (only sample count, chunk size and total stored bytes
+//! Given the index (only sample count, chunk size and total decoded bytes
 //! matter, see [`Layout`]), a [`PlanConfig`] and an epoch, the plan says, for
 //! each rank, which chunk records are read when and which sample each
 //! request gets, as a stream of [`Event`]s. It never touches a file and
@@ -9,9 +9,12 @@
 //!
 //! # Model
 //!
-//! * Sample ids are packed positions: chunk `c = id / K`, slot `s = id % K`.
-//! * Memory: each rank's budget becomes `M` abstract slots (budget divided by
-//!   the mean stored sample size, at least one chunk). The protocol runs on
+//! * Sample ids are packed positions: chunk `c = id / K`, record `j = id % K`
+//!   of it (the slot `j` of an abstract chunk it is served from).
+//! * Memory: each rank's budget becomes `M` abstract slots (a byte budget
+//!   divided by the mean *decoded* sample size, a percentage of the samples,
+//!   at least one chunk); [`Geometry::rank_memory_bytes`] is `M` back in
+//!   decoded bytes, what the loader holds. The protocol runs on
 //!   the world's abstract memory, `world × M` slots, in `A = slots / K`
 //!   abstract chunks; group `g` is chunks `[g·n, (g+1)·n)`, `n = ⌈chunks/A⌉`.
 //! * Requests: epoch permutation π of `[0, N)` from `(seed, epoch)`. Global
@@ -89,14 +92,19 @@ pub struct Geometry {
     /// Abstract slots of one rank's budget, `M`.
     pub rank_slots: u64,
     /// The world's abstract slots, `world × M`: what the protocol runs on.
-    pub slots: u64,
+    pub world_slots: u64,
     /// `A = max(1, slots / K)`.
     pub abstract_chunks: u64,
     /// Chunks per group, `n = ⌈chunks / A⌉`.
     pub group_size: u64,
     pub groups: u64,
-    /// A rank's budget holds the whole dataset: nothing is ever invalidated.
-    pub resident: bool,
+    /// A rank's budget holds the whole dataset: nothing is ever invalidated
+    /// (samples stay in memory across epochs).
+    pub holds_all: bool,
+    /// What a rank's resident samples may hold, in decoded bytes: its slots
+    /// times the mean decoded sample size, rounded up, at most the dataset.
+    /// The loader bounds its memory by this.
+    pub rank_memory_bytes: u64,
     pub world: u32,
     /// Serves per rank per epoch.
     pub steps: u64,
@@ -171,6 +179,10 @@ pub struct GroupPlan {
 }
 
 /// Plans epochs for one rank (and, through [`GlobalEpoch`], for any rank).
+/// Cloning is cheap (the geometry is shared): an open builds one planner
+/// and hands copies to whoever plans (the loader's planning thread, a
+/// node's owner).
+#[derive(Clone)]
 pub struct Planner {
     shared: Arc<Shared>,
     /// The next plan starts with empty memory.
@@ -250,11 +262,11 @@ impl Planner {
     /// multi-node mode, where each node plans the groups it owns.
     pub fn group_plan(&self, epoch: u64, group: u64) -> Result<GroupPlan> {
         let (cfg, g) = (&self.shared.config, &self.shared.geometry);
-        if !cfg.policy.is_brand() || g.resident {
+        if !cfg.policy.is_brand() || g.holds_all {
             return Err(Error::config(format!(
                 "policy {} {}has no groups",
                 cfg.policy,
-                if g.resident { "in resident mode " } else { "" }
+                if g.holds_all { "in resident mode " } else { "" }
             )));
         }
         if group >= g.groups {
@@ -305,6 +317,7 @@ fn geometry(layout: Layout, config: &PlanConfig) -> Result<Geometry> {
     if n > u32::MAX as u64 {
         return Err(Error::config(format!("{n} samples: at most 2^32 - 1 are supported")));
     }
+    config.memory.check()?;
     let rank_slots = match config.memory {
         // Mean size zero: any budget holds everything.
         Memory::Bytes(_) if sample_bytes == 0 => u64::MAX,
@@ -313,10 +326,7 @@ fn geometry(layout: Layout, config: &PlanConfig) -> Result<Geometry> {
         // up to one chunk, the least the protocol runs on: small datasets
         // just work with the default budget. Budgets of a chunk or more are
         // unchanged, and so are their orders.
-        Memory::Percent(p) if p.is_finite() && p > 0.0 => ((p * n as f64 / 100.0).floor() as u64).max(n.min(k as u64)),
-        Memory::Percent(p) => {
-            return Err(Error::config(format!("memory {p}% must be a positive percentage")));
-        }
+        Memory::Percent(p) => ((p * n as f64 / 100.0).floor() as u64).max(n.min(k as u64)),
         Memory::Slots(m) => m,
     };
     let one_chunk = n.min(k as u64);
@@ -343,11 +353,12 @@ fn geometry(layout: Layout, config: &PlanConfig) -> Result<Geometry> {
         chunk_size: k,
         chunks,
         rank_slots,
-        slots,
+        world_slots: slots,
         abstract_chunks,
         group_size,
         groups: chunks.div_ceil(group_size),
-        resident: rank_slots >= n,
+        holds_all: rank_slots >= n,
+        rank_memory_bytes: (rank_slots.min(n) as u128 * sample_bytes as u128).div_ceil(n as u128) as u64,
         world: config.world,
         steps,
         positions: steps * world,
@@ -375,14 +386,14 @@ mod tests {
         assert_eq!(g.chunks, 313);
         assert_eq!(g.group_size, 11);
         assert_eq!(g.groups, 29);
-        assert!(!g.resident);
+        assert!(!g.holds_all);
         // 2 MB at 1000 bytes a sample is the same budget.
         let g2 = geometry(layout(20_000, 64), &PlanConfig::new(Memory::Bytes(2_000_000))).expect("valid");
         assert_eq!(g2, g);
         let whole = geometry(layout(20_000, 64), &PlanConfig::new(Memory::Percent(100.0))).expect("valid");
-        assert!(whole.resident);
+        assert!(whole.holds_all);
         let almost = geometry(layout(20_000, 64), &PlanConfig::new(Memory::Slots(19_999))).expect("valid");
-        assert!(!almost.resident);
+        assert!(!almost.holds_all);
     }
 
     #[test]
@@ -391,7 +402,7 @@ mod tests {
         cfg.world = 3;
         cfg.rank = 2;
         let g = geometry(layout(1_000, 10), &cfg).expect("valid");
-        assert_eq!((g.slots, g.steps, g.positions), (300, 334, 1_002));
+        assert_eq!((g.world_slots, g.steps, g.positions), (300, 334, 1_002));
         cfg.drop_last = true;
         let g = geometry(layout(1_000, 10), &cfg).expect("valid");
         assert_eq!((g.steps, g.positions), (333, 999));
@@ -423,7 +434,7 @@ mod tests {
             "{msg}"
         );
         // Fewer samples than a chunk: one chunk is the whole dataset.
-        assert!(geometry(layout(5, 64), &PlanConfig::new(Memory::Slots(5))).is_ok_and(|g| g.resident));
+        assert!(geometry(layout(5, 64), &PlanConfig::new(Memory::Slots(5))).is_ok_and(|g| g.holds_all));
     }
 
     #[test]
@@ -431,10 +442,10 @@ mod tests {
         // 10 % of 300 samples is 30 < 64: one chunk, not an error.
         let g = geometry(layout(300, 64), &PlanConfig::new(Memory::Percent(10.0))).expect("one chunk");
         assert_eq!(g.rank_slots, 64);
-        assert!(!g.resident);
+        assert!(!g.holds_all);
         // Fewer samples than a chunk: the whole dataset.
         let g = geometry(layout(40, 64), &PlanConfig::new(Memory::Percent(10.0))).expect("whole");
-        assert!(g.resident);
+        assert!(g.holds_all);
         // At or above one chunk nothing changes.
         let g = geometry(layout(640, 64), &PlanConfig::new(Memory::Percent(10.0))).expect("valid");
         assert_eq!(g.rank_slots, 64);

@@ -40,12 +40,12 @@ pub struct EpochPlan {
     /// Global positions below this are served by some rank (the rest are
     /// the tail `drop_last` drops).
     served_limit: u64,
-    resident: bool,
+    holds_all: bool,
     /// Reads must be cut down to this rank's serves.
     project: bool,
     /// In resident mode, the reads that warm this rank's memory (from
     /// `Start::Cold`; none for `Start::Continue`). Otherwise unused.
-    resident_reads: Vec<GlobalRead>,
+    warm_reads: Vec<GlobalRead>,
     cursor: usize,
     queue: VecDeque<Event>,
     restore_reads: usize,
@@ -81,17 +81,17 @@ impl EpochPlan {
             steps: geo.steps,
             next_step: if from <= rank { 0 } else { (from - rank).div_ceil(world) }.min(geo.steps),
             served_limit,
-            resident: geo.resident,
-            project: !geo.resident && (world > 1 || served_limit < n),
-            resident_reads: Vec::new(),
+            holds_all: geo.holds_all,
+            project: !geo.holds_all && (world > 1 || served_limit < n),
+            warm_reads: Vec::new(),
             cursor: 0,
             queue: VecDeque::new(),
             restore_reads: 0,
             global,
         };
-        if plan.resident {
+        if plan.holds_all {
             if let Start::Cold { position } = start {
-                plan.resident_reads = plan.warm_up_reads(position);
+                plan.warm_reads = plan.warm_up_reads(position);
             }
         } else {
             let reads = plan.global.reads();
@@ -214,8 +214,8 @@ impl EpochPlan {
     }
 
     fn read_at(&self, i: usize) -> Option<GlobalRead> {
-        if self.resident {
-            self.resident_reads.get(i).copied()
+        if self.holds_all {
+            self.warm_reads.get(i).copied()
         } else {
             self.global.reads().get(i).copied()
         }
@@ -235,11 +235,11 @@ impl Iterator for EpochPlan {
                 Some(q) if read.time > q => break,
                 // Reads after this rank's last serve hold nothing for it,
                 // except the resident warm-up, which every rank makes.
-                None if !self.resident => break,
+                None if !self.holds_all => break,
                 _ => {}
             }
             self.cursor += 1;
-            let mask = if self.resident {
+            let mask = if self.holds_all {
                 read.mask
             } else {
                 self.mask_for_rank(&read, 0)
@@ -260,9 +260,9 @@ impl Iterator for EpochPlan {
             sample: sample as u64,
             slot: sample % self.k,
             padding,
-            frees: !self.resident,
+            frees: !self.holds_all,
         };
-        if padding && !self.resident {
+        if padding && !self.holds_all {
             // A repeat of a sample served (and freed) long ago: read it again.
             self.queue.push_back(serve);
             return Some(Event::Read {

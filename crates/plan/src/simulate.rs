@@ -400,7 +400,7 @@ impl fmt::Display for SimReport {
             self.policy,
             self.memory
         )?;
-        let mode = if g.resident {
+        let mode = if g.holds_all {
             "resident: the whole dataset fits".to_string()
         } else {
             format!("{} groups of {} chunks", g.groups, g.group_size)
@@ -410,7 +410,7 @@ impl fmt::Display for SimReport {
             "{} slots per rank, world {} ({} slots, {mode}), seed {}, batch {}, {}",
             g.rank_slots,
             g.world,
-            g.slots,
+            g.world_slots,
             self.seed,
             self.batch,
             if self.drop_last { "drop last" } else { "pad" }

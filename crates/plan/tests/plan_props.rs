@@ -128,12 +128,12 @@ fn check_epoch(p: &Planner, epoch: u64, memory: &mut [RankMemory], start: Start)
         // Memory is bounded by the world's slots, and outside resident mode
         // every read sample is served within the epoch.
         assert!(
-            mem.residency.peak <= g.slots,
+            mem.residency.peak <= g.world_slots,
             "rank {rank} peak {} > {}",
             mem.residency.peak,
-            g.slots
+            g.world_slots
         );
-        if !g.resident {
+        if !g.holds_all {
             assert_eq!(mem.residency.resident, 0, "rank {rank} ends the epoch holding samples");
         }
         all.push(serves);
@@ -143,12 +143,12 @@ fn check_epoch(p: &Planner, epoch: u64, memory: &mut [RankMemory], start: Start)
     } else {
         assert_eq!(real, n, "every sample exactly once");
     }
-    if !g.resident {
+    if !g.holds_all {
         assert!(
-            global.peak_resident() <= g.slots,
+            global.peak_resident() <= g.world_slots,
             "global peak {} > {}",
             global.peak_resident(),
-            g.slots
+            g.world_slots
         );
     }
     all
@@ -247,7 +247,7 @@ proptest! {
         // A cold process can execute it: reads before serves.
         let mut mem = RankMemory::new();
         mem.run(&resumed, c.chunk_size);
-        if g.resident {
+        if g.holds_all {
             // Resident mode re-reads everything once instead.
             prop_assert_eq!(mem.held.len() as u64, c.samples);
         } else {
@@ -272,7 +272,7 @@ proptest! {
         let per_rank = samples.min(chunk_size as u64).max(share as u64);
         let one = planner(layout(samples, chunk_size), &config(policy, per_rank * world as u64, 1, seed, false));
         let many = planner(layout(samples, chunk_size), &config(policy, per_rank, world, seed, drop_last));
-        prop_assume!(one.geometry().resident == many.geometry().resident);
+        prop_assume!(one.geometry().holds_all == many.geometry().holds_all);
         let single: Vec<u64> = events(&one.global_epoch(3), 0, Start::Continue)
             .iter()
             .filter_map(|e| match e { Event::Serve { sample, .. } => Some(*sample), _ => None })
@@ -305,7 +305,7 @@ fn resident_budget_reads_once_then_never() {
         for world in [1, 3] {
             let cfg = config(policy, 1000, world, 5, false);
             let p = planner(layout(1000, 16), &cfg);
-            assert!(p.geometry().resident);
+            assert!(p.geometry().holds_all);
             let mut memory: Vec<RankMemory> = (0..world).map(|_| RankMemory::new()).collect();
             check_epoch(&p, 0, &mut memory, Start::Cold { position: 0 });
             for m in &memory {
@@ -502,7 +502,7 @@ fn simulate_metrics_tell_policies_apart() {
         (1.0..1.3).contains(&amp_sparse),
         "brand sparse amplification {amp_sparse}"
     );
-    assert!(b.peak_resident <= brand.geometry.slots);
+    assert!(b.peak_resident <= brand.geometry.world_slots);
 
     let dispersion = |r: &brand_plan::simulate::SimReport| r.epochs[1].chunk_mate_dispersion.expect("pairs");
     assert!(dispersion(&sequential) < 0.05, "sequential {}", dispersion(&sequential));

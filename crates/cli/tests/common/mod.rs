@@ -39,3 +39,13 @@ pub fn fails(args: &[&str]) -> String {
 pub fn s(p: &Path) -> &str {
     p.to_str().expect("utf-8 temp path")
 }
+
+/// Hidden entries of `parent` (a pack's temporary directories): nothing
+/// but the datasets a test expects may be left.
+pub fn hidden_entries(parent: &Path) -> Vec<String> {
+    std::fs::read_dir(parent)
+        .expect("read parent")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect()
+}

@@ -5,9 +5,9 @@
 
 use std::time::Duration;
 
-use brand_nodes::{Config, NodeConfig, NodeLoader};
 use brand_format::Dataset;
 use brand_loader::{LoaderConfig, ReadGapSetting};
+use brand_nodes::{Config, NodeConfig, NodeLoader};
 use brand_plan::{Event, Memory, Planner};
 
 /// Ids and bytes a node served, per epoch.
@@ -33,12 +33,12 @@ pub fn node_config(nodes: &[String], rank: u32, job: &str) -> Config {
     loader.plan.world = nodes.len().max(1) as u32;
     loader.plan.rank = rank;
     loader.plan.seed = 7;
-    loader.io.batch_size = 10;
+    loader.batch_size = 10;
     loader.io.read_gap = ReadGapSetting::Whole;
-    loader.io.readahead_bytes = 256 << 10;
+    loader.readahead_bytes = 256 << 10;
     Config {
         loader,
-        dist: NodeConfig {
+        nodes: NodeConfig {
             nodes: nodes.to_vec(),
             rank,
             remote_memory: 64 << 10,

@@ -1,0 +1,43 @@
+//! A command's configuration: its `--config` file with its flags over it,
+//! resolved by the one configuration path (`brand_nodes::Config::resolve`).
+
+use std::path::Path;
+
+use brand_format::{Error, Result};
+use brand_nodes::Config;
+use brand_nodes::config::{Env, process_env};
+
+/// A flag's value as the key table holds it.
+pub enum Flag<'a> {
+    Int(Option<u64>),
+    Text(&'a Option<String>),
+    List(&'a [String]),
+}
+
+/// The configuration of `file` (none: the defaults) with `flags` over it,
+/// and the launcher's environment when `with_env`.
+pub fn resolve(file: Option<&Path>, flags: &[(&str, Flag<'_>)], with_env: bool) -> Result<Config> {
+    let text = match file {
+        Some(p) => std::fs::read_to_string(p).map_err(|e| Error::io(p, e))?,
+        None => String::new(),
+    };
+    let mut table = toml::Table::new();
+    for (key, flag) in flags {
+        let value = match flag {
+            Flag::Int(Some(n)) => {
+                let n = i64::try_from(*n).map_err(|_| Error::config(format!("--{key} {n} is out of range")))?;
+                toml::Value::Integer(n)
+            }
+            Flag::Text(Some(s)) => toml::Value::String(s.clone()),
+            Flag::List(l) if !l.is_empty() => toml::Value::Array(l.iter().cloned().map(toml::Value::String).collect()),
+            _ => continue,
+        };
+        table.insert(key.to_string(), value);
+    }
+    let no_env = |_: &str| None;
+    let env: Env<'_> = if with_env { &process_env } else { &no_env };
+    Config::resolve(&text, table, env).map_err(|e| match (file, e) {
+        (Some(p), Error::Config(why)) => Error::config(format!("{}: {why}", p.display())),
+        (_, e) => e,
+    })
+}

@@ -1,0 +1,522 @@
+//! Checkpoints: where a loader is ([`LoaderState`]), saved as a blob bound
+//! to its dataset and plan ([`Checkpoint`]), and where an open resumes
+//! ([`Resume`]) — the same for a [`Loader`](crate::Loader), a multi-node
+//! node, the C ABI (`brand_state_save` / `brand_open_at`), the TF op and
+//! Python.
+//!
+//! The blob:
+//! Version 1, 88 bytes, every integer little-endian:
+//!
+//! ```text
+//!  0  magic      8   "BRDSTATE"
+//!  8  version    u32 1
+//! 12  length     u32 88 (the whole blob)
+//! 16  epoch      u64 LoaderState::epoch
+//! 24  served     u64 LoaderState::served (samples of `epoch` already handed out)
+//!     -- the dataset --
+//! 32  samples    u64
+//! 40  chunk_size u32
+//! 44  content    u32 crc32c over the index's per-record crc32c column (which
+//!                    data: two packs of different inputs differ here)
+//! 48  pack_seed  u64
+//!     -- the plan config (everything the served order depends on) --
+//! 56  slots      u64 the memory budget as abstract slots per rank (what the
+//!                    plan uses: "10%" and an equal byte budget are the same)
+//! 64  seed       u64
+//! 72  rank       u32
+//! 76  world      u32
+//! 80  policy     u8  0 brand, 1 brand-random, 2 direct, 3 chunk-shuffle, 4 sequential
+//! 81  drop_last  u8  0 or 1
+//! 82  reserved   [u8; 2] zero
+//! 84  crc32c     u32 of bytes 0..84
+//! ```
+//!
+//! I/O settings (batch size, read gap, queue depth, readahead, verify) are
+//! not part of it: they change how fast the plan's sequence arrives, never
+//! the sequence, so a run may resume with different ones.
+//!
+//! Elastic resume needs no other version: the states of all W ranks carry
+//! each rank's `rank`, `world`, `slots` and `served`, so together they give
+//! the total memory (W × slots) and the global position (the sum of
+//! `served`, checked to be one prefix of the global sequence), which a
+//! single blob could only assume (see `brand_loader::elastic`).
+
+use serde::{Deserialize, Serialize};
+
+use brand_format::Dataset;
+use brand_format::error::{Error, Result};
+use brand_plan::{Memory, PlanConfig, Planner, Policy};
+
+use crate::elastic::{GlobalPosition, SavedWorld, global_position};
+
+const MAGIC: [u8; 8] = *b"BRDSTATE";
+const VERSION: u32 = 1;
+
+/// Where a loader is: enough to resume it exactly.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoaderState {
+    pub epoch: u64,
+    /// Samples of `epoch` this rank already handed out.
+    pub served: u64,
+}
+
+/// What a state must agree with before it is restored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fingerprint {
+    pub samples: u64,
+    pub chunk_size: u32,
+    pub content: u32,
+    pub pack_seed: u64,
+    pub slots: u64,
+    pub seed: u64,
+    pub rank: u32,
+    pub world: u32,
+    pub policy: u8,
+    pub drop_last: bool,
+}
+
+fn policy_code(p: Policy) -> u8 {
+    match p {
+        Policy::Brand => 0,
+        Policy::BrandRandom => 1,
+        Policy::Direct => 2,
+        Policy::ChunkShuffle => 3,
+        Policy::Sequential => 4,
+    }
+}
+
+fn policy_of(code: u8) -> Option<Policy> {
+    Policy::ALL.into_iter().find(|&p| policy_code(p) == code)
+}
+
+fn policy_name(code: u8) -> String {
+    policy_of(code).map_or_else(|| format!("unknown policy #{code}"), |p| p.name().to_string())
+}
+
+impl Fingerprint {
+    /// What a loader of `planner`'s plan over `ds` saves.
+    pub fn of(ds: &Dataset, planner: &Planner) -> Self {
+        let (plan, geometry) = (planner.config(), planner.geometry());
+        // The per-record checksums stand for the data: cheap (4 bytes a
+        // sample, hashed once at open) and different for different contents.
+        let mut content = 0u32;
+        let mut buf = Vec::with_capacity(4096);
+        for part in ds.index.crc.chunks(1024) {
+            buf.clear();
+            buf.extend(part.iter().flat_map(|c| c.to_le_bytes()));
+            content = crc32c::crc32c_append(content, &buf);
+        }
+        Fingerprint {
+            samples: ds.index.samples(),
+            chunk_size: ds.index.chunk_size(),
+            content,
+            pack_seed: ds.manifest.pack_seed,
+            slots: geometry.rank_slots,
+            seed: plan.seed,
+            rank: plan.rank,
+            world: plan.world,
+            policy: policy_code(plan.policy),
+            drop_last: plan.drop_last,
+        }
+    }
+
+    /// What differs from `now`, one phrase each (empty: they agree): the
+    /// dataset's, then the plan's.
+    fn differences(&self, now: &Fingerprint) -> (Vec<String>, Vec<String>) {
+        let mut data = Vec::new();
+        let mut plan = Vec::new();
+        let cmp = |list: &mut Vec<String>, what: &str, saved: String, current: String| {
+            if saved != current {
+                list.push(format!("{what} {saved} in the state, {current} now"));
+            }
+        };
+        let (s, n) = (self, now);
+        cmp(&mut data, "samples", s.samples.to_string(), n.samples.to_string());
+        cmp(
+            &mut data,
+            "chunk size",
+            s.chunk_size.to_string(),
+            n.chunk_size.to_string(),
+        );
+        cmp(&mut data, "pack seed", s.pack_seed.to_string(), n.pack_seed.to_string());
+        cmp(
+            &mut data,
+            "content checksum",
+            format!("{:#010x}", s.content),
+            format!("{:#010x}", n.content),
+        );
+        cmp(&mut plan, "policy", policy_name(s.policy), policy_name(n.policy));
+        cmp(&mut plan, "seed", s.seed.to_string(), n.seed.to_string());
+        cmp(
+            &mut plan,
+            "memory (slots per rank)",
+            s.slots.to_string(),
+            n.slots.to_string(),
+        );
+        cmp(&mut plan, "rank", s.rank.to_string(), n.rank.to_string());
+        cmp(&mut plan, "world", s.world.to_string(), n.world.to_string());
+        cmp(&mut plan, "drop_last", s.drop_last.to_string(), n.drop_last.to_string());
+        (data, plan)
+    }
+
+    /// Why a state saved with `self` cannot be restored on `now`, if so.
+    pub fn mismatch(&self, now: &Fingerprint) -> Option<String> {
+        let (data, plan) = self.differences(now);
+        Self::describe(data, plan).map(|why| {
+            if self.world != now.world {
+                format!(
+                    "{why} (to continue a world of {} ranks on {}, pass every rank's state to brand_open_at_elastic)",
+                    self.world, now.world
+                )
+            } else {
+                why
+            }
+        })
+    }
+
+    /// Why a state saved with `self` cannot be one of the states an elastic
+    /// resume on `now` starts from, if so: the dataset and the order's
+    /// settings must agree; rank, world and memory per rank may differ
+    /// (the total memory is checked across all the states).
+    pub fn elastic_mismatch(&self, now: &Fingerprint) -> Option<String> {
+        let same_world = Fingerprint {
+            rank: now.rank,
+            world: now.world,
+            slots: now.slots,
+            ..*self
+        };
+        let (data, plan) = same_world.differences(now);
+        Self::describe(data, plan)
+    }
+
+    /// The plan config the saved world ran (rank 0; memory in its slots).
+    pub fn saved_plan(&self) -> Result<PlanConfig, String> {
+        Ok(PlanConfig {
+            memory: Memory::Slots(self.slots),
+            policy: policy_of(self.policy)
+                .ok_or_else(|| format!("loader state has unknown policy #{}", self.policy))?,
+            seed: self.seed,
+            rank: 0,
+            world: self.world,
+            drop_last: self.drop_last,
+        })
+    }
+
+    fn describe(data: Vec<String>, plan: Vec<String>) -> Option<String> {
+        let mut parts = Vec::new();
+        if !data.is_empty() {
+            parts.push(format!("it was saved for a different dataset ({})", data.join(", ")));
+        }
+        if !plan.is_empty() {
+            parts.push(format!(
+                "it was saved with a different plan config ({})",
+                plan.join(", ")
+            ));
+        }
+        (!parts.is_empty()).then(|| format!("cannot restore the loader state: {}", parts.join("; ")))
+    }
+}
+
+/// A saved loader: its state, bound to its dataset and plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Checkpoint {
+    pub state: LoaderState,
+    pub fingerprint: Fingerprint,
+}
+
+impl Checkpoint {
+    /// The size of every blob of this version.
+    pub const LEN: usize = 88;
+
+    pub fn to_bytes(&self) -> [u8; Self::LEN] {
+        encode(self.state, &self.fingerprint)
+    }
+
+    /// Parses a blob; [`Error::InvalidState`] says what is wrong with it.
+    pub fn from_bytes(b: &[u8]) -> Result<Self> {
+        let (state, fingerprint) = decode(b).map_err(Error::InvalidState)?;
+        Ok(Checkpoint { state, fingerprint })
+    }
+}
+
+const LEN: usize = Checkpoint::LEN;
+
+/// Where an open starts.
+#[derive(Debug, Clone)]
+pub enum Resume {
+    /// At this state (`LoaderState::default()`: the first epoch's start).
+    At(LoaderState),
+    /// Where a saved loader of this rank stopped: its dataset and plan must
+    /// be this one's ([`Error::StateMismatch`] says what differs).
+    Checkpoint(Checkpoint),
+    /// Where a whole saved world stopped: the checkpoints of every one of
+    /// its ranks, in any order, saved at one global step; any number of
+    /// ranks, the same total memory (elastic resume, [`crate::elastic`]).
+    Elastic(Vec<Checkpoint>),
+    /// As `Elastic`, from a world already put together.
+    World(SavedWorld),
+}
+
+impl From<LoaderState> for Resume {
+    fn from(s: LoaderState) -> Self {
+        Resume::At(s)
+    }
+}
+
+impl From<Checkpoint> for Resume {
+    fn from(c: Checkpoint) -> Self {
+        Resume::Checkpoint(c)
+    }
+}
+
+impl From<SavedWorld> for Resume {
+    fn from(w: SavedWorld) -> Self {
+        Resume::World(w)
+    }
+}
+
+/// Where an open begins: this rank's state, and the global position of the
+/// world (what a multi-node job starts its nodes at).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Start {
+    pub state: LoaderState,
+    pub global: GlobalPosition,
+}
+
+impl Resume {
+    /// Where an open of `planner`'s plan over `ds` begins; `now` is what its
+    /// checkpoints will say. The checks every entry point gets.
+    pub fn start(self, ds: &Dataset, planner: &Planner, now: &Fingerprint) -> Result<Start> {
+        let (plan, geo) = (planner.config(), planner.geometry());
+        let saved = match self {
+            Resume::At(state) => {
+                return Ok(Start {
+                    state,
+                    global: GlobalPosition {
+                        epoch: state.epoch,
+                        position: state.served.saturating_mul(geo.world as u64),
+                    },
+                });
+            }
+            Resume::Checkpoint(c) => {
+                if let Some(why) = c.fingerprint.mismatch(now) {
+                    return Err(Error::StateMismatch(why));
+                }
+                if c.state.served > geo.steps {
+                    return Err(Error::InvalidState(format!(
+                        "loader state has {} samples served of an epoch of {}",
+                        c.state.served, geo.steps
+                    )));
+                }
+                return Resume::At(c.state).start(ds, planner, now);
+            }
+            Resume::Elastic(checkpoints) => saved_world(&checkpoints, now)?,
+            Resume::World(saved) => saved,
+        };
+        let global = global_position(&ds.index, &saved, planner).map_err(|e| match e {
+            Error::Config(why) => Error::StateMismatch(why),
+            e => e,
+        })?;
+        Ok(Start {
+            state: global.rank_state(plan.rank, plan.world, geo.steps),
+            global,
+        })
+    }
+}
+
+/// The saved world of every rank's checkpoint, checked against `now` (what
+/// this loader would save): the dataset and the order's settings must agree
+/// and the checkpoints must be of ranks 0..W of one world, each once.
+fn saved_world(saved: &[Checkpoint], now: &Fingerprint) -> Result<SavedWorld> {
+    let mismatch = Error::StateMismatch;
+    for (i, c) in saved.iter().enumerate() {
+        if let Some(why) = c.fingerprint.elastic_mismatch(now) {
+            return Err(mismatch(format!("state {i}: {why}")));
+        }
+    }
+    let Some(first) = saved.first().map(|c| c.fingerprint) else {
+        return Err(Error::InvalidState(
+            "no states to resume from (every rank's state is needed)".into(),
+        ));
+    };
+    let world = first.world;
+    if world as usize != saved.len() {
+        return Err(mismatch(format!(
+            "cannot restore the loader states: {} states given, of a world of {world} ranks (every rank's state is needed)",
+            saved.len()
+        )));
+    }
+    let mut states = vec![None; world as usize];
+    for (i, c) in saved.iter().enumerate() {
+        let f = &c.fingerprint;
+        if f.world != world || f.slots != first.slots {
+            return Err(mismatch(format!(
+                "cannot restore the loader states: state {i} is of a world of {} ranks with {} slots per rank, state 0 of {world} with {}",
+                f.world, f.slots, first.slots
+            )));
+        }
+        match states.get_mut(f.rank as usize) {
+            Some(slot @ None) => *slot = Some(c.state),
+            _ => {
+                return Err(mismatch(format!(
+                    "cannot restore the loader states: rank {} appears twice (state {i})",
+                    f.rank
+                )));
+            }
+        }
+    }
+    Ok(SavedWorld {
+        plan: first.saved_plan().map_err(Error::InvalidState)?,
+        states: states.into_iter().flatten().collect(),
+    })
+}
+
+fn encode(state: LoaderState, f: &Fingerprint) -> [u8; LEN] {
+    let mut b = [0u8; LEN];
+    let mut put = |at: usize, bytes: &[u8]| b[at..at + bytes.len()].copy_from_slice(bytes);
+    put(0, &MAGIC);
+    put(8, &VERSION.to_le_bytes());
+    put(12, &(LEN as u32).to_le_bytes());
+    put(16, &state.epoch.to_le_bytes());
+    put(24, &state.served.to_le_bytes());
+    put(32, &f.samples.to_le_bytes());
+    put(40, &f.chunk_size.to_le_bytes());
+    put(44, &f.content.to_le_bytes());
+    put(48, &f.pack_seed.to_le_bytes());
+    put(56, &f.slots.to_le_bytes());
+    put(64, &f.seed.to_le_bytes());
+    put(72, &f.rank.to_le_bytes());
+    put(76, &f.world.to_le_bytes());
+    put(80, &[f.policy, f.drop_last as u8, 0, 0]);
+    let crc = crc32c::crc32c(&b[..LEN - 4]);
+    b[LEN - 4..].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(a)
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+/// Parses a blob; the error says what is wrong with it.
+fn decode(b: &[u8]) -> Result<(LoaderState, Fingerprint), String> {
+    if b.len() < 16 || b[..8] != MAGIC {
+        return Err(format!(
+            "not a brand loader state ({} bytes without the \"BRDSTATE\" magic)",
+            b.len()
+        ));
+    }
+    let version = u32_at(b, 8);
+    if version != VERSION {
+        return Err(format!(
+            "loader state version {version}; this library reads version {VERSION}"
+        ));
+    }
+    let len = u32_at(b, 12) as usize;
+    if len != LEN || b.len() != LEN {
+        return Err(format!(
+            "loader state is {} bytes (its header says {len}); version {VERSION} states are {LEN}",
+            b.len()
+        ));
+    }
+    let (stored, computed) = (u32_at(b, LEN - 4), crc32c::crc32c(&b[..LEN - 4]));
+    if stored != computed {
+        return Err(format!(
+            "loader state is damaged: crc32c {computed:#010x}, the state says {stored:#010x}"
+        ));
+    }
+    if b[81] > 1 || b[82] != 0 || b[83] != 0 {
+        return Err("loader state has invalid flag bytes".to_string());
+    }
+    let state = LoaderState {
+        epoch: u64_at(b, 16),
+        served: u64_at(b, 24),
+    };
+    let f = Fingerprint {
+        samples: u64_at(b, 32),
+        chunk_size: u32_at(b, 40),
+        content: u32_at(b, 44),
+        pack_seed: u64_at(b, 48),
+        slots: u64_at(b, 56),
+        seed: u64_at(b, 64),
+        rank: u32_at(b, 72),
+        world: u32_at(b, 76),
+        policy: b[80],
+        drop_last: b[81] == 1,
+    };
+    Ok((state, f))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fp() -> Fingerprint {
+        Fingerprint {
+            samples: 1000,
+            chunk_size: 16,
+            content: 0xdead_beef,
+            pack_seed: 7,
+            slots: 128,
+            seed: 3,
+            rank: 1,
+            world: 4,
+            policy: 2,
+            drop_last: true,
+        }
+    }
+
+    #[test]
+    fn round_trips_and_has_the_documented_layout() {
+        let s = LoaderState { epoch: 5, served: 77 };
+        let b = encode(s, &fp());
+        assert_eq!(&b[..8], b"BRDSTATE");
+        assert_eq!(u32_at(&b, 8), 1);
+        assert_eq!(u32_at(&b, 12), 88);
+        assert_eq!((u64_at(&b, 16), u64_at(&b, 24)), (5, 77));
+        assert_eq!(u64_at(&b, 32), 1000);
+        assert_eq!((b[80], b[81]), (2, 1));
+        assert_eq!(decode(&b), Ok((s, fp())));
+    }
+
+    #[test]
+    fn every_damage_is_refused_with_a_reason() {
+        let good = encode(LoaderState { epoch: 1, served: 2 }, &fp());
+        assert!(decode(&good[..40]).is_err_and(|e| e.contains("88")));
+        assert!(decode(b"hello").is_err_and(|e| e.contains("not a brand loader state")));
+        for i in 16..LEN {
+            let mut b = good;
+            b[i] ^= 0x10;
+            assert!(decode(&b).is_err_and(|e| e.contains("damaged")), "byte {i}");
+        }
+        let mut v2 = good;
+        v2[8] = 2;
+        assert!(decode(&v2).is_err_and(|e| e.contains("version 2")));
+        let mut longer = good.to_vec();
+        longer.push(0);
+        assert!(decode(&longer).is_err_and(|e| e.contains("89 bytes")));
+    }
+
+    #[test]
+    fn mismatches_name_each_field() {
+        assert_eq!(fp().mismatch(&fp()), None);
+        let mut other = fp();
+        other.samples = 999;
+        other.seed = 4;
+        other.policy = 0;
+        let m = fp().mismatch(&other).unwrap_or_default();
+        assert!(
+            m.contains("different dataset (samples 1000 in the state, 999 now)"),
+            "{m}"
+        );
+        assert!(m.contains("policy direct in the state, brand now"), "{m}");
+        assert!(m.contains("seed 3 in the state, 4 now"), "{m}");
+    }
+}

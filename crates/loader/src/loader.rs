@@ -1,0 +1,568 @@
+//! The [`Loader`]: walks the plan's steps, keeps the engine busy with the
+//! plan's future reads within the memory bound, and hands out batches in
+//! the plan's served order.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Instant;
+
+use brand_format::dataset::Dataset;
+use brand_format::error::{Error, Result};
+use brand_format::extents::{Extent, ReadGap, extents};
+use brand_io::engine::{Completion, Engine, IoBackend};
+use brand_plan::{Event, Planner};
+
+use crate::checkpoint::{Checkpoint, Fingerprint, LoaderState, Resume};
+use crate::held::Held;
+use crate::planning::{EventSource, Next, PlanFeed, plan_events};
+use crate::reads::Reads;
+use crate::stats::{Metrics, StallLog};
+use crate::{Batch, LoaderConfig, OnCorrupt, SampleBytes};
+
+pub struct Loader {
+    ds: Arc<Dataset>,
+    cfg: LoaderConfig,
+    gap: ReadGap,
+    reads: Reads,
+    plan: PlanFeed,
+    /// What a checkpoint of this loader is bound to (None for a loader made
+    /// from an event source alone, which has no plan to bind it to).
+    fingerprint: Option<Fingerprint>,
+    epoch: u64,
+    served: u64,
+    /// Plan steps taken but not yet reached by the consumer.
+    lookahead: VecDeque<Step>,
+    /// Without read-ahead (`readahead = 0`), a read taken from the plan
+    /// while earlier steps are unreached waits here: issued earlier, it
+    /// could complete before the serves that make room for it, and memory
+    /// would hold more than the plan's bound.
+    held_read: Option<Event>,
+    /// Bytes of the reads issued for events still in `lookahead`, oldest first.
+    ahead: VecDeque<u64>,
+    ahead_bytes: u64,
+    held: Held,
+    /// Samples whose record could not be read or decoded: the error is
+    /// reported when the sample is due, not when its read completes.
+    bad: HashMap<u64, Error>,
+    /// Samples whose read is in flight, with the number of such reads.
+    pending: HashMap<u64, u32>,
+    /// The plan's memory bound in decoded bytes
+    /// ([`brand_plan::Geometry::rank_memory_bytes`]): read-ahead is held back
+    /// while the decoded bytes held (in memory and in flight) reach it plus
+    /// `readahead` (None: no plan, no byte bound).
+    memory_bound: Option<u64>,
+    /// An error, reported again on every call until the loader is reset:
+    /// the sample it stopped on cannot be served.
+    failed: Option<Error>,
+    /// The process that opened the loader (see the crate docs on fork).
+    pid: u32,
+    stalls: StallLog,
+    metrics: Metrics,
+}
+
+/// One step of the plan as the loader walks it.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    Plan(Event),
+    /// The end of an epoch: the consumer gets `None` here.
+    EpochEnd,
+}
+
+/// What a batch took from the plan, so an error can put it all back.
+enum Taken {
+    Served(Event, u64, SampleBytes),
+    Skipped(Event, u64, Error),
+}
+
+/// Most plan events held ahead of the consumer (bounds memory when a long
+/// run of serves needs no reads).
+const MAX_LOOKAHEAD_EVENTS: usize = 1 << 16;
+
+impl Loader {
+    /// A loader over `ds` running the plan of `cfg`, starting where
+    /// `resume` says (`LoaderState::default()` for the first epoch, a
+    /// [`Checkpoint`], or every rank's checkpoints of another world).
+    pub fn open(ds: Arc<Dataset>, cfg: &LoaderConfig, resume: impl Into<Resume>) -> Result<Self> {
+        let planner = Planner::new(&ds.index, &cfg.plan)?;
+        Self::open_planned(ds, cfg, planner, resume.into())
+    }
+
+    /// [`open`](Self::open) with the plan already made (an open makes one
+    /// planner and passes it down).
+    pub fn open_planned(ds: Arc<Dataset>, cfg: &LoaderConfig, planner: Planner, resume: Resume) -> Result<Self> {
+        let fingerprint = Fingerprint::of(&ds, &planner);
+        let start = resume.start(&ds, &planner, &fingerprint)?;
+        let memory_bound = planner.geometry().rank_memory_bytes;
+        let mut l = Self::start(ds, cfg.clone(), plan_events(planner), start.state, Some(memory_bound))?;
+        l.fingerprint = Some(fingerprint);
+        Ok(l)
+    }
+
+    /// A loader over `ds` whose events come from `source`, starting at
+    /// `state`, without a memory bound (`readahead` bounds what is read ahead).
+    pub fn new(ds: Arc<Dataset>, cfg: LoaderConfig, source: EventSource, state: LoaderState) -> Result<Self> {
+        Self::start(ds, cfg, source, state, None)
+    }
+
+    fn start(
+        ds: Arc<Dataset>,
+        cfg: LoaderConfig,
+        source: EventSource,
+        state: LoaderState,
+        memory_bound: Option<u64>,
+    ) -> Result<Self> {
+        cfg.check()?;
+        let registered = cfg.readahead_bytes;
+        let engine = Engine::start(ds.clone(), cfg.io.engine_config(&ds, registered))?;
+        let gap = cfg.io.read_gap(&ds, &engine, registered)?;
+        let metrics = Metrics {
+            read_gap: match gap {
+                ReadGap::Whole => None,
+                ReadGap::Bytes(b) => Some(b),
+            },
+            ..Default::default()
+        };
+        Ok(Loader {
+            reads: Reads::new(ds.clone(), engine, cfg.io.io_timeout),
+            ds,
+            cfg,
+            gap,
+            plan: PlanFeed::new(source, state.epoch),
+            fingerprint: None,
+            epoch: state.epoch,
+            served: state.served,
+            lookahead: VecDeque::new(),
+            held_read: None,
+            ahead: VecDeque::new(),
+            ahead_bytes: 0,
+            held: Held::default(),
+            bad: HashMap::new(),
+            pending: HashMap::new(),
+            memory_bound,
+            failed: None,
+            pid: std::process::id(),
+            stalls: StallLog::default(),
+            metrics,
+        })
+    }
+
+    pub fn dataset(&self) -> &Arc<Dataset> {
+        &self.ds
+    }
+
+    pub fn config(&self) -> &LoaderConfig {
+        &self.cfg
+    }
+
+    /// Where the loader is: the current epoch and the samples of it handed
+    /// out (after an epoch's end: the next epoch and 0).
+    pub fn state(&self) -> LoaderState {
+        LoaderState {
+            epoch: self.epoch,
+            served: self.served,
+        }
+    }
+
+    /// The loader's state bound to its dataset and plan, to resume from
+    /// with [`Resume::Checkpoint`]. Samples of batches already returned
+    /// count as served.
+    pub fn checkpoint(&self) -> Result<Checkpoint> {
+        let fingerprint = self
+            .fingerprint
+            .ok_or_else(|| Error::config("a loader made from an event source has no plan to checkpoint"))?;
+        Ok(Checkpoint {
+            state: self.state(),
+            fingerprint,
+        })
+    }
+
+    pub fn metrics(&self) -> Metrics {
+        let mut m = self.metrics.clone();
+        self.stalls.fill(&mut m);
+        let engine = &self.reads.engine;
+        m.buffered_fallback = engine.buffered_fallback();
+        m.threads_backend = engine.backend() == IoBackend::Threads;
+        m.uring_refused = engine.uring_refused();
+        m.registered_buffer_bytes = engine.registered_bytes();
+        m.peak_read_buffer_bytes = engine.peak_pool_bytes();
+        m
+    }
+
+    /// Starts the counters afresh (e.g. per epoch); peaks restart from what
+    /// is held now.
+    pub fn reset_metrics(&mut self) {
+        self.metrics = Metrics {
+            read_gap: self.metrics.read_gap,
+            peak_resident_bytes: self.held.bytes(),
+            peak_resident_samples: self.held.len(),
+            peak_readahead_bytes: self.reads.read_bytes,
+            ..Default::default()
+        };
+        self.stalls = StallLog::default();
+    }
+
+    /// The decoded bytes held samples may take, as the plan bounds them
+    /// (None for a loader made from an event source alone).
+    pub fn memory_bound(&self) -> Option<u64> {
+        self.memory_bound
+    }
+
+    /// Jumps to the start of `epoch` (dropping anything read ahead).
+    pub fn start_epoch(&mut self, epoch: u64) -> Result<()> {
+        self.check_process()?;
+        self.reset_to(LoaderState { epoch, served: 0 })
+    }
+
+    /// Fails in a process other than the one that opened the loader.
+    fn check_process(&self) -> Result<()> {
+        let now = std::process::id();
+        if now != self.pid {
+            return Err(Error::config(format!(
+                "this loader was opened by process {} and cannot be used after fork() (in process {now}): open a new loader in the child",
+                self.pid
+            )));
+        }
+        Ok(())
+    }
+
+    fn reset_to(&mut self, state: LoaderState) -> Result<()> {
+        self.drain()?;
+        // Memory is emptied below: the next plan must not assume it warm.
+        self.plan.restart(state.epoch);
+        self.epoch = state.epoch;
+        self.served = state.served;
+        self.lookahead.clear();
+        self.held_read = None;
+        self.ahead.clear();
+        self.ahead_bytes = 0;
+        self.held.clear();
+        self.bad.clear();
+        self.failed = None;
+        Ok(())
+    }
+
+    /// Waits for every read in flight; their data is discarded.
+    fn drain(&mut self) -> Result<()> {
+        let drained = self.reads.drain();
+        self.pending.clear();
+        drained.inspect_err(|e| self.failed = Some(e.duplicate()))
+    }
+
+    /// The next batch of the current epoch, or `None` at its end; the call
+    /// after `None` starts the next epoch. Errors (a corrupt record, a
+    /// vanished segment, a read that timed out) name the file and position,
+    /// and come when the sample they concern is due; the loader's `state()`
+    /// stays that of the last sample handed out.
+    pub fn next_batch(&mut self) -> Result<Option<Batch>> {
+        self.check_process()?;
+        if let Some(e) = &self.failed {
+            return Err(e.duplicate());
+        }
+        self.fill_lookahead()?;
+        let mut taken: Vec<Taken> = Vec::with_capacity(self.cfg.batch_size);
+        let mut served = 0usize;
+        while served < self.cfg.batch_size {
+            match self.next_sample() {
+                Ok(Some(t)) => {
+                    served += matches!(t, Taken::Served(..)) as usize;
+                    taken.push(t);
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    // All or nothing: put the batch's samples back, so state()
+                    // and a resume still count them as unserved.
+                    for t in taken.into_iter().rev() {
+                        self.untake(t);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let (ids, data): (Vec<u64>, Vec<SampleBytes>) = taken
+            .into_iter()
+            .filter_map(|t| match t {
+                Taken::Served(_, id, b) => Some((id, b)),
+                Taken::Skipped(..) => None,
+            })
+            .unzip();
+        if ids.is_empty() {
+            // End of the epoch: the next call starts the next one.
+            if matches!(self.lookahead.front(), Some(Step::EpochEnd)) {
+                self.lookahead.pop_front();
+            }
+            self.epoch += 1;
+            self.served = 0;
+            return Ok(None);
+        }
+        Ok(Some(Batch::new(self.epoch, self.ds.clone(), ids, data)))
+    }
+
+    /// Whether read-ahead must wait: the bytes of reads in flight reach
+    /// `readahead`, or the bytes held (held and in-flight samples, decoded,
+    /// and the buffers registered with the ring) reach the memory bound plus
+    /// `readahead`. (Ordinary read buffers are those of the reads in
+    /// flight, reused: merged sparse reads fit the registered buffers, so
+    /// only whole chunks and records over 512 KiB use them.) Reads that
+    /// completed ahead of the consumer count only as memory: where the plan
+    /// leaves memory unused (its start, its tail, sparse policies)
+    /// read-ahead fills it, so the next epoch's first batch, which needs a
+    /// memory's worth of reads, is read while this one ends. At least one
+    /// read is always allowed, so the consumer can progress. Without a
+    /// memory bound the bytes of reads issued ahead, completed or not, are
+    /// what `readahead` bounds.
+    fn ahead_full(&self) -> bool {
+        if self.ahead.is_empty() {
+            return false;
+        }
+        let readahead = self.cfg.readahead_bytes;
+        match self.memory_bound {
+            Some(memory) => {
+                let held = self.held.bytes() + self.reads.decoded_bytes + self.reads.engine.registered_bytes();
+                self.reads.read_bytes >= readahead || held >= memory.saturating_add(readahead)
+            }
+            None => self.ahead_bytes >= readahead,
+        }
+    }
+
+    /// Fills the lookahead window: takes plan steps, across the end of an
+    /// epoch into the next, and issues their reads while [`ahead_full`]
+    /// allows.
+    fn fill_lookahead(&mut self) -> Result<()> {
+        self.accept_arrived()?;
+        let no_readahead = self.cfg.readahead_bytes == 0;
+        while self.lookahead.len() < MAX_LOOKAHEAD_EVENTS && !self.ahead_full() {
+            if let Some(ev) = self.held_read {
+                if !self.lookahead.is_empty() {
+                    break;
+                }
+                self.held_read = None;
+                self.issue_read(ev)?;
+                self.lookahead.push_back(Step::Plan(ev));
+                break;
+            }
+            let ev = match self.plan.next(self.epoch, self.served, !self.lookahead.is_empty())? {
+                Next::Event(ev) => ev,
+                Next::EpochEnd => {
+                    self.lookahead.push_back(Step::EpochEnd);
+                    continue;
+                }
+                Next::NotYet => break,
+            };
+            if let Event::Read { .. } = ev {
+                if no_readahead && !self.lookahead.is_empty() {
+                    self.held_read = Some(ev);
+                    break;
+                }
+                self.issue_read(ev)?;
+            }
+            self.lookahead.push_back(Step::Plan(ev));
+            if no_readahead && matches!(ev, Event::Read { .. }) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes in every completion that has arrived (while the consumer was
+    /// away), so their memory and in-flight bytes are current.
+    fn accept_arrived(&mut self) -> Result<()> {
+        while let Some(c) = self.reads.try_recv()? {
+            self.accept(c);
+        }
+        Ok(())
+    }
+
+    /// Submits a plan read's extents and counts its bytes as read ahead.
+    fn issue_read(&mut self, ev: Event) -> Result<()> {
+        let Event::Read { chunk, mask } = ev else {
+            return Ok(());
+        };
+        let ext = extents(&self.ds.index, chunk, mask, self.gap);
+        let bytes: u64 = ext.iter().map(|e| e.len).sum();
+        for e in ext {
+            self.submit(e)?;
+        }
+        self.ahead.push_back(bytes);
+        self.ahead_bytes += bytes;
+        self.metrics.refills += 1;
+        Ok(())
+    }
+
+    fn submit(&mut self, e: Extent) -> Result<()> {
+        for &(id, ..) in &e.records {
+            *self.pending.entry(id).or_default() += 1;
+        }
+        self.metrics.reads_issued += 1;
+        self.reads.submit(e)?;
+        self.metrics.peak_readahead_bytes = self.metrics.peak_readahead_bytes.max(self.reads.read_bytes);
+        Ok(())
+    }
+
+    /// Takes a completion in: each record is held, or bad (its error waits
+    /// for the sample to be due).
+    fn accept(&mut self, c: Completion) {
+        let Some(read) = self.reads.finish(&c) else {
+            return;
+        };
+        for id in &read.ids {
+            if let Some(n) = self.pending.get_mut(id) {
+                *n -= 1;
+                if *n == 0 {
+                    self.pending.remove(id);
+                }
+            }
+        }
+        match c.result {
+            Ok(records) => {
+                for (id, r) in records {
+                    match r {
+                        Ok(bytes) => self.held.hold(id, Arc::new(bytes)),
+                        Err(e) => {
+                            self.bad.insert(id, e);
+                        }
+                    }
+                }
+                self.metrics.peak_resident_bytes = self.metrics.peak_resident_bytes.max(self.held.bytes());
+                self.metrics.peak_resident_samples = self.metrics.peak_resident_samples.max(self.held.len());
+            }
+            Err(e) => {
+                for id in read.ids {
+                    self.bad.insert(id, e.duplicate());
+                }
+            }
+        }
+    }
+
+    fn untake(&mut self, t: Taken) {
+        self.served -= 1;
+        match t {
+            Taken::Served(ev, id, bytes) => {
+                self.metrics.samples_served -= 1;
+                self.metrics.bytes_served -= self.ds.index.stored_len[id as usize] as u64;
+                if let Event::Serve { frees: true, .. } = ev {
+                    self.held.hold(id, bytes);
+                }
+                self.lookahead.push_front(Step::Plan(ev));
+            }
+            Taken::Skipped(ev, id, e) => {
+                self.metrics.skipped_corrupt -= 1;
+                self.bad.insert(id, e);
+                self.lookahead.push_front(Step::Plan(ev));
+            }
+        }
+    }
+
+    fn next_sample(&mut self) -> Result<Option<Taken>> {
+        loop {
+            if self.lookahead.is_empty() {
+                self.fill_lookahead()?;
+            }
+            let Some(step) = self.lookahead.front().copied() else {
+                return Ok(None);
+            };
+            let ev = match step {
+                // Left in place: next_batch consumes it once the batch is handed out.
+                Step::EpochEnd => return Ok(None),
+                Step::Plan(ev) => ev,
+            };
+            self.lookahead.pop_front();
+            match ev {
+                Event::Read { .. } => {
+                    // Its bytes count when the consumer reaches the read, so
+                    // reads for the next epoch count in that epoch.
+                    if let Some(bytes) = self.ahead.pop_front() {
+                        self.ahead_bytes -= bytes;
+                        self.metrics.bytes_read += bytes;
+                    }
+                    // Room in the window: read further ahead.
+                    self.fill_lookahead()?;
+                }
+                Event::Serve { sample, frees, .. } => return self.serve(ev, sample, frees).map(Some),
+            }
+        }
+    }
+
+    /// Serves `sample` (the plan's event `ev`), or skips it when it is
+    /// corrupt and `on_corrupt = "skip"`.
+    fn serve(&mut self, ev: Event, sample: u64, frees: bool) -> Result<Taken> {
+        let bytes = match self.wait_for(sample, frees) {
+            Ok(b) => b,
+            Err(e) => {
+                if self.cfg.on_corrupt == OnCorrupt::Skip
+                    && matches!(e, Error::Corrupt { .. })
+                    && self.bad.contains_key(&sample)
+                {
+                    let kept = if frees { self.bad.remove(&sample) } else { None };
+                    tracing::warn!(
+                        "skipping sample {sample} (chunk {}): {e}",
+                        self.ds.index.chunk_of(sample)
+                    );
+                    self.served += 1;
+                    self.metrics.skipped_corrupt += 1;
+                    return Ok(Taken::Skipped(ev, sample, kept.unwrap_or(e)));
+                }
+                // The serve stays unserved: state() points at it.
+                self.lookahead.push_front(Step::Plan(ev));
+                self.failed = Some(e.duplicate());
+                return Err(e);
+            }
+        };
+        self.served += 1;
+        self.metrics.samples_served += 1;
+        self.metrics.bytes_served += self.ds.index.stored_len[sample as usize] as u64;
+        Ok(Taken::Served(ev, sample, bytes))
+    }
+
+    /// The bytes of `sample`, waiting for its read (or issuing one if the
+    /// plan expected it in memory but this process never read it). With
+    /// `frees` the sample leaves memory; otherwise it stays held. A sample
+    /// whose read or record failed returns that error now.
+    fn wait_for(&mut self, sample: u64, frees: bool) -> Result<SampleBytes> {
+        if !self.held.contains(sample) && !self.pending.contains_key(&sample) && !self.bad.contains_key(&sample) {
+            let chunk = self.ds.index.chunk_of(sample);
+            let record = sample - chunk * self.ds.index.chunk_size() as u64;
+            for e in extents(&self.ds.index, chunk, 1 << record, ReadGap::Bytes(0)) {
+                self.metrics.bytes_read += e.len;
+                self.submit(e)?;
+            }
+            self.metrics.recovery_reads += 1;
+        }
+        let mut stalled: Option<Instant> = None;
+        loop {
+            if let Some(e) = self.bad.get(&sample) {
+                return Err(e.duplicate());
+            }
+            let found = if frees {
+                self.held.release(sample)
+            } else {
+                self.held.get(sample)
+            };
+            if let Some(bytes) = found {
+                if let Some(t) = stalled {
+                    self.stalls.record(t.elapsed());
+                }
+                return Ok(bytes);
+            }
+            if stalled.is_none() {
+                stalled = Some(Instant::now());
+            }
+            let _span = tracing::trace_span!("stall", sample).entered();
+            let c = self.reads.recv()?;
+            self.accept(c);
+        }
+    }
+}
+
+impl Drop for Loader {
+    fn drop(&mut self) {
+        if std::process::id() != self.pid {
+            // A forked child: the engine's threads are not here, and its
+            // locks may be held by threads that were: leave it (and the
+            // planning thread's handle) alone.
+            self.plan.forget_in_child();
+            return;
+        }
+        self.reads.close();
+        self.plan.stop();
+    }
+}

@@ -1,0 +1,187 @@
+//! One reader over a loader alone and a node of a multi-node job, chosen by
+//! the configuration (`nodes`, or the launcher's environment): what every
+//! interface opens (the C ABI, and through it the TF op; Python).
+//!
+//! An open makes one planner and passes it down. A node connects to its
+//! peers at its first batch, not when it is opened: so
+//! [`start_epoch`](Reader::start_epoch) right after [`open`](Reader::open)
+//! (as the TF op does for a first epoch other than 0) sets where every node
+//! starts, which all nodes must agree on when they connect.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use brand_format::Dataset;
+use brand_format::error::{Error, Result};
+use brand_loader::elastic::GlobalPosition;
+use brand_loader::{Batch, Checkpoint, Fingerprint, Loader, LoaderState, Metrics, Resume};
+use brand_plan::Planner;
+
+use crate::{Config, NodeLoader};
+
+pub struct Reader {
+    kind: Kind,
+    /// Samples this reader serves per epoch.
+    epoch_len: u64,
+}
+
+enum Kind {
+    Alone(Box<Loader>),
+    Node(Box<Node>),
+}
+
+/// A node before and after it connects.
+struct Node {
+    ds: Arc<Dataset>,
+    cfg: Config,
+    fingerprint: Fingerprint,
+    /// The plan, until the node connects and takes it.
+    planner: Option<Planner>,
+    /// Where every node starts, and this rank's state there (what
+    /// `state()` says before the node connects).
+    start: GlobalPosition,
+    start_state: LoaderState,
+    live: Option<NodeLoader>,
+}
+
+impl Node {
+    fn live(&mut self) -> Result<&mut NodeLoader> {
+        if self.live.is_none() {
+            let planner = match self.planner.take() {
+                Some(p) => p,
+                None => Planner::new(&self.ds.index, &self.cfg.loader.plan)?,
+            };
+            self.live = Some(NodeLoader::open_planned(
+                self.ds.clone(),
+                &self.cfg,
+                planner,
+                self.start,
+            )?);
+        }
+        match self.live.as_mut() {
+            Some(l) => Ok(l),
+            None => unreachable!("set above"),
+        }
+    }
+}
+
+/// The dataset at `path` as `cfg` needs it: a node may be given its
+/// partition of a partitioned pack; a loader alone needs the whole dataset
+/// (`Dataset::open` refuses a partition).
+fn open_dataset(path: &Path, cfg: &Config) -> Result<Dataset> {
+    if cfg.nodes.world() > 1 {
+        Dataset::open_any(path)
+    } else {
+        Dataset::open(path)
+    }
+}
+
+impl Reader {
+    /// Opens the dataset directory `path` (made by `brand pack`) as `cfg`
+    /// says, where `resume` says.
+    pub fn open(path: &Path, cfg: &Config, resume: Resume) -> Result<Self> {
+        let ds = Arc::new(open_dataset(path, cfg)?);
+        let planner = Planner::new(&ds.index, &cfg.loader.plan)?;
+        let epoch_len = planner.geometry().steps;
+        let kind = if cfg.nodes.world() > 1 {
+            let fingerprint = Fingerprint::of(&ds, &planner);
+            let start = resume.start(&ds, &planner, &fingerprint)?;
+            Kind::Node(Box::new(Node {
+                ds,
+                cfg: cfg.clone(),
+                fingerprint,
+                planner: Some(planner),
+                start: start.global,
+                start_state: start.state,
+                live: None,
+            }))
+        } else {
+            Kind::Alone(Box::new(Loader::open_planned(ds, &cfg.loader, planner, resume)?))
+        };
+        Ok(Reader { kind, epoch_len })
+    }
+
+    /// The samples a reader opened with these arguments serves per epoch,
+    /// from the dataset's metadata only: starts no engine, allocates no
+    /// buffers, probes no device (tf.data's cardinality).
+    pub fn epoch_len_for(path: &Path, cfg: &Config) -> Result<u64> {
+        let ds = Dataset::open_any(path)?;
+        Ok(Planner::new(&ds.index, &cfg.loader.plan)?.geometry().steps)
+    }
+
+    pub fn next_batch(&mut self) -> Result<Option<Batch>> {
+        match &mut self.kind {
+            Kind::Alone(l) => l.next_batch(),
+            Kind::Node(n) => n.live()?.next_batch(),
+        }
+    }
+
+    /// Where this reader is (after an epoch's end: the next epoch and 0).
+    pub fn state(&self) -> LoaderState {
+        match &self.kind {
+            Kind::Alone(l) => l.state(),
+            Kind::Node(n) => n.live.as_ref().map_or(n.start_state, NodeLoader::state),
+        }
+    }
+
+    /// The state bound to the dataset and plan, to reopen with
+    /// [`Resume::Checkpoint`] (or, with every rank's, [`Resume::Elastic`]).
+    pub fn checkpoint(&self) -> Result<Checkpoint> {
+        match &self.kind {
+            Kind::Alone(l) => l.checkpoint(),
+            Kind::Node(n) => Ok(Checkpoint {
+                state: self.state(),
+                fingerprint: n.fingerprint,
+            }),
+        }
+    }
+
+    /// Samples served per epoch.
+    pub fn epoch_len(&self) -> u64 {
+        self.epoch_len
+    }
+
+    /// Jumps to the start of `epoch`. A node can only be told where to
+    /// start before it connects (every node must start at the same place);
+    /// once running, only a jump to where it already is succeeds.
+    pub fn start_epoch(&mut self, epoch: u64) -> Result<()> {
+        let to = LoaderState { epoch, served: 0 };
+        let there = self.state() == to;
+        match &mut self.kind {
+            Kind::Alone(l) => l.start_epoch(epoch),
+            Kind::Node(n) if n.live.is_none() => {
+                n.start = GlobalPosition { epoch, position: 0 };
+                n.start_state = to;
+                Ok(())
+            }
+            Kind::Node(_) if there => Ok(()),
+            Kind::Node(_) => Err(Error::config(format!(
+                "a node of a multi-node job cannot jump to epoch {epoch} on its own once it has served: close every node and open them at that epoch"
+            ))),
+        }
+    }
+
+    pub fn dataset(&self) -> &Arc<Dataset> {
+        match &self.kind {
+            Kind::Alone(l) => l.dataset(),
+            Kind::Node(n) => &n.ds,
+        }
+    }
+
+    /// The counters; of a node that has not connected yet, its rank and
+    /// world with zero counts.
+    pub fn metrics(&self) -> Metrics {
+        match &self.kind {
+            Kind::Alone(l) => l.metrics(),
+            Kind::Node(n) => match &n.live {
+                Some(l) => l.metrics(),
+                None => Metrics {
+                    nodes: n.cfg.nodes.world(),
+                    node_rank: n.cfg.nodes.rank,
+                    remote_memory_limit: n.cfg.nodes.remote_memory,
+                    ..Metrics::default()
+                },
+            },
+        }
+    }
+}
