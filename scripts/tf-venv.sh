@@ -4,7 +4,7 @@
 # requirements and the version of this recipe, so changing either rebuilds it.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-req="$here/tests/python/requirements.txt"
+req="$here/tf-op/tests/requirements.txt"
 venv="${BRAND_VENV:-$HOME/.cache/brand/venv-py311}"
 stamp="$venv/.brand-stamp"
 # Version 2 compiles bytecode: a venv stamped by version 1 had none, so it is
