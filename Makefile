@@ -48,11 +48,11 @@ lint:
 rust-test:
 	cargo test --workspace --locked
 
-# Tests against real TensorFlow (the venv lives outside the repo, see scripts/tf-venv.sh):
-# TFRecords written by TF pack and round-trip; the BrandDataset op (built against the installed TF).
+# Tests against real TensorFlow, all in tf-op/tests (the venv lives outside the repo, see
+# scripts/tf-venv.sh): TFRecords written by TF pack and round-trip; the BrandDataset op (built
+# against the installed TF). One pytest process: each imports TensorFlow.
 python-test: build
 	venv=$$(scripts/tf-venv.sh)
-	BRAND_BIN=$(BRAND) "$$venv/bin/python" -m pytest -q tests/python
 	BRAND_BIN=$(BRAND) tf-op/test.sh "$$venv/bin/python"
 
 # The C ABI (capi/): libbrand.a and libbrand.so, and the brand CLI that makes test data.

@@ -47,13 +47,18 @@ def ensure_dataset(d, samples):
     return files, ds
 
 
-def fio(ds, seconds):
+def fio_cmd(ds, seconds):
     segs = sorted(f for f in os.listdir(ds) if f.endswith(".brd"))
-    out = sh(
-        "fio", "--name=ceiling", "--filename=" + ":".join(os.path.join(ds, s) for s in segs),
+    return [
+        # --readonly: fio must never lay out (write) the dataset's segments.
+        "fio", "--readonly", "--name=ceiling", "--filename=" + ":".join(os.path.join(ds, s) for s in segs),
         "--rw=randread", "--bs=128k", "--iodepth=32", "--ioengine=io_uring", "--direct=1",
         f"--runtime={seconds}", "--time_based", "--group_reporting", "--output-format=json",
-    )
+    ]
+
+
+def fio(ds, seconds):
+    out = sh(*fio_cmd(ds, seconds))
     return json.loads(out)["jobs"][0]["read"]["bw_bytes"] / 1e6
 
 

@@ -74,14 +74,20 @@ def segments(ds):
     return sorted(os.path.join(ds, f) for f in os.listdir(ds) if f.endswith(".brd"))
 
 
+def fio_cmd(segs, loops=2):
+    """fio reading the segment files `loops` times over, never writing them."""
+    size = sum(os.path.getsize(s) for s in segs)
+    # --readonly: fio lays out (rewrites) a file smaller than its share of a
+    # --size, which once overwrote a segment. No --size: the files' own sizes
+    # are the region, and with --readonly a larger --size aborts the job.
+    return ["fio", "--readonly", "--name=r", "--rw=randread", "--bs=128k", "--iodepth=32", "--ioengine=io_uring",
+            "--direct=1", "--filename=" + ":".join(segs), f"--io_size={size * loops}", "--output-format=json"]
+
+
 def fio(ds, loops=2):
     """fio reads the segments `loops` times: as many bytes as brand's 2 epochs, so
     both pay their start-up once for the same work."""
-    segs = segments(ds)
-    size = sum(os.path.getsize(s) for s in segs)
-    cmd = ["fio", "--name=r", "--rw=randread", "--bs=128k", "--iodepth=32", "--ioengine=io_uring",
-           "--direct=1", "--filename=" + ":".join(segs), f"--size={size}", f"--io_size={size * loops}",
-           "--output-format=json"]
+    cmd = fio_cmd(segments(ds), loops)
     out, cpu = timed(cmd)
     j = json.loads(out)["jobs"][0]["read"]
     return {"bps": j["bw_bytes"], "cpu_per_gb": cpu / (j["io_bytes"] / 1e9), "cpu": cpu, "bytes": j["io_bytes"]}, cmd

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Creates (or reuses) the Python venv with the pinned TensorFlow, outside the
 # repository, and prints its path. Reuse is keyed by a stamp holding the
-# requirements, so changing the pin rebuilds it.
+# requirements and the version of this recipe, so changing either rebuilds it.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-req="$here/tests/python/requirements.txt"
+req="$here/tf-op/tests/requirements.txt"
 venv="${BRAND_VENV:-$HOME/.cache/brand/venv-py311}"
 stamp="$venv/.brand-stamp"
-want=$(cat "$req")
+# Version 2 compiles bytecode: a venv stamped by version 1 had none, so it is
+# made again once.
+want="$(cat "$req")
+# tf-venv 2: bytecode compiled"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$venv/bin/python" ]; then
   echo "$venv"
   exit 0

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the TensorFlow op against the installed TF and runs its tests.
+# Builds the TensorFlow op against the installed TF and runs every test against
+# real TensorFlow (tf-op/tests: the op's, and TFRecords written by TF).
 #
 #   tf-op/test.sh [PYTHON]     (or PYTHON=...; BRAND_BIN=... for the brand CLI)
 #

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import math
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -91,16 +91,38 @@ PRESETS = {
 }
 
 
+# brand's units (crates/format/src/units.rs): every one binary, so "2G", "2GB"
+# and "2GiB" mean what `brand --memory 2G` means. Longest first: "kib" is not "b".
+_UNITS = [(u + suffix, 1 << (10 * (i + 1))) for suffix in ("ib", "b", "") for i, u in enumerate("kmgt")] + [("b", 1)]
+_U64_MAX = (1 << 64) - 1
+
+
 def parse_size(text: str) -> int:
-    """"640MiB", "2GiB", "1.5G", "123" -> bytes."""
-    m = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]?)(i?B?)\s*", text, re.I)
-    if not m:
-        raise ValueError(f"not a size: {text!r}")
-    n = float(m.group(1))
-    unit = m.group(2).upper()
-    binary = m.group(3).lower().startswith("i") or unit == ""
-    base = 1024 if binary else 1000
-    return int(n * base ** " KMGT".index(unit or " "))
+    """"4096", "64KiB", "2G", "1.5GiB", "7b" -> bytes, as brand reads them;
+    fractions round to the nearest byte (halves up)."""
+    lower = text.strip().lower()
+    number, unit = lower, 1
+    for suffix, size in _UNITS:
+        if lower.endswith(suffix):
+            number, unit = lower[: -len(suffix)].strip(), size
+            break
+    if not number or any(c not in "0123456789." for c in number):
+        raise ValueError(f"not a byte count (e.g. 4096, 64KiB, 512MiB, 2G): {text!r}")
+    if "." not in number:
+        n = int(number) * unit
+    else:
+        try:
+            x = float(number) * unit
+        except ValueError:
+            raise ValueError(f"not a number: {text!r}") from None
+        if not math.isfinite(x):
+            raise ValueError(f"too large: {text!r}")
+        whole = math.floor(x)
+        # As Rust's f64::round: halves away from zero (Python's round() goes to even).
+        n = whole + (x - whole >= 0.5)
+    if n > _U64_MAX:
+        raise ValueError(f"too large: {text!r}")
+    return n
 
 
 def parse_budgets(text: str) -> list[float]:

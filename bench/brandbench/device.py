@@ -53,7 +53,8 @@ def job_name(rw: str, bs: int, qd: int, chunk_bytes: int) -> str:
 
 def item(fio: str, segments, rw: str, bs: int, qd: int, seconds: float, chunk_bytes: int) -> Item:
     argv = [
-        fio, "--name=ceiling", "--filename=" + ":".join(str(s) for s in segments),
+        # --readonly: fio must never lay out (write) the dataset's segments.
+        fio, "--readonly", "--name=ceiling", "--filename=" + ":".join(str(s) for s in segments),
         f"--rw={rw}", f"--bs={bs}", f"--iodepth={qd}", "--ioengine=io_uring", "--direct=1",
         # In ms: fio reads "0.5" (seconds) as 0, i.e. no time limit.
         f"--runtime={max(1, round(seconds * 1000))}ms", "--time_based", "--group_reporting",

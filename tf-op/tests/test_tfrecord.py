@@ -1,13 +1,12 @@
 """TFRecord files written by real TensorFlow pack and round-trip through brand."""
 
 import json
-import os
 import subprocess
 
 import pytest
 import tensorflow as tf
 
-BRAND = os.environ.get("BRAND_BIN", "target/release/brand")
+from conftest import BRAND
 
 
 def brand(*args, check=True):
