@@ -20,7 +20,7 @@
 //!                    data: two packs of different inputs differ here)
 //! 48  pack_seed  u64
 //!     -- the plan config (everything the served order depends on) --
-//! 56  slots      u64 the memory budget as abstract slots per rank (what the
+//! 56  rank_slots u64 the memory budget as abstract slots per rank (what the
 //!                    plan uses: "10%" and an equal byte budget are the same)
 //! 64  seed       u64
 //! 72  rank       u32
@@ -36,7 +36,7 @@
 //! the sequence, so a run may resume with different ones.
 //!
 //! Elastic resume needs no other version: the states of all W ranks carry
-//! each rank's `rank`, `world`, `slots` and `served`, so together they give
+//! each rank's `rank`, `world`, `rank_slots` and `served`, so together they give
 //! the total memory (W × slots) and the global position (the sum of
 //! `served`, checked to be one prefix of the global sequence), which a
 //! single blob could only assume (see `brand_loader::elastic`).
@@ -67,7 +67,7 @@ pub struct Fingerprint {
     pub chunk_size: u32,
     pub content: u32,
     pub pack_seed: u64,
-    pub slots: u64,
+    pub rank_slots: u64,
     pub seed: u64,
     pub rank: u32,
     pub world: u32,
@@ -111,7 +111,7 @@ impl Fingerprint {
             chunk_size: ds.index.chunk_size(),
             content,
             pack_seed: ds.manifest.pack_seed,
-            slots: geometry.rank_slots,
+            rank_slots: geometry.rank_slots,
             seed: plan.seed,
             rank: plan.rank,
             world: plan.world,
@@ -150,8 +150,8 @@ impl Fingerprint {
         cmp(
             &mut plan,
             "memory (slots per rank)",
-            s.slots.to_string(),
-            n.slots.to_string(),
+            s.rank_slots.to_string(),
+            n.rank_slots.to_string(),
         );
         cmp(&mut plan, "rank", s.rank.to_string(), n.rank.to_string());
         cmp(&mut plan, "world", s.world.to_string(), n.world.to_string());
@@ -182,7 +182,7 @@ impl Fingerprint {
         let same_world = Fingerprint {
             rank: now.rank,
             world: now.world,
-            slots: now.slots,
+            rank_slots: now.rank_slots,
             ..*self
         };
         let (data, plan) = same_world.differences(now);
@@ -192,7 +192,7 @@ impl Fingerprint {
     /// The plan config the saved world ran (rank 0; memory in its slots).
     pub fn saved_plan(&self) -> Result<PlanConfig, String> {
         Ok(PlanConfig {
-            memory: Memory::Slots(self.slots),
+            memory: Memory::Slots(self.rank_slots),
             policy: policy_of(self.policy)
                 .ok_or_else(|| format!("loader state has unknown policy #{}", self.policy))?,
             seed: self.seed,
@@ -349,10 +349,10 @@ fn saved_world(saved: &[Checkpoint], now: &Fingerprint) -> Result<SavedWorld> {
     let mut states = vec![None; world as usize];
     for (i, c) in saved.iter().enumerate() {
         let f = &c.fingerprint;
-        if f.world != world || f.slots != first.slots {
+        if f.world != world || f.rank_slots != first.rank_slots {
             return Err(mismatch(format!(
                 "cannot restore the loader states: state {i} is of a world of {} ranks with {} slots per rank, state 0 of {world} with {}",
-                f.world, f.slots, first.slots
+                f.world, f.rank_slots, first.rank_slots
             )));
         }
         match states.get_mut(f.rank as usize) {
@@ -383,7 +383,7 @@ fn encode(state: LoaderState, f: &Fingerprint) -> [u8; LEN] {
     put(40, &f.chunk_size.to_le_bytes());
     put(44, &f.content.to_le_bytes());
     put(48, &f.pack_seed.to_le_bytes());
-    put(56, &f.slots.to_le_bytes());
+    put(56, &f.rank_slots.to_le_bytes());
     put(64, &f.seed.to_le_bytes());
     put(72, &f.rank.to_le_bytes());
     put(76, &f.world.to_le_bytes());
@@ -444,7 +444,7 @@ fn decode(b: &[u8]) -> Result<(LoaderState, Fingerprint), String> {
         chunk_size: u32_at(b, 40),
         content: u32_at(b, 44),
         pack_seed: u64_at(b, 48),
-        slots: u64_at(b, 56),
+        rank_slots: u64_at(b, 56),
         seed: u64_at(b, 64),
         rank: u32_at(b, 72),
         world: u32_at(b, 76),
@@ -464,7 +464,7 @@ mod tests {
             chunk_size: 16,
             content: 0xdead_beef,
             pack_seed: 7,
-            slots: 128,
+            rank_slots: 128,
             seed: 3,
             rank: 1,
             world: 4,

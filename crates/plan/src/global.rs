@@ -5,7 +5,7 @@
 use std::sync::{Arc, OnceLock};
 
 use super::brand::{BrandState, TieBreaks, low_bits};
-use super::{Policy, Shared};
+use super::{PlanSpec, Policy};
 use brand_format::rng::{Prng, domain};
 
 /// A read made by the global protocol: `mask` records of `chunk`, done just
@@ -25,7 +25,7 @@ pub struct GlobalRead {
 /// sequence does not depend on the world size, only on the total number of
 /// slots.
 pub struct GlobalEpoch {
-    pub(super) shared: Arc<Shared>,
+    pub(super) shared: Arc<PlanSpec>,
     epoch: u64,
     /// `served[p]`: the sample served at global position `p < N`.
     served: Vec<u32>,
@@ -38,7 +38,7 @@ pub struct GlobalEpoch {
 }
 
 impl GlobalEpoch {
-    pub(super) fn compute(shared: Arc<Shared>, epoch: u64) -> Self {
+    pub(super) fn compute(shared: Arc<PlanSpec>, epoch: u64) -> Self {
         let g = &shared.geometry;
         let seed = shared.config.seed;
         let (n, k) = (g.samples, g.chunk_size);

@@ -119,7 +119,7 @@ impl Geometry {
     }
 }
 
-pub(crate) struct Shared {
+pub(crate) struct PlanSpec {
     config: PlanConfig,
     geometry: Geometry,
 }
@@ -184,7 +184,7 @@ pub struct GroupPlan {
 /// node's owner).
 #[derive(Clone)]
 pub struct Planner {
-    shared: Arc<Shared>,
+    shared: Arc<PlanSpec>,
     /// The next plan starts with empty memory.
     cold: bool,
 }
@@ -197,7 +197,7 @@ impl Planner {
     pub fn from_layout(layout: Layout, config: &PlanConfig) -> Result<Self> {
         let geometry = geometry(layout, config)?;
         Ok(Planner {
-            shared: Arc::new(Shared {
+            shared: Arc::new(PlanSpec {
                 config: config.clone(),
                 geometry,
             }),
