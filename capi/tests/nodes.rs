@@ -186,6 +186,45 @@ fn brand_open_with_nodes_runs_a_node_and_two_serve_the_epoch_once() {
     );
 }
 
+/// A node reports what it really chose and measured: the read gap its
+/// storage took (`auto` probes the device and chooses a byte gap, where a
+/// node used to report "whole chunks") and the percentiles of its waits.
+#[test]
+fn a_node_reports_its_chosen_read_gap_and_stall_percentiles() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let (path, _) = dataset(t.path());
+    let nodes = addresses(2).join(", ");
+    let threads: Vec<_> = (0..2u32)
+        .map(|rank| {
+            let path = path.clone();
+            let cfg = format!(
+                "nodes = [{nodes}]\nrank = {rank}\nmemory = \"32 slots\"\nbatch_size = 16\nread_gap = \"auto\"\nremote_memory = \"1MiB\"\npeer_timeout = \"20s\"\nseed = 3\n"
+            );
+            std::thread::spawn(move || {
+                let l = open(&path, &cfg);
+                let (_, ended) = take(l, usize::MAX);
+                assert!(ended);
+                let m = metrics(l);
+                close(l);
+                m
+            })
+        })
+        .collect();
+    for h in threads {
+        let m = h.join().expect("node thread");
+        assert_ne!(m.read_gap, BRAND_READ_GAP_WHOLE, "auto chose a byte gap: {m:?}");
+        // Waits depend on timing; where there were any, their percentiles
+        // are filled (a node's metrics are the loader's struct, filled by
+        // the same stall log).
+        if m.stalls > 0 {
+            assert!(
+                m.stall_p50_secs > 0.0 && m.stall_p50_secs <= m.stall_p99_secs && m.stall_p99_secs <= m.stall_max_secs,
+                "{m:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn single_node_stays_the_default_and_listens_nowhere() {
     let t = tempfile::tempdir().expect("tempdir");
