@@ -11,6 +11,7 @@ use brand_nodes::config::{Env, process_env};
 pub enum Flag<'a> {
     Int(Option<u64>),
     Text(&'a Option<String>),
+    Bool(bool),
     List(&'a [String]),
 }
 
@@ -29,6 +30,7 @@ pub fn resolve(file: Option<&Path>, flags: &[(&str, Flag<'_>)], with_env: bool) 
                 toml::Value::Integer(n)
             }
             Flag::Text(Some(s)) => toml::Value::String(s.clone()),
+            Flag::Bool(b) => toml::Value::Boolean(*b),
             Flag::List(l) if !l.is_empty() => toml::Value::Array(l.iter().cloned().map(toml::Value::String).collect()),
             _ => continue,
         };

@@ -6,7 +6,8 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use brand_plan::simulate::{SimOptions, simulate_with};
-use brand_plan::{Memory, PlanConfig, Policy};
+
+use crate::configure::{Flag, resolve};
 
 #[derive(clap::Args, Debug)]
 pub struct SimulateArgs {
@@ -15,10 +16,10 @@ pub struct SimulateArgs {
     /// Memory budget of each rank: bytes (`512MiB`, `2G`, `1048576`) or a
     /// percentage of the dataset (`10%`).
     #[arg(long, value_name = "BYTES|PCT")]
-    pub memory: Memory,
+    pub memory: String,
     /// brand, brand-random, direct, chunk-shuffle or sequential.
-    #[arg(long, default_value_t = Policy::Brand)]
-    pub policy: Policy,
+    #[arg(long, default_value = "brand")]
+    pub policy: String,
     #[arg(long, default_value_t = 1)]
     pub epochs: u64,
     /// Number of ranks; all of them are simulated.
@@ -39,14 +40,21 @@ pub struct SimulateArgs {
 
 pub fn run(args: &SimulateArgs) -> brand_format::Result<()> {
     let dataset = brand_format::Dataset::open(&args.dataset)?;
-    let config = PlanConfig {
-        memory: args.memory,
-        policy: args.policy,
-        seed: args.seed,
-        rank: 0,
-        world: args.world,
-        drop_last: args.drop_last,
-    };
+    // The plan settings as every command resolves them (rank 0: every
+    // rank is simulated).
+    let config = resolve(
+        None,
+        &[
+            ("memory", Flag::Text(&Some(args.memory.clone()))),
+            ("policy", Flag::Text(&Some(args.policy.clone()))),
+            ("seed", Flag::Int(Some(args.seed))),
+            ("world", Flag::Int(Some(args.world.into()))),
+            ("drop_last", Flag::Bool(args.drop_last)),
+        ],
+        false,
+    )?
+    .loader
+    .plan;
     let options = SimOptions {
         epochs: args.epochs,
         batch: args.batch,

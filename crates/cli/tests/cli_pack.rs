@@ -8,26 +8,11 @@ use std::process::Command;
 use brand_format::Dataset;
 
 mod common;
-use common::{brand, fails, hidden_entries, ok, s};
+use common::{brand, fails, gen_samples_with, hidden_entries, ok, s};
 
 /// Small samples keep the suite fast; the layout is the same at any size.
 fn gen_samples(dir: &Path, samples: u64, seed: u64) {
-    ok(&[
-        "gen",
-        s(dir),
-        "--samples",
-        &samples.to_string(),
-        "--mean-kib",
-        "6",
-        "--min-kib",
-        "1",
-        "--max-kib",
-        "24",
-        "--classes",
-        "7",
-        "--seed",
-        &seed.to_string(),
-    ]);
+    gen_samples_with(dir, samples, "6", "24", "7", seed);
 }
 
 fn files_of(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {

@@ -9,25 +9,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{fails, hidden_entries, ok, s};
+use common::{fails, gen_samples_with, hidden_entries, ok, s};
 
 fn gen_samples(dir: &Path, samples: u64, mean_kib: &str) {
-    ok(&[
-        "gen",
-        s(dir),
-        "--samples",
-        &samples.to_string(),
-        "--mean-kib",
-        mean_kib,
-        "--min-kib",
-        "1",
-        "--max-kib",
-        "64",
-        "--classes",
-        "5",
-        "--seed",
-        "3",
-    ]);
+    gen_samples_with(dir, samples, mean_kib, "64", "5", 3);
 }
 
 #[test]

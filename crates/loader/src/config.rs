@@ -60,7 +60,9 @@ pub struct LoaderConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OnCorrupt {
-    /// Fail the batch it is due in (after every good sample before it).
+    /// Fail the batch it is due in; the batch is all or nothing, so the
+    /// good samples before it are served again by the next call, after
+    /// `start_epoch` (the state points at the first of them).
     Error,
     /// Leave it out of the epoch, count it (`skipped_corrupt`) and log it.
     Skip,
@@ -160,11 +162,11 @@ impl LoaderConfig {
             "io_backend" => self.io.io_backend = v.text()?.parse()?,
             "decode_threads" => self.io.decode_threads = v.whole()?,
             "io_timeout" => {
+                // A negative or huge number is no Duration at all; the range
+                // is check()'s.
                 let secs = v.seconds()?;
-                if !(secs > 0.0 && secs <= MAX_IO_TIMEOUT_SECS) {
-                    return Err(Error::config(format!("io_timeout {secs} outside (0, 86400] seconds")));
-                }
-                self.io.io_timeout = Duration::from_secs_f64(secs);
+                self.io.io_timeout = Duration::try_from_secs_f64(secs)
+                    .map_err(|_| Error::config(format!("io_timeout {secs} outside (0, 86400] seconds")))?;
             }
             "on_corrupt" => self.on_corrupt = v.text()?.parse()?,
             _ => {

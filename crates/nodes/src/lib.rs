@@ -66,7 +66,7 @@ pub struct NodeLoader {
 
 /// The digest nodes exchange: job, dataset fingerprint, plan configuration
 /// and the global position they start at.
-pub fn job_digest(ds: &Dataset, loader: &LoaderConfig, dist: &NodeConfig, at: GlobalPosition) -> wire::JobDigest {
+pub fn job_digest(ds: &Dataset, loader: &LoaderConfig, peers: &NodeConfig, at: GlobalPosition) -> wire::JobDigest {
     // Partitions of one pack differ only in which part they are: the
     // fingerprint is the whole dataset's (and the partitioning's).
     let mut logical = ds.manifest.clone();
@@ -78,7 +78,7 @@ pub fn job_digest(ds: &Dataset, loader: &LoaderConfig, dist: &NodeConfig, at: Gl
     let p = &loader.plan;
     wire::JobDigest {
         protocol: wire::PROTOCOL,
-        job: dist.job.clone(),
+        job: peers.job.clone(),
         dataset: (manifest << 32) | index,
         samples: ds.index.samples(),
         policy: p.policy.to_string(),
@@ -86,7 +86,7 @@ pub fn job_digest(ds: &Dataset, loader: &LoaderConfig, dist: &NodeConfig, at: Gl
         seed: p.seed,
         world: p.world,
         drop_last: p.drop_last,
-        nodes: dist.nodes.join(","),
+        nodes: peers.nodes.join(","),
         start_epoch: at.epoch,
         start_position: at.position,
     }
@@ -94,18 +94,18 @@ pub fn job_digest(ds: &Dataset, loader: &LoaderConfig, dist: &NodeConfig, at: Gl
 
 /// Who reads which chunk: the plan's groups, or, for a partition, the
 /// groups it was packed with, which must be this node's of this world.
-fn ownership(ds: &Dataset, planner: &Planner, dist: &NodeConfig, me: u32) -> Result<Ownership> {
+fn ownership(ds: &Dataset, planner: &Planner, peers: &NodeConfig, me: u32) -> Result<Ownership> {
     let plan = Ownership::of_plan(planner);
     let Some(p) = ds.manifest.partition else {
         return Ok(plan);
     };
-    if p.count != dist.world() || p.index != me {
+    if p.count != peers.world() || p.index != me {
         return Err(Error::config(format!(
             "{}: partition {} of {}, but this is node {me} of {}: each node opens its own partition of a pack for as many nodes",
             ds.dir().display(),
             p.index,
             p.count,
-            dist.world()
+            peers.world()
         )));
     }
     if p.group_chunks != plan.group_chunks {
@@ -148,15 +148,15 @@ impl NodeLoader {
     /// every node's next serve is its first position at or after
     /// `at.position`.
     pub fn open_planned(ds: Arc<Dataset>, cfg: &Config, planner: Planner, at: GlobalPosition) -> Result<Self> {
-        let dist = Arc::new(cfg.nodes.clone());
+        let peers = Arc::new(cfg.nodes.clone());
         let loader = &cfg.loader;
-        let me = dist.rank;
-        if loader.plan.world != dist.world() || loader.plan.rank != me {
+        let me = peers.rank;
+        if loader.plan.world != peers.world() || loader.plan.rank != me {
             return Err(Error::config(format!(
                 "rank {} of world {} but this is node {me} of {}",
                 loader.plan.rank,
                 loader.plan.world,
-                dist.world()
+                peers.world()
             )));
         }
         let geo = *planner.geometry();
@@ -169,22 +169,22 @@ impl NodeLoader {
             )));
         }
         let largest = (0..ds.index.samples()).map(|id| sample_len(&ds, id)).max().unwrap_or(0);
-        if dist.remote_memory < largest {
+        if peers.remote_memory < largest {
             return Err(Error::config(format!(
                 "remote_memory {} is smaller than the largest sample ({largest} bytes)",
-                dist.remote_memory
+                peers.remote_memory
             )));
         }
-        let world = dist.world() as u64;
+        let world = peers.world() as u64;
         let common_step = (at.position / world).min(geo.steps);
         let state = LoaderState {
             epoch: at.epoch,
             served: common_step,
         };
         let drop_first = common_step < geo.steps && common_step * world + (me as u64) < at.position;
-        let ownership = ownership(&ds, &planner, &dist, me)?;
+        let ownership = ownership(&ds, &planner, &peers, me)?;
         let consumer_plan = ConsumerPlan::new(&planner, &ownership, state.epoch, me);
-        let inbox = Arc::new(Inbox::new(ds.clone(), dist.clone(), consumer_plan, state.served));
+        let inbox = Arc::new(Inbox::new(ds.clone(), peers.clone(), consumer_plan, state.served));
         let (control, control_rx) = crossbeam_channel::unbounded();
         inbox
             .attach(me, CreditSink::Local(control.clone()))
@@ -195,7 +195,7 @@ impl NodeLoader {
         let owner = Owner {
             planner: planner.clone(),
             ownership,
-            drift_steps: owner::drift_steps(&ds, dist.remote_memory),
+            drift_steps: owner::drift_steps(&ds, peers.remote_memory),
             node: me,
             storage,
             inbox: inbox.clone(),
@@ -204,7 +204,7 @@ impl NodeLoader {
             start_epoch: state.epoch,
             start_step: state.served,
             readahead_bytes: loader.readahead_bytes,
-            linger: dist.peer_timeout,
+            linger: peers.peer_timeout,
         };
         let owner = std::thread::Builder::new()
             .name(format!("brand-owner-{me}"))
@@ -213,7 +213,7 @@ impl NodeLoader {
         let fingerprint = Fingerprint::of(&ds, &planner);
         let mut this = NodeLoader {
             ds: ds.clone(),
-            cfg: dist.clone(),
+            cfg: peers.clone(),
             planner,
             fingerprint,
             read_gap,
@@ -231,16 +231,16 @@ impl NodeLoader {
             net: None,
             failed: None,
         };
-        if dist.world() > 1 {
+        if peers.world() > 1 {
             this.net = Some(net::Net::start(net::Ctx {
-                cfg: dist.clone(),
-                digest: job_digest(&ds, loader, &dist, at),
+                cfg: peers.clone(),
+                digest: job_digest(&ds, loader, &peers, at),
                 inbox: inbox.clone(),
                 control,
                 max_message: largest as usize + (64 << 10),
             })?);
             inbox
-                .wait_connected(dist.peer_timeout)
+                .wait_connected(peers.peer_timeout)
                 .map_err(|e| this.peer_error(e))?;
         }
         if drop_first {

@@ -1,6 +1,6 @@
 //! What nodes say to each other, as protobuf messages (prost derives on
 //! hand-written structs: no .proto file, no protoc), and the generated gRPC
-//! service `brand.dist.Node/Push`.
+//! service `brand.nodes.Node/Push`.
 //!
 //! One stream per (owner, consumer) pair: the owner opens it on the
 //! consumer's address and sends a [`Hello`] then [`Sample`]s in the

@@ -36,6 +36,28 @@ pub fn fails(args: &[&str]) -> String {
     err
 }
 
+/// Runs `brand gen dir` (which must succeed): `samples` samples of
+/// `min-kib 1..=max_kib` KiB, `mean_kib` KiB on average, in `classes`
+/// classes, from `seed`.
+pub fn gen_samples_with(dir: &Path, samples: u64, mean_kib: &str, max_kib: &str, classes: &str, seed: u64) {
+    ok(&[
+        "gen",
+        s(dir),
+        "--samples",
+        &samples.to_string(),
+        "--mean-kib",
+        mean_kib,
+        "--min-kib",
+        "1",
+        "--max-kib",
+        max_kib,
+        "--classes",
+        classes,
+        "--seed",
+        &seed.to_string(),
+    ]);
+}
+
 pub fn s(p: &Path) -> &str {
     p.to_str().expect("utf-8 temp path")
 }
