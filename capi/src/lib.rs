@@ -44,8 +44,8 @@ pub use handles::brand_loader;
 pub use metrics::*;
 pub use open::*;
 pub use state::*;
-pub use status::brand_status;
 use status::guard;
+pub use status::{ALL_STATUSES, brand_status};
 
 /// The ABI this header describes. Compare it with `brand_abi_version()` at
 /// start-up to catch a header/library mismatch. It changes whenever a

@@ -50,8 +50,10 @@ pub enum brand_status {
 
 use brand_status::*;
 
-/// Every status, for `brand_status_name` and the tests.
-pub(crate) const ALL_STATUSES: [brand_status; 13] = [
+/// Every status brand.h defines, for `brand_status_name` and the tests.
+///
+/// cbindgen:ignore
+pub const ALL_STATUSES: [brand_status; 13] = [
     BRAND_OK,
     BRAND_END_OF_EPOCH,
     BRAND_ERR_INVALID_ARGUMENT,

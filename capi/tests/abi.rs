@@ -11,23 +11,6 @@ use brand_format::Dataset;
 use brand_pack::files::FileSource;
 use brand_pack::{PackOptions, pack};
 
-/// Every status brand.h defines.
-const ALL_STATUSES: [brand_status; 13] = [
-    BRAND_OK,
-    BRAND_END_OF_EPOCH,
-    BRAND_ERR_INVALID_ARGUMENT,
-    BRAND_ERR_CONFIG,
-    BRAND_ERR_NOT_FOUND,
-    BRAND_ERR_IO,
-    BRAND_ERR_FORMAT,
-    BRAND_ERR_CORRUPT,
-    BRAND_ERR_INVALID_STATE,
-    BRAND_ERR_STATE_MISMATCH,
-    BRAND_ERR_BUFFER_TOO_SMALL,
-    BRAND_ERR_CLOSED,
-    BRAND_ERR_PANIC,
-];
-
 /// A handle value that was never returned by brand_open.
 fn handle_of(id: usize) -> *mut brand_loader {
     std::ptr::without_provenance_mut(id)

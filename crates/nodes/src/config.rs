@@ -139,67 +139,65 @@ const MAX_JOB_BYTES: usize = 256;
 impl NodeKeys {
     /// Takes the multi-node keys out of `table`, leaving the loader's.
     fn take(table: &mut toml::Table) -> Result<Self> {
-        let mut keys = NodeKeys::default();
-        if let Some(value) = table.remove("nodes") {
-            let list = value
-                .as_array()
-                .and_then(|a| {
-                    a.iter()
-                        .map(|v| v.as_str().map(str::to_string))
-                        .collect::<Option<Vec<_>>>()
-                })
-                .ok_or_else(|| Error::config(format!("nodes = {value}: expected a list of \"host:port\" strings")))?;
-            check_listed(&list).map_err(|why| Error::config(format!("nodes: {why}")))?;
-            keys.nodes = Some(list);
-        }
-        if let Some(value) = table.remove("remote_memory") {
-            let b = Value {
-                key: "remote_memory",
-                value: &value,
-            }
-            .bytes()?;
-            if !(1..=MAX_REMOTE_MEMORY).contains(&b) {
-                return Err(Error::config(format!("remote_memory {value} outside 1 byte..=1TiB")));
-            }
-            keys.remote_memory = Some(b);
-        }
-        if let Some(value) = table.remove("peer_timeout") {
-            let text = Value {
-                key: "peer_timeout",
-                value: &value,
-            }
-            .text()?;
-            let d = parse_duration(text)?;
-            if d > MAX_PEER_TIMEOUT {
-                return Err(Error::config(format!("peer_timeout {text:?} outside (0s, 24h]")));
-            }
-            keys.peer_timeout = Some(d);
-        }
-        if let Some(value) = table.remove("job") {
-            let j = Value {
-                key: "job",
-                value: &value,
-            }
-            .text()?;
-            if !(1..=MAX_JOB_BYTES).contains(&j.len()) {
-                return Err(Error::config(format!("job {j:?}: {} bytes, expected 1..=256", j.len())));
-            }
-            keys.job = Some(j.to_string());
-        }
-        if let Some(value) = table.remove("tf_port_offset") {
-            let v: i64 = Value {
-                key: "tf_port_offset",
-                value: &value,
-            }
-            .whole()?;
-            let offset = u16::try_from(v)
-                .ok()
-                .filter(|&o| o > 0)
-                .ok_or_else(|| Error::config(format!("tf_port_offset {v} outside 1..=65535")))?;
-            keys.tf_port_offset = Some(offset);
-        }
-        Ok(keys)
+        Ok(NodeKeys {
+            nodes: take_key(table, "nodes", |v| {
+                let value = v.value;
+                let list = value
+                    .as_array()
+                    .and_then(|a| {
+                        a.iter()
+                            .map(|v| v.as_str().map(str::to_string))
+                            .collect::<Option<Vec<_>>>()
+                    })
+                    .ok_or_else(|| {
+                        Error::config(format!("nodes = {value}: expected a list of \"host:port\" strings"))
+                    })?;
+                check_listed(&list).map_err(|why| Error::config(format!("nodes: {why}")))?;
+                Ok(list)
+            })?,
+            remote_memory: take_key(table, "remote_memory", |v| {
+                let b = v.bytes()?;
+                if !(1..=MAX_REMOTE_MEMORY).contains(&b) {
+                    return Err(Error::config(format!(
+                        "remote_memory {} outside 1 byte..=1TiB",
+                        v.value
+                    )));
+                }
+                Ok(b)
+            })?,
+            peer_timeout: take_key(table, "peer_timeout", |v| {
+                let text = v.text()?;
+                let d = parse_duration(text)?;
+                if d > MAX_PEER_TIMEOUT {
+                    return Err(Error::config(format!("peer_timeout {text:?} outside (0s, 24h]")));
+                }
+                Ok(d)
+            })?,
+            job: take_key(table, "job", |v| {
+                let j = v.text()?;
+                if !(1..=MAX_JOB_BYTES).contains(&j.len()) {
+                    return Err(Error::config(format!("job {j:?}: {} bytes, expected 1..=256", j.len())));
+                }
+                Ok(j.to_string())
+            })?,
+            tf_port_offset: take_key(table, "tf_port_offset", |v| {
+                let v: i64 = v.whole()?;
+                u16::try_from(v)
+                    .ok()
+                    .filter(|&o| o > 0)
+                    .ok_or_else(|| Error::config(format!("tf_port_offset {v} outside 1..=65535")))
+            })?,
+        })
     }
+}
+
+/// Removes `key` from `table` and, if it was there, parses it with `parse`
+/// (which sees it as the loader's [`Value`], for the same error messages).
+fn take_key<T>(table: &mut toml::Table, key: &str, parse: impl FnOnce(Value<'_>) -> Result<T>) -> Result<Option<T>> {
+    table
+        .remove(key)
+        .map(|value| parse(Value { key, value: &value }))
+        .transpose()
 }
 
 /// `"30s"`, `"500ms"`, `"2m"`, or plain seconds (`"1.5"`); more than 0.

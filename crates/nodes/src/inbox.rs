@@ -151,6 +151,11 @@ impl Inbox {
         if s.window == s.last_sent_window || (!force && s.window - s.last_sent_window < CREDIT_BATCH) {
             return;
         }
+        self.broadcast_credit(s);
+    }
+
+    /// Grants every attached owner the current window.
+    fn broadcast_credit(&self, s: &mut State) {
         let credit = Credit {
             epoch: s.plan.epoch,
             window: s.window,
@@ -168,14 +173,7 @@ impl Inbox {
         s.held.clear();
         s.held_bytes = 0;
         Self::reset(&self.ds, &self.cfg, &mut s, from_step);
-        let credit = Credit {
-            epoch: s.plan.epoch,
-            window: s.window,
-        };
-        for sink in s.sinks.iter().flatten() {
-            sink.send(self.cfg.rank, credit);
-        }
-        s.last_sent_window = s.window;
+        self.broadcast_credit(&mut s);
     }
 
     /// Registers `owner`'s credit sink and grants it the current window.

@@ -15,7 +15,7 @@ use brand_pack::synthetic::small_dataset;
 mod common;
 use brand_plan::Planner;
 use common::{
-    Served, addresses, assert_ranks_serve_their_plans, global_read_bytes, node_config, plan_order, serve_epochs,
+    Served, addresses, global_read_bytes, node_config, plan_order, run_ranks_serving_their_plans, serve_epochs,
 };
 
 const SAMPLES: u64 = 600;
@@ -62,21 +62,10 @@ fn three_nodes_serve_the_plan_once_and_read_each_chunk_at_its_owner_only() {
     let cfgs: Vec<Config> = (0..3)
         .map(|r| config(&nodes, r, remote_memory, Duration::from_secs(20)))
         .collect();
-    let all_done = Arc::new(std::sync::Barrier::new(3));
-    let handles: Vec<_> = cfgs
-        .iter()
-        .cloned()
-        .map(|c| {
-            let (ds, b) = (ds.clone(), all_done.clone());
-            std::thread::spawn(move || run_node_then(ds, c, 2, Some(b)))
-        })
-        .collect();
-    let results: Vec<(Served, Metrics)> = handles
-        .into_iter()
-        .map(|h| h.join().expect("thread").expect("node"))
-        .collect();
-    let served: Vec<&Served> = results.iter().map(|(s, _)| s).collect();
-    assert_ranks_serve_their_plans(&served, &cfgs, &ds, SAMPLES);
+    let node_ds = ds.clone();
+    let results = run_ranks_serving_their_plans(&cfgs, &ds, SAMPLES, move |_, c, b| {
+        run_node_then(node_ds.clone(), c, 2, Some(b))
+    });
     // Whole-chunk reads: the nodes together read exactly what one global
     // protocol reads, so no chunk was read twice.
     let planner = Planner::new(&ds.index, &cfgs[0].loader.plan).expect("planner");

@@ -20,7 +20,7 @@ use brand_pack::{PackOptions, Partitioning, partition_dir};
 use brand_plan::{Layout, Memory, Planner};
 
 mod common;
-use common::{Served, addresses, assert_ranks_serve_their_plans, global_read_bytes, node_config, serve_epochs};
+use common::{Served, addresses, global_read_bytes, node_config, run_ranks_serving_their_plans, serve_epochs};
 
 const SAMPLES: u64 = 600;
 const NODES: u32 = 3;
@@ -98,19 +98,9 @@ fn three_nodes_serve_from_their_own_partitions_only() {
             "node {w}: {held} segments"
         );
     }
-    let all_done = Arc::new(std::sync::Barrier::new(NODES as usize));
-    let handles: Vec<_> = (0..NODES as usize)
-        .map(|r| {
-            let (dir, cfg, b) = (dirs[r].clone(), cfgs[r].clone(), all_done.clone());
-            std::thread::spawn(move || run_node(dir, cfg, 2, b))
-        })
-        .collect();
-    let results: Vec<(Served, Metrics)> = handles
-        .into_iter()
-        .map(|h| h.join().expect("thread").expect("node"))
-        .collect();
-    let served: Vec<&Served> = results.iter().map(|(s, _)| s).collect();
-    assert_ranks_serve_their_plans(&served, &cfgs, &whole, SAMPLES);
+    let results = run_ranks_serving_their_plans(&cfgs, &whole, SAMPLES, move |r, c, b| {
+        run_node(dirs[r].clone(), c, 2, b)
+    });
     // Whole-chunk reads: each node read exactly its own chunks' share of
     // the global protocol's reads.
     let planner = Planner::new(&whole.index, &cfgs[0].loader.plan).expect("planner");

@@ -8,8 +8,11 @@ use std::path::Path;
 use brand_pack::lmdb::LmdbSource;
 use brand_pack::source::Source;
 use heed::types::Bytes;
-use heed::{CommitOrAbort, Database, DatabaseFlags, EnvFlags, EnvOpenOptions};
+use heed::{CommitOrAbort, Database, DatabaseFlags, Env, EnvFlags, EnvOpenOptions};
 use proptest::strategy::Strategy;
+
+mod common;
+use common::varint;
 
 /// Write `pairs` into the main database of a new environment at `path`: a
 /// directory, or with `single_file` the data file itself (NO_SUB_DIR).
@@ -27,18 +30,7 @@ fn create_env_with(path: &Path, pairs: &[(&[u8], &[u8])], single_file: bool, db_
     // SAFETY: a fresh path nothing else has open; the env is dropped (and
     // closed) before the test opens it again.
     let env = unsafe { options.open(path) }.unwrap();
-    let wtxn = env.write_txn().unwrap();
-    let db: Database<Bytes, Bytes> = env
-        .create_databases_and_commit(wtxn, |opener, wtxn| {
-            opener
-                .database_options()
-                .types::<Bytes, Bytes>()
-                .flags(db_flags)
-                .create(wtxn)
-                .map(CommitOrAbort::<_, ()>::Commit)
-        })
-        .unwrap()
-        .unwrap_commit();
+    let db = create_db(&env, None, db_flags);
     let mut wtxn = env.write_txn().unwrap();
     for (key, value) in pairs {
         db.put(&mut wtxn, key, value).unwrap();
@@ -46,14 +38,20 @@ fn create_env_with(path: &Path, pairs: &[(&[u8], &[u8])], single_file: bool, db_
     wtxn.commit().unwrap();
 }
 
-fn varint(mut v: u64) -> Vec<u8> {
-    let mut out = Vec::new();
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-    out
+/// Create (committed) the main database of `env`, or with `name` that named
+/// sub-database, with `flags`.
+fn create_db<'e>(env: &'e Env, name: Option<&str>, flags: DatabaseFlags) -> Database<'e, Bytes, Bytes> {
+    let wtxn = env.write_txn().unwrap();
+    env.create_databases_and_commit(wtxn, |opener, wtxn| {
+        let mut options = opener.database_options().types::<Bytes, Bytes>();
+        options.flags(flags);
+        if let Some(name) = name {
+            options.name(name);
+        }
+        options.create(wtxn).map(CommitOrAbort::<_, ()>::Commit)
+    })
+    .unwrap()
+    .unwrap_commit()
 }
 
 /// A Caffe `Datum` as convert_imageset writes it: an encoded image with its
@@ -139,8 +137,7 @@ fn same_database_lists_the_same_entries() {
             )
         })
         .collect();
-    let borrowed: Vec<(&[u8], &[u8])> = pairs.iter().map(|(k, v)| (&k[..], &v[..])).collect();
-    create_env(dir.path(), &borrowed, false);
+    create_env_owned(dir.path(), &pairs, false);
     let first = LmdbSource::open(dir.path()).unwrap().entries().to_vec();
     let second = LmdbSource::open(dir.path()).unwrap().entries().to_vec();
     assert_eq!(first.len(), 300);
@@ -159,8 +156,7 @@ fn reads_in_parallel_from_many_threads() {
             )
         })
         .collect();
-    let borrowed: Vec<(&[u8], &[u8])> = pairs.iter().map(|(k, v)| (&k[..], &v[..])).collect();
-    create_env(dir.path(), &borrowed, false);
+    create_env_owned(dir.path(), &pairs, false);
     let source = LmdbSource::open(dir.path()).unwrap();
     std::thread::scope(|scope| {
         for t in 0..4 {
@@ -419,6 +415,15 @@ fn create_env_owned(path: &Path, pairs: &[(Vec<u8>, Vec<u8>)], single_file: bool
     create_env(path, &borrowed, single_file);
 }
 
+/// The data file of an environment of `pairs` written in the directory
+/// `dir/env`.
+fn data_mdb_of(dir: &Path, pairs: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
+    let env = dir.join("env");
+    fs::create_dir(&env).unwrap();
+    create_env_owned(&env, pairs, false);
+    fs::read(env.join("data.mdb")).unwrap()
+}
+
 /// The error for opening `bytes` written as a single-file environment,
 /// checked to be one line naming the file.
 fn open_bytes_err(dir: &Path, bytes: &[u8]) -> String {
@@ -433,10 +438,7 @@ fn open_bytes_err(dir: &Path, bytes: &[u8]) -> String {
 #[test]
 fn truncated_data_mdb_is_refused_wherever_it_is_cut() {
     let dir = tempfile::tempdir().unwrap();
-    let env = dir.path().join("env");
-    fs::create_dir(&env).unwrap();
-    create_env_owned(&env, &numbered_pairs(300), false);
-    let bytes = fs::read(env.join("data.mdb")).unwrap();
+    let bytes = data_mdb_of(dir.path(), &numbered_pairs(300));
     let page = current_meta(&bytes).page_size;
     // Freshly written: every page up to mm_last_pg is in the file and in use.
     let last_page = get_u64(&bytes, current_meta(&bytes).at + layout::META_LAST_PAGE) as usize;
@@ -467,10 +469,7 @@ fn truncated_data_mdb_is_refused_wherever_it_is_cut() {
 #[test]
 fn last_page_beyond_the_file_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let env = dir.path().join("env");
-    fs::create_dir(&env).unwrap();
-    create_env_owned(&env, &numbered_pairs(100), false);
-    let bytes = fs::read(env.join("data.mdb")).unwrap();
+    let bytes = data_mdb_of(dir.path(), &numbered_pairs(100));
     let meta = current_meta(&bytes);
     let pages = (bytes.len() / meta.page_size) as u64;
     for claimed in [pages, pages + 5, 1 << 40, u64::MAX - 1, u64::MAX] {
@@ -495,17 +494,7 @@ fn missing_free_pages_at_the_end_are_not_truncation() {
     options.map_size(64 << 20);
     // SAFETY: a fresh directory nothing else has open.
     let env = unsafe { options.open(&env_dir) }.unwrap();
-    let wtxn = env.write_txn().unwrap();
-    let db: Database<Bytes, Bytes> = env
-        .create_databases_and_commit(wtxn, |opener, wtxn| {
-            opener
-                .database_options()
-                .types::<Bytes, Bytes>()
-                .create(wtxn)
-                .map(CommitOrAbort::<_, ()>::Commit)
-        })
-        .unwrap()
-        .unwrap_commit();
+    let db = create_db(&env, None, DatabaseFlags::empty());
     let mut wtxn = env.write_txn().unwrap();
     for i in 0..3000 {
         db.put(&mut wtxn, format!("a{i:06}").as_bytes(), &[7; 100]).unwrap();
@@ -548,14 +537,11 @@ fn missing_free_pages_at_the_end_are_not_truncation() {
 #[test]
 fn cyclic_or_shared_branch_pages_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let env = dir.path().join("env");
-    fs::create_dir(&env).unwrap();
     // Long keys make a tree of three or more levels.
     let pairs: Pairs = (0..3000u32)
         .map(|i| (format!("{i:06}-{}", "k".repeat(200)).into_bytes(), vec![1; 10]))
         .collect();
-    create_env_owned(&env, &pairs, false);
-    let bytes = fs::read(env.join("data.mdb")).unwrap();
+    let bytes = data_mdb_of(dir.path(), &pairs);
     let Meta {
         page_size, root, depth, ..
     } = current_meta(&bytes);
@@ -704,18 +690,7 @@ fn named_sub_databases_are_refused() {
     options.map_size(16 << 20).max_dbs(4);
     // SAFETY: a fresh directory nothing else has open.
     let env = unsafe { options.open(dir.path()) }.unwrap();
-    let wtxn = env.write_txn().unwrap();
-    let db: Database<Bytes, Bytes> = env
-        .create_databases_and_commit(wtxn, |opener, wtxn| {
-            opener
-                .database_options()
-                .types::<Bytes, Bytes>()
-                .name("train")
-                .create(wtxn)
-                .map(CommitOrAbort::<_, ()>::Commit)
-        })
-        .unwrap()
-        .unwrap_commit();
+    let db = create_db(&env, Some("train"), DatabaseFlags::empty());
     let mut wtxn = env.write_txn().unwrap();
     db.put(&mut wtxn, b"k", b"v").unwrap();
     wtxn.commit().unwrap();
@@ -727,10 +702,7 @@ fn named_sub_databases_are_refused() {
 #[test]
 fn foreign_layouts_and_versions_are_named() {
     let dir = tempfile::tempdir().unwrap();
-    let env = dir.path().join("env");
-    fs::create_dir(&env).unwrap();
-    create_env(&env, &[(b"a", b"1")], false);
-    let bytes = fs::read(env.join("data.mdb")).unwrap();
+    let bytes = data_mdb_of(dir.path(), &[(b"a".to_vec(), b"1".to_vec())]);
     let page = current_meta(&bytes).page_size;
 
     let mut big_endian = bytes.clone();

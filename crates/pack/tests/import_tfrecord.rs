@@ -8,6 +8,9 @@ use std::path::{Path, PathBuf};
 use brand_pack::source::Source;
 use brand_pack::tfrecord::TfRecordSource;
 
+mod common;
+use common::varint;
+
 // ---- writing TFRecords ----
 
 /// TFRecord's masked crc32c: (crc >> 15 | crc << 17) + 0xa282ead8.
@@ -32,16 +35,6 @@ fn write_records(path: &Path, records: &[Vec<u8>]) {
 }
 
 // ---- hand-encoding Examples ----
-
-fn varint(mut v: u64) -> Vec<u8> {
-    let mut out = Vec::new();
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-    out
-}
 
 fn len_field(number: u64, payload: &[u8]) -> Vec<u8> {
     let mut out = varint((number << 3) | 2);

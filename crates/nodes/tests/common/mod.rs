@@ -3,10 +3,11 @@
 
 #![allow(dead_code)] // each test file uses some of it
 
+use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use brand_format::Dataset;
-use brand_loader::{LoaderConfig, ReadGapSetting};
+use brand_loader::{LoaderConfig, Metrics, ReadGapSetting};
 use brand_nodes::{Config, NodeConfig, NodeLoader};
 use brand_plan::{Event, Memory, Planner};
 
@@ -99,6 +100,34 @@ pub fn assert_ranks_serve_their_plans(served: &[&Served], cfgs: &[Config], ds: &
             "epoch {epoch}: every sample once"
         );
     }
+}
+
+/// Runs rank `r` of `cfgs` as `run(r, cfgs[r], all_done)` on a thread of its
+/// own (`all_done`: a barrier of every rank), waits for them all, and checks
+/// with [`assert_ranks_serve_their_plans`] that they served their plans with
+/// the bytes of `ds`; what each rank served and its metrics.
+pub fn run_ranks_serving_their_plans<F>(cfgs: &[Config], ds: &Dataset, samples: u64, run: F) -> Vec<(Served, Metrics)>
+where
+    F: Fn(usize, Config, Arc<Barrier>) -> Result<(Served, Metrics), String> + Send + Sync + 'static,
+{
+    let run = Arc::new(run);
+    let all_done = Arc::new(Barrier::new(cfgs.len()));
+    let handles: Vec<_> = cfgs
+        .iter()
+        .cloned()
+        .enumerate()
+        .map(|(r, c)| {
+            let (run, b) = (run.clone(), all_done.clone());
+            std::thread::spawn(move || run(r, c, b))
+        })
+        .collect();
+    let results: Vec<(Served, Metrics)> = handles
+        .into_iter()
+        .map(|h| h.join().expect("thread").expect("node"))
+        .collect();
+    let served: Vec<&Served> = results.iter().map(|(s, _)| s).collect();
+    assert_ranks_serve_their_plans(&served, cfgs, ds, samples);
+    results
 }
 
 /// The bytes the global protocol of `planner` reads in epochs `0..epochs`
