@@ -38,7 +38,7 @@ pub fn node_config(nodes: &[String], rank: u32, job: &str) -> Config {
     loader.io.readahead_bytes = 256 << 10;
     Config {
         loader,
-        dist: NodeConfig {
+        nodes: NodeConfig {
             nodes: nodes.to_vec(),
             rank,
             remote_memory: 64 << 10,
