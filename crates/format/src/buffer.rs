@@ -378,12 +378,6 @@ impl AlignedBuf {
         unsafe { self.ptr.as_ptr().add(self.offset) }
     }
 
-    /// The data bytes, writable.
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: base is valid for cap - offset ≥ len bytes, initialised, uniquely borrowed.
-        unsafe { std::slice::from_raw_parts_mut(self.base(), self.len) }
-    }
-
     /// Bytes usable from the start of the data.
     pub fn capacity(&self) -> usize {
         self.cap - self.offset

@@ -200,10 +200,3 @@ pub fn auto_gap(ds: Arc<Dataset>, io: &EngineConfig) -> Result<u64> {
     Ok(r.gap)
 }
 
-/// Test support: forget what this process measured.
-#[doc(hidden)]
-pub fn forget_measured() {
-    if let Ok(mut m) = MEASURED.lock() {
-        *m = None;
-    }
-}
