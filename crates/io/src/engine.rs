@@ -512,7 +512,7 @@ impl<'a> ReadLoop<'a> {
 
 /// Uncompressed records of at least this many bytes that are alone in their
 /// extent are read into a buffer of their own that becomes the sample
-/// ([`decode_in_place`]): no copy out of a read buffer. Smaller ones are
+/// ([`ExtentBytes::Owned`](brand_format::decode::ExtentBytes::Owned)): no copy out of a read buffer. Smaller ones are
 /// copied (their page slack would be a larger share of resident memory).
 pub(crate) const IN_PLACE_MIN: usize = brand_format::extents::READ_ALONE_BYTES as usize;
 
@@ -525,68 +525,15 @@ pub(crate) fn reads_in_place(ds: &Dataset, ext: &Extent) -> bool {
             if ds.index.stored_len.get(*id as usize).is_some_and(|&n| n as usize >= IN_PLACE_MIN))
 }
 
-/// The one record of an extent read into `buf` (which holds the extent's
-/// bytes): its crc32c checked in place and `buf` handed out as its sample
-/// ([`AlignedBuf::into_window`]). A record that does not check goes through
-/// the copying path, whose errors name what is wrong.
-pub(crate) fn decode_in_place(ds: &Dataset, ext: &Extent, buf: AlignedBuf, verify: bool) -> Vec<(u64, RecordResult)> {
-    let [(id, at)] = ext.records[..] else {
-        return decode_records(ds, ext, &buf, verify);
-    };
-    let len = ds.index.stored_len.get(id as usize).map_or(0, |&n| n as usize);
-    match buf.into_window(at as usize, len, verify) {
-        Ok((sample, crc)) if !verify || crc == ds.index.crc[id as usize] => vec![(id, Ok(sample))],
-        // Damaged: the copying path computes the crc again and names it.
-        Ok((sample, _)) => vec![(id, ds.decode(id, &sample, verify))],
-        Err(buf) => decode_records(ds, ext, &buf, verify),
-    }
-}
-
-/// Verifies and decodes each record of `ext` from the extent's bytes.
-/// Each record gets its own outcome: one bad record spoils no other.
-pub(crate) fn decode_records(ds: &Dataset, ext: &Extent, bytes: &[u8], verify: bool) -> Vec<(u64, RecordResult)> {
-    ext.records
-        .iter()
-        .map(|&(id, at)| {
-            let stored_len = ds.index.stored_len[id as usize] as usize;
-            let at = at as usize;
-            let r = match bytes.get(at..at + stored_len) {
-                Some(stored) => decode_record(ds, id, stored, verify),
-                None => Err(Error::Corrupt {
-                    segment: ds.segment_path(ext.segment),
-                    chunk: ds.index.chunk_of(id),
-                    offset: ext.offset + at as u64,
-                    sample: id,
-                    what: format!("record of {stored_len} bytes runs past its read"),
-                }),
-            };
-            (id, r)
-        })
-        .collect()
-}
-
-/// One record's decoded bytes. An uncompressed record is copied and
-/// checksummed in one pass (each block while in L1) where
-/// [`Dataset::decode`] would read it twice; everything else, and a record
-/// that does not match the index, goes through [`Dataset::decode`], which
-/// decompresses and names what is wrong.
-fn decode_record(ds: &Dataset, id: u64, stored: &[u8], verify: bool) -> RecordResult {
-    let i = id as usize;
-    if !ds.zstd() && stored.len() == ds.index.stored_len[i] as usize {
-        let (copy, crc) = AlignedBuf::copy_of_with_crc32c(stored);
-        if !verify || crc == ds.index.crc[i] {
-            return Ok(copy);
-        }
-    }
-    ds.decode(id, stored, verify)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use brand_format::buffer::SAMPLE_ALIGN;
+    use brand_format::decode::ExtentBytes;
     use brand_pack::PackOptions;
     use brand_pack::synthetic::{GenOptions, generate_and_pack};
 
+    /// A dataset packed from generated samples under `root/src`.
     fn dataset(root: &Path, zstd: Option<i32>) -> Dataset {
         let g = GenOptions {
             samples: 24,
@@ -605,23 +552,35 @@ mod tests {
         Dataset::open(generate_and_pack(root, &g, &p).expect("pack")).expect("open")
     }
 
-    /// The in-place path serves exactly the record's bytes, 64-aligned, from
-    /// the very buffer they were read into, wherever the record starts in
+    /// The generator's file for sample `id` (its key is the path under
+    /// `root/src`): what decoding must give back, found without the decoder.
+    fn source_bytes(root: &Path, ds: &Dataset, id: u64) -> Vec<u8> {
+        let key = std::str::from_utf8(ds.index.key(id)).expect("utf-8 key");
+        std::fs::read(root.join("src").join(key)).expect("source file")
+    }
+
+    /// Record `id` exactly as stored in its segment.
+    fn stored_bytes(ds: &Dataset, id: u64) -> Vec<u8> {
+        let (segment, offset, len) = ds.index.record_location(id);
+        let seg = std::fs::read(ds.segment_path(segment)).expect("segment");
+        seg[offset as usize..offset as usize + len as usize].to_vec()
+    }
+
+    /// A record read alone into a buffer of its own is served from that very
+    /// buffer, 64-aligned, with the generator's bytes, wherever it starts in
     /// it (on a 64-byte boundary or not); a damaged record gets its crc
     /// error, not a sample; one that runs past its read, its own error.
     #[test]
     fn in_place_decode_serves_the_record_aligned_and_names_damage() {
-        use brand_format::buffer::SAMPLE_ALIGN;
         let t = tempfile::tempdir().expect("tempdir");
         let ds = dataset(t.path(), None);
         let id = (0..ds.index.samples())
             .find(|&i| ds.index.stored_len[i as usize] as usize >= IN_PLACE_MIN)
             .expect("a record of at least IN_PLACE_MIN bytes");
-        let (segment, offset, len) = ds.index.record_location(id);
-        let seg = std::fs::read(ds.segment_path(segment)).expect("segment");
-        let record = &seg[offset as usize..offset as usize + len as usize];
-        let want = ds.read_sample(id).expect("buffered");
-        let len = len as usize;
+        let segment = ds.index.record_location(id).0;
+        let record = stored_bytes(&ds, id);
+        let want = source_bytes(t.path(), &ds, id);
+        let len = record.len();
         for at in [0usize, 64, 4096 + 192, 1, 63, 100, 4095] {
             for damaged in [false, true] {
                 let ext = Extent {
@@ -633,13 +592,13 @@ mod tests {
                 assert!(reads_in_place(&ds, &ext));
                 let mut buf = AlignedBuf::for_extent(ext.len as usize);
                 buf.spare_mut()[..ext.len as usize].fill(0xee);
-                buf.spare_mut()[at..at + len].copy_from_slice(record);
+                buf.spare_mut()[at..at + len].copy_from_slice(&record);
                 if damaged {
                     buf.spare_mut()[at + len / 2] ^= 0x01;
                 }
                 buf.set_len(ext.len as usize);
                 let base = buf.as_ptr() as usize;
-                let mut out = decode_in_place(&ds, &ext, buf, true);
+                let mut out = ds.decode_extent(&ext, ExtentBytes::Owned(buf), true);
                 assert_eq!(out.len(), 1);
                 let (got, result) = out.remove(0);
                 assert_eq!(got, id);
@@ -670,7 +629,7 @@ mod tests {
         };
         let mut buf = AlignedBuf::for_extent(ext.len as usize);
         buf.set_len(ext.len as usize);
-        let out = decode_in_place(&ds, &ext, buf, true);
+        let out = ds.decode_extent(&ext, ExtentBytes::Owned(buf), true);
         let err = out[0].1.as_ref().expect_err("short").to_string();
         assert!(err.contains("runs past its read"), "{err}");
         // Compressed records and small ones take the copying path.
@@ -688,29 +647,55 @@ mod tests {
         assert!(!reads_in_place(&dataset(t.path(), Some(3)), &ext_of(id)));
     }
 
-    /// The one-pass path serves what `Dataset::decode` serves (compressed
-    /// records go through it), and a damaged record gets its named error,
-    /// not a sample.
+    /// Decoding a record (the one-pass copy and crc32c where uncompressed,
+    /// zstd where compressed) gives the generator's bytes, alone or among
+    /// its extent's records; a damaged record gets its named error, not a
+    /// sample, and spoils no neighbour.
     #[test]
-    fn fast_decode_matches_the_dataset_and_names_damage() {
+    fn fast_decode_matches_the_source_and_names_damage() {
         for zstd in [None, Some(3)] {
             let t = tempfile::tempdir().expect("tempdir");
             let ds = dataset(t.path(), zstd);
             for id in 0..ds.index.samples() {
-                let (segment, offset, len) = ds.index.record_location(id);
-                let bytes = std::fs::read(ds.segment_path(segment)).expect("segment");
-                let mut stored = bytes[offset as usize..offset as usize + len as usize].to_vec();
-                let fast = decode_record(&ds, id, &stored, true).expect("good record");
-                assert_eq!(&fast[..], &ds.read_sample(id).expect("buffered")[..], "sample {id}");
-                assert_eq!(fast.as_ptr() as usize % brand_format::buffer::SAMPLE_ALIGN, 0);
+                let want = source_bytes(t.path(), &ds, id);
+                let mut stored = stored_bytes(&ds, id);
+                let decoded = ds.decode(id, &stored, true).expect("good record");
+                assert_eq!(&decoded[..], &want[..], "{zstd:?} sample {id}");
+                assert_eq!(decoded.as_ptr() as usize % SAMPLE_ALIGN, 0);
                 let last = stored.len() - 1;
                 stored[last] ^= 0x10;
-                let err = decode_record(&ds, id, &stored, true).expect_err("damaged record");
+                let err = ds.decode(id, &stored, true).expect_err("damaged record");
                 assert!(
                     err.to_string().contains("crc32c mismatch"),
                     "{zstd:?} sample {id}: {err}"
                 );
-                assert!(decode_record(&ds, id, &stored[..last], true).is_err());
+                let err = ds.decode(id, &stored[..last], true).expect_err("short record");
+                assert!(err.to_string().contains("index says"), "{zstd:?} sample {id}: {err}");
+            }
+            // Whole chunks, one record damaged in the read buffer.
+            for chunk in 0..ds.index.chunk_count() {
+                let ext = brand_format::extents::extents(
+                    &ds.index,
+                    chunk,
+                    u64::MAX,
+                    brand_format::extents::ReadGap::Whole,
+                );
+                let [ext] = &ext[..] else { panic!("one extent per whole chunk") };
+                let seg = std::fs::read(ds.segment_path(ext.segment)).expect("segment");
+                let mut bytes = seg[ext.offset as usize..(ext.offset + ext.len) as usize].to_vec();
+                let (bad, at) = ext.records[1];
+                bytes[at as usize] ^= 0x01;
+                let out = ds.decode_extent(ext, ExtentBytes::Borrowed(&bytes), true);
+                assert_eq!(out.len(), ext.records.len());
+                for (id, result) in out {
+                    if id == bad {
+                        let err = result.expect_err("damaged record").to_string();
+                        assert!(err.contains("crc32c mismatch"), "{zstd:?} sample {id}: {err}");
+                    } else {
+                        let sample = result.expect("good record");
+                        assert_eq!(&sample[..], &source_bytes(t.path(), &ds, id)[..], "{zstd:?} sample {id}");
+                    }
+                }
             }
         }
     }

@@ -8,11 +8,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use brand_format::buffer::AlignedBuf;
+use brand_format::decode::ExtentBytes;
 use brand_format::error::Result;
 use brand_format::extents::Extent;
 
 use crate::engine::{
-    Completion, Job, JobSender, ReadLoop, Shared, Started, Step, decode_in_place, decode_records, open_segment,
+    Completion, Job, JobSender, ReadLoop, Shared, Started, Step, open_segment,
     reads_in_place,
 };
 use crate::page_buf::PageBuf;
@@ -101,12 +102,12 @@ impl Readers {
             // The buffer becomes the sample (freed with it on an error).
             let mut buf = AlignedBuf::for_extent(ext.len as usize);
             self.read_exact(ext, &mut buf)
-                .map(|()| decode_in_place(ds, ext, buf, verify))
+                .map(|()| ds.decode_extent(ext, ExtentBytes::Owned(buf), verify))
         } else {
             let mut buf = self.take_buffer(ext.len as usize);
             let result = self
                 .read_exact(ext, &mut buf)
-                .map(|()| decode_records(ds, ext, &buf, verify));
+                .map(|()| ds.decode_extent(ext, ExtentBytes::Borrowed(&buf), verify));
             self.return_buffer(buf);
             result
         };

@@ -17,12 +17,13 @@ use tokio_uring::fs::File;
 
 use brand_format::buffer::AlignedBuf;
 use brand_format::dataset::Dataset;
+use brand_format::decode::ExtentBytes;
 use brand_format::error::Error;
 use brand_format::extents::Extent;
 
 use crate::engine::{
     Completion, EngineStats, FIXED_BUF_BYTES, Job, JobSender, ReadLoop, RecordResult, Shared, Started, Step,
-    decode_in_place, decode_records, open_segment, reads_in_place,
+    open_segment, reads_in_place,
 };
 use crate::page_buf::PageBuf;
 
@@ -150,7 +151,7 @@ impl DecodeTask {
         // SAFETY: see RawBytes: the buffer outlives this borrow, which ends
         // before the reply is sent.
         let bytes = unsafe { std::slice::from_raw_parts(self.bytes.0, self.bytes.1) };
-        let out = decode_records(&self.ds, &self.ext, bytes, self.verify);
+        let out = self.ds.decode_extent(&self.ext, ExtentBytes::Borrowed(bytes), self.verify);
         let _ = self.reply.send(out);
     }
 }
@@ -351,7 +352,8 @@ impl Reactor {
             Err(e) => (buf, Err(e)),
             Ok(()) => match &self.decode {
                 None => {
-                    let out = decode_records(&self.shared.ds, &job.extent, buf.bytes(len), self.shared.cfg.verify);
+                    let bytes = ExtentBytes::Borrowed(buf.bytes(len));
+                    let out = self.shared.ds.decode_extent(&job.extent, bytes, self.shared.cfg.verify);
                     (buf, Ok(out))
                 }
                 Some(decode) => self.decode_elsewhere(decode, &job.extent, buf, len).await,
@@ -381,7 +383,7 @@ impl Reactor {
             (Ok(()), ReadBuf::Plain(PageBuf(mut buf))) => {
                 buf.set_len(len);
                 // Uncompressed (see reads_in_place): checked here, where it was read.
-                Ok(decode_in_place(&self.shared.ds, &ext, buf, self.shared.cfg.verify))
+                Ok(self.shared.ds.decode_extent(&ext, ExtentBytes::Owned(buf), self.shared.cfg.verify))
             }
             (Ok(()), ReadBuf::Fixed(_)) => Err(Error::config("internal: an in-place read used a fixed buffer")),
         };
