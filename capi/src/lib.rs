@@ -35,8 +35,8 @@ use std::sync::{Arc, Mutex};
 
 use ::brand_loader::elastic::{SavedWorld, global_position};
 use ::brand_loader::{Batch, Loader, LoaderState};
-use brand_nodes::Config;
 use brand_format::Dataset;
+use brand_nodes::Config;
 use brand_plan::Planner;
 
 use reader::{Node, NodeStart, Reader};

@@ -9,11 +9,11 @@
 
 use std::sync::Arc;
 
-use brand_nodes::{Config, NodeLoader, NodeMetrics};
 use brand_format::Dataset;
 use brand_format::error::{Error, Result};
 use brand_loader::elastic::SavedWorld;
 use brand_loader::{Batch, Loader, LoaderState, Metrics, ReadGapSetting};
+use brand_nodes::{Config, NodeLoader, NodeMetrics};
 
 pub(crate) enum Reader {
     Local(Box<Loader>),

@@ -8,9 +8,9 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use brand_nodes::{Config, NodeLoader, NodeMetrics};
 use brand_format::{Dataset, Error};
 use brand_loader::LoaderState;
+use brand_nodes::{Config, NodeLoader, NodeMetrics};
 
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {

@@ -6,9 +6,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use brand_nodes::{Config, NodeLoader, NodeMetrics};
 use brand_format::Dataset;
 use brand_loader::LoaderState;
+use brand_nodes::{Config, NodeLoader, NodeMetrics};
 use brand_pack::synthetic::small_dataset;
 
 mod common;

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use brand_nodes::routes::Ownership;
-use brand_nodes::{Config, NodeLoader, NodeMetrics};
 use brand_format::Dataset;
 use brand_loader::LoaderState;
+use brand_nodes::routes::Ownership;
+use brand_nodes::{Config, NodeLoader, NodeMetrics};
 use brand_pack::files::FileSource;
 use brand_pack::synthetic::small_dataset;
 use brand_pack::{PackOptions, Partitioning, partition_dir};

@@ -5,9 +5,9 @@
 
 use std::time::Duration;
 
-use brand_nodes::{Config, NodeConfig, NodeLoader};
 use brand_format::Dataset;
 use brand_loader::{LoaderConfig, ReadGapSetting};
+use brand_nodes::{Config, NodeConfig, NodeLoader};
 use brand_plan::{Event, Memory, Planner};
 
 /// Ids and bytes a node served, per epoch.
