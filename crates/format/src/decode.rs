@@ -36,7 +36,12 @@ impl Dataset {
 
     /// Each record `ext` carries, decoded from the extent's bytes: each gets
     /// its own outcome, so one bad record spoils no other.
-    pub fn decode_extent(&self, ext: &Extent, bytes: ExtentBytes<'_>, check_crc: bool) -> Vec<(u64, Result<AlignedBuf>)> {
+    pub fn decode_extent(
+        &self,
+        ext: &Extent,
+        bytes: ExtentBytes<'_>,
+        check_crc: bool,
+    ) -> Vec<(u64, Result<AlignedBuf>)> {
         let buf = match bytes {
             ExtentBytes::Owned(buf) => match ext.records[..] {
                 [(id, at)] if !self.zstd() => {

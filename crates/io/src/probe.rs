@@ -199,4 +199,3 @@ pub fn auto_gap(ds: Arc<Dataset>, io: &EngineConfig) -> Result<u64> {
     store(&key, r.gap);
     Ok(r.gap)
 }
-
