@@ -1,10 +1,29 @@
 //! brand-io: the I/O engine. It executes the plan's reads (DESIGN.md §4) with
 //! O_DIRECT through io_uring (or, where io_uring is refused, threads doing
 //! `pread`) and knows nothing of sampling: what to read comes from the
-//! loader, how to read it (extents, read gap) is decided here.
+//! loader, how to read it (the read gap, and so the extents) is decided here.
+//!
+//! * [`config`]: the settings ([`IoBackend`],
+//!   [`EngineConfig`](config::EngineConfig)).
+//! * [`engine`]: the [`Engine`](engine::Engine): starts a backend, takes
+//!   jobs, hands back completions.
+//! * [`probe`]: `read_gap = auto`, measured through an engine.
+//!
+//! Inside, the two backends (`uring`, `threads`) share only the vocabulary
+//! modules: `job` (what passes between the engine and a backend), `read`
+//! (reading one extent completely), `files` (the segment file cache) and
+//! `pool` (the read buffer pool); record decoding is
+//! [`brand_format::decode`].
 
+pub mod config;
 pub mod engine;
-pub mod page_buf;
+mod files;
+mod job;
+mod page_buf;
+mod pool;
 pub mod probe;
+mod read;
 mod threads;
 mod uring;
+
+pub use config::IoBackend;

@@ -6,7 +6,6 @@
 //! beside the reactors).
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -21,18 +20,12 @@ use brand_format::decode::ExtentBytes;
 use brand_format::error::Error;
 use brand_format::extents::Extent;
 
-use crate::engine::{
-    Completion, EngineStats, FIXED_BUF_BYTES, Job, JobSender, ReadLoop, RecordResult, Shared, Started, Step,
-    open_segment, reads_in_place,
-};
+use crate::config::{FIXED_BUF_BYTES, RINGS};
+use crate::files::FileCache;
+use crate::job::{Completion, Job, JobSender, RecordResult, Shared, Started};
 use crate::page_buf::PageBuf;
-
-/// Most rings (each a reactor thread) reads are spread over, one per core
-/// at most. Why more than one: where the device is memory (tmpfs, the page
-/// cache) the kernel copies each read on the thread that submits it, and
-/// one thread's copies were the bottleneck (tmpfs, 2 cores: 0.68 of fio's
-/// bytes/s with one ring, 0.81 with two, at the same CPU per byte).
-pub(crate) const RINGS: usize = 2;
+use crate::pool::BufferPool;
+use crate::read::{ReadLoop, Step, reads_in_place};
 
 /// Starts the reactors; on failure hands `shared` back (for a fallback backend).
 pub(crate) fn start(shared: Shared) -> Result<Started, (std::io::Error, Option<Shared>)> {
@@ -151,7 +144,9 @@ impl DecodeTask {
         // SAFETY: see RawBytes: the buffer outlives this borrow, which ends
         // before the reply is sent.
         let bytes = unsafe { std::slice::from_raw_parts(self.bytes.0, self.bytes.1) };
-        let out = self.ds.decode_extent(&self.ext, ExtentBytes::Borrowed(bytes), self.verify);
+        let out = self
+            .ds
+            .decode_extent(&self.ext, ExtentBytes::Borrowed(bytes), self.verify);
         let _ = self.reply.send(out);
     }
 }
@@ -194,10 +189,12 @@ impl Drop for Lent {
     }
 }
 
+/// One ring's reader. Its file cache and buffer pool are its own, on its
+/// own thread: a `RefCell`, no lock per read.
 struct Reactor {
     shared: Shared,
-    files: RefCell<HashMap<u32, Rc<File>>>,
-    pool: RefCell<Vec<PageBuf>>,
+    files: RefCell<FileCache<Rc<File>>>,
+    pool: RefCell<BufferPool>,
     fixed: Option<FixedBufPool<PageBuf>>,
     decode: Option<crossbeam_channel::Sender<DecodeTask>>,
 }
@@ -238,10 +235,12 @@ impl Reactor {
             .fixed_buffers
             .then(|| Self::register_fixed(&shared))
             .flatten();
+        let files = FileCache::new(shared.ds.clone(), shared.stats.clone(), |f| Rc::new(File::from_std(f)));
+        let pool = BufferPool::new(shared.cfg.queue_depth, shared.stats.clone());
         Rc::new(Reactor {
             shared,
-            files: RefCell::default(),
-            pool: RefCell::default(),
+            files: RefCell::new(files),
+            pool: RefCell::new(pool),
             fixed,
             decode,
         })
@@ -293,41 +292,6 @@ impl Reactor {
         let _ = slots.acquire_many(depth as u32).await;
     }
 
-    fn file(&self, segment: u32, direct: bool) -> brand_format::Result<Rc<File>> {
-        if let Some(f) = self.files.borrow().get(&segment) {
-            return Ok(f.clone());
-        }
-        let path = self.shared.ds.segment_path(segment);
-        let file = Rc::new(File::from_std(open_segment(&path, direct, &self.shared.stats)?));
-        self.files.borrow_mut().insert(segment, file.clone());
-        Ok(file)
-    }
-
-    /// A read buffer of at least `len` bytes. Sizes come in power-of-two
-    /// classes (from 64 KiB) so recycled buffers fit later reads.
-    fn take_buffer(&self, len: usize) -> PageBuf {
-        let class = len.max(64 << 10).next_power_of_two();
-        let mut pool = self.pool.borrow_mut();
-        match pool.iter().position(|b| b.capacity() == class) {
-            Some(i) => pool.swap_remove(i),
-            None => {
-                self.shared.stats.pool_grew(class as u64);
-                PageBuf::new(class)
-            }
-        }
-    }
-
-    fn return_buffer(&self, mut buf: PageBuf) {
-        let mut pool = self.pool.borrow_mut();
-        // At most two buffers per queue slot are kept; others are freed.
-        if pool.len() < 2 * self.shared.cfg.queue_depth {
-            buf.clear();
-            pool.push(buf);
-        } else {
-            self.shared.stats.pool_shrank(buf.capacity() as u64);
-        }
-    }
-
     async fn execute(&self, job: Job) -> Completion {
         use tracing::Instrument;
         let ext = &job.extent;
@@ -345,7 +309,7 @@ impl Reactor {
             .flatten();
         let buf = match fixed {
             Some(b) => ReadBuf::Fixed(b),
-            None => ReadBuf::Plain(self.take_buffer(len)),
+            None => ReadBuf::Plain(self.pool.borrow_mut().take(len)),
         };
         let (buf, read) = self.read_exact(&job.extent, buf).await;
         let (buf, result) = match read {
@@ -361,7 +325,7 @@ impl Reactor {
         };
         // A fixed buffer goes back to its pool when dropped.
         if let ReadBuf::Plain(b) = buf {
-            self.return_buffer(b);
+            self.pool.borrow_mut().give_back(b);
         }
         Completion {
             tag: job.tag,
@@ -383,7 +347,10 @@ impl Reactor {
             (Ok(()), ReadBuf::Plain(PageBuf(mut buf))) => {
                 buf.set_len(len);
                 // Uncompressed (see reads_in_place): checked here, where it was read.
-                Ok(self.shared.ds.decode_extent(&ext, ExtentBytes::Owned(buf), self.shared.cfg.verify))
+                Ok(self
+                    .shared
+                    .ds
+                    .decode_extent(&ext, ExtentBytes::Owned(buf), self.shared.cfg.verify))
             }
             (Ok(()), ReadBuf::Fixed(_)) => Err(Error::config("internal: an in-place read used a fixed buffer")),
         };
@@ -431,21 +398,18 @@ impl Reactor {
     /// transient errors and falling back to buffered I/O if O_DIRECT is
     /// refused at read time.
     async fn read_exact(&self, ext: &Extent, mut buf: ReadBuf) -> (ReadBuf, brand_format::Result<()>) {
-        let stats: &EngineStats = &self.shared.stats;
         let mut lp = ReadLoop::new(&self.shared.ds, ext, self.shared.cfg.direct);
         loop {
-            let file = match self.file(ext.segment, lp.direct) {
+            let file = match self.files.borrow_mut().get(ext.segment, lp.direct) {
                 Ok(f) => f,
                 Err(e) => return (buf, Err(e)),
             };
             let (back, res) = buf.read(&file, lp.done, lp.len(), lp.pos()).await;
             buf = back;
-            match lp.step(res, stats) {
+            match lp.step(res, &self.shared.stats) {
                 Step::Again => {}
                 Step::Done => return (buf, Ok(())),
-                Step::Reopen => {
-                    self.files.borrow_mut().remove(&ext.segment);
-                }
+                Step::Reopen => self.files.borrow_mut().forget(ext.segment),
                 Step::Fail(e) => return (buf, Err(e)),
             }
         }
