@@ -1,7 +1,10 @@
-//! How to read: the engine's settings ([`EngineConfig`]) and their defaults.
+//! How to read: the settings a user gives ([`IoConfig`]: backend, queue
+//! depth, read gap, ...) and the engine's own ([`EngineConfig`]), with their
+//! defaults.
 
 use std::time::Duration;
 
+use brand_format::dataset::Dataset;
 use brand_format::error::{Error, Result};
 
 /// Which I/O backend runs the reads.
@@ -35,6 +38,91 @@ impl std::fmt::Display for IoBackend {
             IoBackend::Uring => "uring",
             IoBackend::Threads => "threads",
         })
+    }
+}
+
+/// How to choose the read gap ([`ReadGap`](brand_format::extents::ReadGap)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReadGapSetting {
+    /// Read whole chunks (the paper).
+    Whole,
+    /// Read only filled records, merging gaps up to this many bytes.
+    Bytes(u64),
+    /// Measure the device once and choose ([`probe`](crate::probe)).
+    Auto,
+}
+
+impl std::str::FromStr for ReadGapSetting {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "whole" => Ok(ReadGapSetting::Whole),
+            "auto" => Ok(ReadGapSetting::Auto),
+            n => brand_format::units::parse_bytes(n)
+                .map(ReadGapSetting::Bytes)
+                .map_err(|why| Error::config(format!("read gap {s:?}: {why}; expected whole, auto or a byte count"))),
+        }
+    }
+}
+
+/// The I/O settings a user chooses; [`engine_config`](Self::engine_config)
+/// makes the engine's from them.
+#[derive(Debug, Clone)]
+pub struct IoConfig {
+    /// Reads in flight at once.
+    pub queue_depth: usize,
+    pub read_gap: ReadGapSetting,
+    /// Check every record's crc32c.
+    pub verify: bool,
+    /// O_DIRECT reads (the default: the plan is the cache). `false` reads
+    /// through the page cache, for datasets that stay in RAM between runs.
+    pub direct: bool,
+    pub backend: IoBackend,
+    /// Threads decompressing zstd records read by io_uring (0: on the io
+    /// thread). Default: [`default_decode_threads`].
+    pub decode_threads: usize,
+    /// A read that does not complete within this is an error naming its
+    /// file and offset; a reader waits no longer than this for reads in
+    /// flight when it stops.
+    pub io_timeout: Duration,
+}
+
+impl Default for IoConfig {
+    fn default() -> Self {
+        IoConfig {
+            queue_depth: 32,
+            read_gap: ReadGapSetting::Auto,
+            verify: true,
+            direct: true,
+            backend: IoBackend::Auto,
+            decode_threads: default_decode_threads(),
+            io_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+impl IoConfig {
+    /// The engine these settings ask for over `ds`, registering at most
+    /// `fixed_buffer_bytes` with the ring (a reader's read-ahead: registered
+    /// memory is read-ahead memory), and no more than the bytes of the
+    /// segments `ds`'s directory holds (all of a whole dataset's, a
+    /// partition's own).
+    pub fn engine_config(&self, ds: &Dataset, fixed_buffer_bytes: u64) -> EngineConfig {
+        let held_bytes: u64 = (0..ds.manifest.segments.len() as u32)
+            .filter(|&s| ds.holds_segment(s))
+            .map(|s| ds.manifest.segments[s as usize].bytes)
+            .sum();
+        EngineConfig {
+            queue_depth: self.queue_depth,
+            direct: self.direct,
+            verify: self.verify,
+            fixed_buffers: true,
+            fixed_buffer_bytes: fixed_buffer_bytes.min(held_bytes),
+            backend: self.backend,
+            decode_threads: self.decode_threads,
+            io_timeout: self.io_timeout,
+        }
     }
 }
 

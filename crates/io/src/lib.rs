@@ -3,8 +3,8 @@
 //! `pread`) and knows nothing of sampling: what to read comes from the
 //! loader, how to read it (the read gap, and so the extents) is decided here.
 //!
-//! * [`config`]: the settings ([`IoBackend`],
-//!   [`EngineConfig`](config::EngineConfig)).
+//! * [`config`]: the settings ([`IoConfig`], [`ReadGapSetting`],
+//!   [`IoBackend`], [`EngineConfig`](config::EngineConfig)).
 //! * [`engine`]: the [`Engine`](engine::Engine): starts a backend, takes
 //!   jobs, hands back completions.
 //! * [`probe`]: `read_gap = auto`, measured through an engine.
@@ -26,4 +26,4 @@ mod read;
 mod threads;
 mod uring;
 
-pub use config::IoBackend;
+pub use config::{IoBackend, IoConfig, ReadGapSetting};

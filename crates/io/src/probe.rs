@@ -16,12 +16,14 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use super::engine::{Engine, EngineConfig, Job};
 use brand_format::ALIGN;
 use brand_format::dataset::Dataset;
 use brand_format::error::{Error, Result};
-use brand_format::extents::Extent;
+use brand_format::extents::{Extent, ReadGap};
 use brand_format::rng::Prng;
+
+use crate::config::{EngineConfig, ReadGapSetting};
+use crate::engine::{Engine, Job};
 
 /// What the probe measured.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
@@ -198,4 +200,15 @@ pub fn auto_gap(ds: Arc<Dataset>, io: &EngineConfig) -> Result<u64> {
     remember(&key, r.gap);
     store(&key, r.gap);
     Ok(r.gap)
+}
+
+/// The read gap `setting` asks for over `ds`: `Auto` is the device's
+/// ([`auto_gap`], through an engine set up as `io`: give it the backend the
+/// reader's engine resolved to).
+pub fn read_gap(setting: ReadGapSetting, ds: &Arc<Dataset>, io: &EngineConfig) -> Result<ReadGap> {
+    Ok(match setting {
+        ReadGapSetting::Whole => ReadGap::Whole,
+        ReadGapSetting::Bytes(b) => ReadGap::Bytes(b),
+        ReadGapSetting::Auto => ReadGap::Bytes(auto_gap(ds.clone(), io)?),
+    })
 }

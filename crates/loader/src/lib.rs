@@ -31,8 +31,8 @@ use brand_format::buffer::AlignedBuf;
 use brand_format::dataset::Dataset;
 use brand_format::error::{Error, Result};
 use brand_format::extents::{Extent, ReadGap, extents};
-pub use brand_io::engine::IoBackend;
 use brand_io::engine::{Completion, Engine, EngineConfig, Job};
+pub use brand_io::{IoBackend, ReadGapSetting};
 use brand_plan::{Event, Geometry, Layout, PlanConfig, Planner};
 pub use stats::Metrics;
 use stats::StallLog;
@@ -106,31 +106,6 @@ pub struct LoaderConfig {
     pub io: IoConfig,
 }
 
-/// How to choose the read gap.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ReadGapSetting {
-    /// Read whole chunks (the paper).
-    Whole,
-    /// Read only filled records, merging gaps up to this many bytes.
-    Bytes(u64),
-    /// Measure the device once and choose.
-    Auto,
-}
-
-impl std::str::FromStr for ReadGapSetting {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "whole" => Ok(ReadGapSetting::Whole),
-            "auto" => Ok(ReadGapSetting::Auto),
-            n => brand_format::units::parse_bytes(n)
-                .map(ReadGapSetting::Bytes)
-                .map_err(|why| Error::config(format!("read gap {s:?}: {why}; expected whole, auto or a byte count"))),
-        }
-    }
-}
-
 /// Where a loader is: enough to resume it exactly.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LoaderState {
@@ -163,55 +138,50 @@ pub struct IoConfig {
 }
 
 impl IoConfig {
-    /// The engine these settings ask for over `ds` (the loader's, and any
-    /// other reader that must read as the loader does).
-    pub fn engine_config(&self, ds: &Dataset) -> EngineConfig {
-        let dataset_bytes: u64 = ds.manifest.segments.iter().map(|s| s.bytes).sum();
-        EngineConfig {
+    /// The engine's part of these settings.
+    fn engine_settings(&self) -> brand_io::IoConfig {
+        brand_io::IoConfig {
             queue_depth: self.queue_depth,
-            direct: self.direct,
+            read_gap: self.read_gap,
             verify: self.verify,
-            fixed_buffers: true,
-            // Registered memory is read-ahead memory: no more than it, nor
-            // than the dataset.
-            fixed_buffer_bytes: self.readahead_bytes.min(dataset_bytes),
+            direct: self.direct,
             backend: self.io_backend,
             decode_threads: self.decode_threads,
             io_timeout: self.io_timeout,
         }
     }
-}
 
-impl IoConfig {
+    /// The engine these settings ask for over `ds` (the loader's, and any
+    /// other reader that must read as the loader does): registered memory
+    /// is read-ahead memory.
+    pub fn engine_config(&self, ds: &Dataset) -> EngineConfig {
+        self.engine_settings().engine_config(ds, self.readahead_bytes)
+    }
+
     /// The read gap these settings ask for; `auto` probes the device through
     /// an engine like `engine` (same backend).
     pub fn read_gap(&self, ds: &Arc<Dataset>, engine: &Engine) -> Result<ReadGap> {
-        Ok(match self.read_gap {
-            ReadGapSetting::Whole => ReadGap::Whole,
-            ReadGapSetting::Bytes(b) => ReadGap::Bytes(b),
-            ReadGapSetting::Auto => ReadGap::Bytes(brand_io::probe::auto_gap(
-                ds.clone(),
-                &EngineConfig {
-                    backend: engine.backend(),
-                    ..self.engine_config(ds)
-                },
-            )?),
-        })
+        let probe = EngineConfig {
+            backend: engine.backend(),
+            ..self.engine_config(ds)
+        };
+        brand_io::probe::read_gap(self.read_gap, ds, &probe)
     }
 }
 
 impl Default for IoConfig {
     fn default() -> Self {
+        let io = brand_io::IoConfig::default();
         IoConfig {
             batch_size: 256,
             readahead_bytes: 64 << 20,
-            queue_depth: 32,
-            read_gap: ReadGapSetting::Auto,
-            verify: true,
-            direct: true,
-            io_backend: IoBackend::Auto,
-            decode_threads: brand_io::engine::default_decode_threads(),
-            io_timeout: Duration::from_secs(60),
+            queue_depth: io.queue_depth,
+            read_gap: io.read_gap,
+            verify: io.verify,
+            direct: io.direct,
+            io_backend: io.backend,
+            decode_threads: io.decode_threads,
+            io_timeout: io.io_timeout,
             on_corrupt: OnCorrupt::Error,
         }
     }
