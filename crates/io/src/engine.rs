@@ -30,6 +30,7 @@ use brand_format::error::{Error, Result};
 pub use crate::config::{EngineConfig, FIXED_BUF_BYTES, IoBackend, default_decode_threads};
 pub use crate::job::{Completion, Job, RecordResult};
 use crate::job::{EngineStats, JobSender, Shared};
+use crate::uring::NotStarted;
 
 pub struct Engine {
     jobs: Option<JobSender>,
@@ -42,15 +43,11 @@ pub struct Engine {
     io_timeout: Duration,
 }
 
-/// Whether an error from setting up io_uring means "not allowed here"
-/// (seccomp, gVisor, `kernel.io_uring_disabled`), as opposed to a real failure.
-pub fn uring_refused(e: &std::io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::EPERM | libc::ENOSYS | libc::EACCES))
-}
-
 impl Engine {
     /// Starts the backend `cfg.backend` names; `Auto` falls back from
-    /// io_uring to threads, with one warning, where io_uring is refused.
+    /// io_uring to threads, with one warning, where io_uring is refused
+    /// (setting up a ring, or submitting to one: found out here, not at the
+    /// first read).
     pub fn start(ds: Arc<Dataset>, cfg: EngineConfig) -> Result<Self> {
         if cfg.queue_depth == 0 {
             return Err(Error::config("queue depth must be at least 1"));
@@ -67,15 +64,19 @@ impl Engine {
             IoBackend::Threads => (crate::threads::start(shared)?, IoBackend::Threads, false),
             IoBackend::Uring => match crate::uring::start(shared) {
                 Ok(s) => (s, IoBackend::Uring, false),
-                Err((e, _)) => return Err(Error::io("<io_uring>", e)),
+                Err(e) => return Err(e.into_error()),
             },
             IoBackend::Auto => match crate::uring::start(shared) {
                 Ok(s) => (s, IoBackend::Uring, false),
-                Err((e, Some(shared))) if uring_refused(&e) => {
-                    tracing::warn!("io_uring refused ({e}); reading with the threads backend");
+                Err(NotStarted {
+                    call,
+                    error,
+                    shared: Some(shared),
+                }) if crate::uring::refused(&error) => {
+                    tracing::warn!("io_uring refused ({call}: {error}); reading with the threads backend");
                     (crate::threads::start(shared)?, IoBackend::Threads, true)
                 }
-                Err((e, _)) => return Err(Error::io("<io_uring>", e)),
+                Err(e) => return Err(e.into_error()),
             },
         };
         Ok(Engine {

@@ -27,8 +27,51 @@ use crate::page_buf::PageBuf;
 use crate::pool::BufferPool;
 use crate::read::{ReadLoop, Step, reads_in_place};
 
+/// Why the backend did not start: the call that failed and how, and the
+/// settings back for another backend (None once some of its threads ran).
+pub(crate) struct NotStarted {
+    pub call: &'static str,
+    pub error: std::io::Error,
+    pub shared: Option<Shared>,
+}
+
+impl NotStarted {
+    /// The error to report, naming the call that failed.
+    pub fn into_error(self) -> Error {
+        let what = format!("{}: {}", self.call, self.error);
+        Error::io("<io_uring>", std::io::Error::new(self.error.kind(), what))
+    }
+}
+
+/// Whether an io_uring call's error means "not allowed here" (seccomp,
+/// gVisor, `kernel.io_uring_disabled`), as opposed to a real failure.
+pub(crate) fn refused(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EPERM | libc::ENOSYS | libc::EACCES))
+}
+
+/// Checks that this process may submit to a ring, not only set one up: a
+/// seccomp profile may refuse io_uring_enter alone, and then no read would
+/// ever complete (found out only at io_timeout). A NOP on a ring of its
+/// own, waited for: it completes within the call.
+fn check_submissions() -> Result<(), (&'static str, std::io::Error)> {
+    let mut ring = io_uring::IoUring::new(1).map_err(|e| ("io_uring_setup", e))?;
+    let nop = io_uring::opcode::Nop::new().build();
+    // SAFETY: a NOP refers to no buffer or file that would have to outlive it.
+    unsafe { ring.submission().push(&nop) }
+        .map_err(|_| ("io_uring_enter", std::io::Error::other("an empty queue refused a NOP")))?;
+    ring.submit_and_wait(1).map_err(|e| ("io_uring_enter", e))?;
+    Ok(())
+}
+
 /// Starts the reactors; on failure hands `shared` back (for a fallback backend).
-pub(crate) fn start(shared: Shared) -> Result<Started, (std::io::Error, Option<Shared>)> {
+pub(crate) fn start(shared: Shared) -> Result<Started, NotStarted> {
+    if let Err((call, error)) = check_submissions() {
+        return Err(NotStarted {
+            call,
+            error,
+            shared: Some(shared),
+        });
+    }
     let (exit_tx, exit_rx) = crossbeam_channel::bounded::<()>(0);
     // Only compressed records go to the pool: a reactor checks an
     // uncompressed record itself, while its bytes are still in this core's
@@ -51,7 +94,13 @@ pub(crate) fn start(shared: Shared) -> Result<Started, (std::io::Error, Option<S
                 senders.push(tx);
                 threads.push(thread);
             }
-            Err(e) if r == 0 => return Err((e, Some(shared))),
+            Err(error) if r == 0 => {
+                return Err(NotStarted {
+                    call: "starting the io_uring runtime",
+                    error,
+                    shared: Some(shared),
+                });
+            }
             Err(e) => {
                 tracing::warn!("io_uring: a second ring failed to start ({e}); reading with {r}");
                 break;
@@ -69,7 +118,11 @@ pub(crate) fn start(shared: Shared) -> Result<Started, (std::io::Error, Option<S
                     task.run();
                 }
             })
-            .map_err(|e| (e, None))?;
+            .map_err(|error| NotStarted {
+                call: "starting a decode thread",
+                error,
+                shared: None,
+            })?;
         threads.push(t);
     }
     Ok(Started {

@@ -779,3 +779,54 @@ fn the_next_epochs_first_reads_are_issued_before_this_epoch_ends() {
     let m = l.metrics();
     assert!(m.peak_readahead_bytes <= c.io.readahead_bytes + largest_read, "{m:?}");
 }
+
+/// io_uring_setup allowed but io_uring_enter (426) refused, from the start:
+/// the engine finds out when it starts, not at the first read's
+/// io_timeout. `auto` falls back to threads at open (same epoch as
+/// io_uring); `uring` fails at once, naming io_uring_enter.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn io_uring_enter_refused_alone_falls_back_or_fails_at_open() {
+    const NAME: &str = "io_uring_enter_refused_alone_falls_back_or_fails_at_open";
+    let c = config(Memory::Percent(20.0), 0, 1, 1 << 20);
+    if let Ok(v) = std::env::var(CHILD) {
+        let dir = v.strip_prefix("refuse-enter-only:").expect("mode");
+        refuse_syscall(426);
+        let ds = Arc::new(Dataset::open(dir).expect("open"));
+        let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("auto falls back");
+        let ids = epoch(&mut l, &ds);
+        let m = l.metrics();
+        println!("REFUSED={} THREADS={}", m.uring_refused, m.threads_backend);
+        println!("ORDER={ids:?}");
+        let mut u = c.clone();
+        u.io.io_backend = IoBackend::Uring;
+        let start = Instant::now();
+        let err = Loader::open(ds, &u, LoaderState::default())
+            .err()
+            .expect("uring must fail");
+        println!("URING-ERR={err}");
+        println!("URING-FAILED-AFTER-MS={}", start.elapsed().as_millis());
+        return;
+    }
+    assert_eq!(c.io.io_timeout, Duration::from_secs(60));
+    let t = tempfile::tempdir().expect("tempdir");
+    let ds = dataset(t.path(), 200);
+    let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
+    let want = epoch(&mut l, &ds);
+    assert!(!l.metrics().threads_backend, "io_uring works in this process");
+    drop(l);
+    let (ok, out) = run_child(NAME, "refuse-enter-only", ds.dir());
+    assert!(ok, "child failed:\n{out}");
+    assert!(out.contains("REFUSED=true THREADS=true"), "{out}");
+    assert!(
+        out.contains(&format!("ORDER={want:?}")),
+        "same order and bytes as io_uring:\n{out}"
+    );
+    assert!(out.contains("URING-ERR=<io_uring>: io_uring_enter"), "{out}");
+    let ms: u64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("URING-FAILED-AFTER-MS="))
+        .and_then(|ms| ms.trim().parse().ok())
+        .expect("the child says how long uring took to fail");
+    assert!(ms < 5_000, "uring failed after {ms} ms, not at open:\n{out}");
+}
