@@ -79,7 +79,7 @@ pub struct RecordIn<'a> {
     pub key: &'a [u8],
 }
 
-/// Encodes a chunk, zero-padded to [`ALIGN`]; with [`FLAG_ALIGNED64`] in
+/// Encodes a chunk, zero-padded to [`ALIGN`](crate::ALIGN); with [`FLAG_ALIGNED64`] in
 /// `flags`, each record zero-padded to start at a multiple of
 /// [`RECORD_ALIGN`]. Returns the bytes and the table as written (offsets and
 /// crcs filled in). Errors if the chunk would exceed the format's 4 GiB

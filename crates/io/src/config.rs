@@ -188,7 +188,7 @@ pub(crate) const RINGS: usize = 2;
 const MAX_DEFAULT_DECODE_THREADS: usize = 8;
 
 /// The decode pool's default size: the cores the io_uring reactors leave
-/// (one reactor per core, at most [`RINGS`]), at most 8. Where no core is
+/// (one reactor per core, at most two), at most 8. Where no core is
 /// left (2 cores, as on this project's machine) it is 0 and the reactors
 /// decompress what they read: there a pool only adds a hand-off per read
 /// and competes with the reactors for the same cores (zstd, direct policy,

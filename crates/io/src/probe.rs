@@ -1,6 +1,7 @@
-//! `read_gap = auto`: measure, through the same engine, what one more
-//! request costs against what reading more bytes costs, and choose the gap
-//! at which they break even. On fast NVMe the answer is a few KiB (read only
+//! `read_gap = auto`: measure, through an engine set up as the reader's
+//! (its backend, queue depth and O_DIRECT setting), what one more request
+//! costs against what reading more bytes costs, and choose the gap at which
+//! they break even ([`read_gap`] resolves any setting). On fast NVMe the answer is a few KiB (read only
 //! what is used); on throttled or network storage it grows past a chunk
 //! (read whole chunks, as the paper does).
 //!

@@ -1,5 +1,6 @@
 //! The portable backend: `queue_depth` threads doing `pread` (O_DIRECT
-//! where allowed) into aligned buffers, each decoding what it read. It
+//! where allowed) into aligned buffers, each decoding what it read; they
+//! share one file cache and one buffer pool, each behind a mutex. It
 //! needs nothing but ordinary syscalls, so it runs where io_uring is
 //! refused (Docker's default seccomp profile, Kubernetes RuntimeDefault,
 //! gVisor, `kernel.io_uring_disabled`).

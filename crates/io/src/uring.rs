@@ -3,7 +3,9 @@
 //! records they read; compressed ones are verified and decompressed by a
 //! small pool of decode threads (`decode_threads`), or by the reactor that
 //! read them when the pool has none (the default where no core is left
-//! beside the reactors).
+//! beside the reactors). Each reactor keeps its own file cache and buffer
+//! pool (no lock per read). Before any ring starts, one NOP on a ring of
+//! its own checks that submissions are allowed, not only ring setup.
 
 use std::cell::RefCell;
 use std::rc::Rc;
