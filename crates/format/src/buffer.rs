@@ -314,7 +314,7 @@ impl AlignedBuf {
 
     /// [`copy_of`](Self::copy_of) and the crc32c of `src` in one pass: each
     /// block is checksummed from the copy while it is still in L1, so the
-    /// source is read once (the engine's path for uncompressed records).
+    /// source is read once (how uncompressed records are decoded).
     pub fn copy_of_with_crc32c(src: &[u8]) -> (Self, u32) {
         Self::copy_and_crc32c(src, true)
     }
@@ -376,12 +376,6 @@ impl AlignedBuf {
     fn base(&self) -> *mut u8 {
         // SAFETY: offset ≤ cap, inside (or one past) the allocation.
         unsafe { self.ptr.as_ptr().add(self.offset) }
-    }
-
-    /// The data bytes, writable.
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: base is valid for cap - offset ≥ len bytes, initialised, uniquely borrowed.
-        unsafe { std::slice::from_raw_parts_mut(self.base(), self.len) }
     }
 
     /// Bytes usable from the start of the data.

@@ -1,6 +1,6 @@
 //! Chunk encoding and header parsing (layout in the module above).
 
-use super::{ALIGN, Reader, align_up};
+use super::{Reader, align_up};
 
 pub const CHUNK_MAGIC: [u8; 8] = *b"BRDCHNK\0";
 pub const CHUNK_VERSION: u16 = 1;
@@ -79,7 +79,7 @@ pub struct RecordIn<'a> {
     pub key: &'a [u8],
 }
 
-/// Encodes a chunk, zero-padded to [`ALIGN`]; with [`FLAG_ALIGNED64`] in
+/// Encodes a chunk, zero-padded to [`ALIGN`](crate::ALIGN); with [`FLAG_ALIGNED64`] in
 /// `flags`, each record zero-padded to start at a multiple of
 /// [`RECORD_ALIGN`]. Returns the bytes and the table as written (offsets and
 /// crcs filled in). Errors if the chunk would exceed the format's 4 GiB
@@ -287,15 +287,10 @@ pub fn parse_header(buf: &[u8]) -> Result<ChunkHeader, HeaderError> {
     })
 }
 
-/// How many bytes to read to be sure of holding the whole header, given the
-/// fixed part: rounded up to [`ALIGN`].
-pub fn header_read_len(header_len: u32) -> u64 {
-    align_up(header_len as u64).max(ALIGN)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ALIGN;
 
     fn sample_chunk() -> Vec<u8> {
         let a = b"hello".to_vec();

@@ -2,7 +2,6 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::buffer::AlignedBuf;
 use crate::error::{Error, Result};
 use crate::index::Index;
 use crate::manifest::Manifest;
@@ -197,53 +196,6 @@ impl Dataset {
         self.manifest.compression == "zstd"
     }
 
-    /// The sample's original bytes from its stored bytes: checks the crc32c
-    /// and decompresses. `stored` must be exactly the record's bytes.
-    pub fn decode_record(&self, id: u64, stored: &[u8]) -> Result<Vec<u8>> {
-        self.decode(id, stored, true).map(|b| b.to_vec())
-    }
-
-    /// Decodes into a fresh [`SAMPLE_ALIGN`](crate::buffer::SAMPLE_ALIGN)-aligned
-    /// buffer, with the crc32c check optional (lengths and zstd frames are
-    /// always checked). The io engine's path: one copy from the read buffer.
-    pub fn decode(&self, id: u64, stored: &[u8], check_crc: bool) -> Result<AlignedBuf> {
-        self.check_stored(id, stored, check_crc)?;
-        if !self.zstd() {
-            return Ok(AlignedBuf::copy_of(stored));
-        }
-        let raw_len = self.index.raw_len[id as usize] as usize;
-        AlignedBuf::zstd_decompressed(stored, raw_len).map_err(|what| self.corrupt(id, what))
-    }
-
-    fn corrupt(&self, id: u64, what: String) -> Error {
-        let (segment, offset, _) = self.index.record_location(id);
-        Error::Corrupt {
-            segment: self.segment_path(segment),
-            chunk: self.index.chunk_of(id),
-            offset,
-            sample: id,
-            what,
-        }
-    }
-
-    /// Checks a record's length and (optionally) crc32c against the index.
-    fn check_stored(&self, id: u64, stored: &[u8], check_crc: bool) -> Result<()> {
-        let want = self.index.stored_len[id as usize] as usize;
-        if stored.len() != want {
-            return Err(self.corrupt(id, format!("record is {} bytes, index says {want}", stored.len())));
-        }
-        if check_crc {
-            let (crc, expected) = (crc32c::crc32c(stored), self.index.crc[id as usize]);
-            if crc != expected {
-                return Err(self.corrupt(
-                    id,
-                    format!("crc32c mismatch (stored {expected:#010x}, computed {crc:#010x})"),
-                ));
-            }
-        }
-        Ok(())
-    }
-
     /// Reads one sample with ordinary buffered I/O (for `cat`, `verify`,
     /// tests). The loader uses the io engine instead.
     pub fn read_sample(&self, id: u64) -> Result<Vec<u8>> {
@@ -275,6 +227,6 @@ impl Dataset {
             sample: id,
             what: format!("cannot read {len} bytes: {e}"),
         })?;
-        self.decode_record(id, &buf)
+        self.decode(id, &buf, true).map(|b| b.to_vec())
     }
 }

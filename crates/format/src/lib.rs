@@ -1,7 +1,7 @@
 //! brand-format: the dataset on disk (DESIGN.md §2), version 1, and what every
-//! later stage shares: the opened [`Dataset`] and its record codec (crc32c,
-//! zstd), the index, read extents, aligned buffers, the pinned PRNG, byte
-//! counts and the one [`Error`] type.
+//! later stage shares: the opened [`Dataset`] and its record decoder
+//! ([`decode`]: length, crc32c, zstd), the index, read extents, aligned
+//! buffers, the pinned PRNG, byte counts and the one [`Error`] type.
 //!
 //! A dataset is a directory holding `manifest.toml`, `index.bin` and one or
 //! more `data-NNNNN.brd` segment files. All integers are little-endian.
@@ -46,6 +46,7 @@
 pub mod buffer;
 pub mod chunk;
 pub mod dataset;
+pub mod decode;
 pub mod error;
 pub mod extents;
 pub mod index;

@@ -1,6 +1,9 @@
 //! The engine: executes extent reads (O_DIRECT, up to `queue_depth` at a
 //! time) on one of two backends, verifies every record it was asked for
-//! (crc32c, zstd) off the caller's thread and hands the samples back.
+//! (crc32c, zstd; [`brand_format::decode`]) off the caller's thread and
+//! hands the samples back. This module chooses and starts the backend and
+//! is the front callers use; the backends share only the vocabulary
+//! modules (`job`, `read`, `files`, `pool`), never this one.
 //!
 //! * [`IoBackend::Uring`]: `tokio-uring` reactors (up to two rings, jobs
 //!   round-robin), each on its own thread. A reactor checks the
@@ -17,182 +20,17 @@
 //! loader, and completions go back tagged, so the loader matches them to
 //! plan events whatever order the device finishes in.
 
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
-use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use brand_format::buffer::AlignedBuf;
 use brand_format::dataset::Dataset;
 use brand_format::error::{Error, Result};
-use brand_format::extents::Extent;
 
-/// Which I/O backend runs the reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum IoBackend {
-    /// io_uring where the kernel allows it, else threads (one warning).
-    Auto,
-    Uring,
-    Threads,
-}
-
-impl std::str::FromStr for IoBackend {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "auto" => Ok(IoBackend::Auto),
-            "uring" => Ok(IoBackend::Uring),
-            "threads" => Ok(IoBackend::Threads),
-            _ => Err(Error::config(format!(
-                "io_backend {s:?}: expected auto, uring or threads"
-            ))),
-        }
-    }
-}
-
-impl std::fmt::Display for IoBackend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            IoBackend::Auto => "auto",
-            IoBackend::Uring => "uring",
-            IoBackend::Threads => "threads",
-        })
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct EngineConfig {
-    /// Reads in flight at once.
-    pub queue_depth: usize,
-    /// Try O_DIRECT (falls back to buffered reads, with one warning, where
-    /// the filesystem refuses it).
-    pub direct: bool,
-    /// Check every record's crc32c.
-    pub verify: bool,
-    /// Read into buffers registered with the ring (io_uring fixed buffers:
-    /// about half the CPU per read). Reads larger than [`FIXED_BUF_BYTES`],
-    /// or beyond the registered count, use ordinary aligned buffers.
-    pub fixed_buffers: bool,
-    /// Most bytes of registered buffers (the loader passes its readahead,
-    /// capped by the dataset's size); less than one buffer registers none.
-    pub fixed_buffer_bytes: u64,
-    pub backend: IoBackend,
-    /// Threads that verify and decompress compressed records read by
-    /// io_uring (0: the reactor that read them does; uncompressed ones it
-    /// always checks itself; the threads backend decodes on its reader
-    /// threads). Default: [`default_decode_threads`].
-    pub decode_threads: usize,
-    /// How long [`Engine::drop`] waits for reads still in flight before it
-    /// leaves them to finish on their own.
-    pub io_timeout: Duration,
-}
-
-/// Size of each registered buffer: holds any merged read of filled records
-/// where the gap is small ([`MERGED_READ_BYTES`]); whole chunks and longer
-/// records go unregistered.
-///
-/// [`MERGED_READ_BYTES`]: brand_format::extents::MERGED_READ_BYTES
-pub const FIXED_BUF_BYTES: usize = brand_format::extents::MERGED_READ_BYTES as usize;
-
-/// Retries of a read that failed with EAGAIN or EINTR before it is an error.
-const TRANSIENT_RETRIES: u32 = 16;
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        EngineConfig {
-            queue_depth: 32,
-            direct: true,
-            verify: true,
-            fixed_buffers: true,
-            fixed_buffer_bytes: 64 << 20,
-            backend: IoBackend::Auto,
-            decode_threads: default_decode_threads(),
-            io_timeout: Duration::from_secs(60),
-        }
-    }
-}
-
-/// Most decode threads by default: 8 cores decompress zstd faster than a
-/// fast NVMe drive reads it (~1.7 GB/s of stored bytes per core here).
-const MAX_DEFAULT_DECODE_THREADS: usize = 8;
-
-/// The decode pool's default size: the cores the io_uring reactors leave
-/// (one reactor per core, at most two), at most 8. Where no core is left
-/// (2 cores, as on this project's machine) it is 0 and the reactors
-/// decompress what they read: there a pool only adds a hand-off per read
-/// and competes with the reactors for the same cores (zstd, direct policy,
-/// tmpfs, 7 interleaved rounds: 0 threads took 0.86x the CPU per byte of 2
-/// and read 1.15x the bytes/s).
-pub fn default_decode_threads() -> usize {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    cores
-        .saturating_sub(crate::uring::RINGS.min(cores))
-        .min(MAX_DEFAULT_DECODE_THREADS)
-}
-
-/// One extent to read; `tag` comes back with its completion.
-pub struct Job {
-    pub tag: u64,
-    pub extent: Extent,
-}
-
-/// One record's outcome: its decoded bytes, or why it cannot be served.
-pub type RecordResult = Result<AlignedBuf>;
-
-/// A finished job: each record it carried (decoded, or its own error), or
-/// the I/O error that stopped the whole read.
-pub struct Completion {
-    pub tag: u64,
-    pub bytes_read: u64,
-    pub result: Result<Vec<(u64, RecordResult)>>,
-}
-
-/// Counters the engine keeps for the loader's metrics.
-#[derive(Debug, Default)]
-pub(crate) struct EngineStats {
-    pub buffered_fallback: AtomicBool,
-    pub fixed_in_use: AtomicBool,
-    /// Bytes of buffers registered with the ring.
-    pub registered_bytes: AtomicU64,
-    /// Bytes of ordinary read buffers allocated (in use or pooled), and their peak.
-    pub pool_bytes: AtomicU64,
-    pub pool_peak_bytes: AtomicU64,
-}
-
-impl EngineStats {
-    pub fn pool_grew(&self, by: u64) {
-        let now = self.pool_bytes.fetch_add(by, Ordering::Relaxed) + by;
-        self.pool_peak_bytes.fetch_max(now, Ordering::Relaxed);
-    }
-    pub fn pool_shrank(&self, by: u64) {
-        self.pool_bytes.fetch_sub(by, Ordering::Relaxed);
-    }
-}
-
-/// What both backends share: the dataset, the settings, where completions go.
-#[derive(Clone)]
-pub(crate) struct Shared {
-    pub ds: Arc<Dataset>,
-    pub cfg: EngineConfig,
-    pub done: crossbeam_channel::Sender<Completion>,
-    pub stats: Arc<EngineStats>,
-}
-
-pub(crate) enum JobSender {
-    /// One sender per ring; jobs go round-robin.
-    Uring(Vec<tokio::sync::mpsc::UnboundedSender<Job>>, AtomicUsize),
-    Threads(crossbeam_channel::Sender<Job>),
-}
-
-/// A started backend: where jobs go, its threads, and a channel that
-/// disconnects when every one of them has finished.
-pub(crate) struct Started {
-    pub jobs: JobSender,
-    pub threads: Vec<std::thread::JoinHandle<()>>,
-    pub exited: crossbeam_channel::Receiver<()>,
-}
+pub use crate::config::{EngineConfig, FIXED_BUF_BYTES, IoBackend, default_decode_threads};
+pub use crate::job::{Completion, Job, RecordResult};
+use crate::job::{EngineStats, JobSender, Shared};
+use crate::uring::NotStarted;
 
 pub struct Engine {
     jobs: Option<JobSender>,
@@ -205,15 +43,11 @@ pub struct Engine {
     io_timeout: Duration,
 }
 
-/// Whether an error from setting up io_uring means "not allowed here"
-/// (seccomp, gVisor, `kernel.io_uring_disabled`), as opposed to a real failure.
-pub fn uring_refused(e: &std::io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::EPERM | libc::ENOSYS | libc::EACCES))
-}
-
 impl Engine {
     /// Starts the backend `cfg.backend` names; `Auto` falls back from
-    /// io_uring to threads, with one warning, where io_uring is refused.
+    /// io_uring to threads, with one warning, where io_uring is refused
+    /// (setting up a ring, or submitting to one: found out here, not at the
+    /// first read).
     pub fn start(ds: Arc<Dataset>, cfg: EngineConfig) -> Result<Self> {
         if cfg.queue_depth == 0 {
             return Err(Error::config("queue depth must be at least 1"));
@@ -230,15 +64,19 @@ impl Engine {
             IoBackend::Threads => (crate::threads::start(shared)?, IoBackend::Threads, false),
             IoBackend::Uring => match crate::uring::start(shared) {
                 Ok(s) => (s, IoBackend::Uring, false),
-                Err((e, _)) => return Err(Error::io("<io_uring>", e)),
+                Err(e) => return Err(e.into_error()),
             },
             IoBackend::Auto => match crate::uring::start(shared) {
                 Ok(s) => (s, IoBackend::Uring, false),
-                Err((e, Some(shared))) if uring_refused(&e) => {
-                    tracing::warn!("io_uring refused ({e}); reading with the threads backend");
+                Err(NotStarted {
+                    call,
+                    error,
+                    shared: Some(shared),
+                }) if crate::uring::refused(&error) => {
+                    tracing::warn!("io_uring refused ({call}: {error}); reading with the threads backend");
                     (crate::threads::start(shared)?, IoBackend::Threads, true)
                 }
-                Err((e, _)) => return Err(Error::io("<io_uring>", e)),
+                Err(e) => return Err(e.into_error()),
             },
         };
         Ok(Engine {
@@ -254,15 +92,10 @@ impl Engine {
     }
 
     pub fn submit(&self, job: Job) -> Result<()> {
-        let sent = match &self.jobs {
-            Some(JobSender::Uring(rings, next)) => {
-                let i = next.fetch_add(1, Ordering::Relaxed) % rings.len();
-                rings[i].send(job).is_ok()
-            }
-            Some(JobSender::Threads(j)) => j.send(job).is_ok(),
-            None => false,
-        };
-        if sent { Ok(()) } else { Err(stopped()) }
+        match &self.jobs {
+            Some(jobs) if jobs.send(job) => Ok(()),
+            _ => Err(stopped()),
+        }
     }
 
     /// The next completion, waiting for it.
@@ -348,369 +181,6 @@ impl Drop for Engine {
                 for t in self.threads.drain(..) {
                     let _ = t.join();
                 }
-            }
-        }
-    }
-}
-
-/// Opens a segment for reading: refuses anything but a regular file (a FIFO
-/// would block every read), tries O_DIRECT first when asked and falls back,
-/// with one warning, where the filesystem refuses it. Never blocks on open
-/// (O_NONBLOCK, which regular files ignore).
-pub(crate) fn open_segment(path: &Path, direct: bool, stats: &EngineStats) -> Result<std::fs::File> {
-    let open = |flags: i32| {
-        std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | flags)
-            .open(path)
-    };
-    let direct = direct && !stats.buffered_fallback.load(Ordering::Relaxed);
-    let (file, refused) = if direct {
-        match open(libc::O_DIRECT) {
-            Ok(f) => (f, false),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (open(0).map_err(|e| Error::io(path, e))?, true),
-            Err(e) => return Err(Error::io(path, e)),
-        }
-    } else {
-        (open(0).map_err(|e| Error::io(path, e))?, false)
-    };
-    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
-    if !meta.file_type().is_file() {
-        let kind = if meta.file_type().is_fifo() {
-            "a FIFO"
-        } else if meta.is_dir() {
-            "a directory"
-        } else if meta.file_type().is_socket() {
-            "a socket"
-        } else {
-            "a device or special file"
-        };
-        return Err(Error::io(
-            path,
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!("segment is {kind}, not a regular file"),
-            ),
-        ));
-    }
-    if refused {
-        fall_back(path, stats);
-    }
-    Ok(file)
-}
-
-/// Records (once, with a warning) that O_DIRECT was refused for `path`.
-pub(crate) fn fall_back(path: &Path, stats: &EngineStats) {
-    if !stats.buffered_fallback.swap(true, Ordering::Relaxed) {
-        tracing::warn!(
-            "{}: O_DIRECT refused by the filesystem; using buffered reads",
-            path.display()
-        );
-    }
-}
-
-/// How one attempt at a read ended, for [`ReadLoop`].
-pub(crate) enum Step {
-    /// Read more (or retry).
-    Again,
-    /// The extent is read.
-    Done,
-    /// Reopen without O_DIRECT and retry.
-    Reopen,
-    Fail(Error),
-}
-
-/// The bookkeeping of reading one extent completely, shared by both
-/// backends: short reads continue, EOF names the file's real end, transient
-/// errors are retried a bounded number of times, O_DIRECT refused at read
-/// time falls back, and every other errno is an I/O error (not corruption).
-pub(crate) struct ReadLoop<'a> {
-    pub ds: &'a Dataset,
-    pub ext: &'a Extent,
-    pub done: usize,
-    pub direct: bool,
-    transient: u32,
-}
-
-impl<'a> ReadLoop<'a> {
-    pub fn new(ds: &'a Dataset, ext: &'a Extent, direct: bool) -> Self {
-        ReadLoop {
-            ds,
-            ext,
-            done: 0,
-            direct,
-            transient: 0,
-        }
-    }
-
-    pub fn len(&self) -> usize {
-        self.ext.len as usize
-    }
-
-    pub fn pos(&self) -> u64 {
-        self.ext.offset + self.done as u64
-    }
-
-    /// Accounts for one read's result.
-    pub fn step(&mut self, res: std::io::Result<usize>, stats: &EngineStats) -> Step {
-        match res {
-            Ok(0) => Step::Fail(self.short_read()),
-            Ok(n) => {
-                self.done += n;
-                if self.done >= self.len() {
-                    Step::Done
-                } else {
-                    Step::Again
-                }
-            }
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) && self.direct => {
-                let path = self.ds.segment_path(self.ext.segment);
-                fall_back(&path, stats);
-                self.direct = false;
-                Step::Reopen
-            }
-            Err(e)
-                if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EINTR))
-                    && self.transient < TRANSIENT_RETRIES =>
-            {
-                self.transient += 1;
-                Step::Again
-            }
-            Err(e) => Step::Fail(self.io_error(e)),
-        }
-    }
-
-    /// An I/O error of this read, naming the file and the offset.
-    pub fn io_error(&self, e: std::io::Error) -> Error {
-        Error::io(
-            self.ds.segment_path(self.ext.segment),
-            std::io::Error::new(
-                e.kind(),
-                format!("reading {} bytes at byte {}: {e}", self.len() - self.done, self.pos()),
-            ),
-        )
-    }
-
-    /// The segment ended before the extent did: data is missing.
-    fn short_read(&self) -> Error {
-        let path = self.ds.segment_path(self.ext.segment);
-        let end = std::fs::metadata(&path).map(|m| m.size()).unwrap_or(self.pos());
-        let sample = self.ext.records.first().map(|r| r.0).unwrap_or(0);
-        Error::Corrupt {
-            chunk: self.ds.index.chunk_of(sample),
-            segment: path,
-            offset: self.pos(),
-            sample,
-            what: format!(
-                "segment ends at byte {end} (truncated?): needed bytes {}..{}",
-                self.ext.offset,
-                self.ext.offset + self.ext.len
-            ),
-        }
-    }
-}
-
-/// Uncompressed records of at least this many bytes that are alone in their
-/// extent are read into a buffer of their own that becomes the sample
-/// ([`decode_in_place`]): no copy out of a read buffer. Smaller ones are
-/// copied (their page slack would be a larger share of resident memory).
-pub(crate) const IN_PLACE_MIN: usize = brand_format::extents::READ_ALONE_BYTES as usize;
-
-/// Whether `ext` is read into a buffer that becomes its record's sample
-/// (see [`IN_PLACE_MIN`]). Compressed records are decompressed into a
-/// buffer of their own anyway.
-pub(crate) fn reads_in_place(ds: &Dataset, ext: &Extent) -> bool {
-    !ds.zstd()
-        && matches!(ext.records.as_slice(), [(id, _)]
-            if ds.index.stored_len.get(*id as usize).is_some_and(|&n| n as usize >= IN_PLACE_MIN))
-}
-
-/// The one record of an extent read into `buf` (which holds the extent's
-/// bytes): its crc32c checked in place and `buf` handed out as its sample
-/// ([`AlignedBuf::into_window`]). A record that does not check goes through
-/// the copying path, whose errors name what is wrong.
-pub(crate) fn decode_in_place(ds: &Dataset, ext: &Extent, buf: AlignedBuf, verify: bool) -> Vec<(u64, RecordResult)> {
-    let [(id, at)] = ext.records[..] else {
-        return decode_records(ds, ext, &buf, verify);
-    };
-    let len = ds.index.stored_len.get(id as usize).map_or(0, |&n| n as usize);
-    match buf.into_window(at as usize, len, verify) {
-        Ok((sample, crc)) if !verify || crc == ds.index.crc[id as usize] => vec![(id, Ok(sample))],
-        // Damaged: the copying path computes the crc again and names it.
-        Ok((sample, _)) => vec![(id, ds.decode(id, &sample, verify))],
-        Err(buf) => decode_records(ds, ext, &buf, verify),
-    }
-}
-
-/// Verifies and decodes each record of `ext` from the extent's bytes.
-/// Each record gets its own outcome: one bad record spoils no other.
-pub(crate) fn decode_records(ds: &Dataset, ext: &Extent, bytes: &[u8], verify: bool) -> Vec<(u64, RecordResult)> {
-    ext.records
-        .iter()
-        .map(|&(id, at)| {
-            let stored_len = ds.index.stored_len[id as usize] as usize;
-            let at = at as usize;
-            let r = match bytes.get(at..at + stored_len) {
-                Some(stored) => decode_record(ds, id, stored, verify),
-                None => Err(Error::Corrupt {
-                    segment: ds.segment_path(ext.segment),
-                    chunk: ds.index.chunk_of(id),
-                    offset: ext.offset + at as u64,
-                    sample: id,
-                    what: format!("record of {stored_len} bytes runs past its read"),
-                }),
-            };
-            (id, r)
-        })
-        .collect()
-}
-
-/// One record's decoded bytes. An uncompressed record is copied and
-/// checksummed in one pass (each block while in L1) where
-/// [`Dataset::decode`] would read it twice; everything else, and a record
-/// that does not match the index, goes through [`Dataset::decode`], which
-/// decompresses and names what is wrong.
-fn decode_record(ds: &Dataset, id: u64, stored: &[u8], verify: bool) -> RecordResult {
-    let i = id as usize;
-    if !ds.zstd() && stored.len() == ds.index.stored_len[i] as usize {
-        let (copy, crc) = AlignedBuf::copy_of_with_crc32c(stored);
-        if !verify || crc == ds.index.crc[i] {
-            return Ok(copy);
-        }
-    }
-    ds.decode(id, stored, verify)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use brand_pack::PackOptions;
-    use brand_pack::synthetic::{GenOptions, generate_and_pack};
-
-    fn dataset(root: &Path, zstd: Option<i32>) -> Dataset {
-        let g = GenOptions {
-            samples: 24,
-            mean_bytes: 90_000,
-            min_bytes: 100,
-            max_bytes: 200_000,
-            classes: 2,
-            compressible: zstd.map(|_| 3),
-            ..Default::default()
-        };
-        let p = PackOptions {
-            chunk_size: 8,
-            zstd,
-            ..Default::default()
-        };
-        Dataset::open(generate_and_pack(root, &g, &p).expect("pack")).expect("open")
-    }
-
-    /// The in-place path serves exactly the record's bytes, 64-aligned, from
-    /// the very buffer they were read into, wherever the record starts in
-    /// it (on a 64-byte boundary or not); a damaged record gets its crc
-    /// error, not a sample; one that runs past its read, its own error.
-    #[test]
-    fn in_place_decode_serves_the_record_aligned_and_names_damage() {
-        use brand_format::buffer::SAMPLE_ALIGN;
-        let t = tempfile::tempdir().expect("tempdir");
-        let ds = dataset(t.path(), None);
-        let id = (0..ds.index.samples())
-            .find(|&i| ds.index.stored_len[i as usize] as usize >= IN_PLACE_MIN)
-            .expect("a record of at least IN_PLACE_MIN bytes");
-        let (segment, offset, len) = ds.index.record_location(id);
-        let seg = std::fs::read(ds.segment_path(segment)).expect("segment");
-        let record = &seg[offset as usize..offset as usize + len as usize];
-        let want = ds.read_sample(id).expect("buffered");
-        let len = len as usize;
-        for at in [0usize, 64, 4096 + 192, 1, 63, 100, 4095] {
-            for damaged in [false, true] {
-                let ext = Extent {
-                    segment,
-                    offset: 0,
-                    len: brand_format::align_up((at + len) as u64),
-                    records: vec![(id, at as u64)],
-                };
-                assert!(reads_in_place(&ds, &ext));
-                let mut buf = AlignedBuf::for_extent(ext.len as usize);
-                buf.spare_mut()[..ext.len as usize].fill(0xee);
-                buf.spare_mut()[at..at + len].copy_from_slice(record);
-                if damaged {
-                    buf.spare_mut()[at + len / 2] ^= 0x01;
-                }
-                buf.set_len(ext.len as usize);
-                let base = buf.as_ptr() as usize;
-                let mut out = decode_in_place(&ds, &ext, buf, true);
-                assert_eq!(out.len(), 1);
-                let (got, result) = out.remove(0);
-                assert_eq!(got, id);
-                if damaged {
-                    let err = result.expect_err("a damaged record is no sample").to_string();
-                    assert!(
-                        err.contains("crc32c mismatch") && err.contains(&format!("sample {id}")),
-                        "at {at}: {err}"
-                    );
-                    continue;
-                }
-                let sample = result.expect("good record");
-                assert_eq!(&sample[..], &want[..], "at {at}");
-                assert_eq!(sample.as_ptr() as usize % SAMPLE_ALIGN, 0, "at {at}");
-                assert_eq!(
-                    sample.as_ptr() as usize,
-                    base + at / SAMPLE_ALIGN * SAMPLE_ALIGN,
-                    "at {at}: served from the buffer it was read into"
-                );
-            }
-        }
-        // The record runs past the bytes read: its own error, no panic.
-        let ext = Extent {
-            segment,
-            offset: 0,
-            len: brand_format::align_up(len as u64) - 4096,
-            records: vec![(id, 0)],
-        };
-        let mut buf = AlignedBuf::for_extent(ext.len as usize);
-        buf.set_len(ext.len as usize);
-        let out = decode_in_place(&ds, &ext, buf, true);
-        let err = out[0].1.as_ref().expect_err("short").to_string();
-        assert!(err.contains("runs past its read"), "{err}");
-        // Compressed records and small ones take the copying path.
-        let small = (0..ds.index.samples())
-            .find(|&i| (ds.index.stored_len[i as usize] as usize) < IN_PLACE_MIN)
-            .expect("a small record");
-        let ext_of = |id| Extent {
-            segment,
-            offset: 0,
-            len: 4096,
-            records: vec![(id, 0)],
-        };
-        assert!(!reads_in_place(&ds, &ext_of(small)));
-        let t = tempfile::tempdir().expect("tempdir");
-        assert!(!reads_in_place(&dataset(t.path(), Some(3)), &ext_of(id)));
-    }
-
-    /// The one-pass path serves what `Dataset::decode` serves (compressed
-    /// records go through it), and a damaged record gets its named error,
-    /// not a sample.
-    #[test]
-    fn fast_decode_matches_the_dataset_and_names_damage() {
-        for zstd in [None, Some(3)] {
-            let t = tempfile::tempdir().expect("tempdir");
-            let ds = dataset(t.path(), zstd);
-            for id in 0..ds.index.samples() {
-                let (segment, offset, len) = ds.index.record_location(id);
-                let bytes = std::fs::read(ds.segment_path(segment)).expect("segment");
-                let mut stored = bytes[offset as usize..offset as usize + len as usize].to_vec();
-                let fast = decode_record(&ds, id, &stored, true).expect("good record");
-                assert_eq!(&fast[..], &ds.read_sample(id).expect("buffered")[..], "sample {id}");
-                assert_eq!(fast.as_ptr() as usize % brand_format::buffer::SAMPLE_ALIGN, 0);
-                let last = stored.len() - 1;
-                stored[last] ^= 0x10;
-                let err = decode_record(&ds, id, &stored, true).expect_err("damaged record");
-                assert!(
-                    err.to_string().contains("crc32c mismatch"),
-                    "{zstd:?} sample {id}: {err}"
-                );
-                assert!(decode_record(&ds, id, &stored[..last], true).is_err());
             }
         }
     }

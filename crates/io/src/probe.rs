@@ -1,6 +1,7 @@
-//! `read_gap = auto`: measure, through the same engine, what one more
-//! request costs against what reading more bytes costs, and choose the gap
-//! at which they break even. On fast NVMe the answer is a few KiB (read only
+//! `read_gap = auto`: measure, through an engine set up as the reader's
+//! (its backend, queue depth and O_DIRECT setting), what one more request
+//! costs against what reading more bytes costs, and choose the gap at which
+//! they break even ([`read_gap`] resolves any setting). On fast NVMe the answer is a few KiB (read only
 //! what is used); on throttled or network storage it grows past a chunk
 //! (read whole chunks, as the paper does).
 //!
@@ -16,12 +17,14 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use super::engine::{Engine, EngineConfig, Job};
 use brand_format::ALIGN;
 use brand_format::dataset::Dataset;
 use brand_format::error::{Error, Result};
-use brand_format::extents::Extent;
+use brand_format::extents::{Extent, ReadGap};
 use brand_format::rng::Prng;
+
+use crate::config::{EngineConfig, ReadGapSetting};
+use crate::engine::{Engine, Job};
 
 /// What the probe measured.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
@@ -200,10 +203,13 @@ pub fn auto_gap(ds: Arc<Dataset>, io: &EngineConfig) -> Result<u64> {
     Ok(r.gap)
 }
 
-/// Test support: forget what this process measured.
-#[doc(hidden)]
-pub fn forget_measured() {
-    if let Ok(mut m) = MEASURED.lock() {
-        *m = None;
-    }
+/// The read gap `setting` asks for over `ds`: `Auto` is the device's
+/// ([`auto_gap`], through an engine set up as `io`: give it the backend the
+/// reader's engine resolved to).
+pub fn read_gap(setting: ReadGapSetting, ds: &Arc<Dataset>, io: &EngineConfig) -> Result<ReadGap> {
+    Ok(match setting {
+        ReadGapSetting::Whole => ReadGap::Whole,
+        ReadGapSetting::Bytes(b) => ReadGap::Bytes(b),
+        ReadGapSetting::Auto => ReadGap::Bytes(auto_gap(ds.clone(), io)?),
+    })
 }

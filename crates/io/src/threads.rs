@@ -1,29 +1,31 @@
 //! The portable backend: `queue_depth` threads doing `pread` (O_DIRECT
-//! where allowed) into aligned buffers, each decoding what it read. It
+//! where allowed) into aligned buffers, each decoding what it read; they
+//! share one file cache and one buffer pool, each behind a mutex. It
 //! needs nothing but ordinary syscalls, so it runs where io_uring is
 //! refused (Docker's default seccomp profile, Kubernetes RuntimeDefault,
 //! gVisor, `kernel.io_uring_disabled`).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use brand_format::buffer::AlignedBuf;
+use brand_format::decode::ExtentBytes;
 use brand_format::error::Result;
 use brand_format::extents::Extent;
 
-use crate::engine::{
-    Completion, Job, JobSender, ReadLoop, Shared, Started, Step, decode_in_place, decode_records, open_segment,
-    reads_in_place,
-};
-use crate::page_buf::PageBuf;
+use crate::files::FileCache;
+use crate::job::{Completion, Job, JobSender, Shared, Started};
+use crate::pool::BufferPool;
+use crate::read::{ReadLoop, Step, reads_in_place};
 
 /// Most reader threads: beyond this, more threads only cost memory.
 const MAX_THREADS: usize = 256;
 
+/// What the reader threads share; the file cache and the buffer pool are
+/// locked for the moment a thread takes or gives back (never during a read).
 struct Readers {
     shared: Shared,
-    files: Mutex<HashMap<u32, Arc<std::fs::File>>>,
-    pool: Mutex<Vec<PageBuf>>,
+    files: Mutex<FileCache<Arc<std::fs::File>>>,
+    pool: Mutex<BufferPool>,
 }
 
 pub(crate) fn start(shared: Shared) -> Result<Started> {
@@ -31,9 +33,9 @@ pub(crate) fn start(shared: Shared) -> Result<Started> {
     let (job_tx, job_rx) = crossbeam_channel::unbounded::<Job>();
     let (exit_tx, exit_rx) = crossbeam_channel::bounded::<()>(0);
     let readers = Arc::new(Readers {
+        files: Mutex::new(FileCache::new(shared.ds.clone(), shared.stats.clone(), Arc::new)),
+        pool: Mutex::new(BufferPool::new(shared.cfg.queue_depth, shared.stats.clone())),
         shared,
-        files: Mutex::default(),
-        pool: Mutex::default(),
     });
     let mut threads = Vec::with_capacity(count);
     for i in 0..count {
@@ -60,40 +62,13 @@ pub(crate) fn start(shared: Shared) -> Result<Started> {
     })
 }
 
+/// The guarded value even if another thread panicked holding the lock: a
+/// file cache or an idle buffer list stays consistent between calls.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 impl Readers {
-    fn file(&self, segment: u32, direct: bool) -> Result<Arc<std::fs::File>> {
-        let mut files = self.files.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(f) = files.get(&segment) {
-            return Ok(f.clone());
-        }
-        let path = self.shared.ds.segment_path(segment);
-        let f = Arc::new(open_segment(&path, direct, &self.shared.stats)?);
-        files.insert(segment, f.clone());
-        Ok(f)
-    }
-
-    fn take_buffer(&self, len: usize) -> PageBuf {
-        let class = len.max(64 << 10).next_power_of_two();
-        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
-        match pool.iter().position(|b| b.capacity() == class) {
-            Some(i) => pool.swap_remove(i),
-            None => {
-                self.shared.stats.pool_grew(class as u64);
-                PageBuf::new(class)
-            }
-        }
-    }
-
-    fn return_buffer(&self, mut buf: PageBuf) {
-        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
-        if pool.len() < 2 * self.shared.cfg.queue_depth {
-            buf.clear();
-            pool.push(buf);
-        } else {
-            self.shared.stats.pool_shrank(buf.capacity() as u64);
-        }
-    }
-
     fn execute(&self, job: Job) -> Completion {
         let ext = &job.extent;
         let (ds, verify) = (&self.shared.ds, self.shared.cfg.verify);
@@ -101,13 +76,13 @@ impl Readers {
             // The buffer becomes the sample (freed with it on an error).
             let mut buf = AlignedBuf::for_extent(ext.len as usize);
             self.read_exact(ext, &mut buf)
-                .map(|()| decode_in_place(ds, ext, buf, verify))
+                .map(|()| ds.decode_extent(ext, ExtentBytes::Owned(buf), verify))
         } else {
-            let mut buf = self.take_buffer(ext.len as usize);
+            let mut buf = lock(&self.pool).take(ext.len as usize);
             let result = self
                 .read_exact(ext, &mut buf)
-                .map(|()| decode_records(ds, ext, &buf, verify));
-            self.return_buffer(buf);
+                .map(|()| ds.decode_extent(ext, ExtentBytes::Borrowed(&buf), verify));
+            lock(&self.pool).give_back(buf);
             result
         };
         Completion {
@@ -123,7 +98,7 @@ impl Readers {
         let len = ext.len as usize;
         let mut lp = ReadLoop::new(&self.shared.ds, ext, self.shared.cfg.direct);
         loop {
-            let file = self.file(ext.segment, lp.direct)?;
+            let file = lock(&self.files).get(ext.segment, lp.direct)?;
             let res = read_into(&file, buf, lp.done..len, lp.pos());
             match lp.step(res, &self.shared.stats) {
                 Step::Again => {}
@@ -131,12 +106,7 @@ impl Readers {
                     buf.set_len(len);
                     return Ok(());
                 }
-                Step::Reopen => {
-                    self.files
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .remove(&ext.segment);
-                }
+                Step::Reopen => lock(&self.files).forget(ext.segment),
                 Step::Fail(e) => return Err(e),
             }
         }

@@ -3,10 +3,11 @@
 //! records they read; compressed ones are verified and decompressed by a
 //! small pool of decode threads (`decode_threads`), or by the reactor that
 //! read them when the pool has none (the default where no core is left
-//! beside the reactors).
+//! beside the reactors). Each reactor keeps its own file cache and buffer
+//! pool (no lock per read). Before any ring starts, one NOP on a ring of
+//! its own checks that submissions are allowed, not only ring setup.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -17,24 +18,62 @@ use tokio_uring::fs::File;
 
 use brand_format::buffer::AlignedBuf;
 use brand_format::dataset::Dataset;
+use brand_format::decode::ExtentBytes;
 use brand_format::error::Error;
 use brand_format::extents::Extent;
 
-use crate::engine::{
-    Completion, EngineStats, FIXED_BUF_BYTES, Job, JobSender, ReadLoop, RecordResult, Shared, Started, Step,
-    decode_in_place, decode_records, open_segment, reads_in_place,
-};
+use crate::config::{FIXED_BUF_BYTES, RINGS};
+use crate::files::FileCache;
+use crate::job::{Completion, Job, JobSender, RecordResult, Shared, Started};
 use crate::page_buf::PageBuf;
+use crate::pool::BufferPool;
+use crate::read::{ReadLoop, Step, reads_in_place};
 
-/// Most rings (each a reactor thread) reads are spread over, one per core
-/// at most. Why more than one: where the device is memory (tmpfs, the page
-/// cache) the kernel copies each read on the thread that submits it, and
-/// one thread's copies were the bottleneck (tmpfs, 2 cores: 0.68 of fio's
-/// bytes/s with one ring, 0.81 with two, at the same CPU per byte).
-pub(crate) const RINGS: usize = 2;
+/// Why the backend did not start: the call that failed and how, and the
+/// settings back for another backend (None once some of its threads ran).
+pub(crate) struct NotStarted {
+    pub call: &'static str,
+    pub error: std::io::Error,
+    pub shared: Option<Shared>,
+}
+
+impl NotStarted {
+    /// The error to report, naming the call that failed.
+    pub fn into_error(self) -> Error {
+        let what = format!("{}: {}", self.call, self.error);
+        Error::io("<io_uring>", std::io::Error::new(self.error.kind(), what))
+    }
+}
+
+/// Whether an io_uring call's error means "not allowed here" (seccomp,
+/// gVisor, `kernel.io_uring_disabled`), as opposed to a real failure.
+pub(crate) fn refused(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EPERM | libc::ENOSYS | libc::EACCES))
+}
+
+/// Checks that this process may submit to a ring, not only set one up: a
+/// seccomp profile may refuse io_uring_enter alone, and then no read would
+/// ever complete (found out only at io_timeout). A NOP on a ring of its
+/// own, waited for: it completes within the call.
+fn check_submissions() -> Result<(), (&'static str, std::io::Error)> {
+    let mut ring = io_uring::IoUring::new(1).map_err(|e| ("io_uring_setup", e))?;
+    let nop = io_uring::opcode::Nop::new().build();
+    // SAFETY: a NOP refers to no buffer or file that would have to outlive it.
+    unsafe { ring.submission().push(&nop) }
+        .map_err(|_| ("io_uring_enter", std::io::Error::other("an empty queue refused a NOP")))?;
+    ring.submit_and_wait(1).map_err(|e| ("io_uring_enter", e))?;
+    Ok(())
+}
 
 /// Starts the reactors; on failure hands `shared` back (for a fallback backend).
-pub(crate) fn start(shared: Shared) -> Result<Started, (std::io::Error, Option<Shared>)> {
+pub(crate) fn start(shared: Shared) -> Result<Started, NotStarted> {
+    if let Err((call, error)) = check_submissions() {
+        return Err(NotStarted {
+            call,
+            error,
+            shared: Some(shared),
+        });
+    }
     let (exit_tx, exit_rx) = crossbeam_channel::bounded::<()>(0);
     // Only compressed records go to the pool: a reactor checks an
     // uncompressed record itself, while its bytes are still in this core's
@@ -57,7 +96,13 @@ pub(crate) fn start(shared: Shared) -> Result<Started, (std::io::Error, Option<S
                 senders.push(tx);
                 threads.push(thread);
             }
-            Err(e) if r == 0 => return Err((e, Some(shared))),
+            Err(error) if r == 0 => {
+                return Err(NotStarted {
+                    call: "starting the io_uring runtime",
+                    error,
+                    shared: Some(shared),
+                });
+            }
             Err(e) => {
                 tracing::warn!("io_uring: a second ring failed to start ({e}); reading with {r}");
                 break;
@@ -75,7 +120,11 @@ pub(crate) fn start(shared: Shared) -> Result<Started, (std::io::Error, Option<S
                     task.run();
                 }
             })
-            .map_err(|e| (e, None))?;
+            .map_err(|error| NotStarted {
+                call: "starting a decode thread",
+                error,
+                shared: None,
+            })?;
         threads.push(t);
     }
     Ok(Started {
@@ -150,7 +199,9 @@ impl DecodeTask {
         // SAFETY: see RawBytes: the buffer outlives this borrow, which ends
         // before the reply is sent.
         let bytes = unsafe { std::slice::from_raw_parts(self.bytes.0, self.bytes.1) };
-        let out = decode_records(&self.ds, &self.ext, bytes, self.verify);
+        let out = self
+            .ds
+            .decode_extent(&self.ext, ExtentBytes::Borrowed(bytes), self.verify);
         let _ = self.reply.send(out);
     }
 }
@@ -193,10 +244,12 @@ impl Drop for Lent {
     }
 }
 
+/// One ring's reader. Its file cache and buffer pool are its own, on its
+/// own thread: a `RefCell`, no lock per read.
 struct Reactor {
     shared: Shared,
-    files: RefCell<HashMap<u32, Rc<File>>>,
-    pool: RefCell<Vec<PageBuf>>,
+    files: RefCell<FileCache<Rc<File>>>,
+    pool: RefCell<BufferPool>,
     fixed: Option<FixedBufPool<PageBuf>>,
     decode: Option<crossbeam_channel::Sender<DecodeTask>>,
 }
@@ -237,10 +290,12 @@ impl Reactor {
             .fixed_buffers
             .then(|| Self::register_fixed(&shared))
             .flatten();
+        let files = FileCache::new(shared.ds.clone(), shared.stats.clone(), |f| Rc::new(File::from_std(f)));
+        let pool = BufferPool::new(shared.cfg.queue_depth, shared.stats.clone());
         Rc::new(Reactor {
             shared,
-            files: RefCell::default(),
-            pool: RefCell::default(),
+            files: RefCell::new(files),
+            pool: RefCell::new(pool),
             fixed,
             decode,
         })
@@ -292,41 +347,6 @@ impl Reactor {
         let _ = slots.acquire_many(depth as u32).await;
     }
 
-    fn file(&self, segment: u32, direct: bool) -> brand_format::Result<Rc<File>> {
-        if let Some(f) = self.files.borrow().get(&segment) {
-            return Ok(f.clone());
-        }
-        let path = self.shared.ds.segment_path(segment);
-        let file = Rc::new(File::from_std(open_segment(&path, direct, &self.shared.stats)?));
-        self.files.borrow_mut().insert(segment, file.clone());
-        Ok(file)
-    }
-
-    /// A read buffer of at least `len` bytes. Sizes come in power-of-two
-    /// classes (from 64 KiB) so recycled buffers fit later reads.
-    fn take_buffer(&self, len: usize) -> PageBuf {
-        let class = len.max(64 << 10).next_power_of_two();
-        let mut pool = self.pool.borrow_mut();
-        match pool.iter().position(|b| b.capacity() == class) {
-            Some(i) => pool.swap_remove(i),
-            None => {
-                self.shared.stats.pool_grew(class as u64);
-                PageBuf::new(class)
-            }
-        }
-    }
-
-    fn return_buffer(&self, mut buf: PageBuf) {
-        let mut pool = self.pool.borrow_mut();
-        // At most two buffers per queue slot are kept; others are freed.
-        if pool.len() < 2 * self.shared.cfg.queue_depth {
-            buf.clear();
-            pool.push(buf);
-        } else {
-            self.shared.stats.pool_shrank(buf.capacity() as u64);
-        }
-    }
-
     async fn execute(&self, job: Job) -> Completion {
         use tracing::Instrument;
         let ext = &job.extent;
@@ -344,14 +364,15 @@ impl Reactor {
             .flatten();
         let buf = match fixed {
             Some(b) => ReadBuf::Fixed(b),
-            None => ReadBuf::Plain(self.take_buffer(len)),
+            None => ReadBuf::Plain(self.pool.borrow_mut().take(len)),
         };
         let (buf, read) = self.read_exact(&job.extent, buf).await;
         let (buf, result) = match read {
             Err(e) => (buf, Err(e)),
             Ok(()) => match &self.decode {
                 None => {
-                    let out = decode_records(&self.shared.ds, &job.extent, buf.bytes(len), self.shared.cfg.verify);
+                    let bytes = ExtentBytes::Borrowed(buf.bytes(len));
+                    let out = self.shared.ds.decode_extent(&job.extent, bytes, self.shared.cfg.verify);
                     (buf, Ok(out))
                 }
                 Some(decode) => self.decode_elsewhere(decode, &job.extent, buf, len).await,
@@ -359,7 +380,7 @@ impl Reactor {
         };
         // A fixed buffer goes back to its pool when dropped.
         if let ReadBuf::Plain(b) = buf {
-            self.return_buffer(b);
+            self.pool.borrow_mut().give_back(b);
         }
         Completion {
             tag: job.tag,
@@ -381,7 +402,10 @@ impl Reactor {
             (Ok(()), ReadBuf::Plain(PageBuf(mut buf))) => {
                 buf.set_len(len);
                 // Uncompressed (see reads_in_place): checked here, where it was read.
-                Ok(decode_in_place(&self.shared.ds, &ext, buf, self.shared.cfg.verify))
+                Ok(self
+                    .shared
+                    .ds
+                    .decode_extent(&ext, ExtentBytes::Owned(buf), self.shared.cfg.verify))
             }
             (Ok(()), ReadBuf::Fixed(_)) => Err(Error::config("internal: an in-place read used a fixed buffer")),
         };
@@ -429,21 +453,18 @@ impl Reactor {
     /// transient errors and falling back to buffered I/O if O_DIRECT is
     /// refused at read time.
     async fn read_exact(&self, ext: &Extent, mut buf: ReadBuf) -> (ReadBuf, brand_format::Result<()>) {
-        let stats: &EngineStats = &self.shared.stats;
         let mut lp = ReadLoop::new(&self.shared.ds, ext, self.shared.cfg.direct);
         loop {
-            let file = match self.file(ext.segment, lp.direct) {
+            let file = match self.files.borrow_mut().get(ext.segment, lp.direct) {
                 Ok(f) => f,
                 Err(e) => return (buf, Err(e)),
             };
             let (back, res) = buf.read(&file, lp.done, lp.len(), lp.pos()).await;
             buf = back;
-            match lp.step(res, stats) {
+            match lp.step(res, &self.shared.stats) {
                 Step::Again => {}
                 Step::Done => return (buf, Ok(())),
-                Step::Reopen => {
-                    self.files.borrow_mut().remove(&ext.segment);
-                }
+                Step::Reopen => self.files.borrow_mut().forget(ext.segment),
                 Step::Fail(e) => return (buf, Err(e)),
             }
         }

@@ -37,8 +37,6 @@ use serde::{Deserialize, Serialize};
 use brand_format::error::{Error, Result};
 use brand_plan::{Memory, PlanConfig};
 
-pub use brand_io::engine::IoBackend;
-
 use crate::IoConfig;
 
 /// Everything a loader is configured with: the plan (what is read and
@@ -159,7 +157,7 @@ impl LoaderConfig {
             "read_gap" => self.io.read_gap = v.text()?.parse()?,
             "verify" => self.io.verify = v.flag()?,
             "direct" => self.io.direct = v.flag()?,
-            "io_backend" => self.io.io_backend = v.text()?.parse()?,
+            "io_backend" => self.io.backend = v.text()?.parse()?,
             "decode_threads" => self.io.decode_threads = v.whole()?,
             "io_timeout" => {
                 // A negative or huge number is no Duration at all; the range
@@ -312,7 +310,7 @@ mod tests {
         assert_eq!(c.io.read_gap, ReadGapSetting::Bytes(16 << 10));
         assert!(!c.io.verify);
         assert!(!c.io.direct);
-        assert_eq!(c.io.io_backend, IoBackend::Threads);
+        assert_eq!(c.io.backend, crate::IoBackend::Threads);
         assert_eq!(c.io.decode_threads, 0);
         assert_eq!(c.io.io_timeout, Duration::from_millis(2500));
         assert_eq!(c.on_corrupt, OnCorrupt::Skip);
@@ -320,7 +318,7 @@ mod tests {
         assert_eq!(d.plan.memory, DEFAULT_MEMORY);
         assert_eq!(d.io.read_gap, ReadGapSetting::Auto);
         assert!(d.io.direct);
-        assert_eq!(d.io.io_backend, IoBackend::Auto);
+        assert_eq!(d.io.backend, crate::IoBackend::Auto);
         assert_eq!(d.on_corrupt, OnCorrupt::Error);
         assert_eq!(d.io.io_timeout, Duration::from_secs(60));
         let int = LoaderConfig::from_toml("io_timeout = 60\nreadahead = 4096").expect("ints");

@@ -1,5 +1,4 @@
-//! brand-loader: runs the plan and hands out batches (DESIGN.md, "The
-//! loader").
+//! brand-loader: runs the plan and hands out batches (DESIGN.md §5).
 //!
 //! The [`Loader`] walks its rank's plan, keeps the engine busy with the
 //! plan's future reads (clairvoyant prefetch, bounded by `readahead`), and
@@ -23,24 +22,22 @@
 //!
 //! Modules: [`config`] (the loader's keys), [`batch`], [`checkpoint`],
 //! [`elastic`], [`stats`]; inside: `planning` (plan events, the next epoch
-//! planned in the background), `held` (samples in memory), `reads` (reads
-//! in flight) and `loader` (the walk itself).
+//! planned in the background), `held` (samples in memory) and `loader` (the
+//! walk itself, reading through a [`brand_io::ReadSession`]).
 
 pub mod batch;
 pub mod checkpoint;
 pub mod config;
 pub mod elastic;
 mod held;
-mod io_settings;
 mod loader;
 mod planning;
-mod reads;
 pub mod stats;
 
 pub use batch::{Batch, SampleBytes, SampleRef};
+pub use brand_io::{IoBackend, IoConfig, ReadGapSetting};
 pub use checkpoint::{Checkpoint, Fingerprint, LoaderState, Resume, Start};
-pub use config::{IoBackend, LoaderConfig, OnCorrupt};
-pub use io_settings::{IoConfig, ReadGapSetting};
+pub use config::{LoaderConfig, OnCorrupt};
 pub use loader::Loader;
 pub use planning::{EventSource, Events, plan_events};
 pub use stats::Metrics;

@@ -3,27 +3,37 @@
 //! the plan's served order.
 
 use std::collections::{HashMap, VecDeque};
+use std::mem::ManuallyDrop;
 use std::sync::Arc;
 use std::time::Instant;
 
 use brand_format::dataset::Dataset;
 use brand_format::error::{Error, Result};
 use brand_format::extents::{Extent, ReadGap, extents};
-use brand_io::engine::{Completion, Engine, IoBackend};
+use brand_io::engine::Completion;
+use brand_io::{IoBackend, ReadSession};
 use brand_plan::{Event, Planner};
 
 use crate::checkpoint::{Checkpoint, Fingerprint, LoaderState, Resume};
 use crate::held::Held;
 use crate::planning::{EventSource, Next, PlanFeed, plan_events};
-use crate::reads::Reads;
 use crate::stats::{Metrics, StallLog};
 use crate::{Batch, LoaderConfig, OnCorrupt, SampleBytes};
+
+/// What a read in flight brings: its samples and their decoded bytes.
+struct ReadFor {
+    ids: Vec<u64>,
+    decoded: u64,
+}
 
 pub struct Loader {
     ds: Arc<Dataset>,
     cfg: LoaderConfig,
-    gap: ReadGap,
-    reads: Reads,
+    /// The engine and the reads in flight. Not dropped in a forked child,
+    /// whose engine threads are not there (see Drop).
+    reads: ManuallyDrop<ReadSession<ReadFor>>,
+    /// Decoded bytes of the samples the reads in flight bring.
+    in_flight_decoded: u64,
     plan: PlanFeed,
     /// What a checkpoint of this loader is bound to (None for a loader made
     /// from an event source alone, which has no plan to bind it to).
@@ -112,21 +122,21 @@ impl Loader {
         memory_bound: Option<u64>,
     ) -> Result<Self> {
         cfg.check()?;
-        let registered = cfg.readahead_bytes;
-        let engine = Engine::start(ds.clone(), cfg.io.engine_config(&ds, registered))?;
-        let gap = cfg.io.read_gap(&ds, &engine, registered)?;
+        // Registered buffers are read-ahead memory.
+        let engine = cfg.io.engine_config(&ds, cfg.readahead_bytes);
+        let reads = ReadSession::open(ds.clone(), engine, cfg.io.read_gap)?;
         let metrics = Metrics {
-            read_gap: match gap {
+            read_gap: match reads.gap() {
                 ReadGap::Whole => None,
                 ReadGap::Bytes(b) => Some(b),
             },
             ..Default::default()
         };
         Ok(Loader {
-            reads: Reads::new(ds.clone(), engine, cfg.io.io_timeout),
+            reads: ManuallyDrop::new(reads),
+            in_flight_decoded: 0,
             ds,
             cfg,
-            gap,
             plan: PlanFeed::new(source, state.epoch),
             fingerprint: None,
             epoch: state.epoch,
@@ -179,12 +189,12 @@ impl Loader {
     pub fn metrics(&self) -> Metrics {
         let mut m = self.metrics.clone();
         self.stalls.fill(&mut m);
-        let engine = &self.reads.engine;
-        m.buffered_fallback = engine.buffered_fallback();
-        m.threads_backend = engine.backend() == IoBackend::Threads;
-        m.uring_refused = engine.uring_refused();
-        m.registered_buffer_bytes = engine.registered_bytes();
-        m.peak_read_buffer_bytes = engine.peak_pool_bytes();
+        let reads = &self.reads;
+        m.buffered_fallback = reads.buffered_fallback();
+        m.threads_backend = reads.backend() == IoBackend::Threads;
+        m.uring_refused = reads.uring_refused();
+        m.registered_buffer_bytes = reads.registered_bytes();
+        m.peak_read_buffer_bytes = reads.peak_pool_bytes();
         m
     }
 
@@ -195,7 +205,7 @@ impl Loader {
             read_gap: self.metrics.read_gap,
             peak_resident_bytes: self.held.bytes(),
             peak_resident_samples: self.held.len(),
-            peak_readahead_bytes: self.reads.read_bytes,
+            peak_readahead_bytes: self.reads.in_flight_read_bytes(),
             ..Default::default()
         };
         self.stalls = StallLog::default();
@@ -245,6 +255,7 @@ impl Loader {
     fn drain(&mut self) -> Result<()> {
         let drained = self.reads.drain();
         self.pending.clear();
+        self.in_flight_decoded = 0;
         drained.inspect_err(|e| self.failed = Some(e.duplicate()))
     }
 
@@ -317,8 +328,8 @@ impl Loader {
         let readahead = self.cfg.readahead_bytes;
         match self.memory_bound {
             Some(memory) => {
-                let held = self.held.bytes() + self.reads.decoded_bytes + self.reads.engine.registered_bytes();
-                self.reads.read_bytes >= readahead || held >= memory.saturating_add(readahead)
+                let held = self.held.bytes() + self.in_flight_decoded + self.reads.registered_bytes();
+                self.reads.in_flight_read_bytes() >= readahead || held >= memory.saturating_add(readahead)
             }
             None => self.ahead_bytes >= readahead,
         }
@@ -366,8 +377,8 @@ impl Loader {
     /// Takes in every completion that has arrived (while the consumer was
     /// away), so their memory and in-flight bytes are current.
     fn accept_arrived(&mut self) -> Result<()> {
-        while let Some(c) = self.reads.try_recv()? {
-            self.accept(c);
+        while let Some((read, c)) = self.reads.try_recv()? {
+            self.accept(read, c);
         }
         Ok(())
     }
@@ -377,7 +388,7 @@ impl Loader {
         let Event::Read { chunk, mask } = ev else {
             return Ok(());
         };
-        let ext = extents(&self.ds.index, chunk, mask, self.gap);
+        let ext = self.reads.extents(chunk, mask);
         let bytes: u64 = ext.iter().map(|e| e.len).sum();
         for e in ext {
             self.submit(e)?;
@@ -389,21 +400,23 @@ impl Loader {
     }
 
     fn submit(&mut self, e: Extent) -> Result<()> {
-        for &(id, ..) in &e.records {
+        let ids: Vec<u64> = e.records.iter().map(|&(id, _)| id).collect();
+        let decoded: u64 = ids.iter().map(|&id| self.ds.index.raw_len[id as usize] as u64).sum();
+        for &id in &ids {
             *self.pending.entry(id).or_default() += 1;
         }
         self.metrics.reads_issued += 1;
-        self.reads.submit(e)?;
-        self.metrics.peak_readahead_bytes = self.metrics.peak_readahead_bytes.max(self.reads.read_bytes);
+        self.reads.submit(e, ReadFor { ids, decoded })?;
+        self.in_flight_decoded += decoded;
+        let in_flight = self.reads.in_flight_read_bytes();
+        self.metrics.peak_readahead_bytes = self.metrics.peak_readahead_bytes.max(in_flight);
         Ok(())
     }
 
-    /// Takes a completion in: each record is held, or bad (its error waits
-    /// for the sample to be due).
-    fn accept(&mut self, c: Completion) {
-        let Some(read) = self.reads.finish(&c) else {
-            return;
-        };
+    /// Takes a completed read in: each record is held, or bad (its error
+    /// waits for the sample to be due).
+    fn accept(&mut self, read: ReadFor, c: Completion) {
+        self.in_flight_decoded -= read.decoded;
         for id in &read.ids {
             if let Some(n) = self.pending.get_mut(id) {
                 *n -= 1;
@@ -547,8 +560,8 @@ impl Loader {
                 stalled = Some(Instant::now());
             }
             let _span = tracing::trace_span!("stall", sample).entered();
-            let c = self.reads.recv()?;
-            self.accept(c);
+            let (read, c) = self.reads.recv()?;
+            self.accept(read, c);
         }
     }
 }
@@ -562,7 +575,10 @@ impl Drop for Loader {
             self.plan.forget_in_child();
             return;
         }
-        self.reads.close();
         self.plan.stop();
+        // SAFETY: dropped once, here, and never used again; the session
+        // waits for its reads in flight (no longer than io_timeout, not at
+        // all once one hung) before the engine goes.
+        unsafe { ManuallyDrop::drop(&mut self.reads) };
     }
 }

@@ -71,7 +71,7 @@ fn the_threads_backend_serves_what_io_uring_serves() {
         for backend in [IoBackend::Uring, IoBackend::Threads] {
             for decode_threads in [0, 2] {
                 let mut c = config(Memory::Percent(15.0), 0, 1, 1 << 20);
-                c.io.io_backend = backend;
+                c.io.backend = backend;
                 c.io.decode_threads = decode_threads;
                 let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
                 let e = (epoch(&mut l, &ds), epoch(&mut l, &ds));
@@ -221,7 +221,7 @@ fn io_uring_refused_by_seccomp_falls_back_to_threads_with_the_same_epoch() {
         println!("REFUSED={} THREADS={}", m.uring_refused, m.threads_backend);
         println!("ORDER={ids:?}");
         let mut u = c.clone();
-        u.io.io_backend = IoBackend::Uring;
+        u.io.backend = IoBackend::Uring;
         let err = Loader::open(ds, &u, LoaderState::default())
             .err()
             .expect("uring must fail");
@@ -253,7 +253,7 @@ const SYS_PREAD64: u32 = 17;
 fn device_errors_are_io_errors_naming_the_file_and_transient_ones_end() {
     const NAME: &str = "device_errors_are_io_errors_naming_the_file_and_transient_ones_end";
     let mut c = config(Memory::Percent(20.0), 0, 1, 1 << 20);
-    c.io.io_backend = IoBackend::Threads;
+    c.io.backend = IoBackend::Threads;
     c.io.read_gap = ReadGapSetting::Bytes(0);
     if let Ok(v) = std::env::var(CHILD) {
         let (mode, dir) = v.split_once(':').expect("mode:dir");
@@ -297,7 +297,7 @@ fn device_errors_are_io_errors_naming_the_file_and_transient_ones_end() {
 fn a_ring_whose_submissions_are_refused_is_an_error_not_a_hang() {
     const NAME: &str = "a_ring_whose_submissions_are_refused_is_an_error_not_a_hang";
     let mut c = config(Memory::Percent(20.0), 0, 1, 1 << 20);
-    c.io.io_backend = IoBackend::Uring;
+    c.io.backend = IoBackend::Uring;
     c.io.io_timeout = Duration::from_secs(2);
     if let Ok(v) = std::env::var(CHILD) {
         let dir = v.strip_prefix("refuse-enter:").expect("mode");
@@ -444,7 +444,7 @@ fn a_fifo_segment_is_refused_with_a_clear_error() {
         let (tx, rx) = std::sync::mpsc::channel();
         let ds2 = ds.clone();
         let mut c = config(Memory::Percent(50.0), 0, 1, 1 << 20);
-        c.io.io_backend = backend;
+        c.io.backend = backend;
         std::thread::spawn(move || {
             let r = Loader::open(ds2, &c, LoaderState::default()).and_then(|mut l| l.next_batch().map(|_| ()));
             let _ = tx.send(r.err().map(|e| e.to_string()));
@@ -508,7 +508,7 @@ fn registered_buffers_are_bounded_by_readahead_and_the_dataset() {
     let data: u64 = ds.manifest.segments.iter().map(|s| s.bytes).sum();
     let mut c = config(Memory::Percent(50.0), 0, 1, 64 << 20);
     c.io.queue_depth = 1024;
-    c.io.io_backend = IoBackend::Uring;
+    c.io.backend = IoBackend::Uring;
     let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
     assert!(exactly_once(&epoch(&mut l, &ds), 100));
     let m = l.metrics();
@@ -599,7 +599,7 @@ fn read_ahead_fills_memory_less_the_registered_buffers() {
     let ds = dataset(t.path(), 600);
     let readahead = 2 << 20;
     let mut c = config(Memory::Percent(50.0), 0, 1, readahead);
-    c.io.io_backend = IoBackend::Uring;
+    c.io.backend = IoBackend::Uring;
     let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
     let memory = l.memory_bound().expect("a plan's loader has a bound");
     let mut ids = Vec::new();
@@ -779,4 +779,55 @@ fn the_next_epochs_first_reads_are_issued_before_this_epoch_ends() {
     assert_eq!(ids, (0..320).collect::<Vec<u64>>());
     let m = l.metrics();
     assert!(m.peak_readahead_bytes <= c.readahead_bytes + largest_read, "{m:?}");
+}
+
+/// io_uring_setup allowed but io_uring_enter (426) refused, from the start:
+/// the engine finds out when it starts, not at the first read's
+/// io_timeout. `auto` falls back to threads at open (same epoch as
+/// io_uring); `uring` fails at once, naming io_uring_enter.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn io_uring_enter_refused_alone_falls_back_or_fails_at_open() {
+    const NAME: &str = "io_uring_enter_refused_alone_falls_back_or_fails_at_open";
+    let c = config(Memory::Percent(20.0), 0, 1, 1 << 20);
+    if let Ok(v) = std::env::var(CHILD) {
+        let dir = v.strip_prefix("refuse-enter-only:").expect("mode");
+        refuse_syscall(426);
+        let ds = Arc::new(Dataset::open(dir).expect("open"));
+        let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("auto falls back");
+        let ids = epoch(&mut l, &ds);
+        let m = l.metrics();
+        println!("REFUSED={} THREADS={}", m.uring_refused, m.threads_backend);
+        println!("ORDER={ids:?}");
+        let mut u = c.clone();
+        u.io.backend = IoBackend::Uring;
+        let start = Instant::now();
+        let err = Loader::open(ds, &u, LoaderState::default())
+            .err()
+            .expect("uring must fail");
+        println!("URING-ERR={err}");
+        println!("URING-FAILED-AFTER-MS={}", start.elapsed().as_millis());
+        return;
+    }
+    assert_eq!(c.io.io_timeout, Duration::from_secs(60));
+    let t = tempfile::tempdir().expect("tempdir");
+    let ds = dataset(t.path(), 200);
+    let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
+    let want = epoch(&mut l, &ds);
+    assert!(!l.metrics().threads_backend, "io_uring works in this process");
+    drop(l);
+    let (ok, out) = run_child(NAME, "refuse-enter-only", ds.dir());
+    assert!(ok, "child failed:\n{out}");
+    assert!(out.contains("REFUSED=true THREADS=true"), "{out}");
+    assert!(
+        out.contains(&format!("ORDER={want:?}")),
+        "same order and bytes as io_uring:\n{out}"
+    );
+    assert!(out.contains("URING-ERR=<io_uring>: io_uring_enter"), "{out}");
+    let ms: u64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("URING-FAILED-AFTER-MS="))
+        .and_then(|ms| ms.trim().parse().ok())
+        .expect("the child says how long uring took to fail");
+    assert!(ms < 5_000, "uring failed after {ms} ms, not at open:\n{out}");
 }

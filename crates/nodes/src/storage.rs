@@ -1,15 +1,14 @@
-//! The only module that talks to brand-io's engine: reads a node's chunk
-//! records with the same device-aware extents as the loader
-//! (`brand_format::extents`, read gap whole/bytes/auto).
+//! The only module that reads: a node's chunk records through a brand-io
+//! [`ReadSession`], with the same device-aware extents and read gap as the
+//! loader.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use brand_format::buffer::AlignedBuf;
 use brand_format::dataset::Dataset;
 use brand_format::error::Result;
-use brand_format::extents::{ReadGap, extents};
-use brand_io::engine::{Engine, Job};
+use brand_format::extents::ReadGap;
+use brand_io::ReadSession;
 use brand_loader::IoConfig;
 
 /// One finished extent of a read.
@@ -20,35 +19,18 @@ pub struct Done {
     pub result: Result<Vec<(u64, AlignedBuf)>>,
 }
 
+/// Reads in flight, each extent tagged with the number of its read.
 pub struct Storage {
-    engine: Engine,
-    ds: Arc<Dataset>,
-    gap: ReadGap,
-    next_tag: u64,
-    /// Read number of each extent in flight, by engine tag.
-    in_flight: HashMap<u64, usize>,
-    io_timeout: std::time::Duration,
+    session: ReadSession<usize>,
 }
 
 impl Storage {
     /// Storage over `ds` with the engine `io` asks for, at most
     /// `registered_bytes` of buffers registered with io_uring.
     pub fn open(ds: Arc<Dataset>, io: &IoConfig, registered_bytes: u64) -> Result<Self> {
-        let local = local_segments(&ds);
-        let engine = Engine::start(ds.clone(), io.engine_config(&local, registered_bytes))?;
-        // A partition that holds nothing never reads (and has nothing to probe).
-        let gap = if local.manifest.segments.is_empty() {
-            ReadGap::Whole
-        } else {
-            io.read_gap(&local, &engine, registered_bytes)?
-        };
+        let cfg = io.engine_config(&ds, registered_bytes);
         Ok(Storage {
-            engine,
-            ds,
-            gap,
-            next_tag: 0,
-            in_flight: HashMap::new(),
-            io_timeout: io.io_timeout,
+            session: ReadSession::open(ds, cfg, io.read_gap)?,
         })
     }
 
@@ -56,91 +38,47 @@ impl Storage {
     /// the device will transfer.
     pub fn submit(&mut self, read: usize, chunk: u64, mask: u64) -> Result<u64> {
         let mut bytes = 0;
-        for extent in extents(&self.ds.index, chunk, mask, self.gap) {
+        for extent in self.session.extents(chunk, mask) {
             bytes += extent.len;
-            self.next_tag += 1;
-            self.in_flight.insert(self.next_tag, read);
-            self.engine.submit(Job {
-                tag: self.next_tag,
-                extent,
-            })?;
+            self.session.submit(extent, read)?;
         }
         Ok(bytes)
     }
 
     /// Extents submitted and not yet received.
     pub fn in_flight(&self) -> usize {
-        self.in_flight.len()
+        self.session.in_flight()
     }
 
-    /// The next finished extent (waits for one; call only with extents in flight).
+    /// The next finished extent (waits for one, at most `io_timeout`; call
+    /// only with extents in flight).
     pub fn recv(&mut self) -> Result<Done> {
-        loop {
-            let c = self.engine.recv()?;
-            if let Some(read) = self.in_flight.remove(&c.tag) {
-                // A record that fails its check fails the whole read: the
-                // owner stops and its consumers name it (no on_corrupt skip
-                // in multi-node mode yet).
-                let result = c.result.and_then(|records| {
-                    records
-                        .into_iter()
-                        .map(|(id, record)| record.map(|bytes| (id, bytes)))
-                        .collect()
-                });
-                return Ok(Done {
-                    read,
-                    bytes_read: c.bytes_read,
-                    result,
-                });
-            }
-        }
+        let (read, c) = self.session.recv()?;
+        // A record that fails its check fails the whole read: the owner
+        // stops and its consumers name it (no on_corrupt skip in multi-node
+        // mode yet).
+        let result = c.result.and_then(|records| {
+            records
+                .into_iter()
+                .map(|(id, record)| record.map(|bytes| (id, bytes)))
+                .collect()
+        });
+        Ok(Done {
+            read,
+            bytes_read: c.bytes_read,
+            result,
+        })
     }
 
     /// The read gap chosen (None: whole chunks).
     pub fn read_gap(&self) -> Option<u64> {
-        match self.gap {
+        match self.session.gap() {
             ReadGap::Whole => None,
             ReadGap::Bytes(b) => Some(b),
         }
     }
 
     pub fn buffered_fallback(&self) -> bool {
-        self.engine.buffered_fallback()
+        self.session.buffered_fallback()
     }
-}
-
-impl Drop for Storage {
-    fn drop(&mut self) {
-        // The engine finishes what is in flight; wait so buffers go back first.
-        // A read stuck on hung storage is not waited for beyond io_timeout.
-        while !self.in_flight.is_empty() {
-            match self.engine.recv_timeout(self.io_timeout) {
-                Ok(Some(c)) => {
-                    self.in_flight.remove(&c.tag);
-                }
-                Ok(None) => {
-                    self.engine.abandon();
-                    break;
-                }
-                Err(_) => break,
-            }
-        }
-    }
-}
-
-/// The dataset as far as this directory holds it: for a partition, a view
-/// listing only its own segment files, so that what sizes the engine and
-/// probes the device (the `auto` read gap) touches only files that are here.
-/// Reads still go through the whole dataset's numbering; the owner reads
-/// only its own chunks, which are all in these segments.
-fn local_segments(ds: &Arc<Dataset>) -> Arc<Dataset> {
-    if ds.manifest.partition.is_none() {
-        return ds.clone();
-    }
-    let mut view = (**ds).clone();
-    view.manifest.segments = (0..ds.manifest.segments.len() as u32)
-        .filter(|&s| ds.holds_segment(s))
-        .map(|s| ds.manifest.segments[s as usize].clone())
-        .collect();
-    Arc::new(view)
 }

@@ -1,0 +1,200 @@
+//! How to read: the settings a user gives ([`IoConfig`]: backend, queue
+//! depth, read gap, ...) and the engine's own ([`EngineConfig`]), with their
+//! defaults.
+
+use std::time::Duration;
+
+use brand_format::dataset::Dataset;
+use brand_format::error::{Error, Result};
+
+/// Which I/O backend runs the reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IoBackend {
+    /// io_uring where the kernel allows it, else threads (one warning).
+    Auto,
+    Uring,
+    Threads,
+}
+
+impl std::str::FromStr for IoBackend {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(IoBackend::Auto),
+            "uring" => Ok(IoBackend::Uring),
+            "threads" => Ok(IoBackend::Threads),
+            _ => Err(Error::config(format!(
+                "io_backend {s:?}: expected auto, uring or threads"
+            ))),
+        }
+    }
+}
+
+impl std::fmt::Display for IoBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            IoBackend::Auto => "auto",
+            IoBackend::Uring => "uring",
+            IoBackend::Threads => "threads",
+        })
+    }
+}
+
+/// How to choose the read gap ([`ReadGap`](brand_format::extents::ReadGap)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReadGapSetting {
+    /// Read whole chunks (the paper).
+    Whole,
+    /// Read only filled records, merging gaps up to this many bytes.
+    Bytes(u64),
+    /// Measure the device once and choose ([`probe`](crate::probe)).
+    Auto,
+}
+
+impl std::str::FromStr for ReadGapSetting {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "whole" => Ok(ReadGapSetting::Whole),
+            "auto" => Ok(ReadGapSetting::Auto),
+            n => brand_format::units::parse_bytes(n)
+                .map(ReadGapSetting::Bytes)
+                .map_err(|why| Error::config(format!("read gap {s:?}: {why}; expected whole, auto or a byte count"))),
+        }
+    }
+}
+
+/// The I/O settings a user chooses; [`engine_config`](Self::engine_config)
+/// makes the engine's from them.
+#[derive(Debug, Clone)]
+pub struct IoConfig {
+    /// Reads in flight at once.
+    pub queue_depth: usize,
+    pub read_gap: ReadGapSetting,
+    /// Check every record's crc32c.
+    pub verify: bool,
+    /// O_DIRECT reads (the default: the plan is the cache). `false` reads
+    /// through the page cache, for datasets that stay in RAM between runs.
+    pub direct: bool,
+    pub backend: IoBackend,
+    /// Threads decompressing zstd records read by io_uring (0: on the io
+    /// thread). Default: [`default_decode_threads`].
+    pub decode_threads: usize,
+    /// A read that does not complete within this is an error naming its
+    /// file and offset; a reader waits no longer than this for reads in
+    /// flight when it stops.
+    pub io_timeout: Duration,
+}
+
+impl Default for IoConfig {
+    fn default() -> Self {
+        IoConfig {
+            queue_depth: 32,
+            read_gap: ReadGapSetting::Auto,
+            verify: true,
+            direct: true,
+            backend: IoBackend::Auto,
+            decode_threads: default_decode_threads(),
+            io_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+impl IoConfig {
+    /// The engine these settings ask for over `ds`, registering at most
+    /// `fixed_buffer_bytes` with the ring (a reader's read-ahead: registered
+    /// memory is read-ahead memory), and no more than the bytes of the
+    /// segments `ds`'s directory holds (all of a whole dataset's, a
+    /// partition's own).
+    pub fn engine_config(&self, ds: &Dataset, fixed_buffer_bytes: u64) -> EngineConfig {
+        let held_bytes: u64 = (0..ds.manifest.segments.len() as u32)
+            .filter(|&s| ds.holds_segment(s))
+            .map(|s| ds.manifest.segments[s as usize].bytes)
+            .sum();
+        EngineConfig {
+            queue_depth: self.queue_depth,
+            direct: self.direct,
+            verify: self.verify,
+            fixed_buffers: true,
+            fixed_buffer_bytes: fixed_buffer_bytes.min(held_bytes),
+            backend: self.backend,
+            decode_threads: self.decode_threads,
+            io_timeout: self.io_timeout,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Reads in flight at once.
+    pub queue_depth: usize,
+    /// Try O_DIRECT (falls back to buffered reads, with one warning, where
+    /// the filesystem refuses it).
+    pub direct: bool,
+    /// Check every record's crc32c.
+    pub verify: bool,
+    /// Read into buffers registered with the ring (io_uring fixed buffers:
+    /// about half the CPU per read). Reads larger than [`FIXED_BUF_BYTES`],
+    /// or beyond the registered count, use ordinary aligned buffers.
+    pub fixed_buffers: bool,
+    /// Most bytes of registered buffers (the loader passes its readahead,
+    /// capped by the dataset's size); less than one buffer registers none.
+    pub fixed_buffer_bytes: u64,
+    pub backend: IoBackend,
+    /// Threads that verify and decompress compressed records read by
+    /// io_uring (0: the reactor that read them does; uncompressed ones it
+    /// always checks itself; the threads backend decodes on its reader
+    /// threads). Default: [`default_decode_threads`].
+    pub decode_threads: usize,
+    /// How long dropping the [`Engine`](crate::engine::Engine) waits for
+    /// reads still in flight before it leaves them to finish on their own.
+    pub io_timeout: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            queue_depth: 32,
+            direct: true,
+            verify: true,
+            fixed_buffers: true,
+            fixed_buffer_bytes: 64 << 20,
+            backend: IoBackend::Auto,
+            decode_threads: default_decode_threads(),
+            io_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Size of each registered buffer: holds any merged read of filled records
+/// where the gap is small ([`MERGED_READ_BYTES`]); whole chunks and longer
+/// records go unregistered.
+///
+/// [`MERGED_READ_BYTES`]: brand_format::extents::MERGED_READ_BYTES
+pub const FIXED_BUF_BYTES: usize = brand_format::extents::MERGED_READ_BYTES as usize;
+
+/// Most rings (each a reactor thread) the io_uring backend spreads reads
+/// over, one per core at most. Why more than one: where the device is
+/// memory (tmpfs, the page cache) the kernel copies each read on the thread
+/// that submits it, and one thread's copies were the bottleneck (tmpfs, 2
+/// cores: 0.68 of fio's bytes/s with one ring, 0.81 with two, at the same
+/// CPU per byte).
+pub(crate) const RINGS: usize = 2;
+
+/// Most decode threads by default: 8 cores decompress zstd faster than a
+/// fast NVMe drive reads it (~1.7 GB/s of stored bytes per core here).
+const MAX_DEFAULT_DECODE_THREADS: usize = 8;
+
+/// The decode pool's default size: the cores the io_uring reactors leave
+/// (one reactor per core, at most two), at most 8. Where no core is
+/// left (2 cores, as on this project's machine) it is 0 and the reactors
+/// decompress what they read: there a pool only adds a hand-off per read
+/// and competes with the reactors for the same cores (zstd, direct policy,
+/// tmpfs, 7 interleaved rounds: 0 threads took 0.86x the CPU per byte of 2
+/// and read 1.15x the bytes/s).
+pub fn default_decode_threads() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    cores.saturating_sub(RINGS.min(cores)).min(MAX_DEFAULT_DECODE_THREADS)
+}
