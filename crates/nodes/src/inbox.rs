@@ -16,7 +16,7 @@ use brand_format::dataset::Dataset;
 use brand_loader::SampleBytes;
 
 use crate::config::NodeConfig;
-use crate::owner::Control;
+use crate::control::Control;
 use crate::routes::ConsumerPlan;
 use crate::wire::{Credit, Sample};
 

@@ -9,10 +9,13 @@
 //! order is the plan's, I/O and the network only change how fast it comes.
 //!
 //! Modules: `routes` (who reads and who serves what: pure), `owner` (reads
-//! and pushes), `inbox` (a consumer's held samples and credit), `net`
-//! (gRPC), `storage` (the one use of the io engine), `config`, `wire`.
+//! and pushes), `control` (what the owner is told), `inbox` (a consumer's
+//! held samples and credit), `net` (gRPC), `storage` (the one use of the io
+//! engine), `wire` (the messages), `config` (the one configuration path)
+//! and `reader` (a loader alone or a node: what interfaces open).
 
 pub mod config;
+mod control;
 mod inbox;
 mod net;
 mod owner;
@@ -33,8 +36,9 @@ use brand_loader::{Checkpoint, Fingerprint, LoaderConfig, LoaderState, Metrics, 
 use brand_plan::Planner;
 
 pub use config::{Config, NodeConfig};
+use control::Control;
 use inbox::{CreditSink, Inbox, sample_len};
-use owner::{Control, Owner, OwnerStats};
+use owner::{Owner, OwnerStats};
 pub use reader::Reader;
 use routes::{ConsumerPlan, Ownership};
 

@@ -14,8 +14,8 @@ use tonic::{Request, Response, Status, Streaming};
 use brand_format::error::{Error, Result};
 
 use crate::config::NodeConfig;
+use crate::control::Control;
 use crate::inbox::{CreditSink, Inbox};
-use crate::owner::Control;
 use crate::wire::service::node_client::NodeClient;
 use crate::wire::service::node_server::{Node, NodeServer};
 use crate::wire::{Credit, Hello, JobDigest, Push, push};

@@ -25,36 +25,11 @@ use brand_plan::Planner;
 
 use brand_format::dataset::Dataset;
 
+use crate::control::Control;
 use crate::inbox::Inbox;
 use crate::routes::{OwnerPlan, Ownership};
 use crate::storage::Storage;
 use crate::wire::{Credit, Push, Sample, push};
-
-/// What the owner thread is told.
-pub enum Control {
-    /// The stream to `consumer` is open (its hello was accepted).
-    Attached {
-        consumer: u32,
-        sink: tokio::sync::mpsc::UnboundedSender<Push>,
-    },
-    Credit {
-        consumer: u32,
-        credit: Credit,
-    },
-    /// `consumer` left: nothing more is sent to it.
-    Gone {
-        consumer: u32,
-    },
-    /// The local consumer stopped in `epoch`: the peers will finish that
-    /// epoch, so serve them all of it (they leave early by closing their
-    /// streams), then end.
-    Stop {
-        epoch: u64,
-    },
-    /// The local consumer failed (`why`): tell every peer, then end, so they
-    /// fail naming the cause rather than this node.
-    Abort(String),
-}
 
 /// The owner's counters, read by the consumer's `metrics()`.
 #[derive(Debug, Default)]

@@ -1,0 +1,32 @@
+//! What the owner thread is told, by its own consumer (stop, abort, its
+//! credit), by the network (a peer consumer attached, its credit, gone):
+//! its own module, so the inbox and the network that send it and the owner
+//! that receives it depend on it and not on each other.
+
+use crate::wire::{Credit, Push};
+
+/// What the owner thread is told.
+pub enum Control {
+    /// The stream to `consumer` is open (its hello was accepted).
+    Attached {
+        consumer: u32,
+        sink: tokio::sync::mpsc::UnboundedSender<Push>,
+    },
+    Credit {
+        consumer: u32,
+        credit: Credit,
+    },
+    /// `consumer` left: nothing more is sent to it.
+    Gone {
+        consumer: u32,
+    },
+    /// The local consumer stopped in `epoch`: the peers will finish that
+    /// epoch, so serve them all of it (they leave early by closing their
+    /// streams), then end.
+    Stop {
+        epoch: u64,
+    },
+    /// The local consumer failed (`why`): tell every peer, then end, so they
+    /// fail naming the cause rather than this node.
+    Abort(String),
+}
