@@ -51,7 +51,7 @@ pub struct Extent {
 }
 
 /// The extents that read the records of `chunk` selected by `mask` (bit j =
-/// slot j). Records outside the chunk's record count are ignored.
+/// record j). Records outside the chunk's record count are ignored.
 pub fn extents(index: &Index, chunk: u64, mask: u64, gap: ReadGap) -> Vec<Extent> {
     let loc = index.chunks[chunk as usize];
     let first = chunk * index.chunk_size() as u64;

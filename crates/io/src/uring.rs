@@ -301,7 +301,7 @@ impl Reactor {
         })
     }
 
-    /// Registers one buffer per queue slot (no more reads are ever in
+    /// Registers one buffer per read in flight (no more reads are ever in
     /// flight), no more than `fixed_buffer_bytes` (none when that is less
     /// than one buffer); None, with a warning, where the kernel refuses (beyond RLIMIT_MEMLOCK
     /// without CAP_IPC_LOCK).
@@ -331,9 +331,10 @@ impl Reactor {
 
     async fn run(self: Rc<Self>, mut jobs: tokio::sync::mpsc::UnboundedReceiver<Job>) {
         let depth = self.shared.cfg.queue_depth;
-        let slots = Arc::new(tokio::sync::Semaphore::new(depth));
+        // One permit per read in flight: the queue depth.
+        let permits = Arc::new(tokio::sync::Semaphore::new(depth));
         while let Some(job) = jobs.recv().await {
-            let Ok(permit) = slots.clone().acquire_owned().await else {
+            let Ok(permit) = permits.clone().acquire_owned().await else {
                 break;
             };
             let me = self.clone();
@@ -344,7 +345,7 @@ impl Reactor {
             });
         }
         // Wait for the reads still in flight before the runtime goes away.
-        let _ = slots.acquire_many(depth as u32).await;
+        let _ = permits.acquire_many(depth as u32).await;
     }
 
     async fn execute(&self, job: Job) -> Completion {

@@ -28,7 +28,7 @@ pub(crate) struct BrandState {
     chunks: u32,
     /// Choose the refill chunk uniformly instead of by fill rate.
     random: bool,
-    /// Per chunk: records not yet filled this epoch (bit j = slot j).
+    /// Per chunk: records not yet filled this epoch (bit j = record j).
     unfilled: Vec<u64>,
     /// Per group: empty slots of its abstract chunk (bit j = slot j). Bits
     /// at or above `K` stay set and are never looked at on their own.

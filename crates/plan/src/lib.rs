@@ -128,7 +128,7 @@ pub(crate) struct PlanSpec {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Event {
     /// Read the records of `chunk` whose bits are set in `mask` (bit `j` =
-    /// slot `j`) into memory. Always before the serves that need them.
+    /// record `j` of the chunk) into memory. Always before the serves that need them.
     Read { chunk: u64, mask: u64 },
     /// Hand out `sample`, which is in memory.
     Serve {
@@ -148,7 +148,7 @@ pub enum Event {
 
 impl Event {
     /// Change in the number of samples this rank holds.
-    pub fn resident_delta(&self) -> i64 {
+    pub fn held_delta(&self) -> i64 {
         match *self {
             Event::Read { mask, .. } => mask.count_ones() as i64,
             Event::Serve { frees, .. } => -(frees as i64),
@@ -159,14 +159,15 @@ impl Event {
 /// Counts the samples a rank holds while its events are executed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Residency {
-    pub resident: u64,
+    /// Samples held now.
+    pub held: u64,
     pub peak: u64,
 }
 
 impl Residency {
     pub fn observe(&mut self, event: &Event) {
-        self.resident = self.resident.saturating_add_signed(event.resident_delta());
-        self.peak = self.peak.max(self.resident);
+        self.held = self.held.saturating_add_signed(event.held_delta());
+        self.peak = self.peak.max(self.held);
     }
 }
 

@@ -164,7 +164,7 @@ pub fn simulate_with(index: &Index, config: &PlanConfig, options: &SimOptions) -
             let plan = global.rank_plan(rank as u32, start)?;
             let held = &mut held[rank];
             let residency = &mut residency[rank];
-            residency.peak = residency.resident;
+            residency.peak = residency.held;
             let mut batch_labels = Vec::with_capacity(batch as usize);
             for event in plan {
                 residency.observe(&event);

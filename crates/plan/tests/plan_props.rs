@@ -87,7 +87,7 @@ impl RankMemory {
                     serves.push((position, sample, padding));
                 }
             }
-            assert_eq!(self.residency.resident, self.held.len() as u64);
+            assert_eq!(self.residency.held, self.held.len() as u64);
         }
         serves
     }
@@ -134,7 +134,7 @@ fn check_epoch(p: &Planner, epoch: u64, memory: &mut [RankMemory], start: Start)
             g.world_slots
         );
         if !g.holds_all {
-            assert_eq!(mem.residency.resident, 0, "rank {rank} ends the epoch holding samples");
+            assert_eq!(mem.residency.held, 0, "rank {rank} ends the epoch holding samples");
         }
         all.push(serves);
     }
@@ -255,7 +255,7 @@ proptest! {
             let replaced = &tail[..tail.len() - rest.len()];
             let only_reads = replaced.iter().all(|e| matches!(e, Event::Read { .. }));
             prop_assert!(only_reads, "only reads made before the resume point are replaced");
-            prop_assert_eq!(mem.residency.resident, 0);
+            prop_assert_eq!(mem.residency.held, 0);
         }
     }
 
