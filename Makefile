@@ -13,11 +13,11 @@ DEMO_SAMPLES ?= 2000
 BRAND := $(TARGET)/release/brand
 
 .PHONY: demo test rust-test python-test lint build capi-build capi-test cpp-test tools bench bench-test fuzz fuzz-replay \
-	install uninstall
+	install uninstall install-test
 
 # What `make test` calls besides cargo, gcc and Python: installed here when
 # missing, so a fresh machine needs nothing else (root and Debian's apt).
-TOOLS := cmake valgrind
+TOOLS := cmake valgrind pkg-config
 tools:
 	missing=()
 	for tool in $(TOOLS); do command -v "$$tool" >/dev/null || missing+=("$$tool"); done
@@ -171,7 +171,23 @@ uninstall:
 	if [[ -z "$(DESTDIR)" && $$(id -u) == 0 ]]; then $(LDCONFIG); fi
 	echo "removed brand $$version from $$dest"
 
-test: tools lint rust-test fuzz-replay capi-test cpp-test python-test bench-test
+# The installed package as its users use it (capi/tests/install/run.sh): into a temporary PREFIX
+# (and once staged through DESTDIR), then a C program through pkg-config (shared, and static with
+# --static), the C++ examples and their ctest suite through find_package(brand) (their data made
+# by the brand CLI), brand::brand_static, the version file, and uninstall.
+INSTALL_TEST := $(TARGET)/install-test
+install-test: tools
+	rm -rf $(INSTALL_TEST)
+	cargo build --release --locked -p brand-cli
+	$(MAKE) --no-print-directory install PREFIX=$(INSTALL_TEST)/prefix LDCONFIG=:
+	$(MAKE) --no-print-directory install PREFIX=/opt/brand DESTDIR=$(INSTALL_TEST)/stage LDCONFIG=:
+	BRAND_BIN=$(BRAND) BRAND_NATIVE_LIBS='$(CAPI_NATIVE_LIBS)' capi/tests/install/run.sh $(INSTALL_TEST)
+	$(MAKE) --no-print-directory uninstall PREFIX=$(INSTALL_TEST)/prefix LDCONFIG=:
+	left=$$(find $(INSTALL_TEST)/prefix -mindepth 1 -not -type d)
+	[[ -z "$$left" ]] || { echo "uninstall left: $$left" >&2; exit 1; }
+	echo "install-test: passed"
+
+test: tools lint rust-test fuzz-replay capi-test cpp-test install-test python-test bench-test
 
 # The benchmark harness (bench/, see bench/README.md): brand against fio, PyTorch's DataLoader,
 # SPDL, tf.data and a per-file loader, larger than memory (a memory cgroup per run) on the raw disk
