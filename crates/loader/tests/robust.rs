@@ -205,15 +205,17 @@ fn fail_syscall(nr: u32, errno: i32) {
     }
 }
 
+/// In a child process with syscall `nr` refused (seccomp), `auto` falls
+/// back to threads at open and serves the same epoch as io_uring does here,
+/// and `uring` fails at open: returns the child's `uring` error and how long
+/// it took. `name` is the calling test (the child runs only it) and `mode`
+/// its tag for the child.
 #[cfg(target_arch = "x86_64")]
-#[test]
-fn io_uring_refused_by_seccomp_falls_back_to_threads_with_the_same_epoch() {
-    const NAME: &str = "io_uring_refused_by_seccomp_falls_back_to_threads_with_the_same_epoch";
+fn refused_syscall_falls_back_to_threads(name: &str, mode: &str, nr: u32) -> (String, u64) {
     let c = config(Memory::Percent(20.0), 0, 1, 1 << 20);
     if let Ok(v) = std::env::var(CHILD) {
-        // The child: io_uring_setup (425) refused, as under Docker's default profile.
-        let dir = v.strip_prefix("refuse-setup:").expect("mode");
-        refuse_syscall(425);
+        let dir = v.strip_prefix(&format!("{mode}:")).expect("mode");
+        refuse_syscall(nr);
         let ds = Arc::new(Dataset::open(dir).expect("open"));
         let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("auto falls back");
         let ids = epoch(&mut l, &ds);
@@ -222,26 +224,46 @@ fn io_uring_refused_by_seccomp_falls_back_to_threads_with_the_same_epoch() {
         println!("ORDER={ids:?}");
         let mut u = c.clone();
         u.io.backend = IoBackend::Uring;
+        let start = Instant::now();
         let err = Loader::open(ds, &u, LoaderState::default())
             .err()
             .expect("uring must fail");
         println!("URING-ERR={err}");
-        return;
+        println!("URING-FAILED-AFTER-MS={}", start.elapsed().as_millis());
+        std::process::exit(0);
     }
+    assert_eq!(c.io.io_timeout, Duration::from_secs(60));
     let t = tempfile::tempdir().expect("tempdir");
     let ds = dataset(t.path(), 200);
     let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
     let want = epoch(&mut l, &ds);
     assert!(!l.metrics().threads_backend, "io_uring works in this process");
     drop(l);
-    let (ok, out) = run_child(NAME, "refuse-setup", ds.dir());
+    let (ok, out) = run_child(name, mode, ds.dir());
     assert!(ok, "child failed:\n{out}");
     assert!(out.contains("REFUSED=true THREADS=true"), "{out}");
     assert!(
         out.contains(&format!("ORDER={want:?}")),
         "same order and bytes as io_uring:\n{out}"
     );
-    assert!(out.contains("URING-ERR=<io_uring>"), "{out}");
+    let line = |key: &str| out.lines().find_map(|l| l.strip_prefix(key)).map(str::to_string);
+    let err = line("URING-ERR=").unwrap_or_else(|| panic!("no uring error:\n{out}"));
+    let ms = line("URING-FAILED-AFTER-MS=")
+        .and_then(|ms| ms.trim().parse().ok())
+        .unwrap_or_else(|| panic!("the child says how long uring took to fail:\n{out}"));
+    (err, ms)
+}
+
+/// io_uring_setup (425) refused, as under Docker's default profile.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn io_uring_refused_by_seccomp_falls_back_to_threads_with_the_same_epoch() {
+    let (err, _) = refused_syscall_falls_back_to_threads(
+        "io_uring_refused_by_seccomp_falls_back_to_threads_with_the_same_epoch",
+        "refuse-setup",
+        425,
+    );
+    assert!(err.starts_with("<io_uring>"), "{err}");
 }
 
 /// pread64 on x86_64.
@@ -788,46 +810,11 @@ fn the_next_epochs_first_reads_are_issued_before_this_epoch_ends() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn io_uring_enter_refused_alone_falls_back_or_fails_at_open() {
-    const NAME: &str = "io_uring_enter_refused_alone_falls_back_or_fails_at_open";
-    let c = config(Memory::Percent(20.0), 0, 1, 1 << 20);
-    if let Ok(v) = std::env::var(CHILD) {
-        let dir = v.strip_prefix("refuse-enter-only:").expect("mode");
-        refuse_syscall(426);
-        let ds = Arc::new(Dataset::open(dir).expect("open"));
-        let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("auto falls back");
-        let ids = epoch(&mut l, &ds);
-        let m = l.metrics();
-        println!("REFUSED={} THREADS={}", m.uring_refused, m.threads_backend);
-        println!("ORDER={ids:?}");
-        let mut u = c.clone();
-        u.io.backend = IoBackend::Uring;
-        let start = Instant::now();
-        let err = Loader::open(ds, &u, LoaderState::default())
-            .err()
-            .expect("uring must fail");
-        println!("URING-ERR={err}");
-        println!("URING-FAILED-AFTER-MS={}", start.elapsed().as_millis());
-        return;
-    }
-    assert_eq!(c.io.io_timeout, Duration::from_secs(60));
-    let t = tempfile::tempdir().expect("tempdir");
-    let ds = dataset(t.path(), 200);
-    let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
-    let want = epoch(&mut l, &ds);
-    assert!(!l.metrics().threads_backend, "io_uring works in this process");
-    drop(l);
-    let (ok, out) = run_child(NAME, "refuse-enter-only", ds.dir());
-    assert!(ok, "child failed:\n{out}");
-    assert!(out.contains("REFUSED=true THREADS=true"), "{out}");
-    assert!(
-        out.contains(&format!("ORDER={want:?}")),
-        "same order and bytes as io_uring:\n{out}"
+    let (err, ms) = refused_syscall_falls_back_to_threads(
+        "io_uring_enter_refused_alone_falls_back_or_fails_at_open",
+        "refuse-enter-only",
+        426,
     );
-    assert!(out.contains("URING-ERR=<io_uring>: io_uring_enter"), "{out}");
-    let ms: u64 = out
-        .lines()
-        .find_map(|l| l.strip_prefix("URING-FAILED-AFTER-MS="))
-        .and_then(|ms| ms.trim().parse().ok())
-        .expect("the child says how long uring took to fail");
-    assert!(ms < 5_000, "uring failed after {ms} ms, not at open:\n{out}");
+    assert!(err.starts_with("<io_uring>: io_uring_enter"), "{err}");
+    assert!(ms < 5_000, "uring failed after {ms} ms, not at open");
 }
