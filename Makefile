@@ -12,7 +12,7 @@ DEMO_DIR ?= target/demo
 DEMO_SAMPLES ?= 2000
 BRAND := $(TARGET)/release/brand
 
-.PHONY: demo test rust-test python-test lint build capi-build capi-test cpp-test tools bench bench-test fuzz fuzz-replay
+.PHONY: demo test rust-test python-test py-test lint build capi-build capi-test cpp-test tools bench bench-test fuzz fuzz-replay
 
 # What `make test` calls besides cargo, gcc and Python: installed here when
 # missing, so a fresh machine needs nothing else (root and Debian's apt).
@@ -54,6 +54,21 @@ python-test: build
 	venv=$$(scripts/tf-venv.sh)
 	BRAND_BIN=$(BRAND) "$$venv/bin/python" -m pytest -q tests/python
 	BRAND_BIN=$(BRAND) tf-op/test.sh "$$venv/bin/python"
+
+# brand's Python package (python/, its own cargo workspace): fmt and clippy of its extension
+# crate, its abi3 wheel built by maturin and installed into the test venv (scripts/py-venv.sh:
+# numpy, torch, torchdata, grain, pytest, maturin; outside the repo), then python/tests
+# against those real libraries, including the wheel in a fresh venv without cargo.
+PY_WHEELS := $(TARGET)/wheels
+py-test:
+	venv=$$(scripts/py-venv.sh)
+	cargo build --release --locked -p brand-cli
+	cargo fmt --manifest-path python/Cargo.toml --check
+	cargo clippy --locked --manifest-path python/Cargo.toml --all-targets -- -D warnings
+	rm -f $(PY_WHEELS)/brand-*.whl
+	"$$venv/bin/maturin" build --release --locked --manifest-path python/Cargo.toml -o $(PY_WHEELS)
+	"$$venv/bin/python" -m uv pip install --quiet --python "$$venv/bin/python" --no-deps --reinstall $(PY_WHEELS)/brand-*.whl
+	BRAND_BIN=$(BRAND) BRAND_WHEEL_DIR=$(PY_WHEELS) "$$venv/bin/python" -m pytest -q -p no:cacheprovider python/tests
 
 # The C ABI (capi/): libbrand.a and libbrand.so, and the brand CLI that makes test data.
 capi-build:
@@ -101,7 +116,7 @@ cpp-test: capi-build tools
 	cmake --build $(CPP_BUILD) -j 2
 	ctest --test-dir $(CPP_BUILD) --output-on-failure
 
-test: tools lint rust-test fuzz-replay capi-test cpp-test python-test bench-test
+test: tools lint rust-test fuzz-replay capi-test cpp-test python-test py-test bench-test
 
 # The benchmark harness (bench/, see bench/README.md): brand against fio, PyTorch's DataLoader,
 # SPDL, tf.data and a per-file loader, larger than memory (a memory cgroup per run) on the raw disk
