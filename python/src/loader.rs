@@ -334,6 +334,24 @@ impl Loader {
         self.path.clone()
     }
 
+    /// Jumps to the start of ``epoch`` (anything read ahead is dropped; a
+    /// batch received but not yet returned is discarded). The next
+    /// iteration yields that epoch. A node of a multi-node job can only jump
+    /// before its first batch (every node must start at the same place).
+    fn start_epoch(&self, py: Python<'_>, epoch: u64) -> PyResult<()> {
+        self.with_open(|open| {
+            open.check_usable()?;
+            open.settle(py)?;
+            open.ready = None;
+            open.before = None;
+            let mut reader = open.reader()?;
+            let reader: &mut Reader = &mut reader;
+            // It waits for the reads in flight: without the GIL.
+            py.detach(|| guarded(|| reader.start_epoch(epoch)))?;
+            Ok(())
+        })
+    }
+
     /// The position as a small JSON-serialisable dict: ``checkpoint`` (the
     /// 88-byte brand state blob, hex: bound to the dataset and the plan
     /// config), and for people ``epoch``, ``served`` (samples of that epoch
