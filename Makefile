@@ -68,7 +68,7 @@ py-test:
 	rm -f $(PY_WHEELS)/brand-*.whl
 	"$$venv/bin/maturin" build --release --locked --manifest-path python/Cargo.toml -o $(PY_WHEELS)
 	"$$venv/bin/python" -m uv pip install --quiet --python "$$venv/bin/python" --no-deps --reinstall $(PY_WHEELS)/brand-*.whl
-	BRAND_BIN=$(BRAND) BRAND_WHEEL_DIR=$(PY_WHEELS) "$$venv/bin/python" -m pytest -q -p no:cacheprovider python/tests
+	BRAND_BIN=$(BRAND) "$$venv/bin/python" -m pytest -q -p no:cacheprovider python/tests
 
 # The C ABI (capi/): libbrand.a and libbrand.so, and the brand CLI that makes test data.
 capi-build:
