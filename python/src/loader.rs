@@ -48,7 +48,7 @@ const STATE_DICT_VERSION: i64 = 1;
 /// Without ``nodes``, the launcher's environment (``BRAND_NODES`` with
 /// ``RANK``, or ``TF_CONFIG``) is read as everywhere in brand.
 ///
-/// Iterating yields the ``brand.Batch`` es of one epoch, in brand's order;
+/// Iterating yields the batches (``brand.Batch``) of one epoch, in brand's order;
 /// iterating again yields the next epoch (a loop left early continues where
 /// it stopped). ``len(loader)`` is the batches per epoch. Waiting for a
 /// batch releases the GIL and Ctrl-C interrupts it (the batch is not lost:
