@@ -1,0 +1,54 @@
+"""brand: a training-data loader for datasets far larger than memory.
+
+Samples are packed into chunks (``brand pack``), read with O_DIRECT and
+io_uring, and served once per epoch in a provably random order within a
+memory budget.
+
+Quick start::
+
+    import brand
+
+    loader = brand.Loader("/data/imagenet.brand", batch_size=256, memory="10%", seed=1)
+    for epoch in range(3):
+        for batch in loader:              # one epoch per loop
+            for arr, label in zip(batch.samples, batch.labels):
+                ...                       # arr: read-only numpy.uint8 view, no copy
+        state = loader.state_dict()       # JSON-serialisable; resume with load_state_dict
+
+Modules: ``brand.torch`` (a PyTorch ``IterableDataset`` that torchdata's
+``StatefulDataLoader`` checkpoints), ``brand.grain`` (a Grain ``IterDataset``).
+
+Errors are ``brand.BrandError`` and its subclasses: ``ConfigError``,
+``NotFoundError``, ``IoError``, ``FormatError``, ``DataLossError`` (a corrupt
+record), ``InvalidStateError`` and ``StateMismatchError``.
+"""
+
+from brand._brand import (
+    CHECKPOINT_BYTES,
+    Batch,
+    BrandError,
+    ConfigError,
+    DataLossError,
+    FormatError,
+    InvalidStateError,
+    IoError,
+    Loader,
+    NotFoundError,
+    SampleBuffer,
+    StateMismatchError,
+)
+
+__all__ = [
+    "CHECKPOINT_BYTES",
+    "Batch",
+    "BrandError",
+    "ConfigError",
+    "DataLossError",
+    "FormatError",
+    "InvalidStateError",
+    "IoError",
+    "Loader",
+    "NotFoundError",
+    "SampleBuffer",
+    "StateMismatchError",
+]

@@ -1,0 +1,141 @@
+"""brand for Grain: ``BrandIterDataset``, a ``grain.IterDataset`` over a brand
+dataset whose iterator checkpoints with ``get_state``/``set_state``.
+
+::
+
+    import grain, brand.grain
+
+    ds = brand.grain.BrandIterDataset("/data/ds.brand", num_epochs=None,
+                                      rank=jax.process_index(), world=jax.process_count(),
+                                      memory="10%", seed=1)
+    it = iter(ds.map(decode))
+    for step, item in zip(range(steps), it):
+        ...
+    saved = it.get_state()          # a small dict; later: it.set_state(saved)
+
+Items are ``{"data": numpy.uint8 array, "label": int, "id": int, "key":
+str}``, the array a read-only view of brand's buffer (no copy; ``copy()``
+it to write). With ``batched=True`` each item is one brand batch: ``{"data":
+[arrays], "label": int64 array, "id": uint64 array, "key": [str], "epoch":
+int}``.
+
+An iterator yields the epochs ``first_epoch`` to ``first_epoch + num_epochs
+- 1`` (``num_epochs=None``: without end), in brand's order: every sample
+once per epoch on each rank (``rank``/``world`` keywords, as for
+``brand.Loader``). Its state is exact to the sample and a fresh iterator of
+the same dataset resumes from it, also after Grain transformations chained
+after it (``map``, ``batch``, ...), whose iterators carry it in theirs.
+
+Each iterator opens its own ``brand.Loader`` in the process that iterates;
+it is not meant for Grain's multiprocess prefetch (brand reads and decodes
+on its own threads already).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+import grain
+
+import brand
+
+__all__ = ["BrandIterDataset", "BrandDatasetIterator"]
+
+_STATE_VERSION = 1
+
+
+class BrandIterDataset(grain.IterDataset):
+    """A Grain ``IterDataset`` over the brand dataset at ``path``: see
+    ``help(brand.grain)``.
+
+    ``BrandIterDataset(path, batched=False, first_epoch=0, num_epochs=1,
+    **config)``; ``config`` is brand's configuration as ``brand.Loader``
+    takes it.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        batched: bool = False,
+        first_epoch: int = 0,
+        num_epochs: Optional[int] = 1,
+        **config: Any,
+    ) -> None:
+        super().__init__()
+        self.path = os.fspath(path)
+        self.batched = batched
+        self.first_epoch = int(first_epoch)
+        self.num_epochs = num_epochs
+        self.config = config
+
+    def __iter__(self) -> "BrandDatasetIterator":
+        return BrandDatasetIterator(self)
+
+    def __str__(self) -> str:
+        return f"BrandIterDataset({self.path!r}, batched={self.batched})"
+
+
+class BrandDatasetIterator(grain.DatasetIterator):
+    """The iterator of a ``BrandIterDataset``: a ``brand.Loader`` and where
+    in its current batch it is."""
+
+    def __init__(self, dataset: BrandIterDataset) -> None:
+        super().__init__()
+        self._dataset = dataset
+        self._loader = brand.Loader(dataset.path, **dataset.config)
+        if dataset.first_epoch:
+            self._loader.start_epoch(dataset.first_epoch)
+        self._end = None if dataset.num_epochs is None else dataset.first_epoch + dataset.num_epochs
+        self._batch: Optional[brand.Batch] = None
+        self._before: Optional[dict] = None  # the loader's state before _batch
+        self._taken = 0  # samples of _batch handed out
+        self._skip = 0  # samples of the next batch to leave out (after set_state)
+
+    def __next__(self):
+        while self._batch is None or self._taken >= len(self._batch):
+            self._fetch()
+        b, i = self._batch, self._taken
+        if self._dataset.batched:
+            self._taken = len(b)
+            return {"data": b.samples[i:], "label": b.labels[i:], "id": b.ids[i:], "key": b.keys[i:],
+                    "epoch": b.epoch}
+        self._taken = i + 1
+        return {"data": self._arrays[i], "label": int(self._labels[i]), "id": int(self._ids[i]),
+                "key": self._keys[i]}
+
+    def _fetch(self) -> None:
+        before = self._loader.state_dict()
+        if self._end is not None and before["epoch"] >= self._end:
+            raise StopIteration
+        batch = next(self._loader, None)  # None: the epoch ended, the loader is at the next
+        if batch is None:
+            self._batch = None
+            return
+        self._batch, self._before, self._taken, self._skip = batch, before, self._skip, 0
+        self._arrays, self._labels, self._ids, self._keys = batch.samples, batch.labels, batch.ids, batch.keys
+
+    def get_state(self) -> dict[str, Any]:
+        """Where the iterator is: brand's state before the batch in hand and
+        how many of its samples were handed out (JSON-serialisable)."""
+        if self._batch is not None and self._taken < len(self._batch):
+            return {"version": _STATE_VERSION, "brand": dict(self._before), "skip": self._taken}
+        if self._batch is None and self._skip:
+            return {"version": _STATE_VERSION, "brand": self._loader.state_dict(), "skip": self._skip}
+        return {"version": _STATE_VERSION, "brand": self._loader.state_dict(), "skip": 0}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Continues exactly where the iterator that gave ``state`` was."""
+        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION or "brand" not in state:
+            raise brand.InvalidStateError(f"not a BrandDatasetIterator state: {state!r:.200}")
+        self._loader.load_state_dict(state["brand"])
+        self._batch, self._before, self._taken = None, None, 0
+        self._skip = int(state["skip"])
+
+    def close(self) -> None:
+        self._loader.close()
+        super().close()
+
+    def __str__(self) -> str:
+        return f"BrandDatasetIterator({self._dataset.path!r})"

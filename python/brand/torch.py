@@ -1,0 +1,272 @@
+"""brand for PyTorch: ``BrandDataset``, an ``IterableDataset`` over a brand
+dataset that torchdata's ``StatefulDataLoader`` checkpoints and resumes
+exactly.
+
+Per sample (the default)::
+
+    ds = brand.torch.BrandDataset("/data/ds.brand", memory="10%", seed=1)
+    dl = torchdata.stateful_dataloader.StatefulDataLoader(
+        ds, batch_size=64, num_workers=4, collate_fn=my_collate)
+    for epoch in range(start_epoch, epochs):
+        ds.set_epoch(epoch)
+        for batch in dl:
+            ...
+        # dl.state_dict() at any step; dl.load_state_dict(saved) to resume
+
+Each item is ``{"data": uint8 tensor, "label": int, "id": int, "key": str}``
+(samples differ in size, so the default collate cannot stack them: pass a
+``collate_fn``, or decode to a fixed shape with ``transform``).
+
+Whole batches: ``BrandDataset(path, batched=True, batch_size=256)`` yields
+brand's batches as they come, ``{"data": [uint8 tensor, ...], "label":
+int64 tensor, "id": int64 tensor, "key": [str, ...], "epoch": int}``; give
+the DataLoader ``batch_size=None``.
+
+Ranks and workers: the rank and world come from ``torch.distributed`` when it
+is initialised, else from ``RANK`` / ``WORLD_SIZE`` (else 0 and 1); a
+``rank``/``world`` keyword overrides them. With ``num_workers=k`` every worker
+is a brand rank of its own: world ``world × k``, rank ``rank × k +
+worker_id``. Every sample is served exactly once per epoch across all ranks
+and workers. ``memory`` is per brand rank, so per worker.
+
+Epochs: iterating the dataset again in the same process continues with the
+next epoch (``num_workers=0``, or ``persistent_workers=True``). DataLoader
+workers that are started afresh each epoch start from the dataset object of
+the main process: call ``set_epoch(epoch)`` before each epoch, as with
+``DistributedSampler``.
+
+Checkpoints: ``state_dict()``/``load_state_dict()`` give each worker's exact
+position (to the sample), which ``StatefulDataLoader`` saves and restores with
+0 or k workers, mid-epoch or after an epoch's end. A state loaded into a
+worker wins over ``set_epoch`` unless ``set_epoch`` names a later epoch (so
+``set_epoch(e + 1)`` after resuming from the end of epoch ``e`` starts
+``e + 1``).
+
+Changing ``num_workers`` (or the number of ranks) across a resume is an
+elastic resume over ``world × k`` brand ranks: ``StatefulDataLoader`` cannot
+restore it (its state is per worker), so take every worker's brand state out
+of every rank's saved DataLoader state with ``worker_states(dl_state)``,
+gather them from all ranks (``torch.distributed.all_gather_object``), and give
+the full list to ``BrandDataset.load_world_state(states)`` of the new run,
+whose DataLoader starts fresh (no ``load_state_dict``). brand then continues
+the same epoch's global order on the new ``world × k`` ranks, every sample
+once. Two conditions, both checked: the total memory (``world × k ×
+memory``) must be the saved run's (give ``memory`` in slots, or scale it),
+and the states must be of one global step: every brand rank saved after the
+same number of brand batches, i.e. ``batched=True`` and a DataLoader step
+count that is a multiple of ``num_workers``.
+
+Tensors view brand's buffers without a copy and must not be written to
+(brand may hand the same buffer out again next epoch): ``clone()`` first.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any, Callable, Optional
+
+import torch
+import torch.utils.data
+
+import brand
+
+__all__ = ["BrandDataset", "worker_states"]
+
+_STATE_VERSION = 1
+
+
+def _rank_and_world() -> tuple[int, int]:
+    """This process's rank and world: torch.distributed, else RANK/WORLD_SIZE."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _tensors(arrays: list) -> list[torch.Tensor]:
+    # The arrays are read-only (brand's buffers); torch has no read-only
+    # tensors and warns once per array. The caller is told not to write.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return [torch.from_numpy(a) for a in arrays]
+
+
+class BrandDataset(torch.utils.data.IterableDataset):
+    """An ``IterableDataset`` over the brand dataset at ``path``: see the
+    module documentation (``help(brand.torch)``).
+
+    ``BrandDataset(path, batched=False, transform=None, **config)``:
+    ``config`` is brand's configuration as keywords (as ``brand.Loader``
+    takes them; ``rank`` and ``world`` default to torch.distributed's or
+    RANK/WORLD_SIZE). ``batched=False`` yields one dict per sample, ``True``
+    one dict per brand batch. ``transform``, if given, is applied to each
+    item before it is yielded.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        batched: bool = False,
+        transform: Optional[Callable[[dict], Any]] = None,
+        **config: Any,
+    ) -> None:
+        super().__init__()
+        self.path = os.fspath(path)
+        self.batched = batched
+        self.transform = transform
+        self.config = config
+        self._epoch: Optional[int] = None
+        self._pending: Optional[dict] = None
+        self._world_states: Optional[list] = None
+        # Per process: (pid, rank, world) -> the loader this worker iterates.
+        self._loader: Optional[brand.Loader] = None
+        self._loader_key: Optional[tuple] = None
+        # Where the worker is: the brand state before the batch in hand and
+        # how many of its samples were yielded (None: between batches).
+        self._before: Optional[dict] = None
+        self._taken = 0
+        self._batch_len = 0
+
+    # -- where this worker is ------------------------------------------------
+
+    def _brand_rank(self) -> tuple[int, int]:
+        """This worker's brand rank and world: rank × k + worker id of world × k."""
+        rank, world = _rank_and_world()
+        rank = self.config.get("rank", rank)
+        world = self.config.get("world", world)
+        info = torch.utils.data.get_worker_info()
+        if info is None:
+            return rank, world
+        return rank * info.num_workers + info.id, world * info.num_workers
+
+    def _open(self) -> brand.Loader:
+        rank, world = self._brand_rank()
+        key = (os.getpid(), rank, world)
+        if self._loader is None or self._loader_key != key:
+            # A loader inherited from another process is left alone (it
+            # belongs to its parent); each worker opens its own.
+            config = dict(self.config, rank=rank, world=world)
+            self._loader = brand.Loader(self.path, **config)
+            self._loader_key = key
+            self._before = None
+        return self._loader
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next iteration starts (at its beginning); see the
+        module documentation for when this is needed."""
+        self._epoch = int(epoch)
+
+    # -- iteration ------------------------------------------------------------
+
+    def __iter__(self):
+        loader = self._open()
+        skip = 0
+        pending, self._pending = self._pending, None
+        world_states, self._world_states = self._world_states, None
+        if world_states is not None:
+            loader.load_state_dict({"world": world_states})
+        elif pending is not None and pending.get("brand") is not None:
+            saved_epoch = pending["brand"]["epoch"]
+            if self._epoch is not None and self._epoch > saved_epoch:
+                loader.start_epoch(self._epoch)
+            else:
+                loader.load_state_dict(pending["brand"])
+                skip = pending["skip"]
+        elif pending is not None:
+            loader.start_epoch(max(pending["epoch"], self._epoch or 0))
+        elif self._epoch is not None:
+            if loader.state_dict()["epoch"] != self._epoch or loader.state_dict()["served"] != 0:
+                loader.start_epoch(self._epoch)
+        self._epoch = None
+        # Until the generator takes the batch in hand, a state saved now is
+        # the resumed one (skip included).
+        if skip:
+            self._before, self._taken, self._batch_len = dict(pending["brand"]), skip, skip + 1
+        else:
+            self._before = None
+        return self._items(loader, skip)
+
+    def _items(self, loader: brand.Loader, skip: int):
+        while True:
+            before = loader.state_dict()
+            batch = next(loader, None)
+            if batch is None:
+                self._before = None
+                return
+            self._before, self._taken, self._batch_len = before, skip, len(batch)
+            data = _tensors(batch.samples[skip:])
+            if self.batched:
+                item = {
+                    "data": data,
+                    "label": torch.from_numpy(batch.labels[skip:]),
+                    "id": torch.from_numpy(batch.ids[skip:].astype("int64")),
+                    "key": batch.keys[skip:],
+                    "epoch": batch.epoch,
+                }
+                self._taken = len(batch)
+                yield self.transform(item) if self.transform else item
+            else:
+                labels, ids, keys = batch.labels.tolist(), batch.ids.tolist(), batch.keys
+                for i in range(skip, len(batch)):
+                    item = {"data": data[i - skip], "label": labels[i], "id": ids[i], "key": keys[i]}
+                    # Counted before the yield: a state taken while the item
+                    # is out has it as handed out.
+                    self._taken = i + 1
+                    yield self.transform(item) if self.transform else item
+            skip = 0
+
+    # -- checkpoints ------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """This worker's position (JSON-serialisable): brand's state before
+        the batch in hand and how many of its samples were yielded."""
+        if self._pending is not None or self._world_states is not None or self._loader is None:
+            # Not iterating yet: what the next iteration will start from.
+            if self._pending is not None:
+                return dict(self._pending)
+            return {"version": _STATE_VERSION, "brand": None, "skip": 0, "epoch": self._epoch or 0}
+        if self._before is None or self._taken >= self._batch_len:
+            # Between batches: the loader's own state is exact (and usable
+            # for an elastic resume).
+            return {"version": _STATE_VERSION, "brand": self._loader.state_dict(), "skip": 0}
+        return {"version": _STATE_VERSION, "brand": dict(self._before), "skip": self._taken}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resumes the next iteration where ``state`` (from ``state_dict``)
+        was taken."""
+        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION or "brand" not in state:
+            raise brand.InvalidStateError(f"not a BrandDataset state: {state!r:.200}")
+        self._pending = dict(state)
+        self._world_states = None
+
+    def load_world_state(self, states: list[dict]) -> None:
+        """Elastic resume: ``states`` are the ``BrandDataset`` states of EVERY
+        worker of EVERY rank of the saved run (``worker_states`` of each
+        rank's DataLoader state, gathered), in any order. Each worker of this
+        run continues that run's global order as its own brand rank."""
+        brand_states = []
+        for i, s in enumerate(states):
+            if not isinstance(s, dict) or s.get("brand") is None:
+                raise brand.InvalidStateError(f"state {i} has no brand position: {s!r:.200}")
+            if s.get("skip", 0) != 0:
+                raise brand.StateMismatchError(
+                    f"state {i} was saved inside a brand batch ({s['skip']} samples of it yielded): an elastic "
+                    "resume needs every worker between batches (batched=True, and a DataLoader step count "
+                    "that is a multiple of num_workers)"
+                )
+            brand_states.append(s["brand"])
+        self._world_states = brand_states
+        self._pending = None
+
+
+def worker_states(dataloader_state: dict) -> list[dict]:
+    """The ``BrandDataset`` state of every worker in a ``StatefulDataLoader``
+    state dict, in worker order (one with ``num_workers=0``): what
+    ``BrandDataset.load_world_state`` takes, gathered from every rank."""
+    snapshot = dataloader_state.get("_snapshot")
+    if snapshot is None:  # num_workers=0
+        return [dataloader_state["dataset_state"]]
+    workers = snapshot["_worker_snapshots"]
+    return [workers[f"worker_{i}"]["dataset_state"] for i in range(len(workers))]

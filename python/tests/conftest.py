@@ -1,0 +1,60 @@
+"""Shared fixtures: small datasets made by the brand CLI (BRAND_BIN, built by
+`make py-test`), and helpers that read them back from their source files."""
+
+import os
+import pathlib
+import shutil
+import subprocess
+
+import pytest
+
+SAMPLES = 150
+
+
+def brand_bin() -> str:
+    path = os.environ.get("BRAND_BIN")
+    if not path or not os.access(path, os.X_OK):
+        pytest.fail("BRAND_BIN must name the brand CLI (make py-test sets it)")
+    return path
+
+
+def make_dataset(root: pathlib.Path, samples: int = SAMPLES, seed: int = 2) -> tuple[pathlib.Path, pathlib.Path]:
+    """Generates `samples` files under root/files and packs them into root/ds."""
+    files, ds = root / "files", root / "ds"
+    subprocess.run(
+        [brand_bin(), "gen", str(files), "--samples", str(samples), "--mean-kib", "4", "--min-kib", "1",
+         "--max-kib", "16", "--classes", "5", "--seed", str(seed)],
+        check=True, capture_output=True,
+    )
+    subprocess.run(
+        [brand_bin(), "pack", str(files), "-o", str(ds), "--chunk-size", "16", "--seed", str(seed)],
+        check=True, capture_output=True,
+    )
+    return files, ds
+
+
+@pytest.fixture(scope="session")
+def dataset(tmp_path_factory) -> tuple[pathlib.Path, pathlib.Path]:
+    """(source directory, packed dataset) of SAMPLES samples; tests must not modify it."""
+    return make_dataset(tmp_path_factory.mktemp("brand-data"))
+
+
+@pytest.fixture
+def corrupt_copy(dataset, tmp_path) -> pathlib.Path:
+    """A copy of the dataset whose first segment has bytes flipped in the middle."""
+    _, ds = dataset
+    copy = tmp_path / "ds"
+    shutil.copytree(ds, copy)
+    segments = sorted(p for p in copy.iterdir() if p.is_file() and p.suffix not in (".toml", ".bin"))
+    assert segments, f"no segment files in {sorted(copy.iterdir())}"
+    seg = segments[0]
+    data = bytearray(seg.read_bytes())
+    mid = len(data) // 2
+    for i in range(mid, mid + 64):
+        data[i] ^= 0xFF
+    seg.write_bytes(bytes(data))
+    return copy
+
+
+def source_bytes(files: pathlib.Path, key: str) -> bytes:
+    return (files / os.fsdecode(os.fsencode(key))).read_bytes()

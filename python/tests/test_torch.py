@@ -1,0 +1,232 @@
+"""brand.torch.BrandDataset against the real torch and torchdata: exactly once,
+bytes, StatefulDataLoader resume with 0 and 2 workers, DDP-style ranks ×
+workers, elastic resume over a different number of workers."""
+
+import copy
+import json
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+import brand
+import brand.torch
+from brand.torch import BrandDataset, worker_states
+
+from conftest import SAMPLES, make_dataset, source_bytes
+
+CFG = dict(batch_size=8, memory="20%", seed=5, io_backend="threads")
+
+
+def as_list(items):
+    return items  # collate: keep the per-sample dicts
+
+
+def ids_of(step):
+    """The sample ids of one DataLoader step (a list of per-sample dicts, or a batched dict)."""
+    if isinstance(step, dict):
+        return step["id"].tolist()
+    return [item["id"] for item in step]
+
+
+def run_epochs(dl, ds, epochs, first_epoch=0):
+    out = []
+    for e in range(first_epoch, epochs):
+        ds.set_epoch(e)
+        out.append([ids_of(s) for s in dl])
+    return out
+
+
+@pytest.fixture(scope="module")
+def even_dataset(tmp_path_factory):
+    """160 samples: 4 ranks × workers divide it, so no padding repeats."""
+    return make_dataset(tmp_path_factory.mktemp("brand-even"), samples=160)
+
+
+def test_per_sample_items_are_every_sample_once_with_its_bytes(dataset):
+    files, ds_path = dataset
+    ds = BrandDataset(ds_path, **CFG)
+    dl = DataLoader(ds, batch_size=10, collate_fn=as_list)
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        seen = []
+        for step in dl:
+            for item in step:
+                assert isinstance(item["data"], torch.Tensor) and item["data"].dtype == torch.uint8
+                assert item["data"].numpy().tobytes() == source_bytes(files, item["key"])
+                assert item["key"].startswith(f"class-{item['label']:04d}/")
+                seen.append(item["id"])
+        assert sorted(seen) == list(range(SAMPLES))
+
+
+def test_batched_items_are_brand_batches(dataset):
+    files, ds_path = dataset
+    ds = BrandDataset(ds_path, batched=True, **CFG)
+    steps = list(DataLoader(ds, batch_size=None))
+    assert len(steps) == -(-SAMPLES // 8)
+    ids = [i for s in steps for i in s["id"].tolist()]
+    assert sorted(ids) == list(range(SAMPLES))
+    s = steps[0]
+    assert s["label"].dtype == torch.int64 and s["epoch"] == 0 and len(s["data"]) == len(s["key"]) == 8
+    for t, key in zip(s["data"], s["key"]):
+        assert t.numpy().tobytes() == source_bytes(files, key)
+
+
+def stateful(ds, workers, batched):
+    if batched:
+        return StatefulDataLoader(ds, batch_size=None, num_workers=workers)
+    return StatefulDataLoader(ds, batch_size=5, num_workers=workers, collate_fn=as_list)
+
+
+# A cut is the steps taken before the save; "end" saves after epoch 0's
+# loop has ended (the DataLoader raised StopIteration).
+@pytest.mark.parametrize("workers,batched,cuts", [
+    (0, False, [0, 1, 7, 29, 30, "end", 31, 45]),  # 30 steps of 5 an epoch: 30 = right after its last step
+    (0, True, [3, 19, "end"]),                     # 19 steps of 8 an epoch
+    (2, False, [1, 8, 30, "end", 31, 44]),         # two workers × 75 samples, steps of 5 from each in turn
+    (2, True, [5, 20, "end"]),                     # 2 × 10 batches a worker
+])
+def test_stateful_dataloader_resumes_exactly(dataset, workers, batched, cuts):
+    _, ds_path = dataset
+    whole_ds = BrandDataset(ds_path, batched=batched, **CFG)
+    whole = run_epochs(stateful(whole_ds, workers, batched), whole_ds, 2)
+    flat = [s for epoch in whole for s in epoch]
+    for epoch in whole:
+        assert sorted(i for s in epoch for i in s) == list(range(SAMPLES))
+    for cut in cuts:
+        ds = BrandDataset(ds_path, batched=batched, **CFG)
+        dl = stateful(ds, workers, batched)
+        got, epoch, it = [], 0, None
+        if cut == "end":
+            ds.set_epoch(0)
+            got = [ids_of(s) for s in dl]
+            epoch = 1
+        while cut != "end" and len(got) < cut:
+            if it is None:
+                ds.set_epoch(epoch)
+                it = iter(dl)
+            step = next(it, None)
+            if step is None:
+                it, epoch = None, epoch + 1
+                continue
+            got.append(ids_of(step))
+        saved = pickle.loads(pickle.dumps(dl.state_dict()))
+        json.dumps(worker_states(saved))  # the brand part is JSON too
+        del dl, it, ds
+        # A new process would start here: a new dataset and DataLoader.
+        ds = BrandDataset(ds_path, batched=batched, **dict(CFG, queue_depth=2))
+        dl = stateful(ds, workers, batched)
+        dl.load_state_dict(saved)
+        # The training loop's own count: the epoch it was in when it saved.
+        for e in range(epoch, 2):
+            ds.set_epoch(e)
+            got += [ids_of(s) for s in dl]
+        assert got == flat, f"cut {cut}: resumed run differs"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ddp_two_ranks_by_two_workers_serve_every_sample_exactly_once(even_dataset, tmp_path):
+    """Two processes in a gloo process group (RANK/WORLD_SIZE set wrong on
+    purpose: torch.distributed wins), each a DataLoader with 2 workers."""
+    _, ds_path = even_dataset
+    port = free_port()
+    script = textwrap.dedent("""
+        import json, sys, torch, torch.distributed as dist
+        from torch.utils.data import DataLoader
+        from brand.torch import BrandDataset
+        rank, port, ds, out = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+        data = BrandDataset(ds, batch_size=4, memory="30%", seed=9, io_backend="threads")
+        epochs = []
+        for epoch in range(2):
+            data.set_epoch(epoch)
+            dl = DataLoader(data, batch_size=6, num_workers=2, collate_fn=lambda x: x)
+            epochs.append([item["id"] for step in dl for item in step])
+        json.dump(epochs, open(out, "w"))
+        dist.destroy_process_group()
+    """)
+    env = dict(os.environ, RANK="5", WORLD_SIZE="9")
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(r), str(port), str(ds_path),
+                               str(tmp_path / f"rank{r}.json")], env=env) for r in range(2)]
+    for p in procs:
+        assert p.wait(timeout=120) == 0
+    ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(2)]
+    for epoch in range(2):
+        every = ranks[0][epoch] + ranks[1][epoch]
+        assert sorted(every) == list(range(160)), f"epoch {epoch}: not every sample exactly once"
+        assert len(ranks[0][epoch]) == len(ranks[1][epoch]) == 80
+    assert ranks[0][0] != ranks[0][1]
+
+
+def test_rank_and_world_from_the_environment(even_dataset, monkeypatch):
+    _, ds_path = even_dataset
+    got = []
+    for r in range(2):
+        monkeypatch.setenv("RANK", str(r))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        ds = BrandDataset(ds_path, **CFG)
+        got.append([i for s in DataLoader(ds, batch_size=4, num_workers=2, collate_fn=as_list) for i in ids_of(s)])
+    assert len(got[0]) == len(got[1]) == 80
+    assert sorted(got[0] + got[1]) == list(range(160))
+
+
+def test_elastic_resume_on_another_number_of_workers(even_dataset):
+    """2 workers × 48 slots save after 4 steps (2 batches each); 3 workers ×
+    32 slots (the same total memory) serve the rest of the epoch."""
+    _, ds_path = even_dataset
+    cfg = dict(CFG, memory="48 slots")
+    ds = BrandDataset(ds_path, batched=True, **cfg)
+    dl = StatefulDataLoader(ds, batch_size=None, num_workers=2)
+    it = iter(dl)
+    served = [i for _ in range(4) for i in next(it)["id"].tolist()]
+    states = worker_states(dl.state_dict())
+    assert len(states) == 2 and all(s["skip"] == 0 for s in states)
+    del it, dl
+    ds3 = BrandDataset(ds_path, batched=True, **dict(cfg, memory="32 slots"))
+    ds3.load_world_state(json.loads(json.dumps(states)))
+    dl3 = DataLoader(ds3, batch_size=None, num_workers=3)
+    rest = [i for step in dl3 for i in step["id"].tolist()]
+    # 160 samples on 3 ranks: drop_last=False pads each to 54, repeating 2.
+    assert set(served + rest) == set(range(160))
+    assert len(served) + len(rest) - 160 < 3, "more than padding repeated"
+
+
+def test_elastic_resume_refuses_states_inside_a_batch(dataset):
+    _, ds_path = dataset
+    ds = BrandDataset(ds_path, **CFG)
+    dl = StatefulDataLoader(ds, batch_size=3, num_workers=0, collate_fn=as_list)
+    next(iter(dl))
+    with pytest.raises(brand.StateMismatchError, match="inside a brand batch"):
+        BrandDataset(ds_path, **CFG).load_world_state(worker_states(dl.state_dict()))
+
+
+def test_set_epoch_after_a_saved_epoch_starts_that_epoch(dataset):
+    """A state of epoch 0 loaded with set_epoch(1) starts epoch 1 afresh (the
+    later epoch wins); set_epoch(0) resumes inside epoch 0."""
+    _, ds_path = dataset
+    ds = BrandDataset(ds_path, **CFG)
+    whole = run_epochs(StatefulDataLoader(ds, batch_size=5, collate_fn=as_list), ds, 2)
+    ds = BrandDataset(ds_path, **CFG)
+    dl = StatefulDataLoader(ds, batch_size=5, collate_fn=as_list)
+    it = iter(dl)
+    first = [ids_of(next(it)) for _ in range(3)]
+    saved = dl.state_dict()
+    for epoch, expected in ((1, whole[1]), (0, whole[0][3:])):
+        ds = BrandDataset(ds_path, **CFG)
+        dl = StatefulDataLoader(ds, batch_size=5, collate_fn=as_list)
+        dl.load_state_dict(saved)
+        ds.set_epoch(epoch)
+        assert [ids_of(s) for s in dl] == expected
+    assert first == whole[0][:3]
