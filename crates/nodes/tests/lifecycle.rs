@@ -10,6 +10,7 @@
 //! bounded; `BRAND_LIFECYCLE_ALL=1` runs every repetition and prints the
 //! count of failures (how the counts in the history were measured).
 
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
@@ -20,7 +21,7 @@ use brand_pack::synthetic::small_dataset;
 use brand_plan::Memory;
 
 mod common;
-use common::{addresses, node_config, plan_order};
+use common::{node_config, plan_order};
 
 const SAMPLES: u64 = 120;
 const TIMEOUT: Duration = Duration::from_secs(4);
@@ -41,6 +42,26 @@ fn config(nodes: &[String], rank: u32) -> Config {
     // and be done before its peers have even met each other.
     cfg.nodes.remote_memory = 32 << 20;
     cfg
+}
+
+/// Free loopback addresses below the ephemeral range. `common::addresses`
+/// frees ephemeral ports at once, and a node started up to seconds later
+/// may find its port taken meanwhile, by another test's `addresses` or by
+/// the local end of some outgoing connection: both draw from the ephemeral
+/// range, these ports do not. Each is checked free, and never handed out
+/// twice by this process.
+fn addresses(n: usize) -> Vec<String> {
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let base = 20_000 + (std::process::id() % 1000) as u16 * 10;
+    let mut out = Vec::new();
+    while out.len() < n {
+        let offset = NEXT.fetch_add(1, Ordering::Relaxed) % 12_000;
+        let addr = format!("127.0.0.1:{}", 20_000 + (base - 20_000 + offset) % 12_000);
+        if std::net::TcpListener::bind(&addr).is_ok() {
+            out.push(addr);
+        }
+    }
+    out
 }
 
 fn run_all() -> bool {
@@ -161,28 +182,24 @@ fn delays(seed: u64, runs: usize, world: usize, spread: Duration) -> Vec<Vec<Dur
 const AT_ONCE: Duration = Duration::from_millis(120);
 
 #[test]
-#[ignore = "reproduces the lifecycle failures; enabled with the protocol that fixes them"]
 fn three_nodes_started_at_once_all_finish() {
     let d = delays(3, 50, 3, AT_ONCE);
     repeat("3 nodes at once", 3, d.len(), |i| (d[i].clone(), None));
 }
 
 #[test]
-#[ignore = "reproduces the lifecycle failures; enabled with the protocol that fixes them"]
 fn four_nodes_started_at_once_all_finish() {
     let d = delays(4, 50, 4, AT_ONCE);
     repeat("4 nodes at once", 4, d.len(), |i| (d[i].clone(), None));
 }
 
 #[test]
-#[ignore = "reproduces the lifecycle failures; enabled with the protocol that fixes them"]
 fn nodes_started_up_to_half_the_timeout_apart_all_finish() {
     let d = delays(11, 12, 3, TIMEOUT / 2);
     repeat("3 nodes staggered", 3, d.len(), |i| (d[i].clone(), None));
 }
 
 #[test]
-#[ignore = "reproduces the lifecycle failures; enabled with the protocol that fixes them"]
 fn nodes_that_all_close_after_k_batches_close_cleanly() {
     // Epoch 0 has SAMPLES / 3 = 40 samples per rank: 6 batches of 7;
     // every k from 0 (close right after opening) to past the end, 4 times.
@@ -194,7 +211,6 @@ fn nodes_that_all_close_after_k_batches_close_cleanly() {
 }
 
 #[test]
-#[ignore = "reproduces the lifecycle failures; enabled with the protocol that fixes them"]
 fn four_nodes_that_all_close_after_k_batches_close_cleanly() {
     // 30 samples per rank: 5 batches of 7.
     let ks: Vec<usize> = (0..=6).cycle().take(14).collect();
@@ -216,7 +232,6 @@ fn blamed(e: &str, nodes: &[String]) -> Option<usize> {
 }
 
 #[test]
-#[ignore = "reproduces the lifecycle failures; enabled with the protocol that fixes them"]
 fn a_node_that_dies_is_named_by_every_survivor_not_a_messenger() {
     let t = tempfile::tempdir().expect("tempdir");
     // Bigger, so a node dying after a few batches dies mid-epoch.
