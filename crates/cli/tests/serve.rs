@@ -182,3 +182,55 @@ fn pack_partitions_then_three_serve_processes_each_on_its_own_partition() {
     }
     assert_eq!(read, world_plan_read_bytes(&whole), "bytes read across the partitions");
 }
+
+/// The node a failing node's error blames: the first node named after its
+/// own name (`node R (addr): node P (addr): why`).
+fn blamed(err: &str, nodes: &[String], me: usize) -> Option<usize> {
+    let own = format!("node {me} ({})", nodes[me]);
+    let rest = err.find(&own).map_or(err, |at| &err[at + own.len()..]);
+    (0..nodes.len())
+        .filter_map(|r| rest.find(&format!("node {r} ({})", nodes[r])).map(|at| (at, r)))
+        .min()
+        .map(|(_, r)| r)
+}
+
+#[test]
+fn a_serve_process_killed_at_any_point_is_named_by_every_survivor() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let ds = dataset(t.path());
+    let timeout = Duration::from_secs(3);
+    // Kill points from before the mesh is complete to deep into the epochs;
+    // each victim in turn. A few runs: each costs up to the timeout.
+    let points = [(2usize, 150u64), (0, 900), (1, 1700), (2, 2600)];
+    let mut failures = Vec::new();
+    for (victim, after_ms) in points {
+        let nodes = addresses(3);
+        let args = ["--epochs", "1000", "--peer-timeout", "3s"];
+        let mut children: Vec<Option<Child>> = (0..3).map(|r| Some(serve(&ds, &nodes, r, &args))).collect();
+        std::thread::sleep(Duration::from_millis(after_ms));
+        let mut v = children[victim].take().expect("victim");
+        v.kill().expect("kill");
+        let _ = v.wait();
+        let killed_at = Instant::now();
+        for (rank, c) in children.into_iter().enumerate() {
+            let Some(c) = c else { continue };
+            let (ok, _, err) = finish(c, Duration::from_secs(30));
+            let took = killed_at.elapsed();
+            if ok {
+                failures.push(format!("killed {victim} after {after_ms} ms: rank {rank} did not fail"));
+            } else if blamed(&err, &nodes, rank) != Some(victim) {
+                failures.push(format!(
+                    "killed {victim} after {after_ms} ms: rank {rank} blames {:?}: {err}",
+                    blamed(&err, &nodes, rank)
+                ));
+            }
+            // Named within the timeout, plus slack for process exit on 2 loaded cores.
+            if took > timeout + Duration::from_secs(4) {
+                failures.push(format!(
+                    "killed {victim} after {after_ms} ms: rank {rank} took {took:?}"
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -3,7 +3,7 @@
 //! its own module, so the inbox and the network that send it and the owner
 //! that receives it depend on it and not on each other.
 
-use crate::wire::{Credit, Push};
+use crate::wire::{Credit, Failure, Push};
 
 /// What the owner thread is told.
 pub enum Control {
@@ -16,7 +16,8 @@ pub enum Control {
         consumer: u32,
         credit: Credit,
     },
-    /// `consumer` left: nothing more is sent to it.
+    /// `consumer` left (said goodbye, died, or never connected): nothing
+    /// more is sent to it or waited for.
     Gone {
         consumer: u32,
     },
@@ -26,7 +27,8 @@ pub enum Control {
     Stop {
         epoch: u64,
     },
-    /// The local consumer failed (`why`): tell every peer, then end, so they
-    /// fail naming the cause rather than this node.
-    Abort(String),
+    /// The job failed (the local consumer saw it, or this node was
+    /// aborted): tell every peer which node failed first and why, then end,
+    /// so they name that node rather than this one.
+    Abort(Failure),
 }

@@ -18,7 +18,7 @@ use brand_loader::SampleBytes;
 use crate::config::NodeConfig;
 use crate::control::Control;
 use crate::routes::ConsumerPlan;
-use crate::wire::{Credit, Sample};
+use crate::wire::{Credit, Failure, Sample};
 
 /// Where an owner's credits go.
 pub enum CreditSink {
@@ -62,11 +62,20 @@ struct State {
     /// Per owner, the smallest step it may send next (steps arrive in order).
     next_from: Vec<u64>,
     sinks: Vec<Option<CreditSink>>,
-    /// Per owner: its stream to us ended (with the reason if abnormal).
-    closed: Vec<Option<String>>,
-    /// Per peer: it accepted our pushes.
+    /// Per owner: its stream to us has been accepted (once; never reset, so
+    /// a peer that joined, served and left has still joined).
+    joined: Vec<bool>,
+    /// Per owner: it said goodbye (ended its stream to us cleanly).
+    closed: Vec<bool>,
+    /// Per owner: its stream to us is being read (attached, not yet ended).
+    reading: Vec<bool>,
+    /// Per peer: it accepted our pushes (once; never reset).
     outbound: Vec<bool>,
-    failed: Option<String>,
+    /// This consumer needs nothing more (closed, or failed): owners that
+    /// attach now are told goodbye at once.
+    left: bool,
+    /// The first failure of the job, as this node learnt it.
+    failed: Option<Failure>,
     stats: InboxStats,
 }
 
@@ -103,8 +112,11 @@ impl Inbox {
             held_bytes: 0,
             next_from: vec![0; w],
             sinks: (0..w).map(|_| None).collect(),
-            closed: vec![None; w],
+            joined: vec![false; w],
+            closed: vec![false; w],
+            reading: vec![false; w],
             outbound: vec![false; w],
+            left: false,
             failed: None,
             stats: InboxStats::default(),
         };
@@ -177,6 +189,8 @@ impl Inbox {
     }
 
     /// Registers `owner`'s credit sink and grants it the current window.
+    /// After this consumer left, the sink is dropped at once: the owner's
+    /// credit stream ends, its goodbye.
     pub fn attach(&self, owner: u32, sink: CreditSink) -> Result<(), String> {
         let mut s = self.lock();
         let slot = s
@@ -186,6 +200,13 @@ impl Inbox {
         if slot.is_some() {
             return Err(format!("{} is already connected", self.cfg.name(owner)));
         }
+        s.joined[owner as usize] = true;
+        // This node's own owner has no stream to end.
+        s.reading[owner as usize] = owner != self.cfg.rank;
+        self.cond.notify_all();
+        if s.left {
+            return Ok(());
+        }
         sink.send(
             self.cfg.rank,
             Credit {
@@ -194,8 +215,15 @@ impl Inbox {
             },
         );
         s.sinks[owner as usize] = Some(sink);
-        self.cond.notify_all();
         Ok(())
+    }
+
+    /// This consumer needs nothing more: every owner's credit stream ends
+    /// (its goodbye to them), so owners stop owing it and can leave.
+    pub fn leave(&self) {
+        let mut s = self.lock();
+        s.left = true;
+        s.sinks.iter_mut().for_each(|x| *x = None);
     }
 
     /// Our pushes to `peer` were accepted.
@@ -207,9 +235,10 @@ impl Inbox {
         self.cond.notify_all();
     }
 
-    /// Waits until every peer has connected to us and accepted our pushes;
-    /// the error names those that did not.
-    pub fn wait_connected(&self, timeout: Duration) -> Result<(), String> {
+    /// Waits until every peer has connected to us and accepted our pushes
+    /// (at some point: a peer may already have served us and left); the
+    /// error names those that did not.
+    pub fn wait_connected(&self, timeout: Duration) -> Result<(), Failure> {
         let deadline = Instant::now() + timeout;
         let me = self.cfg.rank as usize;
         let mut s = self.lock();
@@ -217,16 +246,27 @@ impl Inbox {
             if let Some(f) = &s.failed {
                 return Err(f.clone());
             }
-            let missing: Vec<String> = (0..s.sinks.len())
-                .filter(|&i| i != me && (s.sinks[i].is_none() || !s.outbound[i]))
-                .map(|i| self.cfg.name(i as u32))
+            let missing: Vec<u32> = (0..s.joined.len())
+                .filter(|&i| i != me && (!s.joined[i] || !s.outbound[i]))
+                .map(|i| i as u32)
                 .collect();
-            if missing.is_empty() {
+            let Some(&first) = missing.first() else {
                 return Ok(());
-            }
+            };
             let now = Instant::now();
             if now >= deadline {
-                return Err(format!("{} did not connect within {:?}", missing.join(", "), timeout));
+                let others: Vec<String> = missing[1..].iter().map(|&i| self.cfg.name(i)).collect();
+                return Err(Failure {
+                    node: first,
+                    why: format!(
+                        "did not connect within {timeout:?}{}",
+                        if others.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" (nor did {})", others.join(", "))
+                        }
+                    ),
+                });
             }
             s = self
                 .cond
@@ -236,13 +276,13 @@ impl Inbox {
         }
     }
 
-    /// A pushed sample from `owner`, checked against this consumer's plan.
+    /// A pushed sample from `owner`, checked against this consumer's plan
+    /// (the error is `owner`'s failure).
     pub fn deliver(&self, owner: u32, m: Sample) -> Result<(), String> {
         let mut s = self.lock();
-        let name = self.cfg.name(owner);
         let bad = |why: String| {
             format!(
-                "{name} sent a bad push (epoch {}, step {}, sample {}): {why}",
+                "sent a bad push (epoch {}, step {}, sample {}): {why}",
                 m.epoch, m.step, m.sample
             )
         };
@@ -292,21 +332,62 @@ impl Inbox {
         self.cond.notify_all();
     }
 
-    /// Records the first failure; every later `take` reports it.
-    pub fn fail(&self, why: String) {
+    /// Records the job's failure: `node` failed, `why`. The first one
+    /// stands (later ones are its consequences, such as a messenger that
+    /// left because of it); every later `take` reports it. A failed consumer
+    /// needs nothing more, so its owners' credit streams end.
+    pub fn fail(&self, node: u32, why: String) {
         let mut s = self.lock();
         if s.failed.is_none() {
-            s.failed = Some(why);
+            s.failed = Some(Failure { node, why });
+        }
+        s.left = true;
+        s.sinks.iter_mut().for_each(|x| *x = None);
+        self.cond.notify_all();
+    }
+
+    /// `owner`'s stream to us ended, however (see `wait_streams_ended`).
+    pub fn stream_ended(&self, owner: u32) {
+        let mut s = self.lock();
+        if let Some(r) = s.reading.get_mut(owner as usize) {
+            *r = false;
         }
         self.cond.notify_all();
     }
 
-    /// `owner`'s stream to us ended (`why` if it broke).
-    /// Its credit stream ends too, which lets the owner's side finish.
-    pub fn closed(&self, owner: u32, why: Option<String>) {
+    /// Waits (up to `timeout`) until every owner's stream to us has ended.
+    /// A node that left waits for this before its server goes: an owner
+    /// whose hello it accepted may not have had the answer yet (it would
+    /// see a transport error instead of the goodbye), and every owner ends
+    /// its stream once this consumer's goodbye reaches it.
+    pub fn wait_streams_ended(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let mut s = self.lock();
+        while s.reading.iter().any(|&r| r) {
+            let now = Instant::now();
+            if now >= deadline {
+                return;
+            }
+            s = self
+                .cond
+                .wait_timeout(s, deadline - now)
+                .map(|r| r.0)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+    }
+
+    /// The failure recorded, if any.
+    pub fn failure(&self) -> Option<Failure> {
+        self.lock().failed.clone()
+    }
+
+    /// `owner` said goodbye: its stream to us ended cleanly, so it sends
+    /// nothing more (an error only if a sample of it is still due). Its
+    /// credit stream ends too, which lets the owner's side finish.
+    pub fn closed(&self, owner: u32) {
         let mut s = self.lock();
         if let Some(c) = s.closed.get_mut(owner as usize) {
-            *c = Some(why.unwrap_or_else(|| "it closed its stream".into()));
+            *c = true;
         }
         if let Some(sink) = s.sinks.get_mut(owner as usize) {
             sink.take();
@@ -314,9 +395,22 @@ impl Inbox {
         self.cond.notify_all();
     }
 
+    /// `owner`'s stream to us broke (`why`) without a goodbye or a failure
+    /// message: it died, or its host or the network did. That is the job's
+    /// failure, blamed on `owner` now, whether or not a sample of it is due
+    /// yet, so that a survivor names the node that died, not a peer that
+    /// left later because of it. Once this consumer left, it is no failure:
+    /// nothing is due.
+    pub fn lost(&self, owner: u32, why: String) {
+        if self.lock().left {
+            return;
+        }
+        self.fail(owner, why);
+    }
+
     /// The next step's sample, waiting up to `peer_timeout` for its push;
     /// `None` at the end of the epoch.
-    pub fn take(&self) -> Result<Option<(u64, SampleBytes)>, String> {
+    pub fn take(&self) -> Result<Option<(u64, SampleBytes)>, Failure> {
         let mut s = self.lock();
         let mut stalled: Option<Instant> = None;
         loop {
@@ -342,23 +436,26 @@ impl Inbox {
                 return Ok(Some((sample, bytes)));
             }
             let owner = s.plan.owners[step as usize];
-            if let Some(why) = &s.closed[owner as usize] {
-                return Err(format!(
-                    "{}: {why} before sending sample {sample} (epoch {}, step {step})",
-                    self.cfg.name(owner),
-                    s.plan.epoch
-                ));
+            if s.closed[owner as usize] {
+                return Err(Failure {
+                    node: owner,
+                    why: format!(
+                        "left (closed) before sending sample {sample} (epoch {}, step {step})",
+                        s.plan.epoch
+                    ),
+                });
             }
             self.send_credits(&mut s, true);
             let started = *stalled.get_or_insert_with(Instant::now);
             let waited = started.elapsed();
             if waited >= self.cfg.peer_timeout {
-                return Err(format!(
-                    "{}: no push of sample {sample} (epoch {}, step {step}) within {:?}",
-                    self.cfg.name(owner),
-                    s.plan.epoch,
-                    self.cfg.peer_timeout
-                ));
+                return Err(Failure {
+                    node: owner,
+                    why: format!(
+                        "no push of sample {sample} (epoch {}, step {step}) within {:?}",
+                        s.plan.epoch, self.cfg.peer_timeout
+                    ),
+                });
             }
             s = self
                 .cond

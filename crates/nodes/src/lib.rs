@@ -65,7 +65,9 @@ pub struct NodeLoader {
     control: crossbeam_channel::Sender<Control>,
     owner: Option<std::thread::JoinHandle<()>>,
     net: Option<net::Net>,
-    failed: Option<String>,
+    /// The job's failure, once this node has seen it: every later call
+    /// returns it, and leaving tells the peers.
+    failed: Option<wire::Failure>,
 }
 
 /// The digest nodes exchange: job, dataset fingerprint, plan configuration
@@ -236,28 +238,54 @@ impl NodeLoader {
             failed: None,
         };
         if peers.world() > 1 {
-            this.net = Some(net::Net::start(net::Ctx {
+            match net::Net::start(net::Ctx {
                 cfg: peers.clone(),
                 digest: job_digest(&ds, loader, &peers, at),
                 inbox: inbox.clone(),
                 control,
                 max_message: largest as usize + (64 << 10),
-            })?);
-            inbox
-                .wait_connected(peers.peer_timeout)
-                .map_err(|e| this.peer_error(e))?;
+            }) {
+                Ok(n) => this.net = Some(n),
+                Err(e) => {
+                    // No peer can be told (nothing listens): leave at once.
+                    this.failed = Some(wire::Failure {
+                        node: me,
+                        why: e.to_string(),
+                    });
+                    return Err(e);
+                }
+            }
+            // Failing here is failing the job: dropping `this` tells the
+            // peers which node failed first (see `stop_owner`).
+            if let Err(f) = inbox.wait_connected(peers.peer_timeout) {
+                return Err(this.fail(f));
+            }
         }
         if drop_first {
             match this.inbox.take() {
                 Ok(_) => this.served += 1,
-                Err(why) => return Err(this.peer_error(why)),
+                Err(f) => return Err(this.fail(f)),
             }
         }
         Ok(this)
     }
 
-    /// A peer's failure, as seen from this node: `node R (addr): node P (addr): why`.
-    fn peer_error(&self, why: String) -> Error {
+    /// Records the job's failure `f` (told to the peers when this node
+    /// leaves) and returns it as this node's error.
+    fn fail(&mut self, f: wire::Failure) -> Error {
+        let e = self.peer_error(&f);
+        self.failed = Some(f);
+        e
+    }
+
+    /// The job's failure, as seen from this node: `node R (addr): node P
+    /// (addr): why`, P being the node that failed first.
+    fn peer_error(&self, f: &wire::Failure) -> Error {
+        let why = if f.node == self.cfg.rank {
+            f.why.clone()
+        } else {
+            format!("{}: {}", self.cfg.name(f.node), f.why)
+        };
         Error::io(
             self.cfg.name(self.cfg.rank),
             std::io::Error::new(std::io::ErrorKind::ConnectionAborted, why),
@@ -330,7 +358,7 @@ impl NodeLoader {
     /// names it; after one, every call returns it again.
     pub fn next_batch(&mut self) -> Result<Option<Batch>> {
         if let Some(f) = &self.failed {
-            return Err(self.peer_error(f.clone()));
+            return Err(self.peer_error(f));
         }
         if self.epoch_ended {
             self.epoch += 1;
@@ -348,10 +376,7 @@ impl NodeLoader {
                     data.push(bytes);
                 }
                 Ok(None) => break,
-                Err(why) => {
-                    self.failed = Some(why.clone());
-                    return Err(self.peer_error(why));
-                }
+                Err(f) => return Err(self.fail(f)),
             }
         }
         if ids.is_empty() {
@@ -378,9 +403,14 @@ impl NodeLoader {
     }
 
     /// Leaves at once, as a crashed node would: connections close without
-    /// finishing what peers are owed (they fail naming this node).
+    /// finishing what peers are owed or a word (they fail naming this node).
     pub fn abort(mut self) {
         self.net.take();
+        // The owner then ends at once; what it would tell the peers goes nowhere.
+        self.failed = Some(wire::Failure {
+            node: self.cfg.rank,
+            why: "aborted".into(),
+        });
     }
 }
 
@@ -398,11 +428,18 @@ impl NodeLoader {
         if self.owner.is_none() {
             return;
         }
-        // The owner first finishes what live peers are owed (bounded by
-        // peer_timeout without progress), then the network goes.
-        let _ = self.control.send(match self.failed.take() {
-            Some(why) => Control::Abort(why),
-            None => Control::Stop { epoch: self.epoch },
+        // Failing: the owner tells every peer which node failed first, then
+        // ends. Finishing: this consumer says goodbye (needs nothing more, so
+        // peers that stop too need not wait for it); the owner first serves
+        // what the peers still need (bounded by peer_timeout without
+        // progress), then the network goes.
+        let failed = self.failed.take().or_else(|| self.inbox.failure());
+        let _ = self.control.send(match failed {
+            Some(f) => Control::Abort(f),
+            None => {
+                self.inbox.leave();
+                Control::Stop { epoch: self.epoch }
+            }
         });
         if let Some(t) = self.owner.take() {
             let _ = t.join();

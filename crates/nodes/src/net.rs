@@ -34,6 +34,7 @@ pub struct Net {
     streams: Vec<tokio::task::JoinHandle<()>>,
     /// How long closing waits for them.
     timeout: Duration,
+    inbox: Arc<Inbox>,
 }
 
 pub struct Ctx {
@@ -105,12 +106,14 @@ impl Net {
             shutdown: Some(shutdown),
             streams,
             timeout: ctx.cfg.peer_timeout,
+            inbox: ctx.inbox.clone(),
         })
     }
 
     /// Closes after every push stream has delivered what was queued on it
-    /// (the owner has ended, so each stream is at its end), waiting at most
-    /// `peer_timeout`.
+    /// (the owner has ended, so each stream is at its end) and every peer's
+    /// stream to this node has ended (this consumer said goodbye or failed,
+    /// so each peer ends it), waiting at most `peer_timeout` for each.
     pub fn close(mut self) {
         let streams = std::mem::take(&mut self.streams);
         if let Some(rt) = &self.runtime {
@@ -123,6 +126,7 @@ impl Net {
                 .await;
             });
         }
+        self.inbox.wait_streams_ended(self.timeout);
     }
 }
 
@@ -139,10 +143,16 @@ impl Drop for Net {
 }
 
 /// This node's pushes to `peer`: connect (retrying until `peer_timeout`),
-/// say hello, hand the stream to the owner, then pass credits on.
+/// say hello, hand the stream to the owner, then pass credits on. However
+/// it ends, the owner is told `peer` is gone, so a stopping owner never
+/// waits for a peer it cannot reach.
 async fn push_stream(ctx: Arc<Ctx>, peer: u32) {
+    push_stream_until_gone(&ctx, peer).await;
+    let _ = ctx.control.send(Control::Gone { consumer: peer });
+}
+
+async fn push_stream_until_gone(ctx: &Arc<Ctx>, peer: u32) {
     let cfg = &ctx.cfg;
-    let name = cfg.name(peer);
     let timeout = cfg.peer_timeout;
     let deadline = tokio::time::Instant::now() + timeout;
     let endpoint = match tonic::transport::Endpoint::from_shared(format!("http://{}", cfg.nodes[peer as usize])) {
@@ -152,7 +162,7 @@ async fn push_stream(ctx: Arc<Ctx>, peer: u32) {
             .http2_keep_alive_interval(KEEPALIVE)
             .keep_alive_timeout(timeout)
             .keep_alive_while_idle(true),
-        Err(e) => return ctx.inbox.fail(format!("{name}: bad address: {e}")),
+        Err(e) => return ctx.inbox.fail(peer, format!("bad address: {e}")),
     };
     let channel = loop {
         match endpoint.connect().await {
@@ -161,9 +171,8 @@ async fn push_stream(ctx: Arc<Ctx>, peer: u32) {
                 if tokio::time::Instant::now() + RETRY >= deadline {
                     let cause = std::error::Error::source(&e).map(|s| s.to_string()).unwrap_or_default();
                     return ctx.inbox.fail(
-                        format!("{name} unreachable for {timeout:?}: {e} {cause}")
-                            .trim()
-                            .to_string(),
+                        peer,
+                        format!("unreachable for {timeout:?}: {e} {cause}").trim().to_string(),
                     );
                 }
                 tokio::time::sleep(RETRY).await;
@@ -186,26 +195,22 @@ async fn push_stream(ctx: Arc<Ctx>, peer: u32) {
     let mut credits = match response {
         Ok(Ok(r)) => r.into_inner(),
         Ok(Err(status)) => {
-            return ctx
-                .inbox
-                .fail(format!("{name} refused this node: {}", status.message()));
+            return ctx.inbox.fail(peer, format!("refused this node: {}", status.message()));
         }
-        Err(_) => return ctx.inbox.fail(format!("{name} did not answer within {timeout:?}")),
+        Err(_) => return ctx.inbox.fail(peer, format!("did not answer within {timeout:?}")),
     };
     let _ = ctx.control.send(Control::Attached {
         consumer: peer,
         sink: tx,
     });
     ctx.inbox.outbound_ready(peer);
-    // Ends when the consumer leaves or dies: its own stream to us tells our
-    // consumer if it still owed us samples.
-    // Drained until the consumer ends it (it does once our stream has
-    // ended and it has read all of it): dropping it early could cut off
-    // samples still queued.
+    // Ends when the consumer says goodbye (it needs nothing more: it read
+    // all of our stream, or it closed or failed) or dies: its own stream to
+    // us tells our consumer if it died. Drained until then: dropping it
+    // early could cut off samples still queued.
     while let Ok(Some(credit)) = credits.message().await {
         let _ = ctx.control.send(Control::Credit { consumer: peer, credit });
     }
-    let _ = ctx.control.send(Control::Gone { consumer: peer });
 }
 
 struct Service {
@@ -249,8 +254,7 @@ impl Node for Service {
             // A push for the same job from a misconfigured peer stops this
             // job; one for another job is only refused.
             if theirs.job == ctx.digest.job {
-                ctx.inbox
-                    .fail(format!("{} does not match this node: {what}", cfg.name(from)));
+                ctx.inbox.fail(from, format!("does not match this node: {what}"));
             }
             return Err(Status::failed_precondition(format!(
                 "{} refuses the push: {what}",
@@ -262,7 +266,7 @@ impl Node for Service {
             .attach(from, CreditSink::Remote(tx))
             .map_err(Status::already_exists)?;
         let inbox = ctx.inbox.clone();
-        let name = cfg.name(from);
+        let from_name = cfg.name(from);
         tokio::spawn(async move {
             loop {
                 match stream.message().await {
@@ -270,35 +274,45 @@ impl Node for Service {
                         body: Some(push::Body::Sample(s)),
                     })) => {
                         if let Err(e) = inbox.deliver(from, s) {
-                            inbox.fail(e);
+                            inbox.fail(from, e);
                             break;
                         }
                     }
+                    // The job failed: name the node that failed first; the
+                    // messenger only if it is another.
                     Ok(Some(Push {
-                        body: Some(push::Body::Failed(why)),
+                        body: Some(push::Body::Failed(f)),
                     })) => {
-                        inbox.fail(format!("{name}: {why}"));
+                        let why = if f.node == from {
+                            f.why
+                        } else if f.node == me {
+                            format!("{} (this node, as {from_name} reports)", f.why)
+                        } else {
+                            format!("{} (reported by {from_name})", f.why)
+                        };
+                        inbox.fail(f.node, why);
                         break;
                     }
                     Ok(Some(_)) => {
-                        inbox.fail(format!("{name} sent a malformed push (a second hello, or no body)"));
+                        inbox.fail(from, "sent a malformed push (a second hello, or no body)".into());
                         break;
                     }
                     Ok(None) => {
-                        inbox.closed(from, None);
+                        inbox.closed(from);
                         break;
                     }
                     // Undecodable bytes: the peer is broken, whatever is due.
                     Err(s) if s.code() == tonic::Code::Internal => {
-                        inbox.fail(format!("{name} sent a malformed push: {}", s.message()));
+                        inbox.fail(from, format!("sent a malformed push: {}", s.message()));
                         break;
                     }
                     Err(s) => {
-                        inbox.closed(from, Some(format!("connection lost ({})", s.message())));
+                        inbox.lost(from, format!("connection lost ({})", s.message()));
                         break;
                     }
                 }
             }
+            inbox.stream_ended(from);
         });
         Ok(Response::new(UnboundedReceiverStream::new(rx)))
     }

@@ -29,7 +29,7 @@ use crate::control::Control;
 use crate::inbox::Inbox;
 use crate::routes::{OwnerPlan, Ownership};
 use crate::storage::Storage;
-use crate::wire::{Credit, Push, Sample, push};
+use crate::wire::{Credit, Failure, Push, Sample, push};
 
 /// The owner's counters, read by the consumer's `metrics()`.
 #[derive(Debug, Default)]
@@ -137,10 +137,12 @@ impl Owner {
         loop {
             // 1. Messages.
             while let Ok(c) = self.control.try_recv() {
-                if let Control::Abort(why) = c {
-                    return self.fail_all(&outlets, format!("stopped after an error: {why}"));
+                if let Control::Abort(f) = c {
+                    return self.tell_all(&outlets, f);
                 }
-                apply(c, &mut outlets, &mut credits, &mut stopping);
+                if apply(c, &mut outlets, &mut credits, &mut stopping) {
+                    last_progress = Instant::now();
+                }
             }
             // Consumers that left are owed nothing.
             for (c, o) in outlets.iter().enumerate() {
@@ -259,10 +261,19 @@ impl Owner {
                 continue;
             }
             if let Some(last) = stopping {
-                // Stay while a live peer is owed samples of the last epoch
-                // (whether or not its credit for them has arrived yet).
+                // Finishing: stay while a peer may still need this node,
+                // that is until each has said goodbye (it needs nothing
+                // more) or been sent all of the last epoch, and has
+                // connected (a peer not yet attached may be joining late,
+                // and leaving now would leave it unable to reach us).
+                // Bounded: `linger` without progress (a push, a credit, an
+                // attach) and the owner leaves anyway.
                 let owed = epoch <= last
-                    && (0..w).any(|c| matches!(outlets[c], Outlet::Remote(_)) && p.sent[c] < p.plan.queues[c].len());
+                    && (0..w).any(|c| match outlets[c] {
+                        Outlet::Remote(_) => p.sent[c] < p.plan.queues[c].len(),
+                        Outlet::Pending => true,
+                        Outlet::Local | Outlet::Gone => false,
+                    });
                 if !owed || last_progress.elapsed() > self.linger {
                     return;
                 }
@@ -296,10 +307,12 @@ impl Owner {
                 }
             } else {
                 match self.control.recv_timeout(Duration::from_millis(200)) {
-                    Ok(Control::Abort(why)) => {
-                        return self.fail_all(&outlets, format!("stopped after an error: {why}"));
+                    Ok(Control::Abort(f)) => return self.tell_all(&outlets, f),
+                    Ok(c) => {
+                        if apply(c, &mut outlets, &mut credits, &mut stopping) {
+                            last_progress = Instant::now();
+                        }
                     }
-                    Ok(c) => apply(c, &mut outlets, &mut credits, &mut stopping),
                     Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
                     Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
                 }
@@ -316,29 +329,30 @@ impl Owner {
             .map_or(u64::MAX, |d| d.0)
     }
 
-    /// A read failed: no consumer can get its samples; tell them all why.
+    /// A read failed: no consumer can get its samples; this node failed,
+    /// tell them all why (the local one too).
     fn fail_all(&self, outlets: &[Outlet], why: String) {
-        let name = self.inbox_name();
+        self.inbox.fail(self.node, format!("{why} (this node)"));
+        self.tell_all(outlets, Failure { node: self.node, why });
+    }
+
+    /// Tells every peer consumer the job failed (`f` names the node that
+    /// failed first), before this owner ends its streams: the failure is
+    /// queued ahead of the end, so it arrives before the stream closes.
+    fn tell_all(&self, outlets: &[Outlet], f: Failure) {
         for o in outlets {
-            match o {
-                Outlet::Local => self.inbox.fail(format!("{name} (this node): {why}")),
-                Outlet::Remote(tx) => {
-                    let _ = tx.send(Push {
-                        body: Some(push::Body::Failed(why.clone())),
-                    });
-                }
-                Outlet::Pending | Outlet::Gone => {}
+            if let Outlet::Remote(tx) = o {
+                let _ = tx.send(Push {
+                    body: Some(push::Body::Failed(f.clone())),
+                });
             }
         }
     }
-
-    fn inbox_name(&self) -> String {
-        format!("node {}", self.node)
-    }
 }
 
-/// Takes in one message.
-fn apply(c: Control, outlets: &mut [Outlet], credits: &mut [Credit], stopping: &mut Option<u64>) {
+/// Takes in one message; whether it is progress of a stopping owner (a
+/// peer attached, granted credit or left: what it waits for moved).
+fn apply(c: Control, outlets: &mut [Outlet], credits: &mut [Credit], stopping: &mut Option<u64>) -> bool {
     match c {
         Control::Attached { consumer, sink } => {
             if let Some(o) = outlets.get_mut(consumer as usize) {
@@ -359,6 +373,7 @@ fn apply(c: Control, outlets: &mut [Outlet], credits: &mut [Credit], stopping: &
         // Handled where messages are taken in.
         Control::Abort(_) => {}
     }
+    true
 }
 
 /// Steps a consumer's credit may run ahead of the slowest consumer's and

@@ -7,13 +7,21 @@
 //! consumer's step order; the consumer answers with [`Credit`]s (which steps
 //! the owner may send). The first credit accepts the hello; a refused hello
 //! is a `FAILED_PRECONDITION` status naming what differs.
+//!
+//! The lifecycle (DESIGN.md §6) needs no other message: an owner that has
+//! sent all it owes ends its stream (a goodbye), a consumer that needs
+//! nothing more ends its credit stream (a goodbye: the owner stops owing
+//! it), and an owner that fails sends a [`Failure`] naming the node that
+//! failed first, so the consumer names that node and not the messenger. A
+//! stream that breaks without either is the loss of that peer.
 
-/// Bumped whenever a message changes meaning.
-pub const PROTOCOL: u32 = 1;
+/// Bumped whenever a message changes meaning. 2: `Failure` names the node
+/// that failed first (1 sent only a text).
+pub const PROTOCOL: u32 = 2;
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Push {
-    #[prost(oneof = "push::Body", tags = "1, 2, 3")]
+    #[prost(oneof = "push::Body", tags = "1, 2, 4")]
     pub body: Option<push::Body>,
 }
 
@@ -24,10 +32,21 @@ pub mod push {
         Hello(super::Hello),
         #[prost(message, tag = "2")]
         Sample(super::Sample),
-        /// The owner cannot deliver (a read failed): the consumer stops.
-        #[prost(string, tag = "3")]
-        Failed(String),
+        /// The owner cannot deliver (a read failed, or the job failed):
+        /// the consumer stops. (Tag 3 was protocol 1's text-only failure.)
+        #[prost(message, tag = "4")]
+        Failed(super::Failure),
     }
+}
+
+/// Why a job stopped: the node that failed first (which may be the sender,
+/// or a peer it lost or heard of) and the cause.
+#[derive(Clone, PartialEq, Eq, prost::Message)]
+pub struct Failure {
+    #[prost(uint32, tag = "1")]
+    pub node: u32,
+    #[prost(string, tag = "2")]
+    pub why: String,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
