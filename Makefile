@@ -117,6 +117,91 @@ cpp-test: capi-build tools
 	cmake --build $(CPP_BUILD) -j 2
 	ctest --test-dir $(CPP_BUILD) --output-on-failure
 
+# `make install [PREFIX=/usr/local] [DESTDIR=]`: brand for C and C++ as a package, built in
+# release: include/brand.h and include/brand.hpp (cpp-examples' RAII wrapper, the one copy),
+# lib/libbrand.so.MAJOR.MINOR.PATCH with its SONAME and the symlinks libbrand.so.MAJOR and
+# libbrand.so, lib/libbrand.a, lib/pkgconfig/brand.pc and lib/cmake/brand/brandConfig.cmake
+# (+ brandConfigVersion.cmake: the targets brand::brand and brand::brand_static). The templates
+# are in capi/pkg/. DESTDIR stages the files (the .pc names PREFIX; the CMake files find their
+# prefix from where they are). Without DESTDIR, as root, it runs $(LDCONFIG) (LDCONFIG=: skips it).
+#
+# The soname follows the ABI, not the package version: BRAND_ABI_VERSION (brand.h) changes exactly
+# when a program built against the previous header would break (a signature, a struct layout or a
+# status value changes incompatibly), which is when the soname must change. ABI 1 is
+# libbrand.so.0 and ABI N is libbrand.so.(N-1): the soname major is BRAND_ABI_VERSION - 1, and
+# an additive release (same ABI) keeps the soname and changes only MINOR.PATCH of the file name.
+# capi/build.rs passes the soname to the linker (cdylib only) when BRAND_SONAME is set, so a
+# plain `cargo build` (make capi-build) still makes target/release/libbrand.so without one.
+PREFIX ?= /usr/local
+LDCONFIG ?= ldconfig
+BRAND_PKG_FILES = include/brand.h include/brand.hpp lib/libbrand.a lib/libbrand.so lib/libbrand.so.$$somajor \
+	lib/$$realname lib/pkgconfig/brand.pc lib/cmake/brand/brandConfig.cmake lib/cmake/brand/brandConfigVersion.cmake
+
+# The names, from Cargo.toml's [workspace.package] version and brand.h's BRAND_ABI_VERSION.
+define brand_pkg_names
+	version=$$(sed -n 's/^version = "\([0-9]*\.[0-9]*\.[0-9]*\)"$$/\1/p' Cargo.toml)
+	abi=$$(sed -n 's/^#define BRAND_ABI_VERSION \([0-9]*\)$$/\1/p' capi/include/brand.h)
+	[[ $$version =~ ^[0-9]+\.[0-9]+\.[0-9]+$$ ]] || { echo "no x.y.z version in Cargo.toml: '$$version'" >&2; exit 1; }
+	[[ $$abi =~ ^[1-9][0-9]*$$ ]] || { echo "no BRAND_ABI_VERSION in capi/include/brand.h: '$$abi'" >&2; exit 1; }
+	IFS=. read -r major minor patch <<<"$$version"
+	somajor=$$((abi - 1))
+	soname=libbrand.so.$$somajor
+	realname=$$soname.$$minor.$$patch
+	[[ "$(PREFIX)" == /* && "$(PREFIX)" != *[[:space:]\|\']* ]] \
+		|| { echo "PREFIX must be an absolute path without spaces, | or ': $(PREFIX)" >&2; exit 1; }
+	dest='$(DESTDIR)$(PREFIX)'
+endef
+
+install:
+	@$(brand_pkg_names)
+	BRAND_SONAME=$$soname cargo build --release --locked -p brand-capi
+	so=$(TARGET)/release/libbrand.so
+	readelf -d "$$so" | grep "(SONAME) .*\[$$soname\]" >/dev/null \
+		|| { echo "$$so has no SONAME $$soname (capi/build.rs, BRAND_SONAME)" >&2; exit 1; }
+	install -d "$$dest/include" "$$dest/lib/pkgconfig" "$$dest/lib/cmake/brand"
+	install -m 644 capi/include/brand.h cpp-examples/include/brand.hpp "$$dest/include/"
+	install -m 755 "$$so" "$$dest/lib/$$realname"
+	ln -sfn "$$realname" "$$dest/lib/$$soname"
+	ln -sfn "$$soname" "$$dest/lib/libbrand.so"
+	install -m 644 $(TARGET)/release/libbrand.a "$$dest/lib/libbrand.a"
+	native='$(CAPI_NATIVE_LIBS)'
+	subst="s|@PREFIX@|$(PREFIX)|g; s|@VERSION@|$$version|g; s|@VERSION_MAJOR@|$$major|g; s|@VERSION_MINOR@|$$minor|g"
+	subst+="; s|@ABI_VERSION@|$$abi|g; s|@SONAME@|$$soname|g; s|@REALNAME@|$$realname|g"
+	subst+="; s|@NATIVE_LIBS@|$$native|g; s|@NATIVE_LIBS_CMAKE@|$${native// /;}|g; s|@SIZEOF_VOID_P@|$$(( $$(getconf LONG_BIT) / 8 ))|g"
+	sed "$$subst" capi/pkg/brand.pc.in > "$$dest/lib/pkgconfig/brand.pc"
+	sed "$$subst" capi/pkg/brandConfig.cmake.in > "$$dest/lib/cmake/brand/brandConfig.cmake"
+	sed "$$subst" capi/pkg/brandConfigVersion.cmake.in > "$$dest/lib/cmake/brand/brandConfigVersion.cmake"
+	if grep -n '@[A-Z_]*@' "$$dest/lib/pkgconfig/brand.pc" "$$dest"/lib/cmake/brand/*.cmake; then
+		echo "capi/pkg: a placeholder above has no value in the Makefile's install target" >&2; exit 1
+	fi
+	if [[ -z "$(DESTDIR)" && $$(id -u) == 0 ]]; then $(LDCONFIG); fi
+	echo "installed brand $$version (ABI $$abi, $$soname) in $$dest:"
+	printf '  %s\n' $(BRAND_PKG_FILES)
+
+# Removes what `make install` (same PREFIX and DESTDIR) wrote, and the directories it left empty.
+uninstall:
+	@$(brand_pkg_names)
+	for f in $(BRAND_PKG_FILES); do rm -f "$$dest/$$f"; done
+	rmdir --ignore-fail-on-non-empty "$$dest/lib/cmake/brand" "$$dest/lib/cmake" "$$dest/lib/pkgconfig" 2>/dev/null || true
+	if [[ -z "$(DESTDIR)" && $$(id -u) == 0 ]]; then $(LDCONFIG); fi
+	echo "removed brand $$version from $$dest"
+
+# The installed package as its users use it (capi/tests/install/run.sh): into a temporary PREFIX
+# (and once staged through DESTDIR), then a C program through pkg-config (shared, and static with
+# --static), the C++ examples and their ctest suite through find_package(brand) (their data made
+# by the brand CLI), brand::brand_static, the version file, and uninstall.
+INSTALL_TEST := $(TARGET)/install-test
+install-test: tools
+	rm -rf $(INSTALL_TEST)
+	cargo build --release --locked -p brand-cli
+	$(MAKE) --no-print-directory install PREFIX=$(INSTALL_TEST)/prefix LDCONFIG=:
+	$(MAKE) --no-print-directory install PREFIX=/opt/brand DESTDIR=$(INSTALL_TEST)/stage LDCONFIG=:
+	BRAND_BIN=$(BRAND) BRAND_NATIVE_LIBS='$(CAPI_NATIVE_LIBS)' capi/tests/install/run.sh $(INSTALL_TEST)
+	$(MAKE) --no-print-directory uninstall PREFIX=$(INSTALL_TEST)/prefix LDCONFIG=:
+	left=$$(find $(INSTALL_TEST)/prefix -mindepth 1 -not -type d)
+	[[ -z "$$left" ]] || { echo "uninstall left: $$left" >&2; exit 1; }
+	echo "install-test: passed"
+
 test: tools lint rust-test fuzz-replay capi-test cpp-test install-test python-test py-test bench-test
 
 # The benchmark harness (bench/, see bench/README.md): brand against fio, PyTorch's DataLoader,
