@@ -113,12 +113,18 @@ impl IoConfig {
             .filter(|&s| ds.holds_segment(s))
             .map(|s| ds.manifest.segments[s as usize].bytes)
             .sum();
+        self.engine(fixed_buffer_bytes.min(held_bytes))
+    }
+
+    /// The engine these settings ask for, registering at most
+    /// `fixed_buffer_bytes`.
+    fn engine(&self, fixed_buffer_bytes: u64) -> EngineConfig {
         EngineConfig {
             queue_depth: self.queue_depth,
             direct: self.direct,
             verify: self.verify,
             fixed_buffers: true,
-            fixed_buffer_bytes: fixed_buffer_bytes.min(held_bytes),
+            fixed_buffer_bytes,
             backend: self.backend,
             decode_threads: self.decode_threads,
             io_timeout: self.io_timeout,
@@ -154,17 +160,10 @@ pub struct EngineConfig {
 }
 
 impl Default for EngineConfig {
+    /// The default settings' engine with 64 MiB of registered buffers (the
+    /// loader's default read-ahead).
     fn default() -> Self {
-        EngineConfig {
-            queue_depth: 32,
-            direct: true,
-            verify: true,
-            fixed_buffers: true,
-            fixed_buffer_bytes: 64 << 20,
-            backend: IoBackend::Auto,
-            decode_threads: default_decode_threads(),
-            io_timeout: Duration::from_secs(60),
-        }
+        IoConfig::default().engine(64 << 20)
     }
 }
 
