@@ -16,7 +16,9 @@ Quick start::
         state = loader.state_dict()       # JSON-serialisable; resume with load_state_dict
 
 Modules: ``brand.torch`` (a PyTorch ``IterableDataset`` that torchdata's
-``StatefulDataLoader`` checkpoints), ``brand.grain`` (a Grain ``IterDataset``).
+``StatefulDataLoader`` checkpoints), ``brand.grain`` (a Grain ``IterDataset``),
+``brand.tf`` (a ``tf.data`` dataset; its op is compiled against the installed
+TensorFlow on first use).
 
 Errors are ``brand.BrandError`` and its subclasses: ``ConfigError``,
 ``NotFoundError``, ``IoError``, ``FormatError``, ``DataLossError`` (a corrupt
@@ -36,6 +38,7 @@ from brand._brand import (
     NotFoundError,
     SampleBuffer,
     StateMismatchError,
+    __version__,
 )
 
 __all__ = [

@@ -10,6 +10,10 @@ mod loader;
 
 use pyo3::prelude::*;
 
+// Linked for its `brand_*` C symbols, which this module exports for brand.tf's
+// op (python/brand/tf); nothing here calls them.
+use brand as _;
+
 #[pymodule]
 fn _brand(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -24,6 +28,13 @@ fn _brand(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DataLossError", py.get_type::<errors::DataLossError>())?;
     m.add("InvalidStateError", py.get_type::<errors::InvalidStateError>())?;
     m.add("StateMismatchError", py.get_type::<errors::StateMismatchError>())?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("CHECKPOINT_BYTES", brand_loader::Checkpoint::LEN)?;
+    // What brand.tf compiles its TensorFlow op from, against the TensorFlow
+    // installed where it runs (an op loads only into the TF minor it was
+    // built for, so no prebuilt op can ship): carried in the module so that
+    // the wheel holds exactly the source its C ABI symbols match.
+    m.add("TF_OP_SOURCE", include_str!("../../tf-op/src/brand_dataset_op.cc"))?;
+    m.add("BRAND_H", include_str!("../../capi/include/brand.h"))?;
     Ok(())
 }

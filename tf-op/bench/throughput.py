@@ -26,19 +26,17 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 TF_OP = HERE.parent
 REPO = TF_OP.parent
-sys.path.insert(0, str(TF_OP))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
 
-import brand_tf  # noqa: E402
+import brand.tf  # noqa: E402
 
 
 def run(*cmd, **kw):
@@ -62,7 +60,7 @@ def make_tfrecord(ds):
     if not path.exists():
         tmp = path.with_suffix(".tmp")
         with tf.io.TFRecordWriter(str(tmp)) as w:
-            for batch in brand_tf.BrandDataset(ds, batch_size=256, policy="sequential", memory="100%"):
+            for batch in brand.tf.BrandDataset(ds, batch_size=256, policy="sequential", memory="100%"):
                 for data, label in zip(batch["data"].numpy(), batch["label"].numpy()):
                     ex = tf.train.Example(features=tf.train.Features(feature={
                         "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[data])),
@@ -103,7 +101,7 @@ def timed_epochs(iterator, per_epoch, count):
 
 
 def brand_dataset(ds, batch, epochs, memory, read_gap):
-    d = brand_tf.BrandDataset(ds, batch_size=batch, epochs=epochs, memory=memory, read_gap=read_gap)
+    d = brand.tf.BrandDataset(ds, batch_size=batch, epochs=epochs, memory=memory, read_gap=read_gap)
     per_epoch = int(d.cardinality()) // epochs
     return timed_epochs(d, per_epoch, lambda el: int(el["id"].shape[0]))
 

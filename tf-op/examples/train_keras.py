@@ -18,15 +18,13 @@ Prints the test accuracy (chance is 1 / classes).
 import argparse
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import brand_tf  # noqa: E402
+import brand.tf
 
 IMAGE = 32
 CLASSES = 5
@@ -105,7 +103,7 @@ def model(classes):
 def train(train_ds, test_ds=None, *, epochs=4, batch_size=32, memory="25%", classes=CLASSES, seed=0, verbose=2):
     """Trains; returns (train accuracy of the last epoch, test accuracy or None)."""
     tf.keras.utils.set_random_seed(seed)
-    ds = brand_tf.BrandDataset(train_ds, batch_size=batch_size, epochs=epochs, memory=memory, seed=seed)
+    ds = brand.tf.BrandDataset(train_ds, batch_size=batch_size, epochs=epochs, memory=memory, seed=seed)
     steps = int(ds.cardinality()) // epochs  # batches per brand epoch (the last one partial)
     pipeline = ds.map(decode_batch, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
     m = model(classes)
@@ -120,7 +118,7 @@ def train(train_ds, test_ds=None, *, epochs=4, batch_size=32, memory="25%", clas
     test_acc = None
     if test_ds is not None:
         # One pass in file order: an evaluation needs no shuffle.
-        test = brand_tf.BrandDataset(test_ds, batch_size=batch_size, policy="sequential", memory=memory)
+        test = brand.tf.BrandDataset(test_ds, batch_size=batch_size, policy="sequential", memory=memory)
         _, test_acc = m.evaluate(test.map(decode_batch), verbose=0)
         test_acc = float(test_acc)
     return train_acc, test_acc

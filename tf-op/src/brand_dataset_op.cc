@@ -11,6 +11,14 @@
 //   epochs      how many consecutive epochs to emit; -1 for no end
 //   batch_size  0: one element per sample; N > 0: one element per brand
 //               batch (vectors of at most N), and config must say batch_size = N
+//   resume_world  a vector: empty, or the brand states of EVERY rank of a
+//               world of another size (elastic resume: an iterator that is not
+//               restored from its own checkpoint opens with
+//               brand_open_at_elastic)
+//
+// A second op, BrandSavedState, finds the BrandDataset iterator's brand
+// state in a saved iterator state (the variant tf.train.Checkpoint writes),
+// for brand.tf.saved_state.
 //
 // Element (a flat tuple in the order of brand_tf's element_spec dict, whose
 // keys tf.nest sorts): data string, id int64, key string, label int64.
@@ -38,6 +46,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
+#include "tensorflow/core/data/serialization_utils.h"
 #include "tensorflow/core/framework/cancellation.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/dataset.h"
@@ -118,6 +129,12 @@ class BrandDatasetOp : public DatasetOpKernel {
     OP_REQUIRES(ctx, epoch >= 0, absl::InvalidArgumentError("epoch must be >= 0"));
     OP_REQUIRES(ctx, epochs >= -1, absl::InvalidArgumentError("epochs must be >= 0, or -1 for no end"));
     OP_REQUIRES(ctx, batch_size >= 0, absl::InvalidArgumentError("batch_size must be >= 0"));
+    const Tensor* world_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->input("resume_world", &world_t));
+    OP_REQUIRES(ctx, world_t->dims() == 1, absl::InvalidArgumentError("resume_world must be a vector"));
+    std::vector<std::string> resume_world;
+    const auto world_v = world_t->flat<tstring>();
+    for (int64_t i = 0; i < world_v.size(); i++) resume_world.emplace_back(world_v(i));
 
     // Checked here from metadata only (manifest, index, plan; no loader, no
     // I/O thread, no buffers): a bad path or config fails where the dataset
@@ -128,14 +145,14 @@ class BrandDatasetOp : public DatasetOpKernel {
     OP_REQUIRES(ctx, st >= 0, BrandError(st, absl::StrCat("opening ", std::string(path)).c_str()));
 
     *output = new Dataset(ctx, std::string(path), std::string(config), epoch, epochs, batch_size,
-                          static_cast<int64_t>(epoch_len));
+                          static_cast<int64_t>(epoch_len), std::move(resume_world));
   }
 
  private:
   class Dataset : public DatasetBase {
    public:
     Dataset(OpKernelContext* ctx, std::string path, std::string config, int64_t epoch, int64_t epochs,
-            int64_t batch_size, int64_t epoch_len)
+            int64_t batch_size, int64_t epoch_len, std::vector<std::string> resume_world)
         : DatasetBase(DatasetContext(ctx)),
           path_(std::move(path)),
           config_(std::move(config)),
@@ -143,6 +160,7 @@ class BrandDatasetOp : public DatasetOpKernel {
           epochs_(epochs),
           batch_size_(batch_size),
           epoch_len_(epoch_len),
+          resume_world_(std::move(resume_world)),
           dtypes_({DT_STRING, DT_INT64, DT_STRING, DT_INT64}),
           shapes_(4, batch_size > 0 ? PartialTensorShape({-1}) : PartialTensorShape({})) {}
 
@@ -174,13 +192,14 @@ class BrandDatasetOp : public DatasetOpKernel {
    protected:
     absl::Status AsGraphDefInternal(SerializationContext*, DatasetGraphDefBuilder* b,
                                     Node** output) const override {
-      Node *path, *config, *epoch, *epochs, *batch_size;
+      Node *path, *config, *epoch, *epochs, *batch_size, *resume_world;
       TF_RETURN_IF_ERROR(b->AddScalar(tstring(path_), &path));
       TF_RETURN_IF_ERROR(b->AddScalar(tstring(config_), &config));
       TF_RETURN_IF_ERROR(b->AddScalar(epoch_, &epoch));
       TF_RETURN_IF_ERROR(b->AddScalar(epochs_, &epochs));
       TF_RETURN_IF_ERROR(b->AddScalar(batch_size_, &batch_size));
-      return b->AddDataset(this, {path, config, epoch, epochs, batch_size}, output);
+      TF_RETURN_IF_ERROR(b->AddVector(resume_world_, &resume_world));
+      return b->AddDataset(this, {path, config, epoch, epochs, batch_size, resume_world}, output);
     }
 
    private:
@@ -322,6 +341,20 @@ class BrandDatasetOp : public DatasetOpKernel {
           return absl::OkStatus();
         }
         brand_loader* opened = nullptr;
+        if (!d->resume_world_.empty()) {
+          // Elastic: where the saved world stopped, as this rank of this world.
+          std::vector<const uint8_t*> states;
+          std::vector<size_t> lens;
+          for (const std::string& s : d->resume_world_) {
+            states.push_back(reinterpret_cast<const uint8_t*>(s.data()));
+            lens.push_back(s.size());
+          }
+          BRAND_RETURN_IF_ERROR(brand_open_at_elastic(d->path_.c_str(), d->config_.c_str(), states.data(),
+                                                      lens.data(), states.size(), &opened),
+                                "resuming from the saved world's states (resume_world)");
+          SetLoader(opened);
+          return absl::OkStatus();
+        }
         BRAND_RETURN_IF_ERROR(brand_open(d->path_.c_str(), d->config_.c_str(), &opened), "opening the dataset");
         SetLoader(opened);
         if (d->epoch_ > 0) {
@@ -452,6 +485,7 @@ class BrandDatasetOp : public DatasetOpKernel {
     const int64_t epochs_;
     const int64_t batch_size_;
     const int64_t epoch_len_;
+    const std::vector<std::string> resume_world_;
     const DataTypeVector dtypes_;
     const std::vector<PartialTensorShape> shapes_;
   };
@@ -463,6 +497,7 @@ REGISTER_OP("BrandDataset")
     .Input("epoch: int64")
     .Input("epochs: int64")
     .Input("batch_size: int64")
+    .Input("resume_world: string")
     .Output("handle: variant")
     // Stateful, as TF's own source datasets: no constant folding or CSE of
     // two readers into one.
@@ -470,6 +505,70 @@ REGISTER_OP("BrandDataset")
     .SetShapeFn(shape_inference::ScalarShape);
 
 REGISTER_KERNEL_BUILDER(Name("BrandDataset").Device(DEVICE_CPU), BrandDatasetOp);
+
+// The BrandDataset iterators' positions in a saved iterator state: for each
+// one, the brand state blob (empty if it had read nothing), the index into the
+// batch being emitted (per-sample mode) and whether it was done. Reads TF's
+// layout of an iterator state: one VariantTensorData per iterator prefix,
+// whose metadata is "prefix@@key1@@key2..." naming its tensors in order
+// (tensorflow/core/data/serialization_utils).
+class BrandSavedStateOp : public OpKernel {
+ public:
+  explicit BrandSavedStateOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& in = ctx->input(0);
+    std::vector<std::string> states;
+    std::vector<int64_t> positions, done;
+    const std::string suffix = absl::StrCat("::", kDatasetType);
+    for (int64_t i = 0; i < in.NumElements(); i++) {
+      const auto* saved = in.flat<Variant>()(i).get<IteratorStateVariant>();
+      OP_REQUIRES(ctx, saved != nullptr,
+                  absl::InvalidArgumentError(absl::StrCat("element ", i, " is not a saved iterator state")));
+      const VariantTensorData* data = saved->GetData();
+      if (data == nullptr) continue;
+      std::string metadata;
+      data->get_metadata(&metadata);
+      const std::vector<std::string> keys = absl::StrSplit(metadata, "@@", absl::SkipEmpty());
+      if (keys.empty() || !absl::EndsWith(keys[0], suffix)) continue;
+      std::string state;
+      int64_t pos = 0, is_done = 0;
+      for (size_t k = 1; k < keys.size(); k++) {
+        OP_REQUIRES(ctx, k - 1 < static_cast<size_t>(data->tensors_size()),
+                    absl::DataLossError(absl::StrCat("saved iterator ", keys[0], ": key ", keys[k], " has no tensor")));
+        const Tensor& t = data->tensors(k - 1);
+        if (keys[k] == kState && t.dtype() == DT_STRING && t.NumElements() == 1) state = t.flat<tstring>()(0);
+        if (keys[k] == kPos && t.dtype() == DT_INT64 && t.NumElements() == 1) pos = t.flat<int64_t>()(0);
+        if (keys[k] == kDone && t.dtype() == DT_INT64 && t.NumElements() == 1) is_done = t.flat<int64_t>()(0);
+      }
+      states.push_back(std::move(state));
+      positions.push_back(pos);
+      done.push_back(is_done);
+    }
+    const int64_t n = static_cast<int64_t>(states.size());
+    Tensor *states_t, *positions_t, *done_t;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &states_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &positions_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({n}), &done_t));
+    for (int64_t i = 0; i < n; i++) {
+      states_t->flat<tstring>()(i) = states[i];
+      positions_t->flat<int64_t>()(i) = positions[i];
+      done_t->flat<int64_t>()(i) = done[i];
+    }
+  }
+};
+
+REGISTER_OP("BrandSavedState")
+    .Input("state: variant")
+    .Output("states: string")
+    .Output("positions: int64")
+    .Output("done: int64")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      for (int i = 0; i < 3; i++) c->set_output(i, c->Vector(shape_inference::InferenceContext::kUnknownDim));
+      return absl::OkStatus();
+    });
+
+REGISTER_KERNEL_BUILDER(Name("BrandSavedState").Device(DEVICE_CPU), BrandSavedStateOp);
 
 }  // namespace
 }  // namespace data

@@ -6,8 +6,8 @@ import re
 import pytest
 import tensorflow as tf
 
-import brand_tf
-from brand_tf import BrandDataset
+import brand.tf
+from brand.tf import BrandDataset
 from conftest import SAMPLES, brand, make_dataset
 
 
@@ -240,7 +240,7 @@ def test_checkpoint_of_another_dataset_is_refused(small_ds, tmp_path):
 
 
 def test_two_input_pipelines_split_each_epoch(small_ds):
-    fn = brand_tf.dataset_fn(small_ds, global_batch_size=20, epochs=2)
+    fn = brand.tf.dataset_fn(small_ds, global_batch_size=20, epochs=2)
     shards = []
     for pipeline in range(2):
         ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=pipeline, num_replicas_in_sync=2)
@@ -259,7 +259,7 @@ def test_two_input_pipelines_split_each_epoch(small_ds):
 
 def test_distribute_datasets_from_function(small_ds):
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
-    dist = strategy.distribute_datasets_from_function(brand_tf.dataset_fn(small_ds, global_batch_size=50))
+    dist = strategy.distribute_datasets_from_function(brand.tf.dataset_fn(small_ds, global_batch_size=50))
     seen = []
     for el in dist:
         seen.extend(strategy.experimental_local_results(el["id"])[0].numpy().tolist())
@@ -319,37 +319,6 @@ def test_error_inside_tf_function_is_the_same_class(tmp_path):
 
     with pytest.raises(tf.errors.NotFoundError, match="missing"):
         count()
-
-
-# ---------------------------------------------------------------- build check
-
-
-def test_version_mismatch_says_rebuild(monkeypatch):
-    from brand_tf import _build_info
-
-    assert brand_tf.load_ops() is not None  # the real build matches
-    major, minor = tf.__version__.split(".")[:2]
-    monkeypatch.setattr(_build_info, "TF_VERSION", f"{major}.{int(minor) + 1}.0")
-    with pytest.raises(brand_tf.BuildMismatchError, match="rebuild with python tf-op/build.py"):
-        brand_tf.load_ops()
-    monkeypatch.setattr(_build_info, "TF_VERSION", f"{major}.{minor}.99")  # patch releases are compatible
-    assert brand_tf.load_ops() is not None
-
-
-def test_op_symbols_are_hidden():
-    # Only TF's registration glue may be exported: brand's C ABI and the Rust
-    # core stay inside, so they cannot clash with another copy in the process.
-    import subprocess
-
-    def symbols(*flags):
-        out = subprocess.run(["nm", *flags, brand_tf._SO], capture_output=True, text=True, check=True).stdout
-        return [line.split()[-2:] for line in out.splitlines() if len(line.split()) >= 2]
-
-    # The C ABI is linked in (local symbols) ...
-    assert ["t", "brand_next"] in symbols()
-    # ... and none of it, nor of the Rust core, is exported.
-    exported = [name for _, name in symbols("-D", "--defined-only")]
-    assert not [s for s in exported if s.startswith("brand_") or "rust" in s.lower()], exported
 
 
 # ---------------------------------------------------------------- metadata and cancellation

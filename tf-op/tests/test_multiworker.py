@@ -21,7 +21,7 @@ WORKER = textwrap.dedent(
     import hashlib, json, os, sys
     import tensorflow as tf
     tf.config.set_visible_devices([], "GPU")
-    from brand_tf import BrandDataset
+    from brand.tf import BrandDataset
 
     path, out = sys.argv[1], sys.argv[2]
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
