@@ -50,8 +50,10 @@ rust-test:
 	cargo test --workspace --locked
 
 # Tests against real TensorFlow, all in tf-op/tests (the venv lives outside the repo, see
-# scripts/tf-venv.sh): TFRecords written by TF pack and round-trip; the BrandDataset op (built
-# against the installed TF). One pytest process: each imports TensorFlow.
+# scripts/tf-venv.sh; tf-op/test.sh): the brand wheel built and installed there, brand.tf's op
+# compiled against the installed TF on first use (cached in $(TARGET)/brand-cache), and once
+# more from the wheel in a fresh venv without cargo; TFRecords written by TF pack and round-trip.
+# One pytest process: each imports TensorFlow.
 python-test: build
 	venv=$$(scripts/tf-venv.sh)
 	BRAND_BIN=$(BRAND) tf-op/test.sh "$$venv/bin/python"
@@ -204,9 +206,9 @@ install-test: tools
 
 test: tools lint rust-test fuzz-replay capi-test cpp-test install-test python-test py-test bench-test
 
-# The benchmark harness (bench/, see bench/README.md): brand against fio, PyTorch's DataLoader,
-# SPDL, tf.data and a per-file loader, larger than memory (a memory cgroup per run) on the raw disk
-# and on blkio-throttled "network" storage. The small preset end to end takes about 20 minutes on
+# The benchmark harness (bench/, see bench/README.md): brand (CLI, C ABI, Python package, tf.data
+# op) against fio, PyTorch's DataLoader, SPDL, tf.data and a per-file loader, larger than memory
+# (a memory cgroup per run) on the raw disk and on blkio-throttled "network" storage. The small preset end to end takes about 20 minutes on
 # this 2-core machine, as root. Its venv (torch with its CUDA wheels, spdl, TensorFlow: ~7 GB) lives
 # outside the repo (scripts/bench-venv.sh); data and results go to /var/tmp/brand-bench.
 # BENCH_ARGS= runs the full preset (9 GB, hours).
@@ -216,7 +218,9 @@ bench: capi-build tools
 	venv=$$(scripts/bench-venv.sh)
 	cmake -S cpp-examples -B $(CPP_BUILD) -DCMAKE_BUILD_TYPE=Release -DBRAND_CARGO_TARGET_DIR=$(TARGET)
 	cmake --build $(CPP_BUILD) --target brand_throughput -j 2
-	"$$venv/bin/python" tf-op/build.py --lib $(TARGET)/release/libbrand.a
+	# brand's Python package as its users install it (pip install ./python): brand.Loader,
+	# brand.torch and brand.tf in the runs; the harness compiles brand.tf's op before them.
+	"$$venv/bin/python" -m uv pip install --quiet --python "$$venv/bin/python" --reinstall-package brand ./python
 	BRAND_BIN=$(BRAND) BRAND_THROUGHPUT_BIN=$(CPP_BUILD)/brand_throughput \
 		"$$venv/bin/python" bench/run.py $(BENCH_ARGS) --out $(BENCH_OUT)
 

@@ -155,7 +155,6 @@ def main(argv=None):
             "python": a.python,
             "brand": str(brand),
             "brand_throughput": str(config.throughput_bin()),
-            "brand_tf_lib": str(config.tf_op_lib()),
             "drop_caches": a.drop_caches,
         },
         "runs": [],
@@ -183,6 +182,9 @@ def main(argv=None):
                         budgets=preset.budgets, ref_budget=ref_budget, batch_size=preset.batch_size,
                         threads=preset.threads, skip=a.skip,
                         api_budgets=None if preset.api_all_budgets else [ref_budget])
+    # brand.tf's op cache stays where it is while the brand runs get a HOME of
+    # their own (for the read-gap probe): built once by loaders.check.
+    os.environ.setdefault("BRAND_CACHE_DIR", str(Path.home() / ".cache" / "brand"))
     plan.unavailable = loaders.check(plan)
     fio_path = None
     if "fio" not in a.skip:
@@ -264,7 +266,7 @@ def main(argv=None):
                 k = rnd % max(1, len(items))
                 todo = fio_items + items[k:] + items[:k]  # rotate: no loader always runs first
                 for it in todo:
-                    if it.loader in ("brand", "capi", "tf-op"):
+                    if it.loader in config.BRAND_LOADERS:
                         it.env["HOME"] = str(homes[p])
                     rec = execute.measure(it, ctx(p), limit(it.budget))
                     rec["round"] = rnd

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Builds the TensorFlow op against the installed TF and runs every test against
-# real TensorFlow (tf-op/tests: the op's, and TFRecords written by TF).
+# Builds the brand wheel, installs it into the TensorFlow venv and runs every
+# test against real TensorFlow (tf-op/tests: brand.tf's op, compiled on first
+# use against the installed TF as users get it, and TFRecords written by TF).
 #
 #   tf-op/test.sh [PYTHON]     (or PYTHON=...; BRAND_BIN=... for the brand CLI)
 #
-# PYTHON is the venv with TensorFlow and pytest (scripts/tf-venv.sh makes it);
-# BRAND_BIN defaults to target/release/brand under CARGO_TARGET_DIR or the repo.
+# PYTHON is the venv with TensorFlow, pytest and maturin (scripts/tf-venv.sh
+# makes it); BRAND_BIN defaults to target/release/brand under CARGO_TARGET_DIR
+# or the repo. The op is cached in $CARGO_TARGET_DIR/brand-cache between runs
+# (keyed by TF version and source digest); the fresh-venv test builds its own.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
@@ -22,12 +25,16 @@ case $brand_bin in /*) ;; *) brand_bin=$repo/$brand_bin ;; esac
 export BRAND_BIN=$brand_bin
 
 cd "$repo"
-cargo build --release --locked -p brand-capi
 if [ ! -x "$BRAND_BIN" ]; then
   echo "tf-op/test.sh: no brand CLI at $BRAND_BIN (cargo build --release -p brand-cli)" >&2
   exit 1
 fi
-"$python" "$here/build.py" --lib "$target/release/libbrand.a"
+export BRAND_WHEELS=$target/wheels-tf
+rm -rf "$BRAND_WHEELS"
+"$(dirname "$python")/maturin" build --release --locked --quiet --manifest-path python/Cargo.toml -o "$BRAND_WHEELS"
+"$python" -m uv pip install --quiet --python "$python" --no-deps --reinstall "$BRAND_WHEELS"/brand-*.whl
+export BRAND_CACHE_DIR=$target/brand-cache
+TF_CPP_MIN_LOG_LEVEL=2 "$python" -m brand.tf build
 
 # The tests that hit a caught Rust panic or an error would print backtraces.
 export RUST_BACKTRACE=0

@@ -27,16 +27,6 @@ def throughput_bin() -> Path:
     return Path(os.environ.get("BRAND_THROUGHPUT_BIN") or target_dir() / "cpp-examples" / "brand_throughput")
 
 
-def tf_op_dir() -> Path:
-    """The directory holding the brand_tf package (tf-op/, or BRAND_TF_DIR)."""
-    return Path(os.environ.get("BRAND_TF_DIR") or REPO / "tf-op")
-
-
-def tf_op_lib() -> Path:
-    """The op library BrandDataset loads (BRAND_TF_LIB, or the package's own)."""
-    return Path(os.environ.get("BRAND_TF_LIB") or tf_op_dir() / "brand_tf" / "_brand_tf_ops.so")
-
-
 # The brand variants measured through the CLI: (policy, read gap).
 BRAND_VARIANTS = [
     ("brand", "whole"),
@@ -45,10 +35,13 @@ BRAND_VARIANTS = [
     ("direct", "auto"),
     ("chunk-shuffle", "auto"),
 ]
-# Through the C ABI and BrandDataset (the interfaces' cost, not the policies'):
+# Through the C ABI, brand.tf and the Python package (the interfaces' cost, not the policies'):
 API_VARIANTS = [("brand", "auto")]
 
-LOADERS = ["fio", "files", "torch", "spdl", "tf-tfrecord", "tf-files", "brand", "capi", "tf-op", "order"]
+LOADERS = ["fio", "files", "torch", "spdl", "tf-tfrecord", "tf-files", "brand", "capi", "tf-op", "py-numpy", "py-torch",
+           "order"]
+# brand's own loaders (through the CLI, the C ABI, TensorFlow and the Python package).
+BRAND_LOADERS = ("brand", "capi", "tf-op", "py-numpy", "py-torch")
 
 
 @dataclass

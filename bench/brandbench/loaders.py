@@ -13,7 +13,9 @@ brand:
 
   brand        `brand read DS --memory B --policy P --read-gap G --json` (Rust API)
   capi         cpp-examples' brand_throughput (C ABI), --touch all
-  tf-op        BrandDataset (tf-op/), batched
+  tf-op        brand.tf.BrandDataset (the tf.data op), batched
+  py-numpy     brand.Loader (the Python package), batches as NumPy arrays
+  py-torch     brand.torch.BrandDataset(batched=True) through a torch DataLoader(batch_size=None)
 """
 
 from __future__ import annotations
@@ -65,27 +67,23 @@ def check(plan: Plan, log=print) -> dict[str, str]:
     if not (plan.throughput.is_file() and os.access(plan.throughput, os.X_OK)):
         why["capi"] = f"no brand_throughput at {plan.throughput} (BRAND_THROUGHPUT_BIN; make cpp-test)"
     for loader, module in (("torch", "torch"), ("spdl", "spdl.pipeline"), ("tf-tfrecord", "tensorflow"),
-                           ("tf-files", "tensorflow"), ("tf-op", "tensorflow"), ("order", "sklearn")):
+                           ("tf-files", "tensorflow"), ("tf-op", "tensorflow"), ("order", "sklearn"),
+                           ("py-numpy", "brand"), ("py-torch", "brand"), ("py-torch", "torch")):
         top = module.split(".")[0]
-        if not _has_module(plan.python, top):
+        if loader not in why and not _has_module(plan.python, top):
             why[loader] = f"{top} is not installed in {plan.python} (scripts/bench-venv.sh)"
     if "order" not in why and not _has_module(plan.python, "tensorflow"):
         why["order"] = "tensorflow is not installed"
     if plan.ds.tfrecord is None and "tf-tfrecord" not in why:
         why["tf-tfrecord"] = "no TFRecord shards (TensorFlow missing when the dataset was made)"
     if "tf-op" not in why:
-        lib = config.tf_op_lib()
-        if not lib.is_file():
-            why["tf-op"] = f"no op library at {lib} (python tf-op/build.py; BRAND_TF_LIB)"
-        else:
-            code = ("import os,sys; sys.path.insert(0, sys.argv[1]); import brand_tf\n"
-                    "if os.environ.get('BRAND_TF_LIB'): brand_tf._SO = os.environ['BRAND_TF_LIB']\n"
-                    "brand_tf.load_ops()")
-            r = subprocess.run([plan.python, "-c", code, str(config.tf_op_dir())], capture_output=True, text=True,
-                               env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-            if r.returncode != 0:
-                lines = [x for x in r.stderr.strip().splitlines() if x.strip()]
-                why["tf-op"] = "brand_tf does not load: " + (lines[-1] if lines else f"exit {r.returncode}")[:300]
+        # brand.tf's op, compiled against the venv's TensorFlow (cached): once
+        # here, so that no measured run pays for the compile.
+        r = subprocess.run([plan.python, "-m", "brand.tf", "build"], capture_output=True, text=True,
+                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+        if r.returncode != 0:
+            lines = [x for x in r.stderr.strip().splitlines() if x.strip()]
+            why["tf-op"] = "brand.tf's op does not build: " + (lines[-1] if lines else f"exit {r.returncode}")[:300]
     return why
 
 
@@ -146,4 +144,11 @@ def items(plan: Plan) -> list[Item]:
                 out.append(runner("tf-op", brand_name(pol, gap), f"BrandDataset {pol}/{gap} ({pct(b)})", "tf_brand.py",
                                   [ds.pack, "--memory", pct(b), "--policy", pol, "--read-gap", gap,
                                    "--batch-size", B, "--seed", seed], budget=b, policy=pol, read_gap=gap))
+        for entry, what in (("numpy", "brand.Loader -> NumPy"), ("torch", "brand.torch via DataLoader")):
+            if f"py-{entry}" not in off and api:
+                for pol, gap in plan.api_variants:
+                    out.append(runner(f"py-{entry}", brand_name(pol, gap), f"{what} {pol}/{gap} ({pct(b)})",
+                                      "py_brand.py", [ds.pack, "--api", entry, "--memory", pct(b), "--policy", pol,
+                                                      "--read-gap", gap, "--batch-size", B, "--seed", seed],
+                                      budget=b, policy=pol, read_gap=gap))
     return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from . import config
 from .config import pct
 
 MiB = 1 << 20
@@ -187,7 +188,7 @@ def _loader_plot(res, path, field, xlabel, scale=1.0, title=""):
     fig, axes = plt.subplots(1, len(profiles), figsize=(6.5 * len(profiles), 0.28 * n + 1.5), squeeze=False)
     for ax, p in zip(axes[0], profiles):
         rows = [r for r in summary if r["profile"] == p]
-        colors = ["C1" if r["loader"] in ("brand", "capi", "tf-op") else "C0" for r in rows]
+        colors = ["C1" if r["loader"] in config.BRAND_LOADERS else "C0" for r in rows]
         labels = [r["name"] for r in rows]
         _bars(ax, labels, [r.get(field) for r in rows], scale)
         for patch, c in zip(ax.patches, colors):

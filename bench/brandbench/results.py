@@ -12,7 +12,8 @@ from __future__ import annotations
 import statistics
 
 REFERENCE = ("torch", "w8")  # PyTorch DataLoader, 8 workers: the paper's baseline
-LOADER_ORDER = ["fio", "files", "torch", "spdl", "tf-files", "tf-tfrecord", "brand", "capi", "tf-op"]
+LOADER_ORDER = ["fio", "files", "torch", "spdl", "tf-files", "tf-tfrecord", "brand", "capi", "tf-op", "py-numpy",
+                "py-torch"]
 PROFILE_ORDER = ["disk", "net"]
 
 

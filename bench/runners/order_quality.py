@@ -79,15 +79,12 @@ def main():
 
     brand_tf = None
     if "brand" in methods:
-        sys.path.insert(0, os.environ.get("BRAND_TF_DIR") or os.path.join(HERE, "..", "..", "tf-op"))
         try:
-            import brand_tf  # noqa: F811
+            import brand.tf as brand_tf  # noqa: F811
 
-            if os.environ.get("BRAND_TF_LIB"):
-                brand_tf._SO = os.environ["BRAND_TF_LIB"]
             brand_tf.load_ops()
         except Exception as e:  # noqa: BLE001
-            common.say({"unavailable": {"brand": f"brand_tf: {type(e).__name__}: {e}"[:500]}})
+            common.say({"unavailable": {"brand": f"brand.tf: {type(e).__name__}: {e}"[:500]}})
             methods.remove("brand")
             brand_tf = None
 

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-"""brand's BrandDataset (the tf.data op in tf-op/) over the brand pack.
+"""brand.tf.BrandDataset (the tf.data op of the brand package) over the brand pack.
 
 Whole batches (batch_size=B: one op call per batch); every sample's bytes
 are copied into the batch's string tensor.
 
     tf_brand.py DATASET --memory 10% --policy brand --read-gap auto --batch-size 64 --seed 1
 
-brand_tf is imported from tf-op/ (or BRAND_TF_DIR); BRAND_TF_LIB names a
-built _brand_tf_ops.so to load instead of the one in the package.
+brand comes from the bench venv (scripts/bench-venv.sh installs the wheel);
+its op was built by the harness (python -m brand.tf build) before any run.
 """
 
 import argparse
@@ -31,13 +31,9 @@ def main():
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
-    sys.path.insert(0, os.environ.get("BRAND_TF_DIR") or os.path.join(HERE, "..", "..", "tf-op"))
-    import brand_tf
+    import brand.tf
 
-    if os.environ.get("BRAND_TF_LIB"):
-        brand_tf._SO = os.environ["BRAND_TF_LIB"]
-
-    ds = brand_tf.BrandDataset(a.dataset, batch_size=a.batch_size, epochs=1, memory=a.memory, policy=a.policy,
+    ds = brand.tf.BrandDataset(a.dataset, batch_size=a.batch_size, epochs=1, memory=a.memory, policy=a.policy,
                                read_gap=a.read_gap, seed=a.seed)
     ds = ds.map(lambda el: (el["id"], tf.reduce_sum(tf.strings.length(el["data"], unit="BYTE"))))
     ids = []

@@ -58,9 +58,7 @@ def test_fio_sweep_and_shards():
 def test_env_overrides(monkeypatch, tmp_path):
     monkeypatch.setenv("BRAND_BIN", str(tmp_path / "b"))
     monkeypatch.setenv("BRAND_THROUGHPUT_BIN", str(tmp_path / "t"))
-    monkeypatch.setenv("BRAND_TF_LIB", str(tmp_path / "op.so"))
     assert config.brand_bin() == tmp_path / "b" and config.throughput_bin() == tmp_path / "t"
-    assert config.tf_op_lib() == tmp_path / "op.so"
 
 
 def test_fio_runtime_is_in_milliseconds():

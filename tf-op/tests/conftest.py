@@ -1,20 +1,19 @@
 """Shared fixtures: the brand CLI makes small datasets once per session.
 
-BRAND_BIN names the brand CLI (tf-op/test.sh sets it). The op library must
-have been built by tf-op/build.py; the package is imported from tf-op/.
+BRAND_BIN names the brand CLI (tf-op/test.sh sets it). brand.tf comes from
+the brand wheel installed in this venv (tf-op/test.sh builds and installs
+it); its op is compiled on first use into $BRAND_CACHE_DIR/tf-op.
 """
 
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 TF_OP = Path(__file__).resolve().parents[1]
 REPO = TF_OP.parent
-sys.path.insert(0, str(TF_OP))
 
 BRAND = os.environ.get("BRAND_BIN", str(REPO / "target" / "release" / "brand"))
 

@@ -6,8 +6,7 @@ import re
 import pytest
 import tensorflow as tf
 
-import brand.tf
-from brand.tf import BrandDataset
+from brand.tf import BrandDataset, dataset_fn
 from conftest import SAMPLES, brand, make_dataset
 
 
@@ -240,7 +239,7 @@ def test_checkpoint_of_another_dataset_is_refused(small_ds, tmp_path):
 
 
 def test_two_input_pipelines_split_each_epoch(small_ds):
-    fn = brand.tf.dataset_fn(small_ds, global_batch_size=20, epochs=2)
+    fn = dataset_fn(small_ds, global_batch_size=20, epochs=2)
     shards = []
     for pipeline in range(2):
         ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=pipeline, num_replicas_in_sync=2)
@@ -259,7 +258,7 @@ def test_two_input_pipelines_split_each_epoch(small_ds):
 
 def test_distribute_datasets_from_function(small_ds):
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
-    dist = strategy.distribute_datasets_from_function(brand.tf.dataset_fn(small_ds, global_batch_size=50))
+    dist = strategy.distribute_datasets_from_function(dataset_fn(small_ds, global_batch_size=50))
     seen = []
     for el in dist:
         seen.extend(strategy.experimental_local_results(el["id"])[0].numpy().tolist())

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import textwrap
 
-from conftest import SAMPLES, TF_OP
+from conftest import SAMPLES
 
 # brand listens on each TF port + this (the default tf_port_offset).
 TF_PORT_OFFSET = 1000
@@ -71,7 +71,6 @@ def test_two_tf_distribute_workers_serve_each_epoch_exactly_once(small_ds, small
     for index in range(2):
         env = dict(os.environ)
         env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
-        env["PYTHONPATH"] = os.pathsep.join([str(TF_OP), env.get("PYTHONPATH", "")])
         env["CUDA_VISIBLE_DEVICES"] = ""
         env["TF_CPP_MIN_LOG_LEVEL"] = "2"
         out = tmp_path / f"worker{index}.json"
