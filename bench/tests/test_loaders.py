@@ -21,6 +21,13 @@ def test_every_loader_and_budget():
         by.setdefault(it.loader, []).append(it)
     assert [i.variant for i in by["torch"]] == ["w4", "w8"] and all(i.kind == "runner" for i in by["torch"])
     assert len(by["brand"]) == 5 * 3 and len(by["capi"]) == 3 and len(by["tf-op"]) == 3
+    # The Python package: brand.Loader -> NumPy and brand.torch through a DataLoader, per budget.
+    for entry in ("numpy", "torch"):
+        runs = by[f"py-{entry}"]
+        assert [i.budget for i in runs] == [0.1, 0.25, 1.0] and all(i.kind == "runner" for i in runs)
+        argv = runs[0].argv
+        assert argv[1].endswith("py_brand.py") and argv[argv.index("--api") + 1] == entry
+        assert argv[2] == "/d/pack" and "10%" in argv and argv[argv.index("--read-gap") + 1] == "auto"
     assert [i.extra["shuffle_buffer"] for i in by["tf-tfrecord"]] == [100, 250, 1000]
     whole = next(i for i in by["brand"] if i.variant == "brand/whole" and i.budget == 0.25)
     assert whole.argv[:3] == ["/b/brand", "read", "/d/pack"]
@@ -35,4 +42,4 @@ def test_skip_unavailable_and_api_budgets():
     items = loaders.items(_plan(skip={"torch"}, unavailable={"spdl": "no"}, api_budgets=[0.1]))
     loaders_run = {i.loader for i in items}
     assert "torch" not in loaders_run and "spdl" not in loaders_run
-    assert [i.budget for i in items if i.loader in ("capi", "tf-op")] == [0.1, 0.1]
+    assert [i.budget for i in items if i.loader in ("capi", "tf-op", "py-numpy", "py-torch")] == [0.1] * 4

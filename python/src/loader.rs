@@ -147,20 +147,34 @@ impl Open {
         Ok(())
     }
 
+    /// Asks the worker for the next batch; `before` is the state until it is handed out.
+    fn request(&mut self) -> PyResult<()> {
+        let state = self.reader()?.state();
+        self.before = Some(state);
+        self.requests
+            .send(())
+            .map_err(|_| InvalidStateError::new_err("brand's loader thread is gone: open a new loader"))?;
+        self.pending = true;
+        Ok(())
+    }
+
     fn next(&mut self, py: Python<'_>) -> PyResult<Option<Batch>> {
         self.check_usable()?;
         if self.ready.is_none() && !self.pending {
-            let state = self.reader()?.state();
-            self.before = Some(state);
-            self.requests
-                .send(())
-                .map_err(|_| InvalidStateError::new_err("brand's loader thread is gone: open a new loader"))?;
-            self.pending = true;
+            self.request()?;
         }
         self.settle(py)?;
         self.before = None;
         match self.ready.take() {
-            Some(Ok(Some(batch))) => Ok(Some(Batch::new(batch))),
+            Some(Ok(Some(batch))) => {
+                // The next batch is fetched while Python works on this one:
+                // the worker's hand-off (two thread wake-ups) then overlaps
+                // with the consumer instead of adding to its wait (measured:
+                // 0.85x `brand read`'s bytes/s without). Not past the end of
+                // an epoch: the next epoch starts when it is asked for.
+                self.request()?;
+                Ok(Some(Batch::new(batch)))
+            }
             Some(Ok(None)) | None => Ok(None),
             Some(Err(Failure::Panic(why))) => {
                 self.broken = Some(why.clone());
