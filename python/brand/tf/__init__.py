@@ -19,6 +19,7 @@ PyPI wheels ship) or ahead of time by ``python -m brand.tf build``, and
 cached per TensorFlow version (see ``brand.tf._build``).
 """
 
+import json
 import os
 
 import tensorflow as tf
@@ -50,10 +51,18 @@ def load_ops(build: bool = True):
             _ops = tf.load_op_library(str(library))
         except tf.errors.NotFoundError as e:
             raise BuildError(
-                f"brand.tf: the op library {library} (built for TensorFlow {b.tf_version}) does not load into "
-                f"TensorFlow {tf.__version__} ({e}); rebuild it with python -m brand.tf build --force"
+                f"brand.tf: the op library {library} (built for TensorFlow {_built_for(library)}) does not load "
+                f"into TensorFlow {tf.__version__} ({e}); rebuild it with python -m brand.tf build --force"
             ) from e
     return _ops
+
+
+def _built_for(library):
+    """The TensorFlow version the build recorded next to `library`."""
+    try:
+        return json.loads((library.parent / "build.json").read_text())["tf_version"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "an unrecorded version"
 
 
 def element_spec(batched):
