@@ -57,6 +57,7 @@ pub mod dataset;
 pub mod decode;
 pub mod error;
 pub mod extents;
+pub mod ids;
 pub mod index;
 pub mod manifest;
 pub mod rng;

@@ -22,7 +22,7 @@ use brand_format::decode::ExtentBytes;
 use brand_format::error::Error;
 use brand_format::extents::Extent;
 
-use crate::config::{FIXED_BUF_BYTES, RINGS};
+use crate::config::FIXED_BUF_BYTES;
 use crate::files::FileCache;
 use crate::job::{Completion, Job, JobSender, RecordResult, Shared, Started};
 use crate::page_buf::PageBuf;
@@ -82,7 +82,7 @@ pub(crate) fn start(shared: Shared) -> Result<Started, NotStarted> {
     let decode_threads = if shared.ds.zstd() { shared.cfg.decode_threads } else { 0 };
     let (task_tx, task_rx) = crossbeam_channel::unbounded::<DecodeTask>();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let rings = RINGS.min(cores).min(shared.cfg.queue_depth).max(1);
+    let rings = shared.cfg.rings.min(cores).min(shared.cfg.queue_depth).max(1);
     let mut senders = Vec::with_capacity(rings);
     let mut threads = Vec::with_capacity(rings + decode_threads);
     for r in 0..rings {
@@ -149,7 +149,12 @@ fn start_ring(
         .spawn(move || {
             let _exit = exit;
             let entries = (shared.cfg.queue_depth * 2).next_power_of_two().clamp(8, 4096) as u32;
-            let rt = match tokio_uring::Runtime::new(tokio_uring::builder().entries(entries)) {
+            let mut ring = tokio_uring::uring_builder();
+            if shared.cfg.sqpoll {
+                // The poller sleeps after 50 ms without submissions.
+                ring.setup_sqpoll(50);
+            }
+            let rt = match tokio_uring::Runtime::new(tokio_uring::builder().entries(entries).uring_builder(&ring)) {
                 Ok(rt) => rt,
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
