@@ -97,13 +97,17 @@ def make_small(bins, root, kib, samples):
     return out
 
 
+def fio_small_cmd(segs, kib, ios):
+    """fio reading `ios` random `kib` KiB blocks of the segment files, QD 32, never writing them."""
+    return ["fio", "--readonly", "--name=r", "--rw=randread", f"--bs={kib}k", "--iodepth=32",
+            "--ioengine=io_uring", "--direct=1", "--filename=" + ":".join(segs),
+            f"--io_size={ios * kib * 1024}", "--output-format=json"]
+
+
 def fio_small(ds, kib, samples, loops=2):
     """fio reading `samples * loops` random blocks of `kib` KiB, QD 32, O_DIRECT: IOPS and
     CPU-seconds per I/O."""
-    segs = segments(ds)
-    cmd = ["fio", "--readonly", "--name=r", "--rw=randread", f"--bs={kib}k", "--iodepth=32",
-           "--ioengine=io_uring", "--direct=1", "--filename=" + ":".join(segs),
-           f"--io_size={samples * loops * kib * 1024}", "--output-format=json"]
+    cmd = fio_small_cmd(segments(ds), kib, samples * loops)
     out, cpu = timed(cmd)
     j = json.loads(out)["jobs"][0]["read"]
     return {"iops": j["iops"], "cpu_per_io": cpu / j["total_ios"]}, cmd
