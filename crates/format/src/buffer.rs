@@ -293,7 +293,7 @@ impl AlignedBuf {
     /// buffer is read.
     fn sample_uninit(len: usize) -> Self {
         let (need, align) = sample_shape(len);
-        if let Some(b) = Self::recycled(need) {
+        if let Some(b) = Self::recycled_small(need).or_else(|| Self::recycled(need)) {
             return b;
         }
         let mut b = Self::allocate(need, align, false);
@@ -304,19 +304,28 @@ impl AlignedBuf {
         b
     }
 
-    /// A recycled buffer of at least `need` bytes (`len` 0), if one fits.
+    /// A recycled small sample buffer of `need`'s class (`len` 0, only
+    /// [`SAMPLE_ALIGN`]-aligned: never for device reads), if one is free.
+    fn recycled_small(need: usize) -> Option<Self> {
+        if need >= RECYCLE_MIN {
+            return None;
+        }
+        let (class, cap) = small::class(need);
+        let ptr = small::take(class, cap)?;
+        Some(AlignedBuf {
+            ptr,
+            cap,
+            offset: 0,
+            len: 0,
+            align: SAMPLE_ALIGN,
+            uninit: false,
+        })
+    }
+
+    /// A recycled page-aligned buffer of at least `need` bytes (`len` 0), if one fits.
     fn recycled(need: usize) -> Option<Self> {
         if need < RECYCLE_MIN {
-            let (class, cap) = small::class(need);
-            let ptr = small::take(class, cap)?;
-            return Some(AlignedBuf {
-                ptr,
-                cap,
-                offset: 0,
-                len: 0,
-                align: SAMPLE_ALIGN,
-                uninit: false,
-            });
+            return None;
         }
         let (ptr, cap) = recycle::take(need)?;
         Some(AlignedBuf {
