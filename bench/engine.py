@@ -19,9 +19,17 @@ over rounds, and same-round ratios:
   loader's mean batch time, measured in the first round).
 * peak RSS / (memory + readahead) for an uncompressed, a zstd and a
   size-skewed dataset, with both consumers.
+* small (tmpfs) and small-disk: samples of exactly 1, 4 and 16 KiB, where
+  requests, not bytes, are the limit: `brand read --policy direct
+  --read-gap 0` against `fio --rw=randread --bs=<sample size> --iodepth=32`
+  on the same segments for as many operations: samples/s over fio's IOPS,
+  read amplification, CPU per sample over fio's CPU per I/O. Each build
+  packs its own copy (a build reads only the formats it knows), and fio
+  reads the first build's.
 
 Usage: bench/engine.py [--rounds 5] [--samples 10000] [--disk-dir /var/tmp]
-                       [--parts tmpfs,boundary,rss,disk] [--bin NAME=PATH ...]
+                       [--parts tmpfs,boundary,rss,disk,small,small-disk] [--bin NAME=PATH ...]
+                       [--small-mb 400]
 Needs fio and zstd (apt-get install -y fio zstd) and a release build (cargo build --release
 -p brand-cli); BRAND_BIN overrides the binary. `--bin` (repeatable) runs
 several builds interleaved in the same rounds (e.g. before/after a change:
@@ -68,6 +76,59 @@ def make(brand, root, name, samples, extra_gen=(), extra_pack=()):
     sh(["rm", "-rf", src])
     open(os.path.join(root, name, ".done"), "w").close()
     return ds
+
+
+def make_small(bins, root, kib, samples):
+    """Samples of exactly `kib` KiB, packed by every build: {build name: dataset}."""
+    base = os.path.join(root, f"small-{kib}k")
+    done = os.path.join(base, ".done")
+    out = {bn: os.path.join(base, "ds-" + bn) for bn, _ in bins}
+    if os.path.exists(done) and all(os.path.isdir(d) for d in out.values()):
+        return out
+    sh(["rm", "-rf", base])
+    src = os.path.join(base, "src")
+    k = str(kib)
+    sh([bins[0][1], "gen", src, "--samples", str(samples), "--seed", "7", "--classes", "10",
+        "--mean-kib", k, "--min-kib", k, "--max-kib", k])
+    for bn, bp in bins:
+        sh([bp, "pack", src, "-o", out[bn], "--seed", "7"])
+    sh(["rm", "-rf", src])
+    open(done, "w").close()
+    return out
+
+
+def fio_small_cmd(segs, kib, ios):
+    """fio reading `ios` random `kib` KiB blocks of the segment files, QD 32, never writing them."""
+    return ["fio", "--readonly", "--name=r", "--rw=randread", f"--bs={kib}k", "--iodepth=32",
+            "--ioengine=io_uring", "--direct=1", "--filename=" + ":".join(segs),
+            f"--io_size={ios * kib * 1024}", "--output-format=json"]
+
+
+def fio_small(ds, kib, samples, loops=2):
+    """fio reading `samples * loops` random blocks of `kib` KiB, QD 32, O_DIRECT: IOPS and
+    CPU-seconds per I/O."""
+    cmd = fio_small_cmd(segments(ds), kib, samples * loops)
+    out, cpu = timed(cmd)
+    j = json.loads(out)["jobs"][0]["read"]
+    return {"iops": j["iops"], "cpu_per_io": cpu / j["total_ios"]}, cmd
+
+
+def brand_small(brand, ds):
+    """Two epochs of `direct` at read gap 0: samples/s, read amplification and CPU per
+    sample of the whole run and of the second epoch."""
+    cmd = [brand, "read", ds, "--json", "--epochs", "2", "--policy", "direct", "--read-gap", "0"]
+    out, cpu = timed(cmd)
+    eps = json.loads(out)
+    assert all(e["exactly_once"] for e in eps), "not exactly once"
+    samples = sum(e["samples"] for e in eps)
+    m = [e["metrics"] for e in eps]
+    r = {"sps": samples / sum(e["seconds"] for e in eps), "cpu_per_sample": cpu / samples,
+         "amp": sum(x["bytes_read"] for x in m) / sum(x["bytes_served"] for x in m)}
+    last = eps[-1]
+    if "cpu_seconds" in last:
+        r["sps2"] = last["samples"] / last["seconds"]
+        r["cpu_per_sample2"] = last["cpu_seconds"] / last["samples"]
+    return r, cmd
 
 
 def segments(ds):
@@ -144,7 +205,9 @@ def fmt(xs, scale=1.0, unit=""):
     return f"{statistics.median(xs):8.3f}{unit} [{min(xs):.3f}, {max(xs):.3f}]"
 
 
-PARTS = ("tmpfs", "boundary", "rss", "disk")
+PARTS = ("tmpfs", "boundary", "rss", "disk", "small", "small-disk")
+# (KiB, samples per 400 MB) for the small-record parts.
+SMALL = ((1, 400_000), (4, 100_000), (16, 25_000))
 
 
 def main():
@@ -153,6 +216,8 @@ def main():
     ap.add_argument("--samples", type=int, default=10000)
     ap.add_argument("--disk-dir", default=None)
     ap.add_argument("--parts", default=",".join(PARTS), help="comma-separated: " + ", ".join(PARTS))
+    ap.add_argument("--small-mb", type=int, default=400,
+                    help="bytes of samples (MB) in each small-record dataset")
     ap.add_argument("--bin", action="append", default=[], metavar="NAME=PATH",
                     help="a brand binary to measure (repeatable; interleaved in each round)")
     args = ap.parse_args()
@@ -182,6 +247,13 @@ def main():
         sets["skew"] = make(brand, shm, "skew", n // 2, ["--min-kib", "1", "--max-kib", "4096", "--mean-kib", "220"])
     if "disk" in parts:
         sets["disk"] = make(brand, args.disk_dir, "plain", n)
+    small_sets = {}
+    for part, root in [("small", "/dev/shm/brand-engine-bench-small"),
+                       ("small-disk", os.path.join(os.path.dirname(args.disk_dir), "brand-engine-bench-small"))]:
+        if part in parts:
+            for kib, per_400 in SMALL:
+                count = per_400 * args.small_mb // 400
+                small_sets[(part, kib)] = (make_small(bins, root, kib, count), count)
     print(f"datasets ready in {time.time() - t0:.0f}s", file=sys.stderr)
     variants = []
     for dsn in ["plain", "zstd"]:
@@ -252,6 +324,12 @@ def main():
                         b, c = brand_read(bp, sets[dsn], "brand", epochs=1,
                                           extra=("--memory", "256MiB", "--readahead", "64MiB", *extra))
                         add((bn, "rss", dsn, consumer), b, c)
+        for (part, kib), (dss, count) in small_sets.items():
+            f, c = fio_small(dss[bins[0][0]], kib, count)
+            add(("fio", part, kib), f, c)
+            for bn, _bp in bins:
+                b, c = brand_small(dict(bins)[bn], dss[bn])
+                add((bn, part, kib), b, c)
         print(f"round {rnd + 1}/{args.rounds} done at {time.time() - t0:.0f}s", file=sys.stderr)
 
     print(f"# brand engine benchmark: {args.rounds} interleaved rounds, {n} samples (mean 110 KiB), "
@@ -330,6 +408,24 @@ def main():
                           f"{fmt([(p - (64 << 20)) / bound for p in peaks])}  "
                           f"peak resident {fmt(res_peak, 2**-20, ' MiB')}  read buffers {fmt(buf_peak, 2**-20, ' MiB')}")
             print(f"            {cmds[(bn, 'rss', 'skew', 'compute')]}")
+    if small_sets:
+        print("\n## small records: direct, read gap 0, 2 epochs, vs fio randread at the sample size, QD 32")
+        print("   ratios per round: samples/s over fio IOPS, brand CPU per sample over fio CPU per I/O;"
+              " amp = bytes read / bytes served; 2nd = second epoch only")
+    for (part, kib), (dss, count) in small_sets.items():
+        fr = res[("fio", part, kib)]
+        print(f"   {part} {kib:2} KiB x {count}: fio {fmt([f['iops'] for f in fr], 1e-3, 'k IOPS')}  "
+              f"{fmt([f['cpu_per_io'] for f in fr], 1e6, ' us CPU/IO')}")
+        for bn, _ in bins:
+            br = res[(bn, part, kib)]
+            print(f"   {bn:8} {fmt([b['sps'] for b in br], 1e-3, 'k samples/s')} ratio {fmt([b['sps'] / f['iops'] for b, f in zip(br, fr)])}"
+                  f"  amp {fmt([b['amp'] for b in br])}  CPU/sample {fmt([b['cpu_per_sample'] for b in br], 1e6, ' us')}"
+                  f" ratio {fmt([b['cpu_per_sample'] / f['cpu_per_io'] for b, f in zip(br, fr)])}")
+            if all("sps2" in b for b in br):
+                print(f"   {'':8} 2nd {fmt([b['sps2'] / f['iops'] for b, f in zip(br, fr)])} x fio IOPS,"
+                      f" CPU/sample {fmt([b['cpu_per_sample2'] / f['cpu_per_io'] for b, f in zip(br, fr)])} x fio")
+        print(f"            {cmds[(bins[-1][0], part, kib)]}")
+        print(f"            {cmds[('fio', part, kib)]}")
     print(f"\n# total {time.time() - t0:.0f}s")
 
 

@@ -32,6 +32,7 @@ def commands(ds):
     return {
         "engine": engine.fio_cmd(segs),
         "engine 1 pass": engine.fio_cmd(segs, loops=1),
+        "engine small records": engine.fio_small_cmd(segs, 4, 100),
         "compare": compare.fio_cmd(str(ds), 5),
         **{f"device {rw} {bs} QD{qd}": device.item("fio", segs, rw, bs, qd, 0.5, 1 << 20).argv
            for rw, bs, qd in device.sweep(1 << 20)},
@@ -40,7 +41,7 @@ def commands(ds):
 
 def test_every_fio_command_is_readonly(tmp_path):
     cmds = commands(segments(tmp_path))
-    assert len(cmds) == 15
+    assert len(cmds) == 16
     for name, argv in cmds.items():
         assert argv[0].endswith("fio"), name
         assert "--readonly" in argv, name
@@ -64,3 +65,14 @@ def test_engine_fio_leaves_unequal_segments_intact(tmp_path):
     assert digests(ds) == before, r.stderr
     read = json.loads(r.stdout)["jobs"][0]["read"]
     assert read["io_bytes"] == 2 * (2 << 20)
+
+
+@pytest.mark.skipif(shutil.which("fio") is None, reason="fio not installed (apt-get install fio)")
+def test_engine_small_record_fio_reads_as_many_blocks_as_asked(tmp_path):
+    ds = segments(tmp_path)
+    before = digests(ds)
+    r = subprocess.run(engine.fio_small_cmd([str(p) for p in sorted(ds.iterdir())], 4, 300),
+                       capture_output=True, text=True, check=True)
+    assert digests(ds) == before, r.stderr
+    read = json.loads(r.stdout)["jobs"][0]["read"]
+    assert (read["total_ios"], read["io_bytes"]) == (300, 300 * 4096)

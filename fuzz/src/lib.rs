@@ -144,6 +144,8 @@ fn chunk_bytes(data: &[u8]) {
         assert!(h.header_len as u64 <= h.chunk_len);
         for r in &h.records {
             assert!(r.offset as u64 + r.stored_len as u64 <= h.chunk_len);
+            // What the blocks flag promises, whatever bytes carried it.
+            assert!(!h.blocks() || !chunk::extra_block(r.offset as u64, r.stored_len as u64));
         }
     }
 }

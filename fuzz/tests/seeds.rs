@@ -31,12 +31,13 @@ fn frame(data: &[u8]) -> Vec<u8> {
 fn write_seed_corpus() {
     let t = std::env::temp_dir().join(format!("brand-fuzz-seeds-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&t);
-    for (name, zstd) in [("plain", None), ("zstd", Some(3))] {
+    // "blocks": samples around 4 KiB, so that the blocks layout moves some.
+    for (name, zstd, mean_bytes) in [("plain", None, 300), ("zstd", Some(3), 300), ("blocks", None, 4000)] {
         let options = brand_pack::synthetic::GenOptions {
             samples: 20,
-            mean_bytes: 300,
+            mean_bytes,
             min_bytes: 10,
-            max_bytes: 900,
+            max_bytes: 3 * mean_bytes,
             classes: 3,
             seed: 1,
             ..Default::default()
@@ -57,7 +58,7 @@ fn write_seed_corpus() {
         let opened = brand_format::Dataset::open(&ds).expect("open");
         let end = opened.index.chunks[0].offset + opened.index.chunk_padded_len(0);
         put("chunk_header", name, &seg[..end as usize]);
-        if zstd.is_none() {
+        if name == "plain" {
             let path = CString::new(ds.to_str().expect("utf-8")).expect("no NUL");
             let cfg = c"batch_size = 4\nmemory = \"8 slots\"\nread_gap = \"0\"";
             let mut l = std::ptr::null_mut();

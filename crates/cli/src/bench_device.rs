@@ -32,6 +32,12 @@ pub struct DeviceArgs {
     /// I/O backend: auto, uring or threads.
     #[arg(long, default_value = "auto")]
     io_backend: String,
+    /// io_uring rings to sweep (comma-separated; each a thread, at most one per core).
+    #[arg(long, value_delimiter = ',', default_value = "2")]
+    rings: Vec<usize>,
+    /// io_uring submission polling (SQPOLL) to sweep: off, on, or off,on.
+    #[arg(long, value_delimiter = ',', default_value = "off")]
+    sqpoll: Vec<String>,
     /// Size of the probe dataset written when PATH is not a dataset.
     #[arg(long, default_value = "2GiB")]
     size: String,
@@ -47,6 +53,8 @@ pub struct DeviceArgs {
 
 #[derive(Debug, Serialize)]
 struct Point {
+    rings: usize,
+    sqpoll: bool,
     queue_depth: usize,
     block_bytes: u64,
     reads: u64,
@@ -55,6 +63,7 @@ struct Point {
     mb_per_sec: f64,
     iops: f64,
     cpu_seconds_per_gb: f64,
+    cpu_micros_per_read: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -85,6 +94,24 @@ pub fn device(a: &DeviceArgs) -> Result<()> {
         return Err(Error::config("--seconds: between 0 and 3600"));
     }
     let backend: IoBackend = a.io_backend.parse()?;
+    if a.rings.is_empty() || a.rings.iter().any(|&r| r == 0 || r > 64) {
+        return Err(Error::config("--rings: between 1 and 64"));
+    }
+    let sqpoll = a
+        .sqpoll
+        .iter()
+        .map(|v| match v.as_str() {
+            "off" => Ok(false),
+            "on" => Ok(true),
+            _ => Err(Error::config(format!("--sqpoll {v:?}: off or on"))),
+        })
+        .collect::<Result<Vec<bool>>>()?;
+    // (rings, sqpoll) settings, each a table.
+    let settings: Vec<(usize, bool)> = a
+        .rings
+        .iter()
+        .flat_map(|&r| sqpoll.iter().map(move |&p| (r, p)))
+        .collect();
     let ds = Arc::new(probe_dataset(&a.path, &a.size, a.seed)?);
     let segments: Vec<u64> = ds.manifest.segments.iter().map(|s| s.bytes / ALIGN * ALIGN).collect();
     let file_bytes: u64 = segments.iter().sum();
@@ -97,7 +124,7 @@ pub fn device(a: &DeviceArgs) -> Result<()> {
                 a.path.display()
             )));
         }
-        for &qd in &a.qd {
+        for (&qd, &(rings, sqpoll)) in a.qd.iter().flat_map(|q| settings.iter().map(move |s| (q, s))) {
             let cfg = EngineConfig {
                 queue_depth: qd,
                 direct: true,
@@ -109,11 +136,15 @@ pub fn device(a: &DeviceArgs) -> Result<()> {
                 backend,
                 decode_threads: 0,
                 io_timeout: Duration::from_secs(60),
+                rings,
+                sqpoll,
             };
             let engine = Engine::start(ds.clone(), cfg)?;
             used_backend = engine.backend().to_string();
             let mut rng = Prng::stream(a.seed, &[0xde71ce, qd as u64, bs]);
-            points.push(sweep_point(&engine, &segments, qd, bs, a.seconds, &mut rng)?);
+            let mut point = sweep_point(&engine, &segments, qd, bs, a.seconds, &mut rng)?;
+            (point.rings, point.sqpoll) = (rings, sqpoll);
+            points.push(point);
             if !a.json {
                 eprint!(".");
             }
@@ -134,11 +165,25 @@ pub fn device(a: &DeviceArgs) -> Result<()> {
     let json_path = a.out.join("brand-device.json");
     std::fs::write(&json_path, &json).map_err(|e| Error::io(&json_path, e))?;
     let svg_path = a.out.join("brand-device.svg");
-    std::fs::write(&svg_path, plot(&report, &a.qd, &blocks)).map_err(|e| Error::io(&svg_path, e))?;
+    let (rings, sqpoll) = settings[0];
+    let first: Vec<&Point> = report
+        .points
+        .iter()
+        .filter(|p| (p.rings, p.sqpoll) == (rings, sqpoll))
+        .collect();
+    std::fs::write(&svg_path, plot(&report, &first, &a.qd, &blocks)).map_err(|e| Error::io(&svg_path, e))?;
     if a.json {
         println!("{json}");
     } else {
-        print_table(&report, &a.qd, &blocks);
+        for &(rings, sqpoll) in &settings {
+            let mine: Vec<&Point> = report
+                .points
+                .iter()
+                .filter(|p| (p.rings, p.sqpoll) == (rings, sqpoll))
+                .collect();
+            let sq = if sqpoll { "on" } else { "off" };
+            print_table(&report, &mine, &format!("{rings} ring(s), SQPOLL {sq}"), &a.qd, &blocks);
+        }
         println!("wrote {} and {}", json_path.display(), svg_path.display());
     }
     Ok(())
@@ -225,6 +270,8 @@ fn sweep_point(engine: &Engine, segments: &[u64], qd: usize, bs: u64, seconds: f
     let secs = start.elapsed().as_secs_f64();
     let cpu = crate::process_stats::cpu_seconds() - cpu_before;
     Ok(Point {
+        rings: 0,
+        sqpoll: false,
         queue_depth: qd,
         block_bytes: bs,
         reads,
@@ -233,6 +280,7 @@ fn sweep_point(engine: &Engine, segments: &[u64], qd: usize, bs: u64, seconds: f
         mb_per_sec: bytes as f64 / secs / 1e6,
         iops: reads as f64 / secs,
         cpu_seconds_per_gb: if bytes > 0 { cpu / (bytes as f64 / 1e9) } else { 0.0 },
+        cpu_micros_per_read: if reads > 0 { cpu * 1e6 / reads as f64 } else { 0.0 },
     })
 }
 
@@ -243,33 +291,41 @@ fn size_label(b: u64) -> String {
     }
 }
 
-fn print_table(r: &DeviceReport, qds: &[usize], blocks: &[u64]) {
+fn print_table(r: &DeviceReport, points: &[&Point], setting: &str, qds: &[usize], blocks: &[u64]) {
     println!(
-        "{} ({} backend, {:.1} GiB read range): MB/s of random O_DIRECT reads",
+        "{} ({} backend, {setting}, {:.1} GiB read range): random O_DIRECT reads",
         r.path.display(),
         r.backend,
         r.file_bytes as f64 / (1u64 << 30) as f64
     );
-    print!("{:>8}", "block");
-    for q in qds {
-        print!("{:>12}", format!("QD {q}"));
-    }
-    println!();
-    for &bs in blocks {
-        print!("{:>8}", size_label(bs));
-        for &q in qds {
-            let p = r.points.iter().find(|p| p.queue_depth == q && p.block_bytes == bs);
-            print!("{:>12.0}", p.map_or(0.0, |p| p.mb_per_sec));
+    type Figure = fn(&Point) -> f64;
+    let figures: [(&str, Figure); 3] = [
+        ("MB/s", |p| p.mb_per_sec),
+        ("k IOPS", |p| p.iops / 1e3),
+        ("CPU µs/read", |p| p.cpu_micros_per_read),
+    ];
+    for (name, figure) in figures {
+        print!("{name:>12}");
+        for q in qds {
+            print!("{:>10}", format!("QD {q}"));
         }
         println!();
+        for &bs in blocks {
+            print!("{:>12}", size_label(bs));
+            for &q in qds {
+                let p = points.iter().find(|p| p.queue_depth == q && p.block_bytes == bs);
+                print!("{:>10.1}", p.map_or(0.0, |p| figure(p)));
+            }
+            println!();
+        }
     }
 }
 
 /// An SVG line chart: MB/s against block size (log scale), one line per
 /// queue depth. Written by hand: one small picture does not need a crate.
-fn plot(r: &DeviceReport, qds: &[usize], blocks: &[u64]) -> String {
+fn plot(r: &DeviceReport, points: &[&Point], qds: &[usize], blocks: &[u64]) -> String {
     let (w, h, left, bottom, top, right) = (720.0, 440.0, 70.0, 50.0, 40.0, 120.0);
-    let max_mb = r.points.iter().map(|p| p.mb_per_sec).fold(1.0, f64::max) * 1.1;
+    let max_mb = points.iter().map(|p| p.mb_per_sec).fold(1.0, f64::max) * 1.1;
     let x_of = |i: usize| left + (w - left - right) * i as f64 / (blocks.len().max(2) - 1) as f64;
     let y_of = |mb: f64| h - bottom - (h - bottom - top) * mb / max_mb;
     let colours = [
@@ -315,7 +371,7 @@ fn plot(r: &DeviceReport, qds: &[usize], blocks: &[u64]) -> String {
             .iter()
             .enumerate()
             .filter_map(|(i, &bs)| {
-                r.points
+                points
                     .iter()
                     .find(|p| p.queue_depth == q && p.block_bytes == bs)
                     .map(|p| format!("{:.1},{:.1}", x_of(i), y_of(p.mb_per_sec)))

@@ -381,6 +381,11 @@ fn pack_cmd(a: &PackArgs) -> brand_format::Result<ExitCode> {
         m.data_bytes as f64 / (1 << 20) as f64,
         a.out.display()
     );
+    eprintln!(
+        "block padding {:.1} MiB ({:.2} % of the stored samples): no sample spans a 4 KiB block more than its size needs",
+        m.block_padding_bytes as f64 / (1 << 20) as f64,
+        100.0 * m.block_padding_bytes as f64 / m.stored_bytes.max(1) as f64
+    );
     if let Some(p) = partitions {
         eprintln!(
             "as {} partitions ({}/part-0 … part-{}), groups of {} chunks; give part-w to node w",

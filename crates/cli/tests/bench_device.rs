@@ -62,6 +62,8 @@ fn bad_sweeps_are_named() {
         ("--seconds", "-1", "--seconds"),
         ("--size", "1KiB", "--size"),
         ("--io-backend", "carrier-pigeon", "io_backend"),
+        ("--rings", "0", "--rings"),
+        ("--sqpoll", "sometimes", "--sqpoll"),
     ] {
         let o = brand()
             .args(["bench", "device"])
@@ -73,4 +75,62 @@ fn bad_sweeps_are_named() {
         assert_eq!(o.status.code(), Some(1), "{flag} {value}: {err}");
         assert!(err.contains(word), "{flag} {value}: {err}");
     }
+}
+
+/// The io_uring knobs: every (rings, SQPOLL) setting is a point of its own,
+/// reads real bytes, and the table shows each setting with IOPS and CPU per
+/// read.
+#[test]
+fn sweeps_rings_and_sqpoll() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let out = t.path().join("out");
+    let run = |json: bool| {
+        let mut c = brand();
+        c.args(["bench", "device"]).arg(t.path()).args([
+            "--size",
+            "16MiB",
+            "--seconds",
+            "0.05",
+            "--qd",
+            "4",
+            "--bs",
+            "4KiB",
+            "--io-backend",
+            "uring",
+            "--rings",
+            "1,2",
+            "--sqpoll",
+            "off,on",
+            "--out",
+        ]);
+        c.arg(&out);
+        if json {
+            c.arg("--json");
+        }
+        let o = c.output().expect("run brand");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let report: serde_json::Value = serde_json::from_str(&run(true)).expect("json on stdout");
+    let points = report["points"].as_array().expect("points");
+    let mut seen: Vec<(u64, bool)> = points
+        .iter()
+        .map(|p| {
+            (
+                p["rings"].as_u64().expect("rings"),
+                p["sqpoll"].as_bool().expect("sqpoll"),
+            )
+        })
+        .collect();
+    seen.sort();
+    assert_eq!(seen, vec![(1, false), (1, true), (2, false), (2, true)]);
+    for p in points {
+        assert!(p["reads"].as_u64().is_some_and(|r| r > 0), "{p}");
+        assert!(p["cpu_micros_per_read"].as_f64().is_some_and(|c| c > 0.0), "{p}");
+    }
+    let table = run(false);
+    for setting in ["1 ring(s), SQPOLL off", "1 ring(s), SQPOLL on", "2 ring(s), SQPOLL on"] {
+        assert!(table.contains(setting), "{setting}: {table}");
+    }
+    assert!(table.contains("k IOPS") && table.contains("CPU µs/read"), "{table}");
 }

@@ -12,8 +12,17 @@ pub const FLAG_ZSTD: u16 = 1;
 /// aligned in its read buffer and can be served from it without a copy.
 /// Without it, records follow one another with no gap.
 pub const FLAG_ALIGNED64: u16 = 2;
+/// No record spans more [`ALIGN`](crate::ALIGN)-byte blocks than its length
+/// needs: a record that would (from where it would otherwise start) begins
+/// at the next block boundary instead, zero bytes between. So a record of
+/// at most one block is read as one block, and one whose length is a
+/// multiple of the block as exactly its blocks. The padding is less than
+/// the record's length and less than one block, and paid only where it
+/// saves a block on every read of the record alone (`direct`, small read
+/// gaps). Format version 2 (the manifest's `format_version`).
+pub const FLAG_BLOCKS: u16 = 4;
 /// Every flag this build knows; any other bit is refused.
-const KNOWN_FLAGS: u16 = FLAG_ZSTD | FLAG_ALIGNED64;
+const KNOWN_FLAGS: u16 = FLAG_ZSTD | FLAG_ALIGNED64 | FLAG_BLOCKS;
 /// Where records start in a chunk flagged [`FLAG_ALIGNED64`].
 pub const RECORD_ALIGN: u64 = 64;
 const CRC_FIELD: std::ops::Range<usize> = 28..32;
@@ -52,15 +61,43 @@ impl ChunkHeader {
     pub fn aligned64(&self) -> bool {
         self.flags & FLAG_ALIGNED64 != 0
     }
+    pub fn blocks(&self) -> bool {
+        self.flags & FLAG_BLOCKS != 0
+    }
 }
 
-/// Where the record after one ending at `end` starts in a chunk with `flags`.
-fn next_record_offset(end: u64, flags: u16) -> u64 {
-    if flags & FLAG_ALIGNED64 != 0 {
-        end.div_ceil(RECORD_ALIGN) * RECORD_ALIGN
+/// Where a record of `len` bytes after one ending at `end` starts in a chunk
+/// with `flags`.
+pub fn record_offset(end: u64, len: u64, flags: u16) -> u64 {
+    let at = if flags & FLAG_ALIGNED64 != 0 {
+        end.next_multiple_of(RECORD_ALIGN)
     } else {
         end
+    };
+    if flags & FLAG_BLOCKS != 0 && extra_block(at, len) {
+        crate::align_up(at)
+    } else {
+        at
     }
+}
+
+/// Whether `len` bytes at `at` span one more block than `len` bytes need.
+pub fn extra_block(at: u64, len: u64) -> bool {
+    let spanned = (at + len).div_ceil(crate::ALIGN) - at / crate::ALIGN;
+    len > 0 && spanned > len.div_ceil(crate::ALIGN)
+}
+
+/// Bytes of zeros that [`FLAG_BLOCKS`] put before records: for each record,
+/// its offset minus where it would start without the flag. `records` are
+/// `(offset, stored_len)` in chunk order; `header_len` is the chunk's.
+pub fn block_padding(header_len: u64, flags: u16, records: impl IntoIterator<Item = (u64, u64)>) -> u64 {
+    let mut end = header_len;
+    let mut padding = 0;
+    for (offset, len) in records {
+        padding += offset.saturating_sub(record_offset(end, len, flags & !FLAG_BLOCKS));
+        end = offset + len;
+    }
+    padding
 }
 
 /// What is wrong with a chunk header; the caller adds file and offset.
@@ -81,7 +118,7 @@ pub struct RecordIn<'a> {
 
 /// Encodes a chunk, zero-padded to [`ALIGN`](crate::ALIGN); with [`FLAG_ALIGNED64`] in
 /// `flags`, each record zero-padded to start at a multiple of
-/// [`RECORD_ALIGN`]. Returns the bytes and the table as written (offsets and
+/// [`RECORD_ALIGN`]; with [`FLAG_BLOCKS`], placed as that flag says. Returns the bytes and the table as written (offsets and
 /// crcs filled in). Errors if the chunk would exceed the format's 4 GiB
 /// chunk limit, a field would overflow, or `flags` has an unknown bit.
 pub fn encode(chunk_id: u64, flags: u16, records: &[RecordIn<'_>]) -> Result<(Vec<u8>, Vec<RecordEntry>), HeaderError> {
@@ -93,7 +130,7 @@ pub fn encode(chunk_id: u64, flags: u16, records: &[RecordIn<'_>]) -> Result<(Ve
     let mut offsets = Vec::with_capacity(records.len());
     let mut chunk_len = hlen as u64;
     for r in records {
-        let at = next_record_offset(chunk_len, flags);
+        let at = record_offset(chunk_len, r.stored.len() as u64, flags);
         offsets.push(at);
         chunk_len = at + r.stored.len() as u64;
     }
@@ -237,12 +274,16 @@ pub fn parse_header(buf: &[u8]) -> Result<ChunkHeader, HeaderError> {
         let label = r.i64().ok_or("truncated")?;
         let key_len = r.u32().ok_or("truncated")? as usize;
         r.u32().ok_or("truncated")?;
-        let expected_offset = next_record_offset(end, flags);
+        let expected_offset = record_offset(end, stored_len as u64, flags);
         if offset as u64 != expected_offset {
-            let why = if flags & FLAG_ALIGNED64 != 0 {
-                format!(" (the first 64-byte boundary at or after byte {end}: the chunk is flagged aligned64)")
-            } else {
-                String::new()
+            let why = match (flags & FLAG_ALIGNED64 != 0, flags & FLAG_BLOCKS != 0) {
+                (true, false) => {
+                    format!(" (the first 64-byte boundary at or after byte {end}: the chunk is flagged aligned64)")
+                }
+                (_, true) => format!(
+                    " (after byte {end}, where a {stored_len}-byte record spans no more 4 KiB blocks than it needs: the chunk is flagged blocks)"
+                ),
+                (false, false) => String::new(),
             };
             return Err(format!("record {i}: offset {offset}, expected {expected_offset}{why}"));
         }
@@ -407,7 +448,7 @@ mod tests {
         let h = parse_header(&chunk_with(0)).expect("parse");
         assert!(!h.aligned64());
         assert_eq!(h.records[1].offset, h.records[0].offset + 5);
-        assert!(encode(0, 4, &[]).is_err(), "unknown flags are not written");
+        assert!(encode(0, 8, &[]).is_err(), "unknown flags are not written");
     }
 
     #[test]
@@ -437,8 +478,98 @@ mod tests {
         let e = parse_header(&edited(chunk_with(0), |head| head[10] = FLAG_ALIGNED64 as u8)).expect_err("flag only");
         assert!(e.contains("record 0: offset") && e.contains("aligned64"), "{e}");
         // A flag this build does not know.
-        let e = parse_header(&edited(flagged, |head| head[10] |= 4)).expect_err("unknown flag");
-        assert!(e.contains("unknown chunk flags 0x0006"), "{e}");
+        let e = parse_header(&edited(flagged, |head| head[10] |= 8)).expect_err("unknown flag");
+        assert!(e.contains("unknown chunk flags 0x000a"), "{e}");
+    }
+
+    /// A chunk of `lens`-byte records (record i filled with byte i + 1) under `flags`.
+    fn chunk_of(lens: &[usize], flags: u16) -> (Vec<u8>, ChunkHeader) {
+        let payloads: Vec<Vec<u8>> = lens.iter().enumerate().map(|(i, &n)| vec![i as u8 + 1; n]).collect();
+        let recs: Vec<RecordIn<'_>> = payloads
+            .iter()
+            .map(|p| RecordIn {
+                stored: p,
+                raw_len: p.len() as u32,
+                label: 0,
+                key: b"k",
+            })
+            .collect();
+        let bytes = encode(1, flags, &recs).expect("encode").0;
+        let h = parse_header(&bytes).expect("parse");
+        (bytes, h)
+    }
+
+    #[test]
+    fn a_blocks_chunk_reads_every_record_in_the_fewest_blocks() {
+        // Sizes that straddle a block from a 64-byte boundary unless moved:
+        // one block exactly, multiples of it, small ones, one over a block.
+        let lens = [
+            4096, 100, 4096, 3000, 2000, 8192, 64, 4097, 0, 12288, 1, 4095, 5000, 4000,
+        ];
+        let flags = FLAG_ALIGNED64 | FLAG_BLOCKS;
+        let (bytes, h) = chunk_of(&lens, flags);
+        assert!(h.blocks() && h.aligned64());
+        let mut end = h.header_len as u64;
+        let mut padding = 0;
+        for (i, (r, &len)) in h.records.iter().zip(&lens).enumerate() {
+            let (at, len) = (r.offset as u64, len as u64);
+            let blocks = (at + len).div_ceil(ALIGN) - at / ALIGN;
+            assert!(
+                len == 0 || blocks == len.div_ceil(ALIGN),
+                "record {i} ({len} B at {at}) spans {blocks} blocks"
+            );
+            assert_eq!(at % 64, 0, "record {i}");
+            let unmoved = end.next_multiple_of(64);
+            // Moved only when it had to be, and then to the next boundary.
+            assert!(
+                at == unmoved || (extra_block(unmoved, len) && at == unmoved.next_multiple_of(ALIGN)),
+                "record {i} at {at}, {unmoved} unmoved"
+            );
+            assert!(
+                at - unmoved <= len.min(ALIGN).saturating_sub(1),
+                "record {i}: padding under the record and a block"
+            );
+            assert!(bytes[end as usize..at as usize].iter().all(|&b| b == 0));
+            assert!(
+                bytes[at as usize..(at + len) as usize]
+                    .iter()
+                    .all(|&b| b == i as u8 + 1)
+            );
+            padding += at - unmoved;
+            end = at + len;
+        }
+        assert!(padding > 0, "the sizes chosen make some record move");
+        let table = h.records.iter().map(|r| (r.offset as u64, r.stored_len as u64));
+        assert_eq!(block_padding(h.header_len as u64, flags, table), padding);
+        // Without the flag, the same sizes straddle (what the flag is for).
+        let (_, plain) = chunk_of(&lens, FLAG_ALIGNED64);
+        assert!(
+            plain
+                .records
+                .iter()
+                .zip(&lens)
+                .any(|(r, &len)| extra_block(r.offset as u64, len as u64))
+        );
+        let table = plain.records.iter().map(|r| (r.offset as u64, r.stored_len as u64));
+        assert_eq!(block_padding(plain.header_len as u64, FLAG_ALIGNED64, table), 0);
+    }
+
+    #[test]
+    fn a_blocks_chunk_refuses_a_record_not_where_the_flag_puts_it() {
+        let flags = FLAG_ALIGNED64 | FLAG_BLOCKS;
+        let (bytes, h) = chunk_of(&[4096, 4096, 3000], flags);
+        let hl = h.header_len as u64;
+        // Record 0 moved to the first block boundary (the header ends inside block 0).
+        assert_eq!(h.records[0].offset as u64, hl.next_multiple_of(ALIGN));
+        // Where aligned64 alone would put it: refused, naming the flag.
+        let e = parse_header(&edited(bytes.clone(), |head| {
+            set_u32(head, 48, hl.next_multiple_of(64) as u32)
+        }))
+        .expect_err("not moved");
+        assert!(e.contains("record 0: offset") && e.contains("flagged blocks"), "{e}");
+        // The flag cleared: the moved records are gaps aligned64 refuses.
+        let e = parse_header(&edited(bytes, |head| head[10] = FLAG_ALIGNED64 as u8)).expect_err("flag cleared");
+        assert!(e.contains("record 0: offset") && e.contains("aligned64"), "{e}");
     }
 
     #[test]

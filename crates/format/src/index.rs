@@ -188,6 +188,32 @@ impl Index {
         let start = if i == 0 { 0 } else { self.key_end[i - 1] as usize };
         &self.keys[start..self.key_end[i] as usize]
     }
+    /// Bytes of zeros placed before records so that none spans an extra 4
+    /// KiB block ([`FLAG_BLOCKS`](crate::chunk::FLAG_BLOCKS)): every gap
+    /// beyond the 64-byte alignment, summed over all chunks (0 for datasets
+    /// packed without the flag). The headers' lengths follow from the record
+    /// counts and keys, so no chunk is read.
+    pub fn block_padding(&self) -> u64 {
+        (0..self.chunk_count())
+            .map(|c| {
+                let table = self
+                    .chunk_ids(c)
+                    .map(|i| (self.rel_offset[i as usize] as u64, self.stored_len[i as usize] as u64));
+                crate::chunk::block_padding(self.chunk_header_len(c), crate::chunk::FLAG_ALIGNED64, table)
+            })
+            .sum()
+    }
+    /// Sample ids of chunk `c`.
+    pub fn chunk_ids(&self, c: u64) -> std::ops::Range<u64> {
+        let first = c * self.chunk_size as u64;
+        first..first + self.chunk_records(c) as u64
+    }
+    /// Bytes of chunk `c`'s header (fixed part, record table, keys),
+    /// derived from its record count and keys.
+    pub fn chunk_header_len(&self, c: u64) -> u64 {
+        let keys: usize = self.chunk_ids(c).map(|i| self.key(i).len()).sum();
+        crate::chunk::header_len(self.chunk_records(c) as usize, keys) as u64
+    }
     /// Sample id with this key (a linear scan: keys are for lookups by hand).
     pub fn find_key(&self, key: &[u8]) -> Option<u64> {
         (0..self.samples()).find(|&i| self.key(i) == key)

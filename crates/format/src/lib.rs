@@ -1,4 +1,4 @@
-//! brand-format: the dataset on disk (DESIGN.md §2), version 1, and what every
+//! brand-format: the dataset on disk (DESIGN.md §2), version 2, and what every
 //! later stage shares: the opened [`Dataset`] and its record decoder
 //! ([`decode`]: length, crc32c, zstd), the index, read extents, aligned
 //! buffers, the pinned PRNG, byte counts and the one [`Error`] type.
@@ -14,7 +14,8 @@
 //!
 //! ```text
 //! 0   magic "BRDCHNK\0"        8
-//! 8   version u16, flags u16   (bit 0: records are zstd frames; bit 1: aligned64, below)
+//! 8   version u16, flags u16   (bit 0: records are zstd frames; bit 1: aligned64;
+//!                              bit 2: blocks; both below)
 //! 12  record_count u32
 //! 16  chunk_id u64
 //! 24  header_len u32           fixed part + record table + keys
@@ -28,16 +29,23 @@
 //!     payloads, in record order: the first right after the keys and each
 //!     next right after the one before (unflagged), or, in a chunk flagged
 //!     aligned64, each at the first multiple of 64 bytes from the chunk
-//!     start at or after that point, zero bytes between
+//!     start at or after that point; in a chunk flagged blocks, moved on
+//!     to the next 4 KiB boundary from there if it would otherwise span
+//!     one more 4 KiB block than its length needs; zero bytes between
 //! ```
 //!
-//! `brand pack` writes aligned64 chunks: a record then starts 64-byte
-//! aligned in an O_DIRECT read buffer (chunks are 4 KiB-aligned), so the
-//! reader serves it from that buffer instead of copying it to an aligned
-//! one. Unflagged chunks (datasets packed before the flag) read as before;
-//! a reader that predates the flag refuses an aligned64 chunk ("unknown
-//! chunk flags") rather than misreading it, and readers find every record
-//! through the index's offsets, so the format version stays 1.
+//! `brand pack` writes aligned64 + blocks chunks. aligned64: a record
+//! starts 64-byte aligned in an O_DIRECT read buffer (chunks are 4
+//! KiB-aligned), so the reader serves it from that buffer instead of
+//! copying it to an aligned one. blocks ([`chunk::FLAG_BLOCKS`]): a record
+//! read alone costs no block more than its length needs (a 4 KiB sample
+//! is one 4 KiB read, not two), for padding of less than one block and
+//! less than the record (`brand inspect` shows it).
+//!
+//! Versions: 1 (no blocks flag; unflagged or aligned64 chunks) and 2
+//! (blocks chunks). This build reads both and writes 2; a build that reads
+//! only 1 refuses a version-2 dataset when opening it, naming the version,
+//! rather than at its first chunk ("unknown chunk flags").
 //!
 //! The per-record crc32c covers the bytes as stored (compressed if zstd), so
 //! a record is verified before it is decompressed and whether or not the rest
@@ -49,6 +57,7 @@ pub mod dataset;
 pub mod decode;
 pub mod error;
 pub mod extents;
+pub mod ids;
 pub mod index;
 pub mod manifest;
 pub mod rng;
@@ -60,8 +69,11 @@ pub use error::{Error, Result};
 /// Alignment of chunk offsets and lengths: O_DIRECT on a 4 KiB-block device.
 pub const ALIGN: u64 = 4096;
 
-/// The format version written by this build and the only one it reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The format version written by this build.
+pub const FORMAT_VERSION: u32 = 2;
+
+/// The format versions this build reads.
+pub const READ_FORMAT_VERSIONS: std::ops::RangeInclusive<u32> = 1..=FORMAT_VERSION;
 
 /// Largest chunk size (records per chunk): fill masks are one `u64`.
 pub const MAX_CHUNK_SIZE: u32 = 64;

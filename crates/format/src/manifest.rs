@@ -29,6 +29,10 @@ pub struct Manifest {
     pub stored_bytes: u64,
     /// Sum of the segment files' sizes.
     pub data_bytes: u64,
+    /// Of `data_bytes`, the zeros that keep records from spanning an extra
+    /// 4 KiB block (format 2; absent, so 0, in format 1).
+    #[serde(default)]
+    pub block_padding_bytes: u64,
     pub mean_sample_bytes: f64,
     pub min_sample_bytes: u64,
     pub max_sample_bytes: u64,
@@ -104,14 +108,20 @@ impl Manifest {
             Error::format(path, offset, e.message().to_string())
         })?;
         m.check(path, &text)?;
-        if m.format_version != super::FORMAT_VERSION {
+        if !super::READ_FORMAT_VERSIONS.contains(&m.format_version) {
             return Err(Error::format(
                 path,
-                0,
+                key_offset(&text, "format_version"),
                 format!(
-                    "format version {} (this build reads {})",
+                    "format version {} (this build reads versions {} to {}{})",
                     m.format_version,
-                    super::FORMAT_VERSION
+                    super::READ_FORMAT_VERSIONS.start(),
+                    super::READ_FORMAT_VERSIONS.end(),
+                    if m.format_version > super::FORMAT_VERSION {
+                        "; the dataset was packed by a newer brand"
+                    } else {
+                        ""
+                    }
                 ),
             ));
         }
@@ -222,7 +232,10 @@ packer = "brand 0.1.0"
     }
 
     fn load(text: &str) -> Result<Manifest> {
-        let dir = std::env::temp_dir().join(format!("brand-manifest-test-{}-{}", std::process::id(), text.len()));
+        // Tests run in parallel: each load its own directory.
+        static LOADS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = LOADS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("brand-manifest-test-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
         let path = dir.join("manifest.toml");
         std::fs::write(&path, text).map_err(|e| Error::io(&path, e))?;
@@ -272,6 +285,26 @@ packer = "brand 0.1.0"
                 msg.contains("manifest.toml") && msg.contains("is not a partition"),
                 "{index}/{count}/{group_chunks}: {msg:?}"
             );
+        }
+    }
+
+    #[test]
+    fn versions_1_and_2_are_read_and_others_refused_by_number() {
+        for v in [1, 2] {
+            let m = load(&good().replace("format_version = 1", &format!("format_version = {v}"))).expect("readable");
+            assert_eq!(m.format_version, v);
+        }
+        for (v, newer) in [(0, false), (3, true), (99, true)] {
+            let msg = load(&good().replace("format_version = 1", &format!("format_version = {v}")))
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(
+                msg.contains("manifest.toml")
+                    && msg.contains(&format!("format version {v} (this build reads versions 1 to 2")),
+                "{v}: {msg:?}"
+            );
+            assert_eq!(msg.contains("packed by a newer brand"), newer, "{msg}");
         }
     }
 }

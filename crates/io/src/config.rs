@@ -128,6 +128,8 @@ impl IoConfig {
             backend: self.backend,
             decode_threads: self.decode_threads,
             io_timeout: self.io_timeout,
+            rings: RINGS,
+            sqpoll: false,
         }
     }
 }
@@ -157,6 +159,15 @@ pub struct EngineConfig {
     /// How long dropping the [`Engine`](crate::engine::Engine) waits for
     /// reads still in flight before it leaves them to finish on their own.
     pub io_timeout: Duration,
+    /// Most io_uring rings (each a reactor thread), at most one per core
+    /// and per read in flight. Default [`RINGS`].
+    pub rings: usize,
+    /// Let a kernel thread poll each ring's submissions (SQPOLL), so that
+    /// submitting costs no system call. Off by default: here it matched
+    /// plain submission on a quiet machine while spinning a core, and
+    /// collapsed under load (`brand bench device --sqpoll` shows what a
+    /// device gives).
+    pub sqpoll: bool,
 }
 
 impl Default for EngineConfig {
@@ -180,7 +191,7 @@ pub const FIXED_BUF_BYTES: usize = brand_format::extents::MERGED_READ_BYTES as u
 /// that submits it, and one thread's copies were the bottleneck (tmpfs, 2
 /// cores: 0.68 of fio's bytes/s with one ring, 0.81 with two, at the same
 /// CPU per byte).
-pub(crate) const RINGS: usize = 2;
+pub const RINGS: usize = 2;
 
 /// Most decode threads by default: 8 cores decompress zstd faster than a
 /// fast NVMe drive reads it (~1.7 GB/s of stored bytes per core here).

@@ -4,13 +4,13 @@
 //! none completes within `io_timeout`, and waits for reads in flight before
 //! the engine goes (or, once a read has hung, does not).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use brand_format::dataset::Dataset;
 use brand_format::error::{Error, Result};
 use brand_format::extents::{Extent, ReadGap, extents};
+use brand_format::ids::IdMap;
 
 use crate::config::{EngineConfig, IoBackend, ReadGapSetting};
 use crate::engine::{Completion, Engine, Job};
@@ -33,7 +33,7 @@ pub struct ReadSession<T> {
     next_tag: u64,
     /// The extents in flight, by engine tag (tags only grow: the smallest
     /// is the oldest read).
-    in_flight: HashMap<u64, InFlight<T>>,
+    in_flight: IdMap<InFlight<T>>,
     in_flight_read_bytes: u64,
     /// A read did not complete within `io_timeout`: the engine is not
     /// waited for again.
@@ -68,7 +68,7 @@ impl<T> ReadSession<T> {
             gap,
             io_timeout: cfg.io_timeout,
             next_tag: 0,
-            in_flight: HashMap::new(),
+            in_flight: IdMap::default(),
             in_flight_read_bytes: 0,
             hung: false,
         })

@@ -260,54 +260,75 @@ fn served(ds: &Arc<Dataset>) -> Vec<Vec<u8>> {
     out
 }
 
-/// A dataset packed before aligned64 (records back to back, unflagged
-/// chunks) reads exactly as the same samples packed aligned, and passes
-/// verify: made here by re-encoding each chunk of a fresh pack unflagged.
+/// Datasets of format 1 read exactly as the same samples packed now, and
+/// pass verify: records back to back (unflagged chunks, before aligned64)
+/// and on 64-byte boundaries without the blocks flag (aligned64 alone).
+/// Made here by re-encoding each chunk of a fresh pack with those flags and
+/// marking the manifest format 1.
 #[test]
-fn a_dataset_with_records_back_to_back_reads_identically() {
-    use brand_format::chunk::{self, FLAG_ALIGNED64, RecordIn};
-    let t = tempfile::tempdir().expect("tempdir");
-    let ds = large_dataset(t.path());
-    let aligned = Arc::new(ds.clone());
-    let want = served(&aligned);
-    let mut index = ds.index.clone();
-    let seg_path = ds.segment_path(0);
-    let mut seg = std::fs::read(&seg_path).expect("segment");
-    let mut unaligned = 0;
-    for c in 0..index.chunk_count() {
-        let loc = index.chunks[c as usize];
-        let (at, len) = (loc.offset as usize, index.chunk_padded_len(c) as usize);
-        let h = chunk::parse_header(&seg[at..at + len]).expect("header");
-        assert!(h.aligned64(), "brand pack writes aligned64 chunks");
-        let recs: Vec<RecordIn> = h
-            .records
-            .iter()
-            .map(|r| RecordIn {
-                stored: &seg[at + r.offset as usize..at + (r.offset + r.stored_len) as usize],
-                raw_len: r.raw_len,
-                label: r.label,
-                key: &r.key,
-            })
-            .collect();
-        let (bytes, table) = chunk::encode(c, h.flags & !FLAG_ALIGNED64, &recs).expect("encode v1");
-        assert!(bytes.len() <= len);
-        let first = (c * index.chunk_size() as u64) as usize;
-        for (i, e) in table.iter().enumerate() {
-            index.rel_offset[first + i] = e.offset;
-            unaligned += usize::from(e.offset % 64 != 0);
+fn format_1_datasets_read_identically() {
+    use brand_format::chunk::{self, FLAG_ALIGNED64, FLAG_BLOCKS, RecordIn};
+    for (layout, dropped) in [
+        ("back to back", FLAG_ALIGNED64 | FLAG_BLOCKS),
+        ("aligned64", FLAG_BLOCKS),
+    ] {
+        let t = tempfile::tempdir().expect("tempdir");
+        let ds = large_dataset(t.path());
+        assert_eq!(ds.manifest.format_version, 2);
+        let packed_now = Arc::new(ds.clone());
+        let want = served(&packed_now);
+        let mut index = ds.index.clone();
+        let seg_path = ds.segment_path(0);
+        let mut seg = std::fs::read(&seg_path).expect("segment");
+        let (mut unaligned, mut straddling) = (0, 0);
+        for c in 0..index.chunk_count() {
+            let loc = index.chunks[c as usize];
+            let (at, len) = (loc.offset as usize, index.chunk_padded_len(c) as usize);
+            let h = chunk::parse_header(&seg[at..at + len]).expect("header");
+            assert!(
+                h.aligned64() && h.blocks(),
+                "brand pack writes aligned64 + blocks chunks"
+            );
+            let recs: Vec<RecordIn> = h
+                .records
+                .iter()
+                .map(|r| RecordIn {
+                    stored: &seg[at + r.offset as usize..at + (r.offset + r.stored_len) as usize],
+                    raw_len: r.raw_len,
+                    label: r.label,
+                    key: &r.key,
+                })
+                .collect();
+            let (bytes, table) = chunk::encode(c, h.flags & !dropped, &recs).expect("encode v1");
+            assert!(bytes.len() <= len);
+            let first = (c * index.chunk_size() as u64) as usize;
+            for (i, e) in table.iter().enumerate() {
+                index.rel_offset[first + i] = e.offset;
+                unaligned += usize::from(e.offset % 64 != 0);
+                straddling += usize::from(chunk::extra_block(e.offset as u64, e.stored_len as u64));
+            }
+            seg[at..at + len].fill(0);
+            seg[at..at + bytes.len()].copy_from_slice(&bytes);
         }
-        seg[at..at + len].fill(0);
-        seg[at..at + bytes.len()].copy_from_slice(&bytes);
+        if dropped & FLAG_ALIGNED64 != 0 {
+            assert!(
+                unaligned > 10,
+                "the rewritten records are mostly off 64-byte boundaries"
+            );
+        }
+        assert!(straddling > 10, "{layout}: many rewritten records span an extra block");
+        std::fs::write(&seg_path, &seg).expect("write segment");
+        std::fs::write(ds.dir().join(brand_format::INDEX_FILE), index.to_bytes()).expect("write index");
+        let manifest = ds.dir().join(brand_format::MANIFEST_FILE);
+        let text = std::fs::read_to_string(&manifest).expect("manifest");
+        let text = text.replacen("format_version = 2", "format_version = 1", 1);
+        std::fs::write(&manifest, text).expect("write manifest");
+        let v1 = Arc::new(Dataset::open(ds.dir()).expect("open v1"));
+        assert_eq!(v1.manifest.format_version, 1);
+        assert_eq!(v1.index.rel_offset, index.rel_offset);
+        assert_eq!(v1.index.block_padding(), 0, "{layout}");
+        assert_eq!(served(&v1), want, "{layout}");
+        let report = brand_pack::verify::verify(&v1, &|_, _| {}).expect("verify");
+        assert!(report.problems.is_empty(), "{layout}: {:?}", report.problems);
     }
-    assert!(
-        unaligned > 10,
-        "the rewritten records are mostly off 64-byte boundaries"
-    );
-    std::fs::write(&seg_path, &seg).expect("write segment");
-    std::fs::write(ds.dir().join(brand_format::INDEX_FILE), index.to_bytes()).expect("write index");
-    let v1 = Arc::new(Dataset::open(ds.dir()).expect("open v1"));
-    assert_eq!(v1.index.rel_offset, index.rel_offset);
-    assert_eq!(served(&v1), want);
-    let report = brand_pack::verify::verify(&v1, &|_, _| {}).expect("verify");
-    assert!(report.problems.is_empty(), "{:?}", report.problems);
 }

@@ -1,7 +1,7 @@
 //! The samples the loader holds: read and not yet served (or kept, when a
 //! rank's memory holds the whole dataset), decoded, and the bytes they take.
 
-use std::collections::HashMap;
+use brand_format::ids::IdMap;
 
 use crate::SampleBytes;
 
@@ -10,7 +10,7 @@ use crate::SampleBytes;
 /// serves it, and each serve that frees takes one.
 #[derive(Default)]
 pub(crate) struct Held {
-    samples: HashMap<u64, (SampleBytes, u32)>,
+    samples: IdMap<(SampleBytes, u32)>,
     bytes: u64,
 }
 

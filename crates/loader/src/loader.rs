@@ -2,7 +2,7 @@
 //! plan's future reads within the memory bound, and hands out batches in
 //! the plan's served order.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
 use std::time::Instant;
@@ -10,6 +10,7 @@ use std::time::Instant;
 use brand_format::dataset::Dataset;
 use brand_format::error::{Error, Result};
 use brand_format::extents::{Extent, ReadGap, extents};
+use brand_format::ids::IdMap;
 use brand_io::engine::Completion;
 use brand_io::{IoBackend, ReadSession};
 use brand_plan::{Event, Planner};
@@ -53,9 +54,9 @@ pub struct Loader {
     held: Held,
     /// Samples whose record could not be read or decoded: the error is
     /// reported when the sample is due, not when its read completes.
-    bad: HashMap<u64, Error>,
+    bad: IdMap<Error>,
     /// Samples whose read is in flight, with the number of such reads.
-    pending: HashMap<u64, u32>,
+    pending: IdMap<u32>,
     /// The plan's memory bound in decoded bytes
     /// ([`brand_plan::Geometry::rank_memory_bytes`]): read-ahead is held back
     /// while the decoded bytes held (in memory and in flight) reach it plus
@@ -146,8 +147,8 @@ impl Loader {
             ahead: VecDeque::new(),
             ahead_bytes: 0,
             held: Held::default(),
-            bad: HashMap::new(),
-            pending: HashMap::new(),
+            bad: IdMap::default(),
+            pending: IdMap::default(),
             memory_bound,
             failed: None,
             pid: std::process::id(),

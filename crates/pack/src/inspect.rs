@@ -19,6 +19,13 @@ pub struct Summary {
     pub raw_bytes: u64,
     /// Sum of the records as stored (compressed if zstd).
     pub stored_bytes: u64,
+    /// Record layout: "blocks" (format 2: no record spans a 4 KiB block more
+    /// than its length needs) or "format 1, no blocks".
+    pub layout: String,
+    /// Zeros placed so that records span no extra block (from the index).
+    pub block_padding_bytes: u64,
+    /// Header bytes: fixed parts, record tables and keys of all chunks.
+    pub header_bytes: u64,
     pub mean_sample_bytes: f64,
     pub min_sample_bytes: u64,
     pub max_sample_bytes: u64,
@@ -64,6 +71,14 @@ pub fn summary(ds: &Dataset) -> Summary {
         data_bytes: m.segments.iter().map(|s| s.bytes).sum(),
         raw_bytes: raw,
         stored_bytes: stored,
+        layout: if m.format_version >= 2 {
+            "blocks"
+        } else {
+            "format 1, no blocks"
+        }
+        .into(),
+        block_padding_bytes: idx.block_padding(),
+        header_bytes: (0..idx.chunk_count()).map(|c| idx.chunk_header_len(c)).sum(),
         mean_sample_bytes: raw as f64 / idx.samples().max(1) as f64,
         min_sample_bytes: idx.raw_len.iter().copied().min().unwrap_or(0) as u64,
         max_sample_bytes: idx.raw_len.iter().copied().max().unwrap_or(0) as u64,
@@ -109,6 +124,17 @@ impl std::fmt::Display for Summary {
             "samples size {:.1} MiB raw, {:.1} MiB stored",
             mib(self.raw_bytes),
             mib(self.stored_bytes)
+        )?;
+        writeln!(
+            f,
+            "layout       {}: {:.1} MiB block padding ({:.2} % of stored), {:.1} MiB headers, {:.1} MiB other padding",
+            self.layout,
+            mib(self.block_padding_bytes),
+            100.0 * self.block_padding_bytes as f64 / self.stored_bytes.max(1) as f64,
+            mib(self.header_bytes),
+            mib(self
+                .data_bytes
+                .saturating_sub(self.stored_bytes + self.header_bytes + self.block_padding_bytes))
         )?;
         writeln!(
             f,

@@ -24,7 +24,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
-use brand_format::chunk::{self, FLAG_ALIGNED64, FLAG_ZSTD, RecordIn};
+use brand_format::chunk::{self, FLAG_ALIGNED64, FLAG_BLOCKS, FLAG_ZSTD, RecordIn};
 use brand_format::error::{Error, IoContext, Result};
 use brand_format::index::{ChunkLoc, Index, SampleMeta};
 use brand_format::manifest::{Manifest, Partition, Provenance, SegmentInfo};
@@ -287,8 +287,10 @@ pub fn pack(source: &dyn Source, out: &Path, opts: &PackOptions, progress: Progr
     // packed position p holds source entry order[p]
     let order = Prng::stream(opts.seed, &[domain::PACK]).permutation(n);
     let tmp = temp_dir_for(out)?;
-    // Records on 64-byte boundaries: readers serve them without a copy.
-    let flags = FLAG_ALIGNED64 | if opts.zstd.is_some() { FLAG_ZSTD } else { 0 };
+    // Records on 64-byte boundaries (readers serve them without a copy),
+    // none spanning a 4 KiB block more than it needs (a record read alone
+    // costs no extra block).
+    let flags = FLAG_ALIGNED64 | FLAG_BLOCKS | if opts.zstd.is_some() { FLAG_ZSTD } else { 0 };
     // Where each partition's segments go (the output itself when whole).
     let parts = opts.partitions.map_or(1, |p| p.count);
     let part_of = |chunk: u64| match opts.partitions {
@@ -313,7 +315,7 @@ pub fn pack(source: &dyn Source, out: &Path, opts: &PackOptions, progress: Progr
     let mut metas = Vec::with_capacity(n);
     let (mut raw_bytes, mut stored_bytes) = (0u64, 0u64);
     let (mut min_len, mut max_len) = (u64::MAX, 0u64);
-    let mut data_bytes = 0u64;
+    let (mut data_bytes, mut block_padding_bytes) = (0u64, 0u64);
     let chunk_count = n.div_ceil(k as usize);
 
     for batch_start in (0..chunk_count).step_by(CHUNKS_PER_BATCH) {
@@ -360,6 +362,12 @@ pub fn pack(source: &dyn Source, out: &Path, opts: &PackOptions, progress: Progr
                 })
                 .collect();
             let (bytes, table) = chunk::encode(c as u64, flags, &recs).map_err(Error::config)?;
+            let keys: usize = table.iter().map(|e| e.key.len()).sum();
+            block_padding_bytes += chunk::block_padding(
+                chunk::header_len(table.len(), keys) as u64,
+                flags,
+                table.iter().map(|e| (e.offset as u64, e.stored_len as u64)),
+            );
             let len = bytes.len() as u64;
             if len > opts.segment_bytes {
                 let biggest = (lo..hi).max_by_key(|&p| records[p - first].0.len()).unwrap_or(lo);
@@ -442,6 +450,7 @@ pub fn pack(source: &dyn Source, out: &Path, opts: &PackOptions, progress: Progr
         raw_bytes,
         stored_bytes,
         data_bytes,
+        block_padding_bytes,
         mean_sample_bytes: raw_bytes as f64 / n as f64,
         min_sample_bytes: min_len,
         max_sample_bytes: max_len,
