@@ -19,6 +19,16 @@ blkio group's where the device is throttled), stall P50/P99 and on-demand
 waits; median and min/max over the rounds, as a Markdown table and JSON.
 The dataset's page cache is dropped (posix_fadvise DONTNEED) before each run.
 
+With --network, instead: the shaped-network table. Each node is a `brand serve` in a network
+namespace of its own (scripts/netns.py, root), its link shaped by `tc tbf` (bandwidth), with
+random packet loss in the kernel, and every node-to-node connection passing a TCP relay that
+delays it (latency: this kernel has no netem). Per shaping profile and consumer (one taking
+batches as they come, and ones computing 5 and 20 ms per batch, as a training step), interleaved
+over the rounds: samples/s per node, bytes over the network per epoch (brand's pushed bytes, and
+the links' bytes on the wire from tc), and on-demand waits: all, and those after each epoch's
+first batch (once the pipeline is warm; the paper's claim is none with a computing consumer).
+The nodes share one dataset (on tmpfs, so storage is never the limit).
+
     sudo python3 bench/dist.py --work /var/tmp/brand-nodes --samples 14000 --rounds 5
 
 makes (once) `WORK/whole` and `WORK/parts/part-{0,1,2}` from generated
@@ -64,6 +74,10 @@ class NodeRun:
     stall_p50_secs: float
     stall_p99_secs: float
     device_read_bytes: int | None = None
+    # --network: waits after each epoch's first batch, and bytes pushed to and received from peers.
+    stalls_warm: int = 0
+    bytes_pushed: int = 0
+    bytes_received: int = 0
 
     @property
     def samples_per_sec(self) -> float:
@@ -96,7 +110,11 @@ class Run:
 def parse_serve(node: int, text: str) -> NodeRun:
     """`brand serve --json`: {"epochs": [...], "closed": metrics}."""
     r = json.loads(text)
-    return node_run(node, r["epochs"], r["closed"])
+    run = node_run(node, r["epochs"], r["closed"])
+    run.stalls_warm = sum(e.get("stalls_warm", 0) for e in r["epochs"])
+    run.bytes_pushed = r["closed"].get("bytes_pushed", 0)
+    run.bytes_received = r["closed"].get("bytes_received", 0)
+    return run
 
 
 def parse_read(node: int, text: str) -> NodeRun:
@@ -194,6 +212,127 @@ def ratios(summary: dict) -> dict:
                 else None,
             }
     return out
+
+
+# ---------------------------------------------------------------- the shaped network (pure)
+
+
+@dataclass
+class Profile:
+    """A shaping of every node's link: tbf rate, round-trip time the relay adds, packet loss."""
+
+    name: str
+    rate: str
+    rtt_ms: float
+    loss_percent: float
+
+
+def parse_profile(text: str) -> Profile:
+    """`RATE/RTT_MS/LOSS%`, e.g. `1gbit/2/0.1` (name: the text)."""
+    try:
+        rate, rtt, loss = text.split("/")
+        return Profile(text, rate, float(rtt), float(loss.rstrip("%")))
+    except ValueError:
+        raise ValueError(f"profile {text!r}: expected RATE/RTT_MS/LOSS_PERCENT, e.g. 1gbit/2/0.1") from None
+
+
+PROFILES = "10gbit/0.2/0,10gbit/2/0.1,1gbit/0.2/0,1gbit/2/0.1"
+COMPUTE_MS = "0,5,20"
+
+
+@dataclass
+class NetRun:
+    """One run of the nodes on a shaped network."""
+
+    profile: str
+    compute_ms: float
+    round: int
+    build: str = "brand"
+    nodes: list[NodeRun] = field(default_factory=list)
+    # Bytes every node's link carried upwards (tc's count: headers, gRPC framing, retransmissions).
+    wire_bytes: int | None = None
+    dropped_packets: int | None = None
+    epochs: int = 1
+    error: str | None = None
+
+
+def link_totals(before: dict, after: dict) -> tuple[int, int]:
+    """Bytes sent upwards and packets dropped (both directions) over every link, between two
+    `netns.py stats` readings."""
+    sent = sum(after[n]["up"]["bytes"] - before[n]["up"]["bytes"] for n in after)
+    dropped = sum(after[n][d]["dropped"] - before[n][d]["dropped"] for n in after for d in ("up", "down"))
+    return sent, dropped
+
+
+def net_summary(runs: list[NetRun]) -> list[dict]:
+    """One row per (profile, consumer, build, node) and a total per (profile, consumer, build):
+    median (min–max) over the good runs."""
+    rows = []
+    keys = sorted(
+        dict.fromkeys((r.profile, r.compute_ms, r.build) for r in runs),
+        key=lambda k: ([r.profile for r in runs].index(k[0]), k[1], [r.build for r in runs].index(k[2])),
+    )
+    for profile, compute, build in keys:
+        same = [r for r in runs if (r.profile, r.compute_ms, r.build) == (profile, compute, build)]
+        good = [r for r in same if r.error is None]
+        base = {
+            "profile": profile,
+            "compute_ms": compute,
+            "build": build,
+            "runs": len(good),
+            "failed": len(same) - len(good),
+        }
+        for n in sorted({x.node for r in good for x in r.nodes}):
+            per = [x for r in good for x in r.nodes if x.node == n]
+            rows.append(
+                {
+                    **base,
+                    "node": f"node {n}",
+                    "samples_per_sec": spread([x.samples_per_sec for x in per]),
+                    "net_bytes_per_epoch": spread(
+                        [x.bytes_received / r.epochs for r in good for x in r.nodes if x.node == n]
+                    ),
+                    "wire_bytes_per_epoch": None,
+                    "stalls": spread([x.stalls for x in per]),
+                    "stalls_warm": spread([x.stalls_warm for x in per]),
+                    "stall_p99_secs": spread([x.stall_p99_secs for x in per]),
+                }
+            )
+        rows.append(
+            {
+                **base,
+                "node": "total",
+                "samples_per_sec": spread([sum(x.samples for x in r.nodes) / max(x.seconds for x in r.nodes) for r in good]),
+                "net_bytes_per_epoch": spread([sum(x.bytes_pushed for x in r.nodes) / r.epochs for r in good]),
+                "wire_bytes_per_epoch": spread(
+                    [r.wire_bytes / r.epochs for r in good if r.wire_bytes is not None]
+                ),
+                "stalls": spread([sum(x.stalls for x in r.nodes) for r in good]),
+                "stalls_warm": spread([sum(x.stalls_warm for x in r.nodes) for r in good]),
+                "stall_p99_secs": spread([max(x.stall_p99_secs for x in r.nodes) for r in good]),
+            }
+        )
+    return rows
+
+
+def net_markdown(rows: list[dict], header: str = "") -> str:
+    lines = [header] if header else []
+    lines += [
+        "| profile (rate/RTT ms/loss %) | consumer | build | node | samples/s | MB pushed per epoch | MB on the wire per epoch | on-demand waits | waits once warm | stall P99 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        consumer = "instant" if not r["compute_ms"] else f"{r['compute_ms']:g} ms/batch"
+        net = r["net_bytes_per_epoch"]
+        lines.append(
+            f"| {r['profile']} | {consumer} | {r['build']} | {r['node']} | {_fmt(r['samples_per_sec'], 1, 0)} "
+            f"| {_fmt(net, 1e-6, 1) if r['node'] == 'total' else _fmt(net, 1e-6, 1) + ' in'} "
+            f"| {_fmt(r['wire_bytes_per_epoch'], 1e-6, 1)} | {_fmt(r['stalls'], 1, 0)} "
+            f"| {_fmt(r['stalls_warm'], 1, 0)} | {_fmt(r['stall_p99_secs'], 1e3, 2)} |"
+        )
+        if r["node"] == "total" and r["failed"]:
+            lines.append(f"| {r['profile']} | {consumer} | {r['build']} | ({r['failed']} failed run(s) left out) | | | | | | |")
+    return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------- throttling
@@ -323,22 +462,146 @@ def run_config(args, config: str, rnd: int, throttle: Throttle) -> Run:
     return run
 
 
-def prepare(args) -> None:
-    """WORK/whole and WORK/parts (3 partitions) from generated samples, once."""
+NETNS = Path(__file__).resolve().parent.parent / "scripts" / "netns.py"
+
+
+class ShapedNetwork:
+    """scripts/netns.py's network for one profile: up until `close` (or this process dies:
+    netns.py tears it down when its stdin closes)."""
+
+    def __init__(self, profile: Profile, port: int):
+        self.proc = subprocess.Popen(
+            [sys.executable, str(NETNS), "up", "--nodes", str(NODES), "--rate", profile.rate]
+            + ["--delay-ms", str(profile.rtt_ms / 2), "--loss", str(profile.loss_percent), "--port", str(port)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait()
+            raise RuntimeError(f"netns.py up failed ({self.proc.returncode})")
+        info = json.loads(line)
+        self.prefix, self.nodes, self.namespaces = info["prefix"], info["nodes"], info["node_namespaces"]
+
+    def stats(self) -> dict:
+        out = subprocess.run([sys.executable, str(NETNS), "stats", self.prefix], capture_output=True, text=True)
+        return json.loads(out.stdout)
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.terminate()
+            self.proc.wait()
+
+
+def run_net(args, net: ShapedNetwork, profile: Profile, compute_ms: float, rnd: int, build: str, brand: str) -> NetRun:
+    """The 3 nodes, each `brand serve` (binary `brand`) in its namespace, over the one dataset."""
+    run = NetRun(profile.name, compute_ms, rnd, build=build, epochs=args.epochs)
+    common = ["--memory", args.memory, "--seed", str(args.seed), "--epochs", str(args.epochs), "--json"]
+    common += ["--batch", str(args.batch), "--compute-ms", str(compute_ms)]
+    common += ["--remote-memory", args.remote_memory, "--peer-timeout", args.peer_timeout]
+    if args.read_gap:
+        common += ["--read-gap", args.read_gap]
+    before = net.stats()
+    start = time.monotonic()
+    procs = []
+    for n in range(NODES):
+        argv = ["ip", "netns", "exec", net.namespaces[n], brand, "serve", str(args.work / "whole")]
+        argv += ["--nodes", ",".join(net.nodes), "--rank", str(n), *common]
+        procs.append((n, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+    outs = {}
+    for n, p in procs:
+        try:
+            out, err = p.communicate(timeout=max(1.0, args.timeout - (time.monotonic() - start)))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+            run.error = f"node {n} timed out after {args.timeout}s"
+        if p.returncode != 0 and run.error is None:
+            run.error = f"node {n} exited {p.returncode}: {err.strip()[-500:]}"
+        outs[n] = out
+    if run.error is None:
+        run.nodes = [parse_serve(n, outs[n]) for n in range(NODES)]
+        run.wire_bytes, run.dropped_packets = link_totals(before, net.stats())
+    return run
+
+
+def parse_builds(text: str) -> list[tuple[str, str]]:
+    """`NAME=PATH,...`: brand binaries compared side by side in every round."""
+    out = []
+    for item in text.split(","):
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--builds {item!r}: expected NAME=PATH")
+        out.append((name, path))
+    return out
+
+
+def main_network(args) -> int:
+    if os.geteuid() != 0:
+        print("--network needs root (network namespaces)", file=sys.stderr)
+        return 2
+    profiles = [parse_profile(p) for p in args.profiles.split(",") if p]
+    computes = [float(c) for c in args.compute_ms.split(",") if c]
+    builds = parse_builds(args.builds) if args.builds else [("brand", args.brand)]
+    prepare(args, partitions=False)
+    runs: list[NetRun] = []
+    for rnd in range(args.rounds):
+        # Interleaved, and rotated so no profile or consumer always goes first.
+        for profile in profiles[rnd % len(profiles):] + profiles[: rnd % len(profiles)]:
+            net = ShapedNetwork(profile, args.port)
+            try:
+                for compute in computes[rnd % len(computes):] + computes[: rnd % len(computes)]:
+                    for build, brand in builds[rnd % len(builds):] + builds[: rnd % len(builds)]:
+                        r = run_net(args, net, profile, compute, rnd, build, brand)
+                        runs.append(r)
+                        status = r.error or (
+                            f"{sum(n.samples for n in r.nodes)} samples, {sum(n.stalls for n in r.nodes)} waits "
+                            f"({sum(n.stalls_warm for n in r.nodes)} once warm), {r.dropped_packets} packets dropped"
+                        )
+                        print(f"round {rnd} {profile.name} compute {compute:g} ms {build}: {status}", file=sys.stderr)
+            finally:
+                net.close()
+    rows = net_summary(runs)
+    header = (
+        f"{args.rounds} round(s) interleaved, {NODES} nodes in network namespaces, dataset {args.work / 'whole'} "
+        f"(tmpfs), memory {args.memory} per rank, remote memory {args.remote_memory}, batch {args.batch}, "
+        f"{args.epochs} epoch(s) per run. Rate: tc tbf on each link, each direction; RTT: the relay's delay "
+        "(user space); loss: kernel (random drop per packet on each link egress). median (min–max)."
+    )
+    table = net_markdown(rows, header)
+    print(table)
+    out = args.out or args.work / "dist-network-results.json"
+    out.write_text(
+        json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows, "runs": [asdict(r) for r in runs], "table": table}, indent=2)
+    )
+    print(f"results: {out}", file=sys.stderr)
+    return 0 if all(r.error is None for r in runs) else 1
+
+
+def prepare(args, partitions: bool = True) -> None:
+    """WORK/whole and (unless `partitions` is false) WORK/parts (3 partitions) from generated
+    samples, once."""
     work = args.work
     if (work / ".done").exists():
         return
     work.mkdir(parents=True, exist_ok=True)
     src = work / "files"
     subprocess.run(
-        [args.brand, "gen", str(src), "--samples", str(args.samples), "--seed", "3", "--force"], check=True
-    )
-    subprocess.run([args.brand, "pack", str(src), "-o", str(work / "whole"), "--seed", "3", "--force"], check=True)
-    subprocess.run(
-        [args.brand, "pack", str(src), "-o", str(work / "parts"), "--seed", "3", "--force"]
-        + ["--partitions", str(NODES), "--memory", args.memory],
+        [args.brand, "gen", str(src), "--samples", str(args.samples), "--seed", "3", "--force"]
+        + ["--mean-kib", str(args.mean_kib), "--min-kib", str(max(1, args.mean_kib // 10)), "--max-kib", str(args.mean_kib * 3)],
         check=True,
     )
+    subprocess.run([args.brand, "pack", str(src), "-o", str(work / "whole"), "--seed", "3", "--force"], check=True)
+    if partitions:
+        subprocess.run(
+            [args.brand, "pack", str(src), "-o", str(work / "parts"), "--seed", "3", "--force"]
+            + ["--partitions", str(NODES), "--memory", args.memory],
+            check=True,
+        )
     shutil.rmtree(src)
     os.sync()
     (work / ".done").write_text("")
@@ -348,7 +611,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     here = Path(__file__).resolve().parent.parent
     ap.add_argument("--work", type=Path, required=True, help="where the datasets are (made if missing)")
-    ap.add_argument("--samples", type=int, default=14000, help="samples to generate (mean 110 KiB)")
+    ap.add_argument("--samples", type=int, default=14000, help="samples to generate")
+    ap.add_argument("--mean-kib", type=int, default=110, help="their mean size (min a tenth, max 3x)")
     ap.add_argument("--brand", default=os.environ.get("BRAND_BIN", str(here / "target/release/brand")))
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of " + ",".join(CONFIGS))
@@ -363,7 +627,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
     ap.add_argument("--out", type=Path, help="JSON results (default WORK/dist-results.json)")
+    ap.add_argument("--network", action="store_true", help="the shaped-network table instead (root)")
+    ap.add_argument("--profiles", default=PROFILES, help="--network: RATE/RTT_MS/LOSS_PERCENT,...")
+    ap.add_argument("--compute-ms", default=COMPUTE_MS, help="--network: consumers' ms per batch, 0: instant")
+    ap.add_argument("--port", type=int, default=7070, help="--network: the nodes' port")
+    ap.add_argument("--builds", default="", help="--network: NAME=PATH,... brand binaries compared in every round")
     args = ap.parse_args(argv)
+    if args.network:
+        return main_network(args)
     configs = [c for c in args.configs.split(",") if c]
     bad = [c for c in configs if c not in CONFIGS]
     if bad or args.rounds < 1:

@@ -1,10 +1,11 @@
 //! `brand serve`: runs one node of a multi-node job (DESIGN.md §6) and reads
-//! epochs through it, reporting per epoch what this node served, read,
-//! pushed and received, and how often it waited.
+//! epochs through it (or stops after `--batches`, as a job stopped at a
+//! step), reporting per epoch what this node served, read, pushed and
+//! received, and how often it waited.
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -45,6 +46,14 @@ pub struct ServeArgs {
     read_gap: Option<String>,
     #[arg(long, default_value_t = 1)]
     epochs: u64,
+    /// Stop after this many batches in all (a job stopped at a step), then
+    /// close: the node still serves its peers what they are owed.
+    #[arg(long)]
+    batches: Option<u64>,
+    /// Milliseconds the consumer spends on each batch before asking for the
+    /// next (a training step's compute). 0: it takes batches as they come.
+    #[arg(long, default_value_t = 0.0)]
+    compute_ms: f64,
     #[arg(long)]
     json: bool,
 }
@@ -56,6 +65,11 @@ struct EpochReport {
     samples: u64,
     seconds: f64,
     samples_per_sec: f64,
+    /// On-demand waits (a sample not yet read or pushed when asked for) in
+    /// this epoch, and those after its first batch: once the pipeline is
+    /// warm, the push from the known plan should leave none.
+    stalls: u64,
+    stalls_warm: u64,
     /// Cumulative since the node opened.
     metrics: Metrics,
 }
@@ -86,6 +100,8 @@ fn config(a: &ServeArgs) -> brand_format::Result<Config> {
 
 pub fn run(a: &ServeArgs) -> brand_format::Result<()> {
     let cfg = config(a)?;
+    let compute = Duration::try_from_secs_f64(a.compute_ms / 1e3)
+        .map_err(|_| Error::config(format!("--compute-ms {}: expected milliseconds ≥ 0", a.compute_ms)))?;
     // A partition (`brand pack --partitions`) is this node's share.
     let ds = Arc::new(Dataset::open_any(&a.dataset)?);
     let rank = cfg.nodes.rank;
@@ -101,32 +117,50 @@ pub fn run(a: &ServeArgs) -> brand_format::Result<()> {
         );
     }
     let mut reports = Vec::new();
+    let mut batches_left = a.batches.unwrap_or(u64::MAX);
     for epoch in 0..a.epochs {
+        if batches_left == 0 {
+            break;
+        }
         let start = Instant::now();
+        let stalls_before = node.metrics().stalls;
+        let mut stalls_warm_from = None;
         let mut samples = 0u64;
-        while let Some(batch) = node.next_batch()? {
+        while batches_left > 0 {
+            let Some(batch) = node.next_batch()? else { break };
+            batches_left -= 1;
+            stalls_warm_from.get_or_insert_with(|| node.metrics().stalls);
             for s in batch.iter() {
                 std::hint::black_box(s.data.first());
             }
             samples += batch.len() as u64;
+            drop(batch);
+            if !compute.is_zero() {
+                std::thread::sleep(compute);
+            }
         }
         let seconds = start.elapsed().as_secs_f64();
+        let metrics = node.metrics();
         let r = EpochReport {
             epoch,
             rank,
             samples,
             seconds,
             samples_per_sec: samples as f64 / seconds,
-            metrics: node.metrics(),
+            stalls: metrics.stalls - stalls_before,
+            stalls_warm: metrics.stalls - stalls_warm_from.unwrap_or(metrics.stalls),
+            metrics,
         };
         if !a.json {
             let m = &r.metrics;
             println!(
-                "epoch {}: {} samples in {:.2}s ({:.0}/s); read {:.1} MB; pushed {} ({:.1} MB), received {} ({:.1} MB), local {}; {} stalls ({:.3}s, p50 {:.2} ms, p99 {:.2} ms); remote memory peak {:.1} MB, owner peak {:.1} MB",
+                "epoch {}: {} samples in {:.2}s ({:.0}/s); {} waits ({} after the first batch); read {:.1} MB; pushed {} ({:.1} MB), received {} ({:.1} MB), local {}; {} stalls in all ({:.3}s, p50 {:.2} ms, p99 {:.2} ms); remote memory peak {:.1} MB, owner peak {:.1} MB",
                 r.epoch,
                 r.samples,
                 r.seconds,
                 r.samples_per_sec,
+                r.stalls,
+                r.stalls_warm,
                 m.bytes_read as f64 / 1e6,
                 m.samples_pushed,
                 m.bytes_pushed as f64 / 1e6,

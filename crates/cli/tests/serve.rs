@@ -234,3 +234,53 @@ fn a_serve_process_killed_at_any_point_is_named_by_every_survivor() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// Samples a rank serves in `batches` batches of `batch` over epochs of
+/// `per_rank` samples (the last batch of an epoch may be short).
+fn served_in(batches: u64, batch: u64, per_rank: u64, epochs: u64) -> u64 {
+    let per_epoch = per_rank.div_ceil(batch);
+    let whole = (batches / per_epoch).min(epochs);
+    let rest = if whole < epochs { batches - whole * per_epoch } else { 0 };
+    whole * per_rank + (rest * batch).min(per_rank)
+}
+
+#[test]
+fn serve_processes_that_all_stop_after_k_batches_exit_cleanly() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let ds = dataset(t.path());
+    // 300 samples per rank and epoch in batches of 8: 38 batches, the last short.
+    // From closing at once to mid-way through the second epoch.
+    for k in [0u64, 1, 5, 37, 38, 60] {
+        let nodes = addresses(3);
+        let args = ["--epochs", "2", "--peer-timeout", "10s", "--batches", &k.to_string()];
+        let started = Instant::now();
+        let children: Vec<Child> = (0..3).map(|r| serve(&ds, &nodes, r, &args)).collect();
+        for (rank, c) in children.into_iter().enumerate() {
+            let (ok, out, err) = finish(c, Duration::from_secs(30));
+            assert!(ok, "k {k}: rank {rank} failed: {err}");
+            let report: serde_json::Value = serde_json::from_str(&out).expect("json");
+            let served: u64 = report["epochs"]
+                .as_array()
+                .expect("array")
+                .iter()
+                .map(|e| e["samples"].as_u64().expect("samples"))
+                .sum();
+            assert_eq!(served, served_in(k, 8, SAMPLES / 3, 2), "k {k}: rank {rank}");
+        }
+        // Nobody waited out the peer timeout for a peer that stopped too.
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "k {k}: took {:?}",
+            started.elapsed()
+        );
+    }
+}
+
+#[test]
+fn served_in_counts_short_last_batches() {
+    assert_eq!(served_in(0, 8, 300, 2), 0);
+    assert_eq!(served_in(37, 8, 300, 2), 296);
+    assert_eq!(served_in(38, 8, 300, 2), 300);
+    assert_eq!(served_in(60, 8, 300, 2), 476);
+    assert_eq!(served_in(1000, 8, 300, 2), 600);
+}

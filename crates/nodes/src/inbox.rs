@@ -159,8 +159,12 @@ impl Inbox {
         }
     }
 
+    /// Sends the window once it grew by a batch of steps, or reached the
+    /// epoch's end (it grows no further: held back, the last steps would be
+    /// credited only when the consumer waits for them), or when `force`d.
     fn send_credits(&self, s: &mut State, force: bool) {
-        if s.window == s.last_sent_window || (!force && s.window - s.last_sent_window < CREDIT_BATCH) {
+        let batched = s.window - s.last_sent_window >= CREDIT_BATCH || s.window == s.plan.steps();
+        if s.window == s.last_sent_window || !(force || batched) {
             return;
         }
         self.broadcast_credit(s);

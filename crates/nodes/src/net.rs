@@ -164,40 +164,59 @@ async fn push_stream_until_gone(ctx: &Arc<Ctx>, peer: u32) {
             .keep_alive_while_idle(true),
         Err(e) => return ctx.inbox.fail(peer, format!("bad address: {e}")),
     };
-    let channel = loop {
-        match endpoint.connect().await {
-            Ok(c) => break c,
+    // Connect and say hello until the peer answers, refuses, or the
+    // deadline passes. A connection that breaks before the answer is a
+    // peer not up yet behind something that accepted for it (a proxy, a
+    // load balancer, a relay: the connection succeeds, then resets), and is
+    // retried as a refused connection is.
+    let mut last = String::new();
+    let silent = |last: &str| {
+        let why = if last.is_empty() {
+            String::new()
+        } else {
+            format!(" (last: {last})")
+        };
+        format!("did not answer within {timeout:?}{why}")
+    };
+    let (tx, mut credits) = loop {
+        let channel = match endpoint.connect().await {
+            Ok(c) => c,
             Err(e) => {
+                let cause = std::error::Error::source(&e).map(|s| s.to_string()).unwrap_or_default();
+                last = format!("{e} {cause}").trim().to_string();
                 if tokio::time::Instant::now() + RETRY >= deadline {
-                    let cause = std::error::Error::source(&e).map(|s| s.to_string()).unwrap_or_default();
-                    return ctx.inbox.fail(
-                        peer,
-                        format!("unreachable for {timeout:?}: {e} {cause}").trim().to_string(),
-                    );
+                    return ctx.inbox.fail(peer, format!("unreachable for {timeout:?}: {last}"));
+                }
+                tokio::time::sleep(RETRY).await;
+                continue;
+            }
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let hello = Push {
+            body: Some(push::Body::Hello(Hello {
+                from: cfg.rank,
+                to: peer,
+                job: Some(ctx.digest.clone()),
+            })),
+        };
+        let _ = tx.send(hello);
+        let mut client = NodeClient::new(channel)
+            .max_decoding_message_size(ctx.max_message)
+            .max_encoding_message_size(ctx.max_message);
+        match tokio::time::timeout_at(deadline, client.push(UnboundedReceiverStream::new(rx))).await {
+            Ok(Ok(r)) => break (tx, r.into_inner()),
+            Ok(Err(status)) if broke_before_answer(&status) => {
+                last = status.message().to_string();
+                if tokio::time::Instant::now() + RETRY >= deadline {
+                    return ctx.inbox.fail(peer, silent(&last));
                 }
                 tokio::time::sleep(RETRY).await;
             }
+            Ok(Err(status)) => {
+                return ctx.inbox.fail(peer, format!("refused this node: {}", status.message()));
+            }
+            Err(_) => return ctx.inbox.fail(peer, silent(&last)),
         }
-    };
-    let (tx, rx) = mpsc::unbounded_channel();
-    let hello = Push {
-        body: Some(push::Body::Hello(Hello {
-            from: cfg.rank,
-            to: peer,
-            job: Some(ctx.digest.clone()),
-        })),
-    };
-    let _ = tx.send(hello);
-    let mut client = NodeClient::new(channel)
-        .max_decoding_message_size(ctx.max_message)
-        .max_encoding_message_size(ctx.max_message);
-    let response = tokio::time::timeout_at(deadline, client.push(UnboundedReceiverStream::new(rx))).await;
-    let mut credits = match response {
-        Ok(Ok(r)) => r.into_inner(),
-        Ok(Err(status)) => {
-            return ctx.inbox.fail(peer, format!("refused this node: {}", status.message()));
-        }
-        Err(_) => return ctx.inbox.fail(peer, format!("did not answer within {timeout:?}")),
     };
     let _ = ctx.control.send(Control::Attached {
         consumer: peer,
@@ -211,6 +230,16 @@ async fn push_stream_until_gone(ctx: &Arc<Ctx>, peer: u32) {
     while let Ok(Some(credit)) = credits.message().await {
         let _ = ctx.control.send(Control::Credit { consumer: peer, credit });
     }
+}
+
+/// The hello's call ended without the peer's answer (the connection broke,
+/// was reset or cancelled, or was not HTTP/2): not a refusal, which is a
+/// status the peer's service chose (see `Service::push`).
+fn broke_before_answer(status: &Status) -> bool {
+    matches!(
+        status.code(),
+        tonic::Code::Unknown | tonic::Code::Unavailable | tonic::Code::Cancelled
+    )
 }
 
 struct Service {

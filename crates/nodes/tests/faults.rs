@@ -135,3 +135,46 @@ fn a_peer_with_another_dataset_is_named_on_every_node() {
         assert!(took < TIMEOUT + SLACK, "rank {rank} took {took:?}: {e}");
     }
 }
+
+/// Node 2 lists another address for itself than nodes 0 and 1 list for it
+/// (a typo in one launcher's list). With one job name the lists' digests
+/// differ; with the default job (made of the list) the jobs do. Either way
+/// every node fails within the timeout: nodes 0 and 1 naming node 2 (never
+/// reachable where they look for it, or refused for its list), node 2 saying
+/// the node lists differ.
+#[test]
+fn node_lists_that_differ_are_named_on_every_node() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let ds = dataset(t.path(), 300);
+    for same_job in [true, false] {
+        let listed = addresses(3);
+        let mut other = listed.clone();
+        other[2] = addresses(1).remove(0);
+        let handles: Vec<_> = (0..3u32)
+            .map(|r| {
+                let list = if r == 2 { &other } else { &listed };
+                let mut cfg = config(list, r);
+                if !same_job {
+                    cfg.nodes.job = format!("brand:{}", list.join(","));
+                }
+                let ds = ds.clone();
+                std::thread::spawn(move || node_error(ds, cfg))
+            })
+            .collect();
+        for (rank, h) in handles.into_iter().enumerate() {
+            let (e, took) = h.join().expect("thread");
+            if rank < 2 {
+                assert!(
+                    e.contains(&format!("node 2 ({})", listed[2])),
+                    "same job {same_job}: rank {rank}: {e}"
+                );
+            } else {
+                assert!(e.contains("nodes ["), "same job {same_job}: rank 2: {e}");
+            }
+            assert!(
+                took < TIMEOUT + SLACK,
+                "same job {same_job}: rank {rank} took {took:?}: {e}"
+            );
+        }
+    }
+}
