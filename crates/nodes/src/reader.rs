@@ -1,6 +1,7 @@
-//! One reader over a loader alone and a node of a multi-node job, chosen by
-//! the configuration (`nodes`, or the launcher's environment): what every
-//! interface opens (the C ABI, and through it the TF op; Python).
+//! One reader over a loader alone, a node of a multi-node job and a job
+//! attached to a `brand cache`, chosen by the configuration (`nodes`, or the
+//! launcher's environment; `cache`): what every interface opens (the C ABI,
+//! and through it the TF op; Python).
 //!
 //! An open makes one planner and passes it down. A node connects to its
 //! peers at its first batch, not when it is opened: so
@@ -11,6 +12,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use brand_cache::{Attached, Served};
 use brand_format::Dataset;
 use brand_format::error::{Error, Result};
 use brand_loader::elastic::GlobalPosition;
@@ -28,6 +30,13 @@ pub struct Reader {
 enum Kind {
     Alone(Box<Loader>),
     Node(Box<Node>),
+    Attached(Box<AttachedJob>),
+}
+
+/// A job attached to a cache, with what its checkpoints are bound to.
+struct AttachedJob {
+    job: Attached,
+    fingerprint: Fingerprint,
 }
 
 /// A node before and after it connects.
@@ -83,7 +92,29 @@ impl Reader {
         let ds = Arc::new(open_dataset(path, cfg)?);
         let planner = Planner::new(&ds.index, &cfg.loader.plan)?;
         let epoch_len = planner.geometry().steps;
-        let kind = if cfg.nodes.world() > 1 {
+        let kind = if let Some(socket) = &cfg.loader.cache {
+            if cfg.nodes.world() > 1 {
+                return Err(Error::config(
+                    "cache and nodes together: a job attaches to its machine's cache or is a node of a multi-node job, not both",
+                ));
+            }
+            let fingerprint = Fingerprint::of(&ds, &planner);
+            let state = resume.start(&ds, &planner, &fingerprint)?.state;
+            if state.served > 0 {
+                return Err(Error::InvalidState(format!(
+                    "an attached job's order depends on timing: it resumes mid-epoch only from the samples it served (brand_cache::Attached::open with Served), not from a count ({} of epoch {})",
+                    state.served, state.epoch
+                )));
+            }
+            let from = Served {
+                epoch: state.epoch,
+                bitmap: Vec::new(),
+            };
+            Kind::Attached(Box::new(AttachedJob {
+                job: Attached::open(ds, &cfg.loader, socket, from)?,
+                fingerprint,
+            }))
+        } else if cfg.nodes.world() > 1 {
             let fingerprint = Fingerprint::of(&ds, &planner);
             let start = resume.start(&ds, &planner, &fingerprint)?;
             Kind::Node(Box::new(Node {
@@ -113,6 +144,7 @@ impl Reader {
         match &mut self.kind {
             Kind::Alone(l) => l.next_batch(),
             Kind::Node(n) => n.live()?.next_batch(),
+            Kind::Attached(a) => a.job.next_batch(),
         }
     }
 
@@ -121,6 +153,7 @@ impl Reader {
         match &self.kind {
             Kind::Alone(l) => l.state(),
             Kind::Node(n) => n.live.as_ref().map_or(n.start_state, NodeLoader::state),
+            Kind::Attached(a) => a.job.state(),
         }
     }
 
@@ -133,6 +166,19 @@ impl Reader {
                 state: self.state(),
                 fingerprint: n.fingerprint,
             }),
+            Kind::Attached(a) => {
+                let state = a.job.state();
+                if state.served > 0 {
+                    return Err(Error::InvalidState(format!(
+                        "an attached job mid-epoch ({} of epoch {} served) has no count-only state: its served samples are a bitmap (brand_cache::Attached::served), which the state blob does not hold yet",
+                        state.served, state.epoch
+                    )));
+                }
+                Ok(Checkpoint {
+                    state,
+                    fingerprint: a.fingerprint,
+                })
+            }
         }
     }
 
@@ -149,6 +195,7 @@ impl Reader {
         let there = self.state() == to;
         match &mut self.kind {
             Kind::Alone(l) => l.start_epoch(epoch),
+            Kind::Attached(a) => a.job.start_epoch(epoch),
             Kind::Node(n) if n.live.is_none() => {
                 n.start = GlobalPosition { epoch, position: 0 };
                 n.start_state = to;
@@ -165,6 +212,7 @@ impl Reader {
         match &self.kind {
             Kind::Alone(l) => l.dataset(),
             Kind::Node(n) => &n.ds,
+            Kind::Attached(a) => a.job.dataset(),
         }
     }
 
@@ -173,6 +221,7 @@ impl Reader {
     pub fn metrics(&self) -> Metrics {
         match &self.kind {
             Kind::Alone(l) => l.metrics(),
+            Kind::Attached(a) => a.job.metrics(),
             Kind::Node(n) => match &n.live {
                 Some(l) => l.metrics(),
                 None => Metrics {
