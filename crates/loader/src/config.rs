@@ -311,9 +311,11 @@ mod tests {
                io_backend = "threads"
                decode_threads = 0
                io_timeout = 2.5
-               on_corrupt = "skip""#,
+               on_corrupt = "skip"
+               cache = "/run/brand/ds.sock""#,
         )
         .expect("valid");
+        assert_eq!(c.cache.as_deref(), Some(std::path::Path::new("/run/brand/ds.sock")));
         assert_eq!(c.batch_size, 8);
         assert_eq!(c.plan.memory, Memory::Bytes(512 << 20));
         assert_eq!(c.plan.policy, Policy::ChunkShuffle);
@@ -343,6 +345,8 @@ mod tests {
     #[test]
     fn rejects_bad_settings_by_name() {
         for (text, word) in [
+            ("cache = \"\"", "cache"),
+            ("cache = 3", "cache"),
             ("batch_size = 0", "batch_size"),
             ("rank = 2\nworld = 2", "rank 2"),
             ("policy = \"lru\"", "lru"),
