@@ -59,7 +59,82 @@ impl Served {
     pub fn count(&self) -> u64 {
         self.bitmap.iter().map(|w| w.count_ones() as u64).sum()
     }
+
+    /// The state as bytes, bound to `ds` (versioned; the loader's 88-byte
+    /// blob holds a count, which cannot say which samples an attached job
+    /// served): magic `BRDSERVD`, version `u32`, epoch `u64`, samples `u64`,
+    /// content checksum `u32`, pack seed `u64`, then ⌈samples/64⌉ `u64`
+    /// words of bitmap (none when nothing is served yet), then a crc32c of
+    /// everything before it. Little-endian.
+    pub fn to_bytes(&self, ds: &Dataset) -> Vec<u8> {
+        let d = Digest::of(ds);
+        let mut b = Vec::with_capacity(40 + 8 * self.bitmap.len() + 4);
+        b.extend(SERVED_MAGIC);
+        b.extend(SERVED_VERSION.to_le_bytes());
+        b.extend(self.epoch.to_le_bytes());
+        b.extend(d.samples.to_le_bytes());
+        b.extend(d.content.to_le_bytes());
+        b.extend(d.pack_seed.to_le_bytes());
+        for w in &self.bitmap {
+            b.extend(w.to_le_bytes());
+        }
+        b.extend(crc32c::crc32c(&b).to_le_bytes());
+        b
+    }
+
+    /// Parses [`to_bytes`](Self::to_bytes)' blob for `ds`: a malformed
+    /// blob is `InvalidState`, one of another dataset `StateMismatch`.
+    pub fn from_bytes(b: &[u8], ds: &Dataset) -> Result<Self> {
+        let bad = |why: String| Error::InvalidState(format!("attached job state: {why}"));
+        if b.len() < 44 || b[..8] != SERVED_MAGIC {
+            return Err(bad("not a brand attached-job state (bad magic or too short)".into()));
+        }
+        let (body, crc) = b.split_at(b.len() - 4);
+        if crc32c::crc32c(body).to_le_bytes() != crc {
+            return Err(bad("checksum mismatch (the blob is damaged)".into()));
+        }
+        let u64_at = |at: usize| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(&body[at..at + 8]);
+            u64::from_le_bytes(a)
+        };
+        let version = u32::from_le_bytes([body[8], body[9], body[10], body[11]]);
+        if version != SERVED_VERSION {
+            return Err(bad(format!("version {version}, this build reads {SERVED_VERSION}")));
+        }
+        let (epoch, samples) = (u64_at(12), u64_at(20));
+        let content = u32::from_le_bytes([body[28], body[29], body[30], body[31]]);
+        let pack_seed = u64_at(32);
+        let saved = Digest {
+            samples,
+            chunk_size: ds.index.chunk_size(),
+            content,
+            pack_seed,
+        };
+        let diffs = saved.differences(&Digest::of(ds));
+        if !diffs.is_empty() {
+            return Err(Error::StateMismatch(format!(
+                "attached job state of another dataset: {}",
+                diffs
+                    .join("; ")
+                    .replace("the job's", "the state's")
+                    .replace("the cache's", "this one's")
+            )));
+        }
+        let words = &body[40..];
+        if !words.is_empty() && words.len() as u64 != samples.div_ceil(64) * 8 {
+            return Err(bad(format!("a bitmap of {} bytes for {samples} samples", words.len())));
+        }
+        let bitmap = words
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+            .collect();
+        Ok(Served { epoch, bitmap })
+    }
 }
+
+const SERVED_MAGIC: [u8; 8] = *b"BRDSERVD";
+const SERVED_VERSION: u32 = 1;
 
 pub struct Attached {
     ds: Arc<Dataset>,
