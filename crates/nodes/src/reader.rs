@@ -29,8 +29,28 @@ pub struct Reader {
 
 enum Kind {
     Alone(Box<Loader>),
+    /// A loader alone continuing an epoch an attached job began: the plan's
+    /// order, leaving out what the job served (the plan still reads it).
+    Resumed(Box<Loader>, Skip),
     Node(Box<Node>),
     Attached(Box<AttachedJob>),
+}
+
+/// The samples of `epoch` served before a resume from an attached job.
+struct Skip {
+    epoch: u64,
+    bitmap: Vec<u64>,
+    served_before: u64,
+    /// Samples of `epoch` handed out since the resume.
+    given: u64,
+}
+
+impl Skip {
+    fn has(&self, id: u64) -> bool {
+        self.bitmap
+            .get(id as usize / 64)
+            .is_some_and(|w| w >> (id % 64) & 1 == 1)
+    }
 }
 
 /// A job attached to a cache, with what its checkpoints are bound to.
@@ -132,6 +152,60 @@ impl Reader {
         Ok(Reader { kind, epoch_len })
     }
 
+    /// Opens where an attached job's state `blob` ([`served_state`](Self::served_state))
+    /// says: attached again if `cfg` names a cache, else a loader alone that
+    /// serves the rest of that epoch in its plan's order, leaving out what the
+    /// job served (its batches of that epoch are shorter where it does).
+    /// Either way each sample comes once in the epoch.
+    pub fn open_served(path: &Path, cfg: &Config, blob: &[u8]) -> Result<Self> {
+        let ds = Arc::new(open_dataset(path, cfg)?);
+        let served = Served::from_bytes(blob, &ds)?;
+        let planner = Planner::new(&ds.index, &cfg.loader.plan)?;
+        let epoch_len = planner.geometry().steps;
+        if let Some(socket) = &cfg.loader.cache {
+            let fingerprint = Fingerprint::of(&ds, &planner);
+            let job = Attached::open(ds, &cfg.loader, socket, served)?;
+            return Ok(Reader {
+                kind: Kind::Attached(Box::new(AttachedJob { job, fingerprint })),
+                epoch_len,
+            });
+        }
+        if cfg.nodes.world() > 1 || cfg.loader.plan.world > 1 {
+            return Err(Error::config(
+                "an attached job's state resumes one consumer: attached, or a loader alone with world 1",
+            ));
+        }
+        let state = LoaderState {
+            epoch: served.epoch,
+            served: 0,
+        };
+        let served_before = served.count();
+        let loader = Loader::open_planned(ds, &cfg.loader, planner, Resume::At(state))?;
+        Ok(Reader {
+            kind: Kind::Resumed(
+                Box::new(loader),
+                Skip {
+                    epoch: served.epoch,
+                    bitmap: served.bitmap,
+                    served_before,
+                    given: 0,
+                },
+            ),
+            epoch_len,
+        })
+    }
+
+    /// An attached job's state with the samples it served this epoch (a
+    /// versioned blob, [`Served::to_bytes`]), for [`open_served`](Self::open_served).
+    pub fn served_state(&self) -> Result<Vec<u8>> {
+        match &self.kind {
+            Kind::Attached(a) => Ok(a.job.served().to_bytes(a.job.dataset())),
+            _ => Err(Error::config(
+                "only a job attached to a cache has a served-samples state; use checkpoint()",
+            )),
+        }
+    }
+
     /// The samples a reader opened with these arguments serves per epoch,
     /// from the dataset's metadata only: starts no engine, allocates no
     /// buffers, probes no device (tf.data's cardinality).
@@ -143,6 +217,23 @@ impl Reader {
     pub fn next_batch(&mut self) -> Result<Option<Batch>> {
         match &mut self.kind {
             Kind::Alone(l) => l.next_batch(),
+            Kind::Resumed(l, skip) => loop {
+                let Some(b) = l.next_batch()? else { return Ok(None) };
+                if b.epoch != skip.epoch {
+                    return Ok(Some(b));
+                }
+                let keep: Vec<usize> = (0..b.len()).filter(|&i| !skip.has(b.ids()[i])).collect();
+                skip.given += keep.len() as u64;
+                if keep.len() == b.len() {
+                    return Ok(Some(b));
+                }
+                if keep.is_empty() {
+                    continue;
+                }
+                let ids = keep.iter().map(|&i| b.ids()[i]).collect();
+                let data = keep.iter().map(|&i| b.buffers()[i].clone()).collect();
+                return Ok(Some(Batch::new(b.epoch, b.dataset().clone(), ids, data)));
+            },
             Kind::Node(n) => n.live()?.next_batch(),
             Kind::Attached(a) => a.job.next_batch(),
         }
@@ -152,6 +243,17 @@ impl Reader {
     pub fn state(&self) -> LoaderState {
         match &self.kind {
             Kind::Alone(l) => l.state(),
+            Kind::Resumed(l, skip) => {
+                let s = l.state();
+                if s.epoch == skip.epoch {
+                    LoaderState {
+                        epoch: s.epoch,
+                        served: skip.served_before + skip.given,
+                    }
+                } else {
+                    s
+                }
+            }
             Kind::Node(n) => n.live.as_ref().map_or(n.start_state, NodeLoader::state),
             Kind::Attached(a) => a.job.state(),
         }
@@ -162,6 +264,16 @@ impl Reader {
     pub fn checkpoint(&self) -> Result<Checkpoint> {
         match &self.kind {
             Kind::Alone(l) => l.checkpoint(),
+            Kind::Resumed(l, skip) => {
+                let c = l.checkpoint()?;
+                if c.state.epoch == skip.epoch && c.state.served > 0 {
+                    return Err(Error::InvalidState(format!(
+                        "a loader resumed from an attached job's state has no count-only state until epoch {} ends",
+                        skip.epoch
+                    )));
+                }
+                Ok(c)
+            }
             Kind::Node(n) => Ok(Checkpoint {
                 state: self.state(),
                 fingerprint: n.fingerprint,
@@ -194,7 +306,7 @@ impl Reader {
         let to = LoaderState { epoch, served: 0 };
         let there = self.state() == to;
         match &mut self.kind {
-            Kind::Alone(l) => l.start_epoch(epoch),
+            Kind::Alone(l) | Kind::Resumed(l, _) => l.start_epoch(epoch),
             Kind::Attached(a) => a.job.start_epoch(epoch),
             Kind::Node(n) if n.live.is_none() => {
                 n.start = GlobalPosition { epoch, position: 0 };
@@ -210,7 +322,7 @@ impl Reader {
 
     pub fn dataset(&self) -> &Arc<Dataset> {
         match &self.kind {
-            Kind::Alone(l) => l.dataset(),
+            Kind::Alone(l) | Kind::Resumed(l, _) => l.dataset(),
             Kind::Node(n) => &n.ds,
             Kind::Attached(a) => a.job.dataset(),
         }
@@ -220,7 +332,7 @@ impl Reader {
     /// world with zero counts.
     pub fn metrics(&self) -> Metrics {
         match &self.kind {
-            Kind::Alone(l) => l.metrics(),
+            Kind::Alone(l) | Kind::Resumed(l, _) => l.metrics(),
             Kind::Attached(a) => a.job.metrics(),
             Kind::Node(n) => match &n.live {
                 Some(l) => l.metrics(),

@@ -52,3 +52,46 @@ fn the_cache_key_makes_a_reader_attach() {
     assert!(e.contains("served"), "{e}");
     assert_eq!(cache.stop("done").samples_served, 300);
 }
+
+#[test]
+fn an_attached_jobs_state_resumes_attached_or_alone_exactly_once() {
+    let t = tempfile::tempdir().expect("tmp");
+    let path = small_dataset(t.path(), 300).expect("pack");
+    let ds = Arc::new(Dataset::open(&path).expect("open"));
+    let socket = t.path().join("c.sock");
+    let cache_cfg = CacheConfig {
+        memory: Memory::Percent(30.0),
+        io: IoConfig {
+            read_gap: ReadGapSetting::Whole,
+            ..IoConfig::default()
+        },
+        readahead: 1 << 20,
+    };
+    let _cache = CacheHandle::start(ds, &cache_cfg, &socket).expect("cache");
+    let attached = Config::resolve(
+        &format!("cache = {:?}\nbatch_size = 16", socket.display().to_string()),
+        toml::Table::new(),
+        &|_| None,
+    )
+    .expect("config");
+    let alone =
+        Config::resolve("batch_size = 16\nread_gap = \"whole\"", toml::Table::new(), &|_| None).expect("config");
+    let mut r = Reader::open(&path, &attached, Resume::At(LoaderState::default())).expect("attaches");
+    let mut before: Vec<u64> = Vec::new();
+    for _ in 0..5 {
+        before.extend(r.next_batch().expect("batch").expect("some").ids());
+    }
+    let blob = r.served_state().expect("attached state");
+    drop(r);
+    for (how, cfg) in [("attached", &attached), ("alone", &alone)] {
+        let mut again = Reader::open_served(&path, cfg, &blob).expect(how);
+        assert_eq!(again.state(), LoaderState { epoch: 0, served: 80 }, "{how}");
+        let mut ids = before.clone();
+        while let Some(b) = again.next_batch().expect("batch") {
+            ids.extend(b.ids());
+        }
+        ids.sort_unstable();
+        assert_eq!(ids, (0..300).collect::<Vec<_>>(), "{how}: the epoch exactly once");
+        assert_eq!(again.state(), LoaderState { epoch: 1, served: 0 }, "{how}");
+    }
+}
