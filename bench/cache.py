@@ -83,7 +83,8 @@ def run(args, groups: Groups, ds: Path, mode: str, k: int) -> dict:
             argv = [args.brand, "read", str(ds), "--cache", str(sock), "--seed", str(j + 1)] + common
             limit = ALLOWANCE
         else:
-            argv = [args.brand, "read", str(ds), "--memory", str(total // k), "--seed", str(j + 1)] + common
+            argv = [args.brand, "read", str(ds), "--memory", str(total // k), "--seed", str(j + 1)]
+            argv += ["--policy", args.alone_policy] + common
             limit = total // k + ALLOWANCE
         g = groups.run_group("net", limit)
         procs.append(subprocess.Popen(g.wrap(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
@@ -127,6 +128,8 @@ def main(argv=None) -> int:
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--read-gap", default="whole")
+    ap.add_argument("--alone-policy", default="brand",
+                    help="the lone jobs' policy (chunk-shuffle: amplification near 1, as the cache's reads)")
     ap.add_argument("--iops", type=int, default=3000)
     ap.add_argument("--bps", type=int, default=380_000_000)
     ap.add_argument("--out", type=Path, default=None, help="write the runs as JSON here")
@@ -154,7 +157,8 @@ def main(argv=None) -> int:
     if args.out:
         args.out.write_text(json.dumps(runs, indent=1))
     print(f"\n{dataset_bytes(ds) / 1e9:.2f} GB dataset, {args.memory} total memory ({args.memory_bytes / 1e6:.0f} MB), "
-          f"{args.epochs} epochs, {args.rounds} rounds, {args.bps / 1e6:.0f} MB/s + {args.iops} IOPS\n")
+          f"{args.epochs} epochs, {args.rounds} rounds, {args.bps / 1e6:.0f} MB/s + {args.iops} IOPS, "
+          f"lone jobs' policy {args.alone_policy}, read gap {args.read_gap}\n")
     print("| mode | K | per-job samples/s | device GB per epoch | CPU s | exactly once |")
     print("|---|---|---|---|---|---|")
     for mode, k in configs:
