@@ -248,16 +248,26 @@ pub fn run(a: &ReadArgs) -> brand_format::Result<bool> {
     })?;
     let ds = Arc::new(Dataset::open(&a.dataset)?);
     if !a.json {
-        println!(
-            "{}: {} samples, policy {}, memory {} per rank, batch {}, read gap {:?}, queue depth {}",
-            a.dataset.display(),
-            ds.index.samples(),
-            cfg.plan.policy,
-            cfg.plan.memory,
-            cfg.batch_size,
-            cfg.io.read_gap,
-            cfg.io.queue_depth
-        );
+        match &cfg.cache {
+            Some(socket) => println!(
+                "{}: {} samples, attached to the cache at {}, batch {}, seed {}",
+                a.dataset.display(),
+                ds.index.samples(),
+                socket.display(),
+                cfg.batch_size,
+                cfg.plan.seed
+            ),
+            None => println!(
+                "{}: {} samples, policy {}, memory {} per rank, batch {}, read gap {:?}, queue depth {}",
+                a.dataset.display(),
+                ds.index.samples(),
+                cfg.plan.policy,
+                cfg.plan.memory,
+                cfg.batch_size,
+                cfg.io.read_gap,
+                cfg.io.queue_depth
+            ),
+        }
         println!(
             "{:>5} {:>9} {:>8} {:>10} {:>9} {:>9} {:>6} {:>5} {:>8} {:>8} {:>8} {:>9} {:>9}",
             "epoch",
