@@ -15,7 +15,10 @@ rotates each round), the page cache of the dataset evicted before each run:
 per-job samples/s (each job's mean over its epochs), device bytes per epoch
 (the run's bytes / epochs), CPU seconds. Ratios are taken per round, then the
 median: attached device bytes per epoch against one job alone, attached
-per-job throughput against a lone job's (K = 1 alone).
+per-job throughput against a lone job's (K = 1 alone). With --laggard-ms,
+the largest K attached again with job 1 computing that long per batch: the
+others' samples/s, the laggard's, the samples the cache dropped while the
+laggard still needed them and the device bytes that cost.
 
     sudo python3 bench/cache.py --brand target/release/brand --work /var/tmp/brand-cache-bench
 """
@@ -65,7 +68,8 @@ def run(args, groups: Groups, ds: Path, mode: str, k: int) -> dict:
     sock = args.work / f"cache-{os.getpid()}.sock"
     before = groups.run_group("net", None)  # the profile's counters (shared by every group of the run)
     start_counters = before.counters()
-    if mode == "cache":
+    attached = mode in ("cache", "laggard")
+    if attached:
         g = groups.run_group("net", total + ALLOWANCE)
         cache = subprocess.Popen(
             g.wrap([args.brand, "cache", str(ds), "--memory", str(total), "--socket", str(sock), "--read-gap", args.read_gap, "--json"]),
@@ -79,8 +83,10 @@ def run(args, groups: Groups, ds: Path, mode: str, k: int) -> dict:
                 raise RuntimeError(f"brand cache did not start: {cache.stderr.read() if cache.stderr else ''}")
             time.sleep(0.05)
     for j in range(k):
-        if mode == "cache":
+        if attached:
             argv = [args.brand, "read", str(ds), "--cache", str(sock), "--seed", str(j + 1)] + common
+            if mode == "laggard" and j == 0:
+                argv += ["--compute-ms", str(args.laggard_ms)]
             limit = ALLOWANCE
         else:
             argv = [args.brand, "read", str(ds), "--memory", str(total // k), "--seed", str(j + 1)]
@@ -90,12 +96,16 @@ def run(args, groups: Groups, ds: Path, mode: str, k: int) -> dict:
         procs.append(subprocess.Popen(g.wrap(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     per_job = []
     once = True
-    for p in procs:
+    for j, p in enumerate(procs):
         out, err = p.communicate()
         if p.returncode != 0:
             raise RuntimeError(f"{mode} K={k}: a job failed: {err.strip()}")
         epochs = json.loads(out)
-        per_job.append(statistics.mean(e["samples_per_sec"] for e in epochs))
+        rate = statistics.mean(e["samples_per_sec"] for e in epochs)
+        if mode == "laggard" and j == 0:
+            laggard_rate = rate
+        else:
+            per_job.append(rate)
         once = once and all(e["exactly_once"] for e in epochs)
     report = None
     if cache is not None:
@@ -104,6 +114,8 @@ def run(args, groups: Groups, ds: Path, mode: str, k: int) -> dict:
         report = json.loads(out) if cache.returncode == 0 and out.strip() else None
     end = before.counters()
     return {
+        "laggard_samples_per_sec": laggard_rate if mode == "laggard" else None,
+        "dropped_needed": report["dropped_needed"] if report else None,
         "mode": mode,
         "k": k,
         "per_job_samples_per_sec": statistics.mean(per_job),
@@ -132,6 +144,8 @@ def main(argv=None) -> int:
                     help="the lone jobs' policy (chunk-shuffle: amplification near 1, as the cache's reads)")
     ap.add_argument("--iops", type=int, default=3000)
     ap.add_argument("--bps", type=int, default=380_000_000)
+    ap.add_argument("--laggard-ms", type=float, default=0,
+                    help="also run the largest K attached with job 1 computing this long per batch (a laggard)")
     ap.add_argument("--out", type=Path, default=None, help="write the runs as JSON here")
     args = ap.parse_args(argv)
     ds = prepare(args)
@@ -142,7 +156,10 @@ def main(argv=None) -> int:
     if not ok:
         print(f"not throttled: {why}", file=sys.stderr)
     groups.profile("net", args.iops, args.bps)
-    configs = [("alone", k) for k in map(int, args.jobs.split(","))] + [("cache", k) for k in map(int, args.jobs.split(","))]
+    ks = [int(k) for k in args.jobs.split(",")]
+    configs = [("alone", k) for k in ks] + [("cache", k) for k in ks]
+    if args.laggard_ms > 0:
+        configs.append(("laggard", max(ks)))
     runs = []
     try:
         for rnd in range(args.rounds):
@@ -159,15 +176,20 @@ def main(argv=None) -> int:
     print(f"\n{dataset_bytes(ds) / 1e9:.2f} GB dataset, {args.memory} total memory ({args.memory_bytes / 1e6:.0f} MB), "
           f"{args.epochs} epochs, {args.rounds} rounds, {args.bps / 1e6:.0f} MB/s + {args.iops} IOPS, "
           f"lone jobs' policy {args.alone_policy}, read gap {args.read_gap}\n")
-    print("| mode | K | per-job samples/s | device GB per epoch | CPU s | exactly once |")
-    print("|---|---|---|---|---|---|")
+    print("| mode | K | per-job samples/s | device GB per epoch | CPU s | exactly once | dropped while needed |")
+    print("|---|---|---|---|---|---|---|")
     for mode, k in configs:
         rs = [r for r in runs if r["mode"] == mode and r["k"] == k]
+        dropped = [r["dropped_needed"] for r in rs if r["dropped_needed"] is not None]
         print(f"| {mode} | {k} | {spread([r['per_job_samples_per_sec'] for r in rs])} | "
               f"{spread([r['device_bytes_per_epoch'] / 1e9 for r in rs])} | {spread([r['cpu_seconds'] for r in rs])} | "
-              f"{all(r['exactly_once'] for r in rs)} |")
+              f"{all(r['exactly_once'] for r in rs)} | {spread(dropped) if dropped else '-'} |")
+    lag = [r for r in runs if r["mode"] == "laggard"]
+    if lag:
+        print(f"\nlaggard (job 1 computing {args.laggard_ms} ms per batch): its samples/s "
+              f"{spread([r['laggard_samples_per_sec'] for r in lag])}; the others' in the table")
     print()
-    for k in map(int, args.jobs.split(",")):
+    for k in ks:
         dev, thr, thr_alone = [], [], []
         for rnd in range(args.rounds):
             one = next(r for r in runs if r["round"] == rnd and r["mode"] == "alone" and r["k"] == 1)
