@@ -314,8 +314,15 @@ pub fn run(a: &ReadArgs) -> brand_format::Result<bool> {
                     m.stall_p99_secs * 1e3,
                     m.stall_max_secs * 1e3,
                     r.peak_rss_bytes.unwrap_or(0) as f64 / (1 << 20) as f64,
-                    // Per GB read from storage (what the device delivered).
-                    r.cpu_seconds / (m.bytes_read.max(1) as f64 / 1e9)
+                    // Per GB read from storage (what the device delivered);
+                    // a job attached to a cache reads none: per GB served.
+                    r.cpu_seconds
+                        / (if m.bytes_read > 0 {
+                            m.bytes_read
+                        } else {
+                            m.bytes_served.max(1)
+                        } as f64
+                            / 1e9)
                 );
             }
         },
