@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 mod bench;
 mod bench_device;
+mod cache;
 mod configure;
 mod process_stats;
 mod read;
@@ -55,6 +56,8 @@ enum Command {
     Simulate(simulate::SimulateArgs),
     /// Run one node of a multi-node job: read the chunks it owns, push samples to their ranks, serve its own.
     Serve(serve::ServeArgs),
+    /// Hold one dataset's memory for every job on this machine; jobs attach with `cache = "SOCKET"`.
+    Cache(cache::CacheArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -197,6 +200,7 @@ fn main() -> ExitCode {
         Command::Bench(c) => bench::run(c).map(|()| ExitCode::SUCCESS),
         Command::Simulate(a) => simulate::run(a).map(|()| ExitCode::SUCCESS),
         Command::Serve(a) => serve::run(a).map(|()| ExitCode::SUCCESS),
+        Command::Cache(a) => cache::run(a).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use brand_cache::{Attached, Served};
 use brand_format::Dataset;
 use brand_loader::{Loader, LoaderConfig, LoaderState, Metrics};
 
@@ -54,6 +55,9 @@ pub struct ReadArgs {
     /// Default: the cores the (at most 2) io threads leave, at most 8.
     #[arg(long)]
     decode_threads: Option<usize>,
+    /// Attach to the `brand cache` at this socket instead of reading storage.
+    #[arg(long)]
+    cache: Option<String>,
     /// Milliseconds the consumer spends on each batch before asking for the
     /// next (a training step's compute), to see which reads the loader hides
     /// behind it. 0: the consumer takes batches as fast as they come.
@@ -104,6 +108,7 @@ fn config(a: &ReadArgs) -> brand_format::Result<LoaderConfig> {
             ("read_gap", Flag::Text(&a.read_gap)),
             ("io_backend", Flag::Text(&a.io_backend)),
             ("decode_threads", int(a.decode_threads)),
+            ("cache", Flag::Text(&a.cache)),
         ],
         true,
     )?;
@@ -114,6 +119,51 @@ fn config(a: &ReadArgs) -> brand_format::Result<LoaderConfig> {
         )));
     }
     Ok(c.loader)
+}
+
+/// What `brand read` reads from: its own loader, or the cache the
+/// configuration's `cache` key names.
+enum Source {
+    Alone(Box<Loader>),
+    Attached(Box<Attached>),
+}
+
+impl Source {
+    fn open(ds: Arc<Dataset>, cfg: &LoaderConfig, epoch: u64) -> brand_format::Result<Self> {
+        Ok(match &cfg.cache {
+            Some(socket) => Source::Attached(Box::new(Attached::open(
+                ds,
+                cfg,
+                socket,
+                Served {
+                    epoch,
+                    bitmap: Vec::new(),
+                },
+            )?)),
+            None => Source::Alone(Box::new(Loader::open(ds, cfg, LoaderState { epoch, served: 0 })?)),
+        })
+    }
+
+    fn next_batch(&mut self) -> brand_format::Result<Option<brand_loader::Batch>> {
+        match self {
+            Source::Alone(l) => l.next_batch(),
+            Source::Attached(a) => a.next_batch(),
+        }
+    }
+
+    fn metrics(&self) -> Metrics {
+        match self {
+            Source::Alone(l) => l.metrics(),
+            Source::Attached(a) => a.metrics(),
+        }
+    }
+
+    fn reset_metrics(&mut self) {
+        match self {
+            Source::Alone(l) => l.reset_metrics(),
+            Source::Attached(a) => a.reset_metrics(),
+        }
+    }
 }
 
 /// Reads `epochs` epochs, spending `compute` on each batch; calls `report`
@@ -128,14 +178,7 @@ pub fn run_epochs(
     mut report: impl FnMut(&EpochReport),
 ) -> brand_format::Result<Vec<EpochReport>> {
     let n = ds.index.samples();
-    let mut loader = Loader::open(
-        ds,
-        cfg,
-        LoaderState {
-            epoch: start_epoch,
-            served: 0,
-        },
-    )?;
+    let mut loader = Source::open(ds, cfg, start_epoch)?;
     let mut out = Vec::new();
     for epoch in start_epoch..start_epoch + epochs {
         loader.reset_metrics();
@@ -205,16 +248,26 @@ pub fn run(a: &ReadArgs) -> brand_format::Result<bool> {
     })?;
     let ds = Arc::new(Dataset::open(&a.dataset)?);
     if !a.json {
-        println!(
-            "{}: {} samples, policy {}, memory {} per rank, batch {}, read gap {:?}, queue depth {}",
-            a.dataset.display(),
-            ds.index.samples(),
-            cfg.plan.policy,
-            cfg.plan.memory,
-            cfg.batch_size,
-            cfg.io.read_gap,
-            cfg.io.queue_depth
-        );
+        match &cfg.cache {
+            Some(socket) => println!(
+                "{}: {} samples, attached to the cache at {}, batch {}, seed {}",
+                a.dataset.display(),
+                ds.index.samples(),
+                socket.display(),
+                cfg.batch_size,
+                cfg.plan.seed
+            ),
+            None => println!(
+                "{}: {} samples, policy {}, memory {} per rank, batch {}, read gap {:?}, queue depth {}",
+                a.dataset.display(),
+                ds.index.samples(),
+                cfg.plan.policy,
+                cfg.plan.memory,
+                cfg.batch_size,
+                cfg.io.read_gap,
+                cfg.io.queue_depth
+            ),
+        }
         println!(
             "{:>5} {:>9} {:>8} {:>10} {:>9} {:>9} {:>6} {:>5} {:>8} {:>8} {:>8} {:>9} {:>9}",
             "epoch",
@@ -261,8 +314,15 @@ pub fn run(a: &ReadArgs) -> brand_format::Result<bool> {
                     m.stall_p99_secs * 1e3,
                     m.stall_max_secs * 1e3,
                     r.peak_rss_bytes.unwrap_or(0) as f64 / (1 << 20) as f64,
-                    // Per GB read from storage (what the device delivered).
-                    r.cpu_seconds / (m.bytes_read.max(1) as f64 / 1e9)
+                    // Per GB read from storage (what the device delivered);
+                    // a job attached to a cache reads none: per GB served.
+                    r.cpu_seconds
+                        / (if m.bytes_read > 0 {
+                            m.bytes_read
+                        } else {
+                            m.bytes_served.max(1)
+                        } as f64
+                            / 1e9)
                 );
             }
         },

@@ -184,6 +184,9 @@ pub struct AlignedBuf {
     /// not yet read into, see [`for_extent`](Self::for_extent)): only raw
     /// pointers touch them, and the buffer is freed, not recycled.
     uninit: bool,
+    /// Memory this buffer does not own (see [`foreign`](Self::foreign)):
+    /// what keeps it alive, dropped instead of freeing.
+    owner: Option<Box<dyn Send + Sync>>,
 }
 
 // SAFETY: AlignedBuf owns its allocation exclusively (like Vec<u8>); moving it
@@ -335,6 +338,7 @@ impl AlignedBuf {
             len: 0,
             align: ALIGN as usize,
             uninit: false,
+            owner: None,
         })
     }
 
@@ -456,6 +460,29 @@ impl AlignedBuf {
             len: 0,
             align,
             uninit: !zeroed,
+            owner: None,
+        }
+    }
+
+    /// `len` bytes at `ptr` that another owner keeps alive as long as
+    /// `owner` lives (a sample in memory shared with another process): the
+    /// buffer shows them without copying and drops `owner` instead of
+    /// freeing.
+    ///
+    /// # Safety
+    /// `ptr` is valid for reads of `len` bytes, [`SAMPLE_ALIGN`]-aligned,
+    /// initialised and not written while `owner` lives, and the buffer is
+    /// only ever shared (behind an `Arc`): its `&mut` methods would write
+    /// to memory it does not own.
+    pub unsafe fn foreign(ptr: NonNull<u8>, len: usize, owner: Box<dyn Send + Sync>) -> Self {
+        AlignedBuf {
+            ptr,
+            cap: len,
+            offset: 0,
+            len,
+            align: SAMPLE_ALIGN,
+            uninit: false,
+            owner: Some(owner),
         }
     }
 
@@ -553,6 +580,10 @@ impl std::ops::Deref for AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
+        if self.owner.is_some() {
+            // Not ours to free: dropping the owner lets go of it.
+            return;
+        }
         // Whole-page, page-aligned buffers of recycling size: large samples,
         // windows and read buffers alike.
         // (The recycler's buffers are fully initialised.)

@@ -26,6 +26,7 @@
 //!                       # default: the cores the (at most 2) io threads leave, at most 8
 //! io_timeout = 60       # seconds a read may take before it is an error, (0, 86400]
 //! on_corrupt = "error"  # "error" (fail when the sample is due) or "skip" (leave it out, counted)
+//! cache = "/run/brand/imagenet.sock"  # attach to the `brand cache` at this socket instead of reading storage
 //! ```
 //!
 //! Byte counts go through the one parser, [`brand_format::units::parse_bytes`].
@@ -52,6 +53,9 @@ pub struct LoaderConfig {
     pub readahead_bytes: u64,
     pub on_corrupt: OnCorrupt,
     pub io: IoConfig,
+    /// The socket of a `brand cache` to attach to instead of reading
+    /// storage (`brand_nodes::Reader` opens an attached job then).
+    pub cache: Option<std::path::PathBuf>,
 }
 
 /// What to do with a sample whose record is corrupt.
@@ -81,7 +85,7 @@ impl std::str::FromStr for OnCorrupt {
 pub const DEFAULT_MEMORY: Memory = Memory::Percent(10.0);
 
 /// The loader's keys, in the order the module docs list them.
-pub const KEYS: [&str; 16] = [
+pub const KEYS: [&str; 17] = [
     "batch_size",
     "memory",
     "policy",
@@ -98,6 +102,7 @@ pub const KEYS: [&str; 16] = [
     "decode_threads",
     "io_timeout",
     "on_corrupt",
+    "cache",
 ];
 
 impl Default for LoaderConfig {
@@ -108,6 +113,7 @@ impl Default for LoaderConfig {
             readahead_bytes: 64 << 20,
             on_corrupt: OnCorrupt::Error,
             io: IoConfig::default(),
+            cache: None,
         }
     }
 }
@@ -167,6 +173,15 @@ impl LoaderConfig {
                     .map_err(|_| Error::config(format!("io_timeout {secs} outside (0, 86400] seconds")))?;
             }
             "on_corrupt" => self.on_corrupt = v.text()?.parse()?,
+            "cache" => {
+                let path = v.text()?;
+                if path.is_empty() {
+                    return Err(Error::config(
+                        "cache = \"\": expected the path of a brand cache's socket",
+                    ));
+                }
+                self.cache = Some(path.into());
+            }
             _ => {
                 return Err(Error::config(format!(
                     "unknown key `{key}`: expected one of {}",
@@ -296,9 +311,11 @@ mod tests {
                io_backend = "threads"
                decode_threads = 0
                io_timeout = 2.5
-               on_corrupt = "skip""#,
+               on_corrupt = "skip"
+               cache = "/run/brand/ds.sock""#,
         )
         .expect("valid");
+        assert_eq!(c.cache.as_deref(), Some(std::path::Path::new("/run/brand/ds.sock")));
         assert_eq!(c.batch_size, 8);
         assert_eq!(c.plan.memory, Memory::Bytes(512 << 20));
         assert_eq!(c.plan.policy, Policy::ChunkShuffle);
@@ -328,6 +345,8 @@ mod tests {
     #[test]
     fn rejects_bad_settings_by_name() {
         for (text, word) in [
+            ("cache = \"\"", "cache"),
+            ("cache = 3", "cache"),
             ("batch_size = 0", "batch_size"),
             ("rank = 2\nworld = 2", "rank 2"),
             ("policy = \"lru\"", "lru"),

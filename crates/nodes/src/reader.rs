@@ -1,6 +1,7 @@
-//! One reader over a loader alone and a node of a multi-node job, chosen by
-//! the configuration (`nodes`, or the launcher's environment): what every
-//! interface opens (the C ABI, and through it the TF op; Python).
+//! One reader over a loader alone, a node of a multi-node job and a job
+//! attached to a `brand cache`, chosen by the configuration (`nodes`, or the
+//! launcher's environment; `cache`): what every interface opens (the C ABI,
+//! and through it the TF op; Python).
 //!
 //! An open makes one planner and passes it down. A node connects to its
 //! peers at its first batch, not when it is opened: so
@@ -11,6 +12,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use brand_cache::{Attached, Served};
 use brand_format::Dataset;
 use brand_format::error::{Error, Result};
 use brand_loader::elastic::GlobalPosition;
@@ -27,7 +29,34 @@ pub struct Reader {
 
 enum Kind {
     Alone(Box<Loader>),
+    /// A loader alone continuing an epoch an attached job began: the plan's
+    /// order, leaving out what the job served (the plan still reads it).
+    Resumed(Box<Loader>, Skip),
     Node(Box<Node>),
+    Attached(Box<AttachedJob>),
+}
+
+/// The samples of `epoch` served before a resume from an attached job.
+struct Skip {
+    epoch: u64,
+    bitmap: Vec<u64>,
+    served_before: u64,
+    /// Samples of `epoch` handed out since the resume.
+    given: u64,
+}
+
+impl Skip {
+    fn has(&self, id: u64) -> bool {
+        self.bitmap
+            .get(id as usize / 64)
+            .is_some_and(|w| w >> (id % 64) & 1 == 1)
+    }
+}
+
+/// A job attached to a cache, with what its checkpoints are bound to.
+struct AttachedJob {
+    job: Attached,
+    fingerprint: Fingerprint,
 }
 
 /// A node before and after it connects.
@@ -83,7 +112,29 @@ impl Reader {
         let ds = Arc::new(open_dataset(path, cfg)?);
         let planner = Planner::new(&ds.index, &cfg.loader.plan)?;
         let epoch_len = planner.geometry().steps;
-        let kind = if cfg.nodes.world() > 1 {
+        let kind = if let Some(socket) = &cfg.loader.cache {
+            if cfg.nodes.world() > 1 {
+                return Err(Error::config(
+                    "cache and nodes together: a job attaches to its machine's cache or is a node of a multi-node job, not both",
+                ));
+            }
+            let fingerprint = Fingerprint::of(&ds, &planner);
+            let state = resume.start(&ds, &planner, &fingerprint)?.state;
+            if state.served > 0 {
+                return Err(Error::InvalidState(format!(
+                    "an attached job's order depends on timing: it resumes mid-epoch only from the samples it served (brand_cache::Attached::open with Served), not from a count ({} of epoch {})",
+                    state.served, state.epoch
+                )));
+            }
+            let from = Served {
+                epoch: state.epoch,
+                bitmap: Vec::new(),
+            };
+            Kind::Attached(Box::new(AttachedJob {
+                job: Attached::open(ds, &cfg.loader, socket, from)?,
+                fingerprint,
+            }))
+        } else if cfg.nodes.world() > 1 {
             let fingerprint = Fingerprint::of(&ds, &planner);
             let start = resume.start(&ds, &planner, &fingerprint)?;
             Kind::Node(Box::new(Node {
@@ -101,6 +152,60 @@ impl Reader {
         Ok(Reader { kind, epoch_len })
     }
 
+    /// Opens where an attached job's state `blob` ([`served_state`](Self::served_state))
+    /// says: attached again if `cfg` names a cache, else a loader alone that
+    /// serves the rest of that epoch in its plan's order, leaving out what the
+    /// job served (its batches of that epoch are shorter where it does).
+    /// Either way each sample comes once in the epoch.
+    pub fn open_served(path: &Path, cfg: &Config, blob: &[u8]) -> Result<Self> {
+        let ds = Arc::new(open_dataset(path, cfg)?);
+        let served = Served::from_bytes(blob, &ds)?;
+        let planner = Planner::new(&ds.index, &cfg.loader.plan)?;
+        let epoch_len = planner.geometry().steps;
+        if let Some(socket) = &cfg.loader.cache {
+            let fingerprint = Fingerprint::of(&ds, &planner);
+            let job = Attached::open(ds, &cfg.loader, socket, served)?;
+            return Ok(Reader {
+                kind: Kind::Attached(Box::new(AttachedJob { job, fingerprint })),
+                epoch_len,
+            });
+        }
+        if cfg.nodes.world() > 1 || cfg.loader.plan.world > 1 {
+            return Err(Error::config(
+                "an attached job's state resumes one consumer: attached, or a loader alone with world 1",
+            ));
+        }
+        let state = LoaderState {
+            epoch: served.epoch,
+            served: 0,
+        };
+        let served_before = served.count();
+        let loader = Loader::open_planned(ds, &cfg.loader, planner, Resume::At(state))?;
+        Ok(Reader {
+            kind: Kind::Resumed(
+                Box::new(loader),
+                Skip {
+                    epoch: served.epoch,
+                    bitmap: served.bitmap,
+                    served_before,
+                    given: 0,
+                },
+            ),
+            epoch_len,
+        })
+    }
+
+    /// An attached job's state with the samples it served this epoch (a
+    /// versioned blob, [`Served::to_bytes`]), for [`open_served`](Self::open_served).
+    pub fn served_state(&self) -> Result<Vec<u8>> {
+        match &self.kind {
+            Kind::Attached(a) => Ok(a.job.served().to_bytes(a.job.dataset())),
+            _ => Err(Error::config(
+                "only a job attached to a cache has a served-samples state; use checkpoint()",
+            )),
+        }
+    }
+
     /// The samples a reader opened with these arguments serves per epoch,
     /// from the dataset's metadata only: starts no engine, allocates no
     /// buffers, probes no device (tf.data's cardinality).
@@ -112,7 +217,25 @@ impl Reader {
     pub fn next_batch(&mut self) -> Result<Option<Batch>> {
         match &mut self.kind {
             Kind::Alone(l) => l.next_batch(),
+            Kind::Resumed(l, skip) => loop {
+                let Some(b) = l.next_batch()? else { return Ok(None) };
+                if b.epoch != skip.epoch {
+                    return Ok(Some(b));
+                }
+                let keep: Vec<usize> = (0..b.len()).filter(|&i| !skip.has(b.ids()[i])).collect();
+                skip.given += keep.len() as u64;
+                if keep.len() == b.len() {
+                    return Ok(Some(b));
+                }
+                if keep.is_empty() {
+                    continue;
+                }
+                let ids = keep.iter().map(|&i| b.ids()[i]).collect();
+                let data = keep.iter().map(|&i| b.buffers()[i].clone()).collect();
+                return Ok(Some(Batch::new(b.epoch, b.dataset().clone(), ids, data)));
+            },
             Kind::Node(n) => n.live()?.next_batch(),
+            Kind::Attached(a) => a.job.next_batch(),
         }
     }
 
@@ -120,7 +243,19 @@ impl Reader {
     pub fn state(&self) -> LoaderState {
         match &self.kind {
             Kind::Alone(l) => l.state(),
+            Kind::Resumed(l, skip) => {
+                let s = l.state();
+                if s.epoch == skip.epoch {
+                    LoaderState {
+                        epoch: s.epoch,
+                        served: skip.served_before + skip.given,
+                    }
+                } else {
+                    s
+                }
+            }
             Kind::Node(n) => n.live.as_ref().map_or(n.start_state, NodeLoader::state),
+            Kind::Attached(a) => a.job.state(),
         }
     }
 
@@ -129,10 +264,33 @@ impl Reader {
     pub fn checkpoint(&self) -> Result<Checkpoint> {
         match &self.kind {
             Kind::Alone(l) => l.checkpoint(),
+            Kind::Resumed(l, skip) => {
+                let c = l.checkpoint()?;
+                if c.state.epoch == skip.epoch && c.state.served > 0 {
+                    return Err(Error::InvalidState(format!(
+                        "a loader resumed from an attached job's state has no count-only state until epoch {} ends",
+                        skip.epoch
+                    )));
+                }
+                Ok(c)
+            }
             Kind::Node(n) => Ok(Checkpoint {
                 state: self.state(),
                 fingerprint: n.fingerprint,
             }),
+            Kind::Attached(a) => {
+                let state = a.job.state();
+                if state.served > 0 {
+                    return Err(Error::InvalidState(format!(
+                        "an attached job mid-epoch ({} of epoch {} served) has no count-only state: its served samples are a bitmap (brand_cache::Attached::served), which the state blob does not hold yet",
+                        state.served, state.epoch
+                    )));
+                }
+                Ok(Checkpoint {
+                    state,
+                    fingerprint: a.fingerprint,
+                })
+            }
         }
     }
 
@@ -148,7 +306,8 @@ impl Reader {
         let to = LoaderState { epoch, served: 0 };
         let there = self.state() == to;
         match &mut self.kind {
-            Kind::Alone(l) => l.start_epoch(epoch),
+            Kind::Alone(l) | Kind::Resumed(l, _) => l.start_epoch(epoch),
+            Kind::Attached(a) => a.job.start_epoch(epoch),
             Kind::Node(n) if n.live.is_none() => {
                 n.start = GlobalPosition { epoch, position: 0 };
                 n.start_state = to;
@@ -163,8 +322,9 @@ impl Reader {
 
     pub fn dataset(&self) -> &Arc<Dataset> {
         match &self.kind {
-            Kind::Alone(l) => l.dataset(),
+            Kind::Alone(l) | Kind::Resumed(l, _) => l.dataset(),
             Kind::Node(n) => &n.ds,
+            Kind::Attached(a) => a.job.dataset(),
         }
     }
 
@@ -172,7 +332,8 @@ impl Reader {
     /// world with zero counts.
     pub fn metrics(&self) -> Metrics {
         match &self.kind {
-            Kind::Alone(l) => l.metrics(),
+            Kind::Alone(l) | Kind::Resumed(l, _) => l.metrics(),
+            Kind::Attached(a) => a.job.metrics(),
             Kind::Node(n) => match &n.live {
                 Some(l) => l.metrics(),
                 None => Metrics {

@@ -1,0 +1,416 @@
+//! A job attached to a cache: the same batches, states and errors as a
+//! [`brand_loader::Loader`], with the samples mapped from the cache's
+//! shared memory instead of read from storage.
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use brand_format::Dataset;
+use brand_format::buffer::AlignedBuf;
+use brand_format::error::{Error, Result};
+use brand_loader::{Batch, LoaderConfig, LoaderState, Metrics, SampleBytes};
+
+use crate::shm::{Mapping, recv_with_fd, send_all};
+use crate::wire::{Digest, Hello, ToCache, ToJob, read_frame};
+
+/// The connection, shared with the batches (their releases).
+struct Link {
+    stream: UnixStream,
+    write: Mutex<()>,
+}
+
+impl Link {
+    fn send(&self, m: &ToCache) -> io::Result<()> {
+        let _w = self.write.lock().unwrap_or_else(|e| e.into_inner());
+        send_all(self.stream.as_raw_fd(), &m.encode())
+    }
+}
+
+/// One batch's samples: kept alive (and the shared memory mapped) while any
+/// of them is; the last to go tells the cache.
+struct Lease {
+    link: Arc<Link>,
+    _memory: Arc<Mapping>,
+    ids: Vec<u32>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        // The cache may be gone already: then there is nothing to release.
+        let _ = self.link.send(&ToCache::Release(std::mem::take(&mut self.ids)));
+    }
+}
+
+/// Where a job stands in its epoch, with which samples it served (what a
+/// resume needs when the order depends on timing).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Served {
+    pub epoch: u64,
+    /// One bit per sample, `ceil(samples / 64)` words; empty: none yet.
+    pub bitmap: Vec<u64>,
+}
+
+impl Served {
+    pub fn count(&self) -> u64 {
+        self.bitmap.iter().map(|w| w.count_ones() as u64).sum()
+    }
+
+    /// The state as bytes, bound to `ds` (versioned; the loader's 88-byte
+    /// blob holds a count, which cannot say which samples an attached job
+    /// served): magic `BRDSERVD`, version `u32`, epoch `u64`, samples `u64`,
+    /// content checksum `u32`, pack seed `u64`, then ⌈samples/64⌉ `u64`
+    /// words of bitmap (none when nothing is served yet), then a crc32c of
+    /// everything before it. Little-endian.
+    pub fn to_bytes(&self, ds: &Dataset) -> Vec<u8> {
+        let d = Digest::of(ds);
+        let mut b = Vec::with_capacity(40 + 8 * self.bitmap.len() + 4);
+        b.extend(SERVED_MAGIC);
+        b.extend(SERVED_VERSION.to_le_bytes());
+        b.extend(self.epoch.to_le_bytes());
+        b.extend(d.samples.to_le_bytes());
+        b.extend(d.content.to_le_bytes());
+        b.extend(d.pack_seed.to_le_bytes());
+        for w in &self.bitmap {
+            b.extend(w.to_le_bytes());
+        }
+        b.extend(crc32c::crc32c(&b).to_le_bytes());
+        b
+    }
+
+    /// Parses [`to_bytes`](Self::to_bytes)' blob for `ds`: a malformed
+    /// blob is `InvalidState`, one of another dataset `StateMismatch`.
+    pub fn from_bytes(b: &[u8], ds: &Dataset) -> Result<Self> {
+        let bad = |why: String| Error::InvalidState(format!("attached job state: {why}"));
+        if b.len() < 44 || b[..8] != SERVED_MAGIC {
+            return Err(bad("not a brand attached-job state (bad magic or too short)".into()));
+        }
+        let (body, crc) = b.split_at(b.len() - 4);
+        if crc32c::crc32c(body).to_le_bytes() != crc {
+            return Err(bad("checksum mismatch (the blob is damaged)".into()));
+        }
+        let u64_at = |at: usize| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(&body[at..at + 8]);
+            u64::from_le_bytes(a)
+        };
+        let version = u32::from_le_bytes([body[8], body[9], body[10], body[11]]);
+        if version != SERVED_VERSION {
+            return Err(bad(format!("version {version}, this build reads {SERVED_VERSION}")));
+        }
+        let (epoch, samples) = (u64_at(12), u64_at(20));
+        let content = u32::from_le_bytes([body[28], body[29], body[30], body[31]]);
+        let pack_seed = u64_at(32);
+        let saved = Digest {
+            samples,
+            chunk_size: ds.index.chunk_size(),
+            content,
+            pack_seed,
+        };
+        let diffs = saved.differences(&Digest::of(ds));
+        if !diffs.is_empty() {
+            return Err(Error::StateMismatch(format!(
+                "attached job state of another dataset: {}",
+                diffs
+                    .join("; ")
+                    .replace("the job's", "the state's")
+                    .replace("the cache's", "this one's")
+            )));
+        }
+        let words = &body[40..];
+        if !words.is_empty() && words.len() as u64 != samples.div_ceil(64) * 8 {
+            return Err(bad(format!("a bitmap of {} bytes for {samples} samples", words.len())));
+        }
+        let bitmap = words
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+            .collect();
+        Ok(Served { epoch, bitmap })
+    }
+}
+
+const SERVED_MAGIC: [u8; 8] = *b"BRDSERVD";
+const SERVED_VERSION: u32 = 1;
+
+pub struct Attached {
+    ds: Arc<Dataset>,
+    socket: PathBuf,
+    link: Arc<Link>,
+    memory: Arc<Mapping>,
+    seed: u64,
+    batch_size: usize,
+    epoch: u64,
+    served: Vec<u64>,
+    served_count: u64,
+    /// The epoch's last batch went out: the next call ends the epoch.
+    end_pending: bool,
+    failed: Option<String>,
+    metrics: Metrics,
+}
+
+impl Attached {
+    /// Attaches to the cache listening at `socket`, starting where `from`
+    /// says (its epoch; the samples it marks served are not served again).
+    pub fn open(ds: Arc<Dataset>, cfg: &LoaderConfig, socket: &Path, from: Served) -> Result<Self> {
+        cfg.check()?;
+        if cfg.plan.world > 1 {
+            return Err(Error::config(format!(
+                "cache = {:?} with world {}: an attached job is one consumer; shard by running one job per rank",
+                socket.display(),
+                cfg.plan.world
+            )));
+        }
+        let n = ds.index.samples();
+        let words = n.div_ceil(64) as usize;
+        if !from.bitmap.is_empty() && from.bitmap.len() != words {
+            return Err(Error::InvalidState(format!(
+                "a served bitmap of {} words for {n} samples",
+                from.bitmap.len()
+            )));
+        }
+        let (link, memory) = connect(&ds, socket, cfg, &from)?;
+        let served = if from.bitmap.is_empty() {
+            vec![0; words]
+        } else {
+            from.bitmap
+        };
+        let served_count = served.iter().map(|w| w.count_ones() as u64).sum();
+        let mut a = Attached {
+            ds,
+            socket: socket.to_path_buf(),
+            link,
+            memory,
+            seed: cfg.plan.seed,
+            batch_size: cfg.batch_size,
+            epoch: from.epoch,
+            served,
+            served_count,
+            end_pending: false,
+            failed: None,
+            metrics: Metrics::default(),
+        };
+        if a.served_count == n {
+            a.next_epoch();
+        }
+        Ok(a)
+    }
+
+    fn next_epoch(&mut self) {
+        self.epoch += 1;
+        self.served.fill(0);
+        self.served_count = 0;
+    }
+
+    fn lost(&self, why: impl Into<String>) -> Error {
+        Error::io(
+            &self.socket,
+            io::Error::new(io::ErrorKind::ConnectionAborted, why.into()),
+        )
+    }
+
+    /// The next batch; `None` ends the epoch (the next call starts the next).
+    pub fn next_batch(&mut self) -> Result<Option<Batch>> {
+        if let Some(why) = &self.failed {
+            return Err(self.lost(why.clone()));
+        }
+        if self.end_pending {
+            self.end_pending = false;
+            return Ok(None);
+        }
+        let asked = Instant::now();
+        // A cache that stopped has sent why before closing: read it even
+        // when the request can no longer be sent.
+        let sent = self.link.send(&ToCache::Next);
+        let reply = read_frame(&mut &self.link.stream);
+        let (kind, body) = match (reply, sent) {
+            (Ok(Some(frame)), _) => frame,
+            (Ok(None), _) => return Err(self.fail("the cache closed the connection (it was stopped or killed)")),
+            (Err(e), Ok(())) | (Err(_), Err(e)) => {
+                return Err(self.fail(format!("the connection to the cache broke: {e}")));
+            }
+        };
+        let samples = match ToJob::decode(kind, &body) {
+            Ok(ToJob::Batch { epoch, samples }) if epoch == self.epoch => samples,
+            Ok(ToJob::Batch { epoch, .. }) => {
+                return Err(self.fail(format!("the cache sent epoch {epoch}'s batch in epoch {}", self.epoch)));
+            }
+            Ok(ToJob::Failed(why)) => return Err(self.fail(why)),
+            Ok(other) => return Err(self.fail(format!("unexpected answer from the cache: {other:?}"))),
+            Err(why) => return Err(self.fail(format!("a malformed answer from the cache: {why}"))),
+        };
+        let n = self.ds.index.samples();
+        for p in &samples {
+            let ok = (p.id as u64) < n
+                && p.len == self.ds.index.raw_len[p.id as usize]
+                && self.memory.ptr_at(p.offset, p.len as usize).is_some()
+                && p.offset.is_multiple_of(crate::arena::ALIGN);
+            if !ok {
+                return Err(self.fail(format!("the cache placed sample {} wrongly", p.id)));
+            }
+            let (w, b) = (p.id as usize / 64, p.id % 64);
+            if self.served[w] >> b & 1 == 1 {
+                return Err(self.fail(format!(
+                    "the cache served sample {} twice in epoch {}",
+                    p.id, self.epoch
+                )));
+            }
+            self.served[w] |= 1 << b;
+        }
+        let lease = Arc::new(Lease {
+            link: self.link.clone(),
+            _memory: self.memory.clone(),
+            ids: samples.iter().map(|p| p.id).collect(),
+        });
+        let mut ids = Vec::with_capacity(samples.len());
+        let mut data: Vec<SampleBytes> = Vec::with_capacity(samples.len());
+        for p in &samples {
+            let Some(ptr) = self.memory.ptr_at(p.offset, p.len as usize) else {
+                return Err(self.fail(format!("the cache placed sample {} wrongly", p.id)));
+            };
+            let ptr: NonNull<u8> = ptr;
+            // SAFETY: checked inside the mapping and 64-byte aligned; the
+            // cache does not reuse the region while the lease (the owner)
+            // lives, and the buffer is only handed out behind an Arc.
+            let buf = unsafe { AlignedBuf::foreign(ptr, p.len as usize, Box::new(lease.clone())) };
+            ids.push(p.id as u64);
+            data.push(Arc::new(buf));
+            self.metrics.bytes_served += p.len as u64;
+        }
+        let epoch = self.epoch;
+        self.served_count += samples.len() as u64;
+        self.metrics.samples_served += samples.len() as u64;
+        self.metrics.stall_secs_total += asked.elapsed().as_secs_f64();
+        if self.served_count == n {
+            self.next_epoch();
+            self.end_pending = true;
+        }
+        Ok(Some(Batch::new(epoch, self.ds.clone(), ids, data)))
+    }
+
+    fn fail(&mut self, why: impl Into<String>) -> Error {
+        let why = why.into();
+        self.failed = Some(why.clone());
+        self.lost(why)
+    }
+
+    /// Where the job is (after an epoch's end: the next epoch and 0).
+    pub fn state(&self) -> LoaderState {
+        if self.end_pending {
+            return LoaderState {
+                epoch: self.epoch,
+                served: 0,
+            };
+        }
+        LoaderState {
+            epoch: self.epoch,
+            served: self.served_count,
+        }
+    }
+
+    /// Which samples of the current epoch the job served.
+    pub fn served(&self) -> Served {
+        Served {
+            epoch: self.epoch,
+            bitmap: self.served.clone(),
+        }
+    }
+
+    /// Starts `epoch` afresh (reattaches, so the cache forgets this
+    /// epoch's progress).
+    pub fn start_epoch(&mut self, epoch: u64) -> Result<()> {
+        let here = Served {
+            epoch,
+            bitmap: Vec::new(),
+        };
+        if self.state() == (LoaderState { epoch, served: 0 }) && !self.end_pending {
+            return Ok(());
+        }
+        let cfg = {
+            let mut c = LoaderConfig::default();
+            c.plan.seed = self.seed;
+            c.batch_size = self.batch_size;
+            c
+        };
+        let (link, memory) = connect(&self.ds, &self.socket, &cfg, &here)?;
+        let _ = self.link.stream.shutdown(std::net::Shutdown::Both);
+        self.link = link;
+        self.memory = memory;
+        self.epoch = epoch;
+        self.served.fill(0);
+        self.served_count = 0;
+        self.end_pending = false;
+        self.failed = None;
+        Ok(())
+    }
+
+    pub fn dataset(&self) -> &Arc<Dataset> {
+        &self.ds
+    }
+
+    pub fn metrics(&self) -> Metrics {
+        self.metrics.clone()
+    }
+
+    pub fn reset_metrics(&mut self) {
+        self.metrics = Metrics::default();
+    }
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        // Detach now; batches still alive keep the memory mapped.
+        let _ = self.link.stream.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+fn connect(ds: &Dataset, socket: &Path, cfg: &LoaderConfig, from: &Served) -> Result<(Arc<Link>, Arc<Mapping>)> {
+    let stream = UnixStream::connect(socket).map_err(|e| {
+        Error::io(
+            socket,
+            io::Error::new(
+                e.kind(),
+                format!("no brand cache listens here (start one with brand cache): {e}"),
+            ),
+        )
+    })?;
+    let link = Arc::new(Link {
+        stream,
+        write: Mutex::new(()),
+    });
+    let hello = ToCache::Hello(Hello {
+        digest: Digest::of(ds),
+        seed: cfg.plan.seed,
+        batch_size: u32::try_from(cfg.batch_size).unwrap_or(u32::MAX),
+        epoch: from.epoch,
+        served: from.bitmap.clone(),
+    });
+    let io_err = |e: io::Error| Error::io(socket, e);
+    link.send(&hello).map_err(io_err)?;
+    // The welcome carries the descriptor: read its frame with recvmsg.
+    let mut head = [0u8; 5];
+    let fd = recv_with_fd(link.stream.as_raw_fd(), &mut head).map_err(io_err)?;
+    let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+    if !(1..=1 << 20).contains(&len) {
+        return Err(io_err(io::Error::other(format!(
+            "the cache answered a frame of {len} bytes"
+        ))));
+    }
+    let mut body = vec![0u8; len - 1];
+    std::io::Read::read_exact(&mut &link.stream, &mut body).map_err(io_err)?;
+    match ToJob::decode(head[4], &body) {
+        Ok(ToJob::Welcome { memory_len }) => {
+            let fd = fd.ok_or_else(|| io_err(io::Error::other("the cache's welcome carried no shared memory")))?;
+            let memory = Mapping::open_shared(fd, memory_len as usize).map_err(io_err)?;
+            Ok((link, Arc::new(memory)))
+        }
+        Ok(ToJob::Refused(why)) => Err(Error::config(format!("{}: {why}", socket.display()))),
+        Ok(other) => Err(io_err(io::Error::other(format!(
+            "unexpected answer from the cache: {other:?}"
+        )))),
+        Err(why) => Err(io_err(io::Error::other(why))),
+    }
+}

@@ -1,0 +1,974 @@
+//! The cache process: one abstract memory for every job of a dataset on
+//! this machine (DESIGN.md §9).
+//!
+//! One reader thread reads chunk extents through a [`ReadSession`] into the
+//! shared memory; every job's connection has a thread that takes its
+//! messages (releases are applied at once) and one that answers its
+//! requests for batches. All of them share one [`State`] under a mutex.
+//!
+//! What is read: a sample is *needed* by each attached job that has not
+//! served it in its current epoch. The reader reads the records of the
+//! chunk with the most needs among samples not in memory (Brand's fill
+//! rate, over every job), preferring what a job waiting for a batch lacks.
+//! What is served: a job takes, uniformly at random with its own seed, any
+//! sample in memory it has not served this epoch ("substitutable", as
+//! Quiver says, and "whatever is available", as Brand does).
+//! What stays: a sample needed by no job stays until its room is wanted;
+//! when the budget is full and a job waits, the cache drops samples that no
+//! waiting job needs, fewest needers first: what only a laggard (a job not
+//! asking) still needs goes, and that job reads it again later (counted in
+//! `dropped_needed`). Samples in a job's live batch are never dropped.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, mpsc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use brand_format::Dataset;
+use brand_format::error::{Error, Result};
+use brand_format::rng::Prng;
+use brand_io::engine::Completion;
+use brand_io::{IoConfig, ReadSession};
+use brand_plan::Memory;
+
+use crate::arena::{Arena, footprint};
+use crate::shm::{Mapping, send_all, send_with_fd};
+use crate::wire::{Digest, Hello, Placed, ToCache, ToJob, read_frame};
+
+/// How the cache is set up.
+#[derive(Debug, Clone)]
+pub struct CacheConfig {
+    /// The whole budget, for every job together.
+    pub memory: Memory,
+    pub io: IoConfig,
+    /// Bytes of reads in flight at most.
+    pub readahead: u64,
+}
+
+/// What the cache did, for its report.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CacheReport {
+    pub memory_bytes: u64,
+    pub jobs_attached: u64,
+    pub jobs_now: u64,
+    pub jobs_refused: u64,
+    /// Bytes the device delivered, and the records they held.
+    pub bytes_read: u64,
+    pub samples_read: u64,
+    pub reads_issued: u64,
+    /// Samples handed to jobs (a sample to two jobs counts twice).
+    pub samples_served: u64,
+    /// Samples dropped while some job still needed them (the laggard
+    /// policy's cost: each is read again for that job).
+    pub dropped_needed: u64,
+    /// Samples dropped that no job needed any more.
+    pub dropped_idle: u64,
+    pub peak_used_bytes: u64,
+}
+
+/// A job waits at most this long for a batch without any read or release
+/// in between before the cache gives up on it (everything held by batches).
+const STUCK_AFTER: Duration = Duration::from_secs(120);
+/// A job must introduce itself within this.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Where {
+    Absent,
+    /// Being read.
+    Pending,
+    Resident(u64),
+    /// Its read failed (the error is in `State::bad`).
+    Bad,
+}
+
+#[derive(Clone, Copy)]
+struct Sample {
+    at: Where,
+    /// Attached jobs that have not served it this epoch.
+    need: u32,
+    /// Samples of live batches (every job's).
+    leases: u32,
+    /// Index in `State::present` while resident or bad.
+    slot: u32,
+}
+
+struct Job {
+    epoch: u64,
+    served: Vec<u64>,
+    served_count: u64,
+    /// Per chunk: records this job has not served that are not in memory.
+    missing: Vec<u32>,
+    rng: Prng,
+    seed: u64,
+    batch_size: usize,
+    waiting: bool,
+    leases: HashMap<u32, u32>,
+}
+
+impl Job {
+    fn has_served(&self, id: u32) -> bool {
+        self.served[id as usize / 64] >> (id % 64) & 1 == 1
+    }
+}
+
+struct State {
+    samples: Vec<Sample>,
+    /// Samples resident or bad, for serving.
+    present: Vec<u32>,
+    bad: HashMap<u32, String>,
+    /// Per chunk: the needs of its records not in memory.
+    chunk_need: Vec<u64>,
+    arena: Arena,
+    /// Room promised to reads in flight.
+    reserved: u64,
+    jobs: HashMap<u64, Job>,
+    next_job: u64,
+    /// The reader failed: every job gets this.
+    failed: Option<String>,
+    stopping: Option<String>,
+    /// Reads or releases since start: a waiting job's sign of progress.
+    progress: u64,
+    report: CacheReport,
+}
+
+struct Shared {
+    ds: Arc<Dataset>,
+    digest: Digest,
+    state: Mutex<State>,
+    changed: Condvar,
+    memory: Mapping,
+    memfd: OwnedFd,
+    socket: PathBuf,
+    stop: AtomicBool,
+    links: Mutex<Vec<Attachment>>,
+}
+
+/// A job's connection and its two threads.
+type Attachment = (Arc<Link>, Vec<JoinHandle<()>>);
+
+/// A job's connection; writes are whole frames under the lock.
+struct Link {
+    stream: UnixStream,
+    write: Mutex<()>,
+}
+
+impl Link {
+    fn send(&self, m: &ToJob) -> io::Result<()> {
+        let _w = self.write.lock().unwrap_or_else(|e| e.into_inner());
+        send_all(self.stream.as_raw_fd(), &m.encode())
+    }
+}
+
+/// A running cache; [`stop`](Self::stop) ends it (dropping it does too).
+pub struct CacheHandle {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+    stopped: bool,
+}
+
+fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The budget in bytes: a percentage of the samples' decoded bytes, or
+/// slots of the mean decoded sample.
+pub fn budget_bytes(ds: &Dataset, memory: Memory) -> Result<u64> {
+    memory.check()?;
+    let total: u64 = ds.index.raw_len.iter().map(|&l| footprint(l as u64)).sum();
+    let n = ds.index.samples().max(1);
+    let b = match memory {
+        Memory::Bytes(b) => b,
+        Memory::Percent(p) => (total as f64 * p / 100.0) as u64,
+        Memory::Slots(s) => s.saturating_mul(total / n),
+    };
+    let largest = ds
+        .index
+        .raw_len
+        .iter()
+        .map(|&l| footprint(l as u64))
+        .max()
+        .unwrap_or(64);
+    if b < largest {
+        return Err(Error::config(format!(
+            "cache memory {memory} is {b} bytes, less than the largest sample ({largest} bytes)"
+        )));
+    }
+    Ok(b)
+}
+
+/// Listens at `socket`: a stale socket (nothing accepting) is replaced; a
+/// live one is an error (another cache runs there).
+fn listen(socket: &Path) -> Result<UnixListener> {
+    if let Ok(meta) = std::fs::symlink_metadata(socket) {
+        if !meta.file_type().is_socket() {
+            return Err(Error::config(format!(
+                "{} exists and is not a socket: choose another --socket path",
+                socket.display()
+            )));
+        }
+        match UnixStream::connect(socket) {
+            Ok(_) => {
+                return Err(Error::config(format!(
+                    "a cache already listens at {}",
+                    socket.display()
+                )));
+            }
+            Err(_) => {
+                // Left by a cache that was killed: nobody accepts on it.
+                std::fs::remove_file(socket).map_err(|e| Error::io(socket, e))?;
+            }
+        }
+    }
+    let l = UnixListener::bind(socket).map_err(|e| Error::io(socket, e))?;
+    // Owner-only: other users cannot connect (connect needs write access).
+    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600)).map_err(|e| Error::io(socket, e))?;
+    l.set_nonblocking(true).map_err(|e| Error::io(socket, e))?;
+    Ok(l)
+}
+
+impl CacheHandle {
+    /// Starts a cache of `ds` listening at `socket`.
+    pub fn start(ds: Arc<Dataset>, cfg: &CacheConfig, socket: &Path) -> Result<CacheHandle> {
+        let n = ds.index.samples();
+        if n > u32::MAX as u64 {
+            return Err(Error::config(format!("{n} samples: a cache serves at most 2^32 - 1")));
+        }
+        let bytes = budget_bytes(&ds, cfg.memory)?;
+        let (memory, memfd) = Mapping::create(bytes as usize)
+            .map_err(|e| Error::config(format!("cannot create the cache's shared memory of {bytes} bytes: {e}")))?;
+        let engine = cfg.io.engine_config(&ds, cfg.readahead);
+        let session: ReadSession<Vec<u32>> = ReadSession::open(ds.clone(), engine, cfg.io.read_gap)?;
+        let listener = listen(socket)?;
+        let chunks = ds.index.chunk_count() as usize;
+        let state = State {
+            samples: vec![
+                Sample {
+                    at: Where::Absent,
+                    need: 0,
+                    leases: 0,
+                    slot: 0,
+                };
+                n as usize
+            ],
+            present: Vec::new(),
+            bad: HashMap::new(),
+            chunk_need: vec![0; chunks],
+            arena: Arena::new(bytes),
+            reserved: 0,
+            jobs: HashMap::new(),
+            next_job: 1,
+            failed: None,
+            stopping: None,
+            progress: 0,
+            report: CacheReport {
+                memory_bytes: bytes,
+                ..CacheReport::default()
+            },
+        };
+        let shared = Arc::new(Shared {
+            digest: Digest::of(&ds),
+            ds,
+            state: Mutex::new(state),
+            changed: Condvar::new(),
+            memory,
+            memfd,
+            socket: socket.to_path_buf(),
+            stop: AtomicBool::new(false),
+            links: Mutex::new(Vec::new()),
+        });
+        let depth = cfg.io.queue_depth.max(1);
+        let readahead = cfg.readahead.max(1);
+        let s = shared.clone();
+        let reader = std::thread::Builder::new()
+            .name("brand-cache-read".into())
+            .spawn(move || read_loop(&s, session, depth, readahead))
+            .map_err(|e| Error::config(format!("cannot start the cache's reader: {e}")))?;
+        let s = shared.clone();
+        let acceptor = std::thread::Builder::new()
+            .name("brand-cache-accept".into())
+            .spawn(move || accept_loop(&s, listener))
+            .map_err(|e| Error::config(format!("cannot start the cache's listener: {e}")))?;
+        Ok(CacheHandle {
+            shared,
+            threads: vec![reader, acceptor],
+            stopped: false,
+        })
+    }
+
+    pub fn report(&self) -> CacheReport {
+        let s = lock(&self.shared.state);
+        let mut r = s.report.clone();
+        r.jobs_now = s.jobs.len() as u64;
+        r
+    }
+
+    /// Stops: every attached job gets an error saying `why`, the socket is
+    /// removed, the shared memory goes with the last job's mapping.
+    pub fn stop(mut self, why: &str) -> CacheReport {
+        self.shutdown(why);
+        self.report()
+    }
+
+    fn shutdown(&mut self, why: &str) {
+        if self.stopped {
+            return;
+        }
+        self.stopped = true;
+        let sh = &self.shared;
+        let msg = format!("the cache at {} stopped: {why}", sh.socket.display());
+        lock(&sh.state).stopping = Some(msg.clone());
+        sh.stop.store(true, Ordering::SeqCst);
+        sh.changed.notify_all();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        let links = std::mem::take(&mut *sh.links.lock().unwrap_or_else(|e| e.into_inner()));
+        for (link, _) in &links {
+            let _ = link.send(&ToJob::Failed(msg.clone()));
+            let _ = link.stream.shutdown(std::net::Shutdown::Both);
+        }
+        for (_, threads) in links {
+            for t in threads {
+                let _ = t.join();
+            }
+        }
+        let _ = std::fs::remove_file(&sh.socket);
+    }
+}
+
+impl Drop for CacheHandle {
+    fn drop(&mut self) {
+        self.shutdown("it was closed");
+    }
+}
+
+fn accept_loop(sh: &Arc<Shared>, listener: UnixListener) {
+    while !sh.stop.load(Ordering::SeqCst) {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                if let Err(e) = attach(sh, stream) {
+                    tracing::warn!("a job could not attach: {e}");
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => {
+                tracing::warn!("accept on {}: {e}", sh.socket.display());
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+/// Takes a job's hello and, if it fits, attaches it: its threads start.
+fn attach(sh: &Arc<Shared>, stream: UnixStream) -> io::Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(HELLO_TIMEOUT))?;
+    let link = Arc::new(Link {
+        stream,
+        write: Mutex::new(()),
+    });
+    let hello = match read_frame(&mut &link.stream)? {
+        Some((kind, body)) => match ToCache::decode(kind, &body) {
+            Ok(ToCache::Hello(h)) => h,
+            Ok(_) => return refuse(sh, &link, "expected a hello first".into()),
+            Err(why) => return refuse(sh, &link, why),
+        },
+        None => return Ok(()),
+    };
+    if let Some(why) = check_hello(sh, &hello) {
+        return refuse(sh, &link, why);
+    }
+    let id = {
+        let mut s = lock(&sh.state);
+        let id = s.next_job;
+        s.next_job += 1;
+        s.add_job(&sh.ds, id, &hello);
+        s.report.jobs_attached += 1;
+        id
+    };
+    let welcome = ToJob::Welcome {
+        memory_len: sh.memory.size() as u64,
+    }
+    .encode();
+    if let Err(e) = send_with_fd(link.stream.as_raw_fd(), &welcome, sh.memfd.as_raw_fd()) {
+        lock(&sh.state).remove_job(&sh.ds, id);
+        return Err(e);
+    }
+    link.stream.set_read_timeout(None)?;
+    let (tx, rx) = mpsc::channel::<()>();
+    let (s1, l1) = (sh.clone(), link.clone());
+    let taker = std::thread::Builder::new()
+        .name(format!("brand-cache-job{id}"))
+        .spawn(move || take_messages(&s1, &l1, id, tx))?;
+    let (s2, l2) = (sh.clone(), link.clone());
+    let server = std::thread::Builder::new()
+        .name(format!("brand-cache-serve{id}"))
+        .spawn(move || serve_requests(&s2, &l2, id, rx))?;
+    let mut links = sh.links.lock().unwrap_or_else(|e| e.into_inner());
+    links.retain(|(l, threads)| {
+        // Forget the links of jobs gone (their threads have ended).
+        !(threads.iter().all(|t| t.is_finished()) && Arc::strong_count(l) == 1)
+    });
+    links.push((link, vec![taker, server]));
+    sh.changed.notify_all();
+    Ok(())
+}
+
+fn refuse(sh: &Shared, link: &Link, why: String) -> io::Result<()> {
+    lock(&sh.state).report.jobs_refused += 1;
+    link.send(&ToJob::Refused(why))
+}
+
+/// Why the job cannot attach, if it cannot.
+fn check_hello(sh: &Shared, h: &Hello) -> Option<String> {
+    let diffs = h.digest.differences(&sh.digest);
+    if !diffs.is_empty() {
+        return Some(format!(
+            "the cache at {} serves another dataset ({}): {}",
+            sh.socket.display(),
+            sh.ds.dir().display(),
+            diffs.join("; ")
+        ));
+    }
+    let n = sh.ds.index.samples();
+    if !h.served.is_empty() && h.served.len() as u64 != n.div_ceil(64) {
+        return Some(format!("a served bitmap of {} words for {n} samples", h.served.len()));
+    }
+    let mean = sh.ds.index.raw_len.iter().map(|&l| footprint(l as u64)).sum::<u64>() / n.max(1);
+    let batch = (h.batch_size as u64).min(n).saturating_mul(mean);
+    if batch.saturating_mul(2) > sh.memory.size() as u64 {
+        return Some(format!(
+            "the cache's memory ({} bytes) holds fewer than 2 batches of {} samples (about {batch} bytes each): start the cache with more --memory or use a smaller batch_size",
+            sh.memory.size(),
+            h.batch_size
+        ));
+    }
+    None
+}
+
+/// A job's messages: releases are applied at once, requests go to its
+/// server thread. The end of the stream (the job closed, exited or was
+/// killed) detaches it.
+fn take_messages(sh: &Shared, link: &Link, id: u64, requests: mpsc::Sender<()>) {
+    while let Ok(Some(frame)) = read_frame(&mut &link.stream) {
+        match ToCache::decode(frame.0, &frame.1) {
+            Ok(ToCache::Next) => {
+                if requests.send(()).is_err() {
+                    break;
+                }
+            }
+            Ok(ToCache::Release(ids)) => {
+                let mut s = lock(&sh.state);
+                s.release(id, &ids);
+                drop(s);
+                sh.changed.notify_all();
+            }
+            Ok(ToCache::Hello(_)) | Err(_) => {
+                let _ = link.send(&ToJob::Failed("unexpected message from the job".into()));
+                break;
+            }
+        }
+    }
+    let _ = link.stream.shutdown(std::net::Shutdown::Both);
+    lock(&sh.state).remove_job(&sh.ds, id);
+    sh.changed.notify_all();
+}
+
+fn serve_requests(sh: &Shared, link: &Link, id: u64, requests: mpsc::Receiver<()>) {
+    for () in requests {
+        let reply = next_batch(sh, id);
+        let end = matches!(reply, None | Some(ToJob::Failed(_)));
+        if let Some(r) = reply
+            && link.send(&r).is_err()
+        {
+            break;
+        }
+        if end {
+            let _ = link.stream.shutdown(std::net::Shutdown::Both);
+            break;
+        }
+    }
+}
+
+/// The job's next batch, waiting for reads; `None` if the job is gone.
+fn next_batch(sh: &Shared, id: u64) -> Option<ToJob> {
+    let mut s = lock(&sh.state);
+    let mut seen = (s.progress, Instant::now());
+    loop {
+        if let Some(why) = s.stopping.clone().or_else(|| s.failed.clone()) {
+            return Some(ToJob::Failed(why));
+        }
+        let State {
+            jobs,
+            samples,
+            present,
+            bad,
+            ..
+        } = &mut *s;
+        let job = jobs.get_mut(&id)?;
+        match pick(job, samples, present, bad) {
+            Ok(Some(ids)) => {
+                job.waiting = false;
+                let batch = s.serve(&sh.ds, id, &ids);
+                drop(s);
+                sh.changed.notify_all();
+                return Some(batch);
+            }
+            Ok(None) => {}
+            Err(why) => return Some(ToJob::Failed(why)),
+        }
+        if !job.waiting {
+            job.waiting = true;
+            sh.changed.notify_all();
+        }
+        if s.progress != seen.0 {
+            seen = (s.progress, Instant::now());
+        } else if seen.1.elapsed() > STUCK_AFTER {
+            return Some(ToJob::Failed(format!(
+                "no progress for {} s: the cache's memory ({} bytes, {} in jobs' live batches) cannot take the samples this job lacks; start the cache with more --memory",
+                STUCK_AFTER.as_secs(),
+                s.arena.size(),
+                s.leased_bytes(&sh.ds)
+            )));
+        }
+        s = sh
+            .changed
+            .wait_timeout(s, Duration::from_millis(100))
+            .unwrap_or_else(|e| e.into_inner())
+            .0;
+    }
+}
+
+/// The samples of the job's next batch, drawn at random from those in
+/// memory it has not served: `None` while fewer than a batch (or the
+/// epoch's rest) are there; an error if one of them is corrupt.
+fn pick(
+    job: &mut Job,
+    samples: &[Sample],
+    present: &[u32],
+    bad: &HashMap<u32, String>,
+) -> std::result::Result<Option<Vec<u32>>, String> {
+    let n = samples.len() as u64;
+    let want = (job.batch_size as u64).min(n - job.served_count) as usize;
+    let mut open: Vec<u32> = present.iter().copied().filter(|&i| !job.has_served(i)).collect();
+    if open.len() < want {
+        return Ok(None);
+    }
+    for k in 0..want {
+        let j = k + job.rng.below((open.len() - k) as u64) as usize;
+        open.swap(k, j);
+    }
+    open.truncate(want);
+    if let Some(why) = open.iter().find_map(|i| bad.get(i)) {
+        return Err(why.clone());
+    }
+    Ok(Some(open))
+}
+
+impl State {
+    fn chunk_of(ds: &Dataset, id: u32) -> usize {
+        ds.index.chunk_of(id as u64) as usize
+    }
+
+    /// One more job needs `id`.
+    fn need_more(&mut self, ds: &Dataset, id: u32) {
+        let s = &mut self.samples[id as usize];
+        s.need += 1;
+        if s.at == Where::Absent {
+            self.chunk_need[Self::chunk_of(ds, id)] += 1;
+        }
+    }
+
+    fn need_less(&mut self, ds: &Dataset, id: u32) {
+        let s = &mut self.samples[id as usize];
+        s.need -= 1;
+        if s.at == Where::Absent {
+            self.chunk_need[Self::chunk_of(ds, id)] -= 1;
+        }
+    }
+
+    fn add_job(&mut self, ds: &Dataset, id: u64, h: &Hello) {
+        let n = self.samples.len();
+        let served = if h.served.is_empty() {
+            vec![0; n.div_ceil(64)]
+        } else {
+            h.served.clone()
+        };
+        let mut job = Job {
+            epoch: h.epoch,
+            served,
+            served_count: 0,
+            missing: vec![0; self.chunk_need.len()],
+            rng: Prng::stream(h.seed, &[0xcac4e, h.epoch]),
+            seed: h.seed,
+            batch_size: h.batch_size.max(1) as usize,
+            waiting: false,
+            leases: HashMap::new(),
+        };
+        for i in 0..n as u32 {
+            if job.has_served(i) {
+                job.served_count += 1;
+            } else {
+                self.need_more(ds, i);
+                if self.samples[i as usize].at == Where::Absent {
+                    job.missing[Self::chunk_of(ds, i)] += 1;
+                }
+            }
+        }
+        if job.served_count == n as u64 {
+            // Saved after the epoch's last sample: the next one starts.
+            job.served_count = 0;
+            job.served.fill(0);
+            job.epoch += 1;
+            for i in 0..n as u32 {
+                self.need_more(ds, i);
+                if self.samples[i as usize].at == Where::Absent {
+                    job.missing[Self::chunk_of(ds, i)] += 1;
+                }
+            }
+        }
+        self.jobs.insert(id, job);
+    }
+
+    /// The job is gone: what it still needed and held is let go.
+    fn remove_job(&mut self, ds: &Dataset, id: u64) {
+        let Some(job) = self.jobs.remove(&id) else {
+            return;
+        };
+        for i in 0..self.samples.len() as u32 {
+            if !job.has_served(i) {
+                self.need_less(ds, i);
+            }
+        }
+        for (i, k) in job.leases {
+            self.samples[i as usize].leases -= k;
+        }
+        self.progress += 1;
+    }
+
+    /// The job let go of these samples.
+    fn release(&mut self, id: u64, ids: &[u32]) {
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return;
+        };
+        for &i in ids {
+            if let Some(k) = job.leases.get_mut(&i) {
+                *k -= 1;
+                if *k == 0 {
+                    job.leases.remove(&i);
+                }
+                self.samples[i as usize].leases -= 1;
+            }
+        }
+        self.progress += 1;
+    }
+
+    /// Hands `ids` (in memory, unserved by the job) to job `id`.
+    fn serve(&mut self, ds: &Dataset, id: u64, ids: &[u32]) -> ToJob {
+        let mut placed = Vec::with_capacity(ids.len());
+        for &i in ids {
+            let Where::Resident(offset) = self.samples[i as usize].at else {
+                continue;
+            };
+            placed.push(Placed {
+                id: i,
+                offset,
+                len: ds.index.raw_len[i as usize],
+            });
+            self.samples[i as usize].leases += 1;
+            self.need_less(ds, i);
+        }
+        let n = self.samples.len() as u64;
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return ToJob::Failed("internal: job gone while served".into());
+        };
+        let epoch = job.epoch;
+        for p in &placed {
+            job.served[p.id as usize / 64] |= 1 << (p.id % 64);
+            *job.leases.entry(p.id).or_insert(0) += 1;
+        }
+        job.served_count += placed.len() as u64;
+        self.report.samples_served += placed.len() as u64;
+        if job.served_count == n {
+            // The job's next epoch starts now: it needs every sample again.
+            job.epoch += 1;
+            job.served_count = 0;
+            job.served.fill(0);
+            job.rng = Prng::stream(job.seed, &[0xcac4e, job.epoch]);
+            let mut missing = vec![0u32; self.chunk_need.len()];
+            for i in 0..n as u32 {
+                if self.samples[i as usize].at == Where::Absent {
+                    missing[Self::chunk_of(ds, i)] += 1;
+                }
+            }
+            if let Some(job) = self.jobs.get_mut(&id) {
+                job.missing = missing;
+            }
+            for i in 0..n as u32 {
+                self.need_more(ds, i);
+            }
+        }
+        ToJob::Batch { epoch, samples: placed }
+    }
+
+    fn leased_bytes(&self, ds: &Dataset) -> u64 {
+        self.present
+            .iter()
+            .filter(|&&i| self.samples[i as usize].leases > 0)
+            .map(|&i| footprint(ds.index.raw_len[i as usize] as u64))
+            .sum()
+    }
+
+    /// `id` leaves memory (or its pending read is given up): jobs that need
+    /// it will have it read again.
+    fn make_absent(&mut self, ds: &Dataset, id: u32) {
+        let s = self.samples[id as usize];
+        if let Where::Resident(at) = s.at {
+            self.arena.free(at, ds.index.raw_len[id as usize] as u64);
+        }
+        if matches!(s.at, Where::Resident(_) | Where::Bad) {
+            let slot = s.slot as usize;
+            self.present.swap_remove(slot);
+            if let Some(&moved) = self.present.get(slot) {
+                self.samples[moved as usize].slot = slot as u32;
+            }
+            self.bad.remove(&id);
+        }
+        self.samples[id as usize].at = Where::Absent;
+        let c = Self::chunk_of(ds, id);
+        self.chunk_need[c] += s.need as u64;
+        for job in self.jobs.values_mut() {
+            if !job.has_served(id) {
+                job.missing[c] += 1;
+            }
+        }
+    }
+
+    fn make_present(&mut self, id: u32, at: Where) {
+        self.samples[id as usize].at = at;
+        self.samples[id as usize].slot = self.present.len() as u32;
+        self.present.push(id);
+    }
+
+    /// The chunk to read next and the records of it to read: those not in
+    /// memory that some job needs. While jobs wait, the chunk that gives
+    /// them the most; else the one with the most needs.
+    fn choose(&self, ds: &Dataset) -> Option<(u64, u64)> {
+        let waiting: Vec<&Job> = self.jobs.values().filter(|j| j.waiting).collect();
+        let mut best: Option<(u64, u64, usize)> = None;
+        for c in 0..self.chunk_need.len() {
+            let need = self.chunk_need[c];
+            if need == 0 {
+                continue;
+            }
+            let lacking: u64 = waiting.iter().map(|j| j.missing[c] as u64).sum();
+            if !waiting.is_empty() && lacking == 0 {
+                continue;
+            }
+            if best.is_none_or(|(l, n, _)| (lacking, need) > (l, n)) {
+                best = Some((lacking, need, c));
+            }
+        }
+        let (_, _, c) = best?;
+        let first = c as u64 * ds.index.chunk_size() as u64;
+        let mut mask = 0u64;
+        for r in 0..ds.index.chunk_records(c as u64) as u64 {
+            let s = &self.samples[(first + r) as usize];
+            if s.at == Where::Absent && s.need > 0 {
+                mask |= 1 << r;
+            }
+        }
+        (mask != 0).then_some((c as u64, mask))
+    }
+
+    /// Frees room for `bytes` more: first samples no job needs; when `force`
+    /// (a job waits), then samples no waiting job needs, fewest needers
+    /// first, then the rest. Never a sample of a live batch. False if the
+    /// room cannot be made.
+    fn make_room(&mut self, ds: &Dataset, bytes: u64, force: bool) -> bool {
+        let free = |s: &State| s.arena.available().saturating_sub(s.reserved);
+        if free(self) >= bytes {
+            return true;
+        }
+        for (_, need, i) in self.victims(force) {
+            if free(self) >= bytes {
+                break;
+            }
+            self.drop_sample(ds, i, need);
+        }
+        free(self) >= bytes
+    }
+
+    /// Room for a sample of `len` bytes: its reservation is free in bytes,
+    /// but the free bytes may be scattered; then victims go (in
+    /// [`make_room`](Self::make_room)'s order) until a region fits.
+    fn place(&mut self, ds: &Dataset, len: u64) -> Option<u64> {
+        if let Some(at) = self.arena.alloc(len) {
+            return Some(at);
+        }
+        for (_, need, i) in self.victims(true) {
+            self.drop_sample(ds, i, need);
+            if let Some(at) = self.arena.alloc(len) {
+                return Some(at);
+            }
+        }
+        None
+    }
+
+    /// Samples that may leave memory, in the order they should: (waiting
+    /// jobs that need it, jobs that need it, id).
+    fn victims(&self, force: bool) -> Vec<(u32, u32, u32)> {
+        let waiting: Vec<&Job> = self.jobs.values().filter(|j| j.waiting).collect();
+        let mut victims: Vec<(u32, u32, u32)> = self
+            .present
+            .iter()
+            .filter(|&&i| {
+                let s = &self.samples[i as usize];
+                s.leases == 0 && (force || s.need == 0)
+            })
+            .map(|&i| {
+                let wanted = waiting.iter().filter(|j| !j.has_served(i)).count() as u32;
+                (wanted, self.samples[i as usize].need, i)
+            })
+            .collect();
+        victims.sort_unstable();
+        victims
+    }
+
+    fn drop_sample(&mut self, ds: &Dataset, i: u32, need: u32) {
+        if need > 0 {
+            self.report.dropped_needed += 1;
+        } else {
+            self.report.dropped_idle += 1;
+        }
+        self.make_absent(ds, i);
+    }
+
+    /// Marks the records of `chunk` in `mask` as being read.
+    fn reading(&mut self, ds: &Dataset, chunk: u64, mask: u64) -> u64 {
+        let first = chunk * ds.index.chunk_size() as u64;
+        let mut bytes = 0;
+        for r in 0..64 {
+            if mask >> r & 1 == 0 {
+                continue;
+            }
+            let id = (first + r) as u32;
+            let s = self.samples[id as usize];
+            self.chunk_need[chunk as usize] -= s.need as u64;
+            for job in self.jobs.values_mut() {
+                if !job.has_served(id) {
+                    job.missing[chunk as usize] -= 1;
+                }
+            }
+            self.samples[id as usize].at = Where::Pending;
+            bytes += footprint(ds.index.raw_len[id as usize] as u64);
+        }
+        self.reserved += bytes;
+        bytes
+    }
+
+    /// Takes a finished read in: each record into the shared memory.
+    fn accept(&mut self, sh: &Shared, ids: Vec<u32>, c: Completion) {
+        let ds = &sh.ds;
+        self.report.bytes_read += c.bytes_read;
+        self.progress += 1;
+        for &id in &ids {
+            self.reserved -= footprint(ds.index.raw_len[id as usize] as u64);
+        }
+        let records = match c.result {
+            Ok(r) => r,
+            Err(e) => {
+                for id in ids {
+                    self.make_present(id, Where::Bad);
+                    self.bad.insert(id, e.to_string());
+                }
+                return;
+            }
+        };
+        for (id, r) in records {
+            let id = id as u32;
+            self.report.samples_read += 1;
+            let bytes = match r {
+                Ok(b) => b,
+                Err(e) => {
+                    self.make_present(id, Where::Bad);
+                    self.bad.insert(id, e.to_string());
+                    continue;
+                }
+            };
+            match self.place(ds, bytes.len() as u64) {
+                // SAFETY: the region was just allocated: no job has been
+                // told of it since it was freed.
+                Some(at) if unsafe { sh.memory.write(at, &bytes) } => {
+                    self.make_present(id, Where::Resident(at));
+                }
+                Some(at) => {
+                    self.arena.free(at, bytes.len() as u64);
+                    self.make_absent(ds, id);
+                }
+                // No room (fragmented, or held by batches): read it again later.
+                None => self.make_absent(ds, id),
+            }
+        }
+        self.report.peak_used_bytes = self.report.peak_used_bytes.max(self.arena.used());
+    }
+}
+
+fn read_loop(sh: &Shared, mut session: ReadSession<Vec<u32>>, depth: usize, readahead: u64) {
+    loop {
+        {
+            let mut s = lock(&sh.state);
+            if s.stopping.is_some() {
+                break;
+            }
+            while s.failed.is_none() && session.in_flight() < depth && session.in_flight_read_bytes() < readahead {
+                let Some((chunk, mask)) = s.choose(&sh.ds) else {
+                    break;
+                };
+                let bytes: u64 = (0..64)
+                    .filter(|r| mask >> r & 1 == 1)
+                    .map(|r| {
+                        footprint(sh.ds.index.raw_len[(chunk * sh.ds.index.chunk_size() as u64 + r) as usize] as u64)
+                    })
+                    .sum();
+                let force = s.jobs.values().any(|j| j.waiting) && session.in_flight() == 0;
+                if !s.make_room(&sh.ds, bytes, force) {
+                    break;
+                }
+                s.reading(&sh.ds, chunk, mask);
+                s.report.reads_issued += 1;
+                for ext in session.extents(chunk, mask) {
+                    let ids: Vec<u32> = ext.records.iter().map(|&(id, _)| id as u32).collect();
+                    if let Err(e) = session.submit(ext, ids) {
+                        s.failed = Some(format!("the cache's reads failed: {e}"));
+                        break;
+                    }
+                }
+            }
+            if session.in_flight() == 0 {
+                let _ = sh.changed.wait_timeout(s, Duration::from_millis(100));
+                continue;
+            }
+        }
+        match session.recv() {
+            Ok((ids, c)) => {
+                let mut s = lock(&sh.state);
+                s.accept(sh, ids, c);
+            }
+            Err(e) => {
+                lock(&sh.state).failed = Some(format!("the cache's reads failed: {e}"));
+            }
+        }
+        sh.changed.notify_all();
+    }
+    let _ = session.drain();
+}

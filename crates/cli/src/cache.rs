@@ -1,0 +1,111 @@
+//! `brand cache`: one process holds the abstract memory of a dataset for
+//! every job on this machine; jobs attach with `cache = "SOCKET"`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use brand_cache::{CacheConfig, CacheHandle};
+use brand_format::{Dataset, Error, Result};
+
+use crate::configure::{Flag, resolve};
+
+#[derive(clap::Args, Debug)]
+pub struct CacheArgs {
+    dataset: PathBuf,
+    /// The whole budget, for every attached job together: bytes ("4GiB") or a percentage of the dataset ("10%").
+    #[arg(long)]
+    memory: String,
+    /// The Unix socket jobs attach to (created owner-only; a stale one is replaced).
+    #[arg(long)]
+    socket: PathBuf,
+    /// whole, auto, or a byte count ("16KiB").
+    #[arg(long)]
+    read_gap: Option<String>,
+    #[arg(long)]
+    queue_depth: Option<usize>,
+    /// Bytes of reads in flight ("64MiB").
+    #[arg(long)]
+    readahead: Option<String>,
+    /// auto (io_uring, threads where refused), uring or threads.
+    #[arg(long)]
+    io_backend: Option<String>,
+    /// Print the report at exit as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Blocks SIGINT and SIGTERM in this thread and every thread started after
+/// (they inherit the mask), so the main thread takes them with `sigwait`
+/// and stops the cache as ordinary code.
+fn block_stop_signals() -> Result<libc::sigset_t> {
+    // SAFETY: sigset_t is plain data, initialised by sigemptyset before use.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid sigset_t; SIGINT and SIGTERM are valid signals.
+    let rc = unsafe {
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut())
+    };
+    if rc != 0 {
+        return Err(Error::io("<signal mask>", std::io::Error::from_raw_os_error(rc)));
+    }
+    Ok(set)
+}
+
+pub fn run(a: &CacheArgs) -> Result<()> {
+    let set = block_stop_signals()?;
+    let int = |v: Option<usize>| Flag::Int(v.map(|n| n as u64));
+    let memory = Some(a.memory.clone());
+    let cfg = resolve(
+        None,
+        &[
+            ("memory", Flag::Text(&memory)),
+            ("read_gap", Flag::Text(&a.read_gap)),
+            ("queue_depth", int(a.queue_depth)),
+            ("readahead", Flag::Text(&a.readahead)),
+            ("io_backend", Flag::Text(&a.io_backend)),
+        ],
+        false,
+    )?;
+    let ds = Arc::new(Dataset::open(&a.dataset)?);
+    let cache_cfg = CacheConfig {
+        memory: cfg.loader.plan.memory,
+        io: cfg.loader.io,
+        readahead: cfg.loader.readahead_bytes,
+    };
+    let cache = CacheHandle::start(ds, &cache_cfg, &a.socket)?;
+    eprintln!(
+        "brand cache: {} at {} ({} bytes of memory); SIGINT or SIGTERM stops it",
+        a.dataset.display(),
+        a.socket.display(),
+        cache.report().memory_bytes
+    );
+    let mut signal = 0;
+    // SAFETY: `set` is initialised and `signal` is a valid out-pointer.
+    let rc = unsafe { libc::sigwait(&set, &mut signal) };
+    let why = match (rc, signal) {
+        (0, libc::SIGINT) => "SIGINT",
+        (0, libc::SIGTERM) => "SIGTERM",
+        _ => "a signal",
+    };
+    let r = cache.stop(why);
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&r).map_err(|e| Error::config(e.to_string()))?
+        );
+    } else {
+        println!(
+            "stopped by {why}: {} jobs attached, {} samples served, {} read ({} bytes), {} dropped while needed, peak {} of {} bytes",
+            r.jobs_attached,
+            r.samples_served,
+            r.samples_read,
+            r.bytes_read,
+            r.dropped_needed,
+            r.peak_used_bytes,
+            r.memory_bytes
+        );
+    }
+    Ok(())
+}
