@@ -322,6 +322,7 @@ impl AlignedBuf {
             len: 0,
             align: SAMPLE_ALIGN,
             uninit: false,
+            owner: None,
         })
     }
 
