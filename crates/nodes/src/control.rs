@@ -3,14 +3,34 @@
 //! its own module, so the inbox and the network that send it and the owner
 //! that receives it depend on it and not on each other.
 
-use crate::wire::{Credit, Failure, Push};
+use crate::wire::{Credit, Failure, Goodbye, Push, push};
+
+/// The owner's side of a push stream to a consumer. Dropping it ends the
+/// stream with a goodbye: however the owner ends, the consumer learns it
+/// sends nothing more (a failure, sent first, is read before it).
+pub struct PushSink(pub tokio::sync::mpsc::UnboundedSender<Push>);
+
+impl PushSink {
+    /// Queues `msg`; false if the stream is gone.
+    pub fn send(&self, msg: Push) -> bool {
+        self.0.send(msg).is_ok()
+    }
+}
+
+impl Drop for PushSink {
+    fn drop(&mut self) {
+        let _ = self.0.send(Push {
+            body: Some(push::Body::Goodbye(Goodbye {})),
+        });
+    }
+}
 
 /// What the owner thread is told.
 pub enum Control {
     /// The stream to `consumer` is open (its hello was accepted).
     Attached {
         consumer: u32,
-        sink: tokio::sync::mpsc::UnboundedSender<Push>,
+        sink: PushSink,
     },
     Credit {
         consumer: u32,

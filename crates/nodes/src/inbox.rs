@@ -69,6 +69,12 @@ struct State {
     closed: Vec<bool>,
     /// Per owner: its stream to us is being read (attached, not yet ended).
     reading: Vec<bool>,
+    /// Per owner: the attempt (`Hello::attempt`) of its stream attached
+    /// last; the ends of earlier ones are ignored.
+    attempt: Vec<u32>,
+    /// Per owner: a sample came on that attempt's stream (so the owner had
+    /// our answer, and a later attempt is no retry but a second stream).
+    delivered: Vec<bool>,
     /// Per peer: it accepted our pushes (once; never reset).
     outbound: Vec<bool>,
     /// This consumer needs nothing more (closed, or failed): owners that
@@ -115,6 +121,8 @@ impl Inbox {
             joined: vec![false; w],
             closed: vec![false; w],
             reading: vec![false; w],
+            attempt: vec![0; w],
+            delivered: vec![false; w],
             outbound: vec![false; w],
             left: false,
             failed: None,
@@ -192,18 +200,24 @@ impl Inbox {
         self.broadcast_credit(&mut s);
     }
 
-    /// Registers `owner`'s credit sink and grants it the current window.
-    /// After this consumer left, the sink is dropped at once: the owner's
-    /// credit stream ends, its goodbye.
-    pub fn attach(&self, owner: u32, sink: CreditSink) -> Result<(), String> {
+    /// Registers `owner`'s credit sink (of its connection `attempt`) and
+    /// grants it the current window. An attempt that replaces one on which
+    /// nothing came is a retry (the owner never had our answer): the earlier
+    /// one is dropped. After this consumer left, the sink is dropped at
+    /// once: the owner's credit stream ends, its goodbye.
+    pub fn attach(&self, owner: u32, attempt: u32, sink: CreditSink) -> Result<(), String> {
         let mut s = self.lock();
-        let slot = s
-            .sinks
-            .get_mut(owner as usize)
-            .ok_or_else(|| format!("no node {owner}"))?;
-        if slot.is_some() {
+        let i = owner as usize;
+        if i >= s.sinks.len() {
+            return Err(format!("no node {owner}"));
+        }
+        let connected = s.sinks[i].is_some() || s.reading[i];
+        if connected && (attempt <= s.attempt[i] || s.delivered[i]) {
             return Err(format!("{} is already connected", self.cfg.name(owner)));
         }
+        s.sinks[i] = None;
+        s.attempt[i] = attempt;
+        s.delivered[i] = false;
         s.joined[owner as usize] = true;
         // This node's own owner has no stream to end.
         s.reading[owner as usize] = owner != self.cfg.rank;
@@ -282,7 +296,7 @@ impl Inbox {
 
     /// A pushed sample from `owner`, checked against this consumer's plan
     /// (the error is `owner`'s failure).
-    pub fn deliver(&self, owner: u32, m: Sample) -> Result<(), String> {
+    pub fn deliver(&self, owner: u32, attempt: u32, m: Sample) -> Result<(), String> {
         let mut s = self.lock();
         let bad = |why: String| {
             format!(
@@ -290,6 +304,11 @@ impl Inbox {
                 m.epoch, m.step, m.sample
             )
         };
+        if s.attempt.get(owner as usize) != Some(&attempt) {
+            return Err(bad(format!(
+                "on its connection attempt {attempt}, replaced by a later one"
+            )));
+        }
         if m.epoch != s.plan.epoch {
             return Err(bad(format!("this node is in epoch {}", s.plan.epoch)));
         }
@@ -315,6 +334,7 @@ impl Inbox {
             return Err(bad(format!("{} bytes, the index says {want}", m.data.len())));
         }
         s.next_from[owner as usize] = m.step + 1;
+        s.delivered[owner as usize] = true;
         s.stats.samples_received += 1;
         s.stats.bytes_received += want;
         let bytes = Arc::new(brand_format::buffer::AlignedBuf::copy_of(&m.data));
@@ -350,11 +370,18 @@ impl Inbox {
         self.cond.notify_all();
     }
 
-    /// `owner`'s stream to us ended, however (see `wait_streams_ended`).
-    pub fn stream_ended(&self, owner: u32) {
+    /// Whether `attempt` is `owner`'s current stream (not one replaced by
+    /// a retry).
+    fn current(s: &State, owner: u32, attempt: u32) -> bool {
+        s.attempt.get(owner as usize) == Some(&attempt)
+    }
+
+    /// `owner`'s stream `attempt` to us ended, however (see
+    /// `wait_streams_ended`).
+    pub fn stream_ended(&self, owner: u32, attempt: u32) {
         let mut s = self.lock();
-        if let Some(r) = s.reading.get_mut(owner as usize) {
-            *r = false;
+        if Self::current(&s, owner, attempt) {
+            s.reading[owner as usize] = false;
         }
         self.cond.notify_all();
     }
@@ -385,16 +412,28 @@ impl Inbox {
         self.lock().failed.clone()
     }
 
-    /// `owner` said goodbye: its stream to us ended cleanly, so it sends
-    /// nothing more (an error only if a sample of it is still due). Its
-    /// credit stream ends too, which lets the owner's side finish.
-    pub fn closed(&self, owner: u32) {
+    /// `owner` said goodbye: it sends nothing more (an error only if a
+    /// sample of it is still due). Its credit stream ends too, which lets
+    /// the owner's side finish.
+    pub fn closed(&self, owner: u32, attempt: u32) {
         let mut s = self.lock();
-        if let Some(c) = s.closed.get_mut(owner as usize) {
-            *c = true;
+        if !Self::current(&s, owner, attempt) {
+            return;
         }
-        if let Some(sink) = s.sinks.get_mut(owner as usize) {
-            sink.take();
+        s.closed[owner as usize] = true;
+        s.sinks[owner as usize] = None;
+        self.cond.notify_all();
+    }
+
+    /// `owner`'s stream `attempt` ended (cleanly, or broken) with nothing
+    /// on it: an attempt the owner gave up, its answer lost on the way (it
+    /// connects again). Neither a goodbye nor a loss: the answer's stream
+    /// ends, and if the owner never comes back, its first sample due is
+    /// waited for up to `peer_timeout` and it is named then.
+    pub fn abandoned(&self, owner: u32, attempt: u32) {
+        let mut s = self.lock();
+        if Self::current(&s, owner, attempt) {
+            s.sinks[owner as usize] = None;
         }
         self.cond.notify_all();
     }
@@ -404,10 +443,18 @@ impl Inbox {
     /// failure, blamed on `owner` now, whether or not a sample of it is due
     /// yet, so that a survivor names the node that died, not a peer that
     /// left later because of it. Once this consumer left, it is no failure:
-    /// nothing is due.
-    pub fn lost(&self, owner: u32, why: String) {
-        if self.lock().left {
-            return;
+    /// nothing is due. Nor is it one if nothing came on the stream: the
+    /// owner may have given that attempt up (see `abandoned`).
+    pub fn lost(&self, owner: u32, attempt: u32, why: String) {
+        {
+            let s = self.lock();
+            if s.left || !Self::current(&s, owner, attempt) {
+                return;
+            }
+            if !s.delivered[owner as usize] {
+                drop(s);
+                return self.abandoned(owner, attempt);
+            }
         }
         self.fail(owner, why);
     }

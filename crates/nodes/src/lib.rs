@@ -42,6 +42,15 @@ use owner::{Owner, OwnerStats};
 pub use reader::Reader;
 use routes::{ConsumerPlan, Ownership};
 
+/// Fault injection for tests: from now on, in this process, every node's
+/// push stream to a peer loses the answer to its first hello (the peer
+/// accepted it; the owner never hears so and tries again), as a connection
+/// through a relay or proxy can.
+#[doc(hidden)]
+pub fn lose_first_hello_answers() {
+    net::LOSE_FIRST_ANSWER.store(true, Ordering::Relaxed);
+}
+
 /// One node of a multi-node job: serves this rank's batches, and reads and
 /// pushes the samples of the groups it owns. A single node (no `nodes`)
 /// listens nowhere and serves everything itself.
@@ -193,7 +202,7 @@ impl NodeLoader {
         let inbox = Arc::new(Inbox::new(ds.clone(), peers.clone(), consumer_plan, state.served));
         let (control, control_rx) = crossbeam_channel::unbounded();
         inbox
-            .attach(me, CreditSink::Local(control.clone()))
+            .attach(me, 0, CreditSink::Local(control.clone()))
             .map_err(Error::config)?;
         let storage = storage::Storage::open(ds.clone(), &loader.io, loader.readahead_bytes)?;
         let read_gap = storage.read_gap();

@@ -14,7 +14,7 @@ use tonic::{Request, Response, Status, Streaming};
 use brand_format::error::{Error, Result};
 
 use crate::config::NodeConfig;
-use crate::control::Control;
+use crate::control::{Control, PushSink};
 use crate::inbox::{CreditSink, Inbox};
 use crate::wire::service::node_client::NodeClient;
 use crate::wire::service::node_server::{Node, NodeServer};
@@ -24,6 +24,12 @@ use crate::wire::{Credit, Hello, JobDigest, Push, push};
 const KEEPALIVE: Duration = Duration::from_secs(1);
 /// Pause between connection attempts to a peer that is not up yet.
 const RETRY: Duration = Duration::from_millis(50);
+
+/// Fault injection for tests (`brand_nodes::lose_first_hello_answers`):
+/// every push stream drops the answer to its first hello, as a connection
+/// that breaks between the peer's accepting it and the answer's arrival
+/// does, and tries again.
+pub(crate) static LOSE_FIRST_ANSWER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// The running transport; dropping it closes every connection.
 pub struct Net {
@@ -178,7 +184,9 @@ async fn push_stream_until_gone(ctx: &Arc<Ctx>, peer: u32) {
         };
         format!("did not answer within {timeout:?}{why}")
     };
+    let mut attempt = 0u32;
     let (tx, mut credits) = loop {
+        attempt += 1;
         let channel = match endpoint.connect().await {
             Ok(c) => c,
             Err(e) => {
@@ -197,6 +205,7 @@ async fn push_stream_until_gone(ctx: &Arc<Ctx>, peer: u32) {
                 from: cfg.rank,
                 to: peer,
                 job: Some(ctx.digest.clone()),
+                attempt,
             })),
         };
         let _ = tx.send(hello);
@@ -204,6 +213,10 @@ async fn push_stream_until_gone(ctx: &Arc<Ctx>, peer: u32) {
             .max_decoding_message_size(ctx.max_message)
             .max_encoding_message_size(ctx.max_message);
         match tokio::time::timeout_at(deadline, client.push(UnboundedReceiverStream::new(rx))).await {
+            Ok(Ok(_)) if attempt == 1 && LOSE_FIRST_ANSWER.load(std::sync::atomic::Ordering::Relaxed) => {
+                last = "the answer was lost (fault injection)".into();
+                tokio::time::sleep(RETRY).await;
+            }
             Ok(Ok(r)) => break (tx, r.into_inner()),
             Ok(Err(status)) if broke_before_answer(&status) => {
                 last = status.message().to_string();
@@ -218,9 +231,11 @@ async fn push_stream_until_gone(ctx: &Arc<Ctx>, peer: u32) {
             Err(_) => return ctx.inbox.fail(peer, silent(&last)),
         }
     };
+    // If the owner has ended already, the sink comes back and is dropped
+    // here: the stream ends with a goodbye.
     let _ = ctx.control.send(Control::Attached {
         consumer: peer,
-        sink: tx,
+        sink: PushSink(tx),
     });
     ctx.inbox.outbound_ready(peer);
     // Ends when the consumer says goodbye (it needs nothing more: it read
@@ -290,9 +305,10 @@ impl Node for Service {
                 cfg.name(me)
             )));
         }
+        let attempt = hello.attempt;
         let (tx, rx) = mpsc::unbounded_channel();
         ctx.inbox
-            .attach(from, CreditSink::Remote(tx))
+            .attach(from, attempt, CreditSink::Remote(tx))
             .map_err(Status::already_exists)?;
         let inbox = ctx.inbox.clone();
         let from_name = cfg.name(from);
@@ -302,7 +318,7 @@ impl Node for Service {
                     Ok(Some(Push {
                         body: Some(push::Body::Sample(s)),
                     })) => {
-                        if let Err(e) = inbox.deliver(from, s) {
+                        if let Err(e) = inbox.deliver(from, attempt, s) {
                             inbox.fail(from, e);
                             break;
                         }
@@ -322,12 +338,19 @@ impl Node for Service {
                         inbox.fail(f.node, why);
                         break;
                     }
+                    Ok(Some(Push {
+                        body: Some(push::Body::Goodbye(_)),
+                    })) => {
+                        inbox.closed(from, attempt);
+                        break;
+                    }
                     Ok(Some(_)) => {
                         inbox.fail(from, "sent a malformed push (a second hello, or no body)".into());
                         break;
                     }
+                    // Ended without a goodbye: an attempt the owner gave up.
                     Ok(None) => {
-                        inbox.closed(from);
+                        inbox.abandoned(from, attempt);
                         break;
                     }
                     // Undecodable bytes: the peer is broken, whatever is due.
@@ -336,12 +359,12 @@ impl Node for Service {
                         break;
                     }
                     Err(s) => {
-                        inbox.lost(from, format!("connection lost ({})", s.message()));
+                        inbox.lost(from, attempt, format!("connection lost ({})", s.message()));
                         break;
                     }
                 }
             }
-            inbox.stream_ended(from);
+            inbox.stream_ended(from, attempt);
         });
         Ok(Response::new(UnboundedReceiverStream::new(rx)))
     }

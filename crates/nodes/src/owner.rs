@@ -25,7 +25,7 @@ use brand_plan::Planner;
 
 use brand_format::dataset::Dataset;
 
-use crate::control::Control;
+use crate::control::{Control, PushSink};
 use crate::inbox::Inbox;
 use crate::routes::{OwnerPlan, Ownership};
 use crate::storage::Storage;
@@ -45,7 +45,7 @@ pub struct OwnerStats {
 enum Outlet {
     Local,
     Pending,
-    Remote(tokio::sync::mpsc::UnboundedSender<Push>),
+    Remote(PushSink),
     Gone,
 }
 
@@ -232,7 +232,7 @@ impl Owner {
                             // the sample before this thread runs again.
                             self.stats.samples_pushed.fetch_add(1, Ordering::Relaxed);
                             self.stats.bytes_pushed.fetch_add(len, Ordering::Relaxed);
-                            let ok = tx.send(msg).is_ok();
+                            let ok = tx.send(msg);
                             if !ok {
                                 self.stats.samples_pushed.fetch_sub(1, Ordering::Relaxed);
                                 self.stats.bytes_pushed.fetch_sub(len, Ordering::Relaxed);
@@ -342,7 +342,7 @@ impl Owner {
     fn tell_all(&self, outlets: &[Outlet], f: Failure) {
         for o in outlets {
             if let Outlet::Remote(tx) = o {
-                let _ = tx.send(Push {
+                tx.send(Push {
                     body: Some(push::Body::Failed(f.clone())),
                 });
             }

@@ -8,20 +8,23 @@
 //! the owner may send). The first credit accepts the hello; a refused hello
 //! is a `FAILED_PRECONDITION` status naming what differs.
 //!
-//! The lifecycle (DESIGN.md §6) needs no other message: an owner that has
-//! sent all it owes ends its stream (a goodbye), a consumer that needs
-//! nothing more ends its credit stream (a goodbye: the owner stops owing
-//! it), and an owner that fails sends a [`Failure`] naming the node that
-//! failed first, so the consumer names that node and not the messenger. A
-//! stream that breaks without either is the loss of that peer.
+//! The lifecycle (DESIGN.md §6): an owner that has sent all it owes says
+//! [`Goodbye`] and ends its stream, a consumer that needs nothing more ends
+//! its credit stream (a goodbye: the owner stops owing it), and an owner
+//! that fails sends a [`Failure`] naming the node that failed first, so the
+//! consumer names that node and not the messenger. A stream that breaks
+//! without either is the loss of that peer, unless nothing came on it: then
+//! it is an attempt its owner gave up (the answer to its hello was lost on
+//! the way; the owner connects again with a higher [`Hello::attempt`]).
 
 /// Bumped whenever a message changes meaning. 2: `Failure` names the node
-/// that failed first (1 sent only a text).
-pub const PROTOCOL: u32 = 2;
+/// that failed first (1 sent only a text). 3: a goodbye is a `Goodbye`
+/// message (2 took a stream's clean end for one), hellos count attempts.
+pub const PROTOCOL: u32 = 3;
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Push {
-    #[prost(oneof = "push::Body", tags = "1, 2, 4")]
+    #[prost(oneof = "push::Body", tags = "1, 2, 4, 5")]
     pub body: Option<push::Body>,
 }
 
@@ -36,8 +39,14 @@ pub mod push {
         /// the consumer stops. (Tag 3 was protocol 1's text-only failure.)
         #[prost(message, tag = "4")]
         Failed(super::Failure),
+        /// The owner has sent all it will send on this stream.
+        #[prost(message, tag = "5")]
+        Goodbye(super::Goodbye),
     }
 }
+
+#[derive(Clone, PartialEq, Eq, prost::Message)]
+pub struct Goodbye {}
 
 /// Why a job stopped: the node that failed first (which may be the sender,
 /// or a peer it lost or heard of) and the cause.
@@ -59,6 +68,10 @@ pub struct Hello {
     pub to: u32,
     #[prost(message, optional, tag = "3")]
     pub job: Option<JobDigest>,
+    /// This owner's connection attempt to this consumer, from 1: a later
+    /// one replaces an earlier one that sent nothing (its answer was lost).
+    #[prost(uint32, tag = "4")]
+    pub attempt: u32,
 }
 
 /// Everything two nodes must agree on to share an epoch: the job, the
