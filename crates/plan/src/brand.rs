@@ -66,7 +66,11 @@ impl BrandState {
     /// first one `first_run` long (`0` or at least `run_length`: all full).
     pub fn with_runs(samples: u64, k: u32, group_size: u32, random: bool, run_length: u32, first_run: u32) -> Self {
         let run_length = run_length.clamp(1, 64);
-        let first_run = if first_run == 0 || first_run >= run_length { run_length } else { first_run };
+        let first_run = if first_run == 0 || first_run >= run_length {
+            run_length
+        } else {
+            first_run
+        };
         let mut runs = Vec::new();
         let mut start = 0u32;
         while start < k {
@@ -230,7 +234,11 @@ impl TieBreaks {
 /// The held slot of `held` (not 0) at or after slot `s`, else its first.
 fn next_held(held: u64, s: u32) -> u32 {
     let after = held & (u64::MAX << s);
-    if after != 0 { after.trailing_zeros() } else { held.trailing_zeros() }
+    if after != 0 {
+        after.trailing_zeros()
+    } else {
+        held.trailing_zeros()
+    }
 }
 
 /// The low `n` bits set (`n` ≤ 64).

@@ -633,7 +633,11 @@ fn simulate_shows_what_runs_save_and_cost() {
     let (one, two, chunk) = (run(1), run(2), run(64));
     for r in [&one, &two, &chunk] {
         for e in &r.epochs {
-            assert!(e.exactly_once && e.reads_cover_serves, "run length {}: {e:?}", r.run_length);
+            assert!(
+                e.exactly_once && e.reads_cover_serves,
+                "run length {}: {e:?}",
+                r.run_length
+            );
             assert!(e.peak_resident <= r.geometry.world_slots);
         }
     }
@@ -645,10 +649,30 @@ fn simulate_shows_what_runs_save_and_cost() {
     // so the spread of disk neighbours falls to about 1/L of record by
     // record's (each neighbour pair is run-mates with odds (L-1)/L).
     assert!(requests(&one) > 12_000, "run length 1: {}", requests(&one));
-    assert!(requests(&two) * 10 < requests(&one) * 6, "{} vs {}", requests(&two), requests(&one));
-    assert!(requests(&chunk) * 10 < requests(&two), "{} vs {}", requests(&chunk), requests(&two));
-    assert!(dispersion(&two) < dispersion(&one) * 0.7, "{} vs {}", dispersion(&two), dispersion(&one));
-    assert!(dispersion(&two) > dispersion(&one) * 0.45, "{} vs {}", dispersion(&two), dispersion(&one));
+    assert!(
+        requests(&two) * 10 < requests(&one) * 6,
+        "{} vs {}",
+        requests(&two),
+        requests(&one)
+    );
+    assert!(
+        requests(&chunk) * 10 < requests(&two),
+        "{} vs {}",
+        requests(&chunk),
+        requests(&two)
+    );
+    assert!(
+        dispersion(&two) < dispersion(&one) * 0.7,
+        "{} vs {}",
+        dispersion(&two),
+        dispersion(&one)
+    );
+    assert!(
+        dispersion(&two) > dispersion(&one) * 0.45,
+        "{} vs {}",
+        dispersion(&two),
+        dispersion(&one)
+    );
     assert!(dispersion(&chunk) < 0.2, "run length 64: {}", dispersion(&chunk));
     // A different run length is a different, still seeded, order.
     assert_ne!(one.epochs[1].spearman_vs_previous, two.epochs[1].spearman_vs_previous);
