@@ -384,7 +384,7 @@ mod tests {
                 .unwrap_or_default();
             assert!(err.contains("run_length"), "{bad}: {err}");
         }
-        assert!(!LoaderConfig::from_toml("run_length = -1").is_ok());
+        assert!(LoaderConfig::from_toml("run_length = -1").is_err());
         assert!(d.io.direct);
         assert_eq!(d.io.backend, crate::IoBackend::Auto);
         assert_eq!(d.on_corrupt, OnCorrupt::Error);

@@ -275,17 +275,7 @@ impl Planner {
         }
         let (k, n) = (g.chunk_size, g.group_size);
         let in_group = |x: u32| (x / k) as u64 / n == group;
-        let random = cfg.policy == Policy::BrandRandom;
-        let (served, reads) = global::brand_epoch(
-            cfg.seed,
-            epoch,
-            g.samples,
-            k,
-            n as u32,
-            random,
-            cfg.run_length,
-            in_group,
-        );
+        let (served, reads) = global::brand_epoch(cfg, epoch, g.samples, k, n as u32, in_group);
         let serves = served
             .iter()
             .enumerate()
