@@ -93,7 +93,7 @@ fn the_default_budget_works_on_a_dataset_of_less_than_ten_chunks() {
     assert!(requests(&four) < requests(&one), "{} vs {}", requests(&four), requests(&one));
     assert_eq!(four["epochs"][0]["exactly_once"], true);
     let err = fails(&["simulate", s(&ds), "--memory", "10%", "--run-length", "65"]);
-    assert!(err.contains("run length 65"), "{err}");
+    assert!(err.contains("run_length 65"), "{err}");
     let err = fails(&["read", s(&ds), "--run-length", "many"]);
     assert!(err.contains("run_length"), "{err}");
 }
