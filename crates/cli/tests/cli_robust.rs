@@ -90,7 +90,12 @@ fn the_default_budget_works_on_a_dataset_of_less_than_ten_chunks() {
     let (one, four) = (runs("1"), runs("4"));
     assert_eq!(four["run_length"], 4);
     let requests = |r: &serde_json::Value| r["epochs"][0]["run_requests"].as_u64().expect("run_requests");
-    assert!(requests(&four) < requests(&one), "{} vs {}", requests(&four), requests(&one));
+    assert!(
+        requests(&four) < requests(&one),
+        "{} vs {}",
+        requests(&four),
+        requests(&one)
+    );
     assert_eq!(four["epochs"][0]["exactly_once"], true);
     let err = fails(&["simulate", s(&ds), "--memory", "10%", "--run-length", "65"]);
     assert!(err.contains("run_length 65"), "{err}");
