@@ -405,8 +405,8 @@ brand_status brand_get_metrics(const struct brand_loader *loader, struct brand_m
  *
  * `config_toml` is the configuration as TOML, the same text `brand read
  * --config` and `brand serve --config` accept (batch_size, memory, policy,
- * seed, rank, world, drop_last, readahead, queue_depth, read_gap, verify,
- * ...; every key optional), or NULL for the defaults.
+ * seed, rank, world, drop_last, readahead, queue_depth, read_gap,
+ * run_length, verify, cache, ...; every key optional), or NULL for the defaults.
  *
  * Multi-node: with 2 or more `nodes = ["host:port", ...]` (or, without
  * `nodes`, the launcher's environment: `BRAND_NODES` with `RANK` and
@@ -446,7 +446,7 @@ brand_status brand_epoch_len_for(const char *dataset_path, const char *config_to
  * starts with the first sample that loader had not handed out.
  *
  * The dataset and the plan-relevant config (policy, seed, memory, rank,
- * world, drop_last) must be those of the saved loader:
+ * world, drop_last, run_length) must be those of the saved loader:
  * BRAND_ERR_STATE_MISMATCH says which differ (to continue on another
  * number of ranks, use `brand_open_at_elastic` with every rank's state). I/O settings (batch_size,
  * read_gap, queue_depth, readahead, verify) may change. A blob that is not

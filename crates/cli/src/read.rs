@@ -36,6 +36,10 @@ pub struct ReadArgs {
     /// whole, auto, or a byte count ("16KiB").
     #[arg(long)]
     read_gap: Option<String>,
+    /// Brand policies: refill records in runs of this many neighbours, each
+    /// run one request: auto (from the read gap) or 1..=64.
+    #[arg(long)]
+    run_length: Option<String>,
     #[arg(long)]
     seed: Option<u64>,
     #[arg(long)]
@@ -106,6 +110,7 @@ fn config(a: &ReadArgs) -> brand_format::Result<LoaderConfig> {
             ("readahead", Flag::Text(&a.readahead)),
             ("queue_depth", int(a.queue_depth)),
             ("read_gap", Flag::Text(&a.read_gap)),
+            ("run_length", Flag::Text(&a.run_length)),
             ("io_backend", Flag::Text(&a.io_backend)),
             ("decode_threads", int(a.decode_threads)),
             ("cache", Flag::Text(&a.cache)),

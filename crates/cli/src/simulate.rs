@@ -30,6 +30,11 @@ pub struct SimulateArgs {
     /// Samples per batch, for the label-diversity metric.
     #[arg(long, default_value_t = 256)]
     pub batch: u64,
+    /// Brand policies: fill records in runs of this many neighbours, each
+    /// read in one request (1..=64; 1 is record by record). `auto` is chosen
+    /// when a loader opens, from the device: give the number here.
+    #[arg(long, default_value_t = 1)]
+    pub run_length: u32,
     /// Drop the tail so ranks get ⌊N/world⌋ samples instead of padding.
     #[arg(long)]
     pub drop_last: bool,
@@ -50,6 +55,7 @@ pub fn run(args: &SimulateArgs) -> brand_format::Result<()> {
             ("seed", Flag::Int(Some(args.seed))),
             ("world", Flag::Int(Some(args.world.into()))),
             ("drop_last", Flag::Bool(args.drop_last)),
+            ("run_length", Flag::Int(Some(args.run_length.into()))),
         ],
         false,
     )?

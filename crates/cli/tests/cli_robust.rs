@@ -82,6 +82,25 @@ fn the_default_budget_works_on_a_dataset_of_less_than_ten_chunks() {
     let out = ok(&["simulate", s(&ds), "--memory", "10%", "--epochs", "2", "--json"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("\"rank_slots\": 64"), "{text}");
+    // Runs: named in the report, counted in its `runs` column; out of range is an error naming the key.
+    let runs = |l: &str| -> serde_json::Value {
+        let out = ok(&["simulate", s(&ds), "--memory", "10%", "--run-length", l, "--json"]);
+        serde_json::from_slice(&out.stdout).expect("json")
+    };
+    let (one, four) = (runs("1"), runs("4"));
+    assert_eq!(four["run_length"], 4);
+    let requests = |r: &serde_json::Value| r["epochs"][0]["run_requests"].as_u64().expect("run_requests");
+    assert!(
+        requests(&four) < requests(&one),
+        "{} vs {}",
+        requests(&four),
+        requests(&one)
+    );
+    assert_eq!(four["epochs"][0]["exactly_once"], true);
+    let err = fails(&["simulate", s(&ds), "--memory", "10%", "--run-length", "65"]);
+    assert!(err.contains("run_length 65"), "{err}");
+    let err = fails(&["read", s(&ds), "--run-length", "many"]);
+    assert!(err.contains("run_length"), "{err}");
 }
 
 #[test]

@@ -89,6 +89,9 @@ pub mod domain {
     pub const WINDOW: u64 = 5;
     /// Synthetic data from `brand gen`.
     pub const GEN: u64 = 6;
+    /// Where an epoch's runs of records start in every chunk (plans with a
+    /// run length above 1): path `[RUNS, epoch]`.
+    pub const RUNS: u64 = 7;
 }
 
 #[cfg(test)]

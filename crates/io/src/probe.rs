@@ -213,3 +213,46 @@ pub fn read_gap(setting: ReadGapSetting, ds: &Arc<Dataset>, io: &EngineConfig) -
         ReadGapSetting::Auto => ReadGap::Bytes(auto_gap(ds.clone(), io)?),
     })
 }
+
+/// What a run's one request may cost at most, as a share of what its bytes
+/// cost: half, so that requests stay clear of being the limit where a device
+/// caps requests and bytes separately (a throttled or network volume: at a
+/// share of 1 both caps bind at once and each slows the other), and add at
+/// most a third to the time where their costs add up.
+const RUN_REQUEST_SHARE: f64 = 0.5;
+
+/// `run_length = auto`: how many neighbouring records a Brand refill fills
+/// as one run, from what a request costs in bytes (`gap`, the break-even gap
+/// [`measure`] finds) against the mean stored sample: the shortest run whose
+/// one request costs at most [`RUN_REQUEST_SHARE`] of its bytes, within
+/// `1..=max` (a chunk). Where bytes are what costs (a small gap) it is 1, the
+/// paper's record-by-record fill; whole-chunk reads need no runs either.
+pub fn run_length(gap: ReadGap, mean_stored_bytes: f64, max: u32) -> u32 {
+    let ReadGap::Bytes(gap) = gap else { return 1 };
+    if mean_stored_bytes.is_nan() || mean_stored_bytes <= 0.0 {
+        return 1;
+    }
+    let runs = (gap as f64 / (RUN_REQUEST_SHARE * mean_stored_bytes)).ceil();
+    (runs.min(max as f64) as u32).clamp(1, max.max(1))
+}
+
+#[cfg(test)]
+mod run_tests {
+    use super::*;
+
+    #[test]
+    fn run_length_follows_the_request_cost() {
+        // Fast device: requests cost less than a sample: record by record.
+        assert_eq!(run_length(ReadGap::Bytes(4096), 110.0 * 1024.0, 64), 1);
+        assert_eq!(run_length(ReadGap::Bytes(0), 4096.0, 64), 1);
+        // The network profile (380 MB/s, 3,000 IOPS: a request ≈ 124 KiB).
+        assert_eq!(run_length(ReadGap::Bytes(124 << 10), 110.0 * 1024.0, 64), 3);
+        assert_eq!(run_length(ReadGap::Bytes(108 << 10), 110.0 * 1024.0, 64), 2);
+        assert_eq!(run_length(ReadGap::Bytes(124 << 10), 16.0 * 1024.0, 64), 16);
+        // Never past a chunk, never for whole-chunk reads or empty samples.
+        assert_eq!(run_length(ReadGap::Bytes(64 << 20), 100.0, 64), 64);
+        assert_eq!(run_length(ReadGap::Bytes(64 << 20), 100.0, 8), 8);
+        assert_eq!(run_length(ReadGap::Whole, 100.0, 64), 1);
+        assert_eq!(run_length(ReadGap::Bytes(1 << 20), 0.0, 64), 1);
+    }
+}

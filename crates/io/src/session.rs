@@ -51,17 +51,7 @@ impl<T> ReadSession<T> {
             backend: engine.backend(),
             ..cfg.clone()
         };
-        let gap = match gap {
-            ReadGapSetting::Auto => {
-                let local = local_segments(&ds);
-                if local.manifest.segments.is_empty() {
-                    ReadGap::Whole
-                } else {
-                    crate::probe::read_gap(gap, &local, &probe)?
-                }
-            }
-            fixed => crate::probe::read_gap(fixed, &ds, &probe)?,
-        };
+        let gap = resolve_gap(&ds, &probe, gap)?;
         Ok(ReadSession {
             engine,
             ds,
@@ -232,6 +222,23 @@ impl<T> Drop for ReadSession<T> {
 /// listing only its own segment files, so that probing the device (the
 /// `auto` read gap) touches only files that are here. Reads still go
 /// through the whole dataset's numbering.
+/// The read gap `gap` asks for over `ds` read through an engine set up as
+/// `io`: `auto` probes the segments this node holds (whole chunks when it
+/// holds none).
+pub fn resolve_gap(ds: &Arc<Dataset>, io: &EngineConfig, gap: ReadGapSetting) -> Result<ReadGap> {
+    match gap {
+        ReadGapSetting::Auto => {
+            let local = local_segments(ds);
+            if local.manifest.segments.is_empty() {
+                Ok(ReadGap::Whole)
+            } else {
+                crate::probe::read_gap(gap, &local, io)
+            }
+        }
+        fixed => crate::probe::read_gap(fixed, ds, io),
+    }
+}
+
 fn local_segments(ds: &Arc<Dataset>) -> Arc<Dataset> {
     if ds.manifest.partition.is_none() {
         return ds.clone();

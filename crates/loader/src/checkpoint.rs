@@ -27,7 +27,9 @@
 //! 76  world      u32
 //! 80  policy     u8  0 brand, 1 brand-random, 2 direct, 3 chunk-shuffle, 4 sequential
 //! 81  drop_last  u8  0 or 1
-//! 82  reserved   [u8; 2] zero
+//! 82  run_length u8  the plan's run length minus 1 (0 in states saved
+//!                    before runs existed, which ran length 1)
+//! 83  reserved   u8  zero
 //! 84  crc32c     u32 of bytes 0..84
 //! ```
 //!
@@ -73,6 +75,7 @@ pub struct Fingerprint {
     pub world: u32,
     pub policy: u8,
     pub drop_last: bool,
+    pub run_length: u32,
 }
 
 fn policy_code(p: Policy) -> u8 {
@@ -117,6 +120,7 @@ impl Fingerprint {
             world: plan.world,
             policy: policy_code(plan.policy),
             drop_last: plan.drop_last,
+            run_length: plan.run_length,
         }
     }
 
@@ -156,6 +160,12 @@ impl Fingerprint {
         cmp(&mut plan, "rank", s.rank.to_string(), n.rank.to_string());
         cmp(&mut plan, "world", s.world.to_string(), n.world.to_string());
         cmp(&mut plan, "drop_last", s.drop_last.to_string(), n.drop_last.to_string());
+        cmp(
+            &mut plan,
+            "run length",
+            s.run_length.to_string(),
+            n.run_length.to_string(),
+        );
         (data, plan)
     }
 
@@ -199,6 +209,7 @@ impl Fingerprint {
             rank: 0,
             world: self.world,
             drop_last: self.drop_last,
+            run_length: self.run_length,
         })
     }
 
@@ -387,7 +398,11 @@ fn encode(state: LoaderState, f: &Fingerprint) -> [u8; LEN] {
     put(64, &f.seed.to_le_bytes());
     put(72, &f.rank.to_le_bytes());
     put(76, &f.world.to_le_bytes());
-    put(80, &[f.policy, f.drop_last as u8, 0, 0]);
+    // A run length is 1..=64 (checked when the plan is made): fits a byte.
+    put(
+        80,
+        &[f.policy, f.drop_last as u8, f.run_length.saturating_sub(1) as u8, 0],
+    );
     let crc = crc32c::crc32c(&b[..LEN - 4]);
     b[LEN - 4..].copy_from_slice(&crc.to_le_bytes());
     b
@@ -432,7 +447,7 @@ fn decode(b: &[u8]) -> Result<(LoaderState, Fingerprint), String> {
             "loader state is damaged: crc32c {computed:#010x}, the state says {stored:#010x}"
         ));
     }
-    if b[81] > 1 || b[82] != 0 || b[83] != 0 {
+    if b[81] > 1 || b[82] as u32 >= brand_plan::MAX_RUN_LENGTH || b[83] != 0 {
         return Err("loader state has invalid flag bytes".to_string());
     }
     let state = LoaderState {
@@ -450,6 +465,7 @@ fn decode(b: &[u8]) -> Result<(LoaderState, Fingerprint), String> {
         world: u32_at(b, 76),
         policy: b[80],
         drop_last: b[81] == 1,
+        run_length: b[82] as u32 + 1,
     };
     Ok((state, f))
 }
@@ -470,6 +486,7 @@ mod tests {
             world: 4,
             policy: 2,
             drop_last: true,
+            run_length: 3,
         }
     }
 

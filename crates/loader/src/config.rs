@@ -19,6 +19,9 @@
 //! readahead = "64MiB"   # bytes of planned reads in flight ahead of consumption, 0..=1TiB
 //! queue_depth = 32      # reads in flight, 1..=4096
 //! read_gap = "auto"     # "whole" (paper), "auto" (probe the device) or bytes up to 1GiB, e.g. "16KiB"
+//! run_length = 1        # brand policies: refills fill runs of this many neighbouring records, read in one
+//!                       # request: 1..=64 (1: record by record, the paper) or "auto" (from the read gap;
+//!                       # the order then depends on the device, so it is not the default)
 //! verify = true         # check every record's crc32c
 //! direct = true         # O_DIRECT; false reads through the page cache
 //! io_backend = "auto"   # "auto" (io_uring, threads where refused), "uring" or "threads"
@@ -56,6 +59,31 @@ pub struct LoaderConfig {
     /// The socket of a `brand cache` to attach to instead of reading
     /// storage (`brand_nodes::Reader` opens an attached job then).
     pub cache: Option<std::path::PathBuf>,
+    /// Where `plan.run_length` comes from.
+    pub run_length: RunLength,
+}
+
+/// The `run_length` key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunLength {
+    /// Chosen when a loader opens, from the read gap it resolves
+    /// ([`brand_io::probe::run_length`]); until then `plan.run_length` is 1.
+    Auto,
+    /// This many (also in `plan.run_length`).
+    Records(u32),
+}
+
+impl std::str::FromStr for RunLength {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        if s.trim() == "auto" {
+            return Ok(RunLength::Auto);
+        }
+        s.trim()
+            .parse()
+            .map(RunLength::Records)
+            .map_err(|_| Error::config(format!("run_length {s:?}: expected auto or 1..=64")))
+    }
 }
 
 /// What to do with a sample whose record is corrupt.
@@ -85,7 +113,7 @@ impl std::str::FromStr for OnCorrupt {
 pub const DEFAULT_MEMORY: Memory = Memory::Percent(10.0);
 
 /// The loader's keys, in the order the module docs list them.
-pub const KEYS: [&str; 17] = [
+pub const KEYS: [&str; 18] = [
     "batch_size",
     "memory",
     "policy",
@@ -96,6 +124,7 @@ pub const KEYS: [&str; 17] = [
     "readahead",
     "queue_depth",
     "read_gap",
+    "run_length",
     "verify",
     "direct",
     "io_backend",
@@ -114,6 +143,7 @@ impl Default for LoaderConfig {
             on_corrupt: OnCorrupt::Error,
             io: IoConfig::default(),
             cache: None,
+            run_length: RunLength::Records(1),
         }
     }
 }
@@ -161,6 +191,15 @@ impl LoaderConfig {
             "readahead" => self.readahead_bytes = v.bytes()?,
             "queue_depth" => self.io.queue_depth = v.whole()?,
             "read_gap" => self.io.read_gap = v.text()?.parse()?,
+            "run_length" => {
+                self.run_length = match v.value {
+                    toml::Value::Integer(_) => RunLength::Records(v.whole()?),
+                    _ => v.text()?.parse()?,
+                };
+                if let RunLength::Records(n) = self.run_length {
+                    self.plan.run_length = n;
+                }
+            }
             "verify" => self.io.verify = v.flag()?,
             "direct" => self.io.direct = v.flag()?,
             "io_backend" => self.io.backend = v.text()?.parse()?,
@@ -223,6 +262,11 @@ impl LoaderConfig {
         let timeout = io.io_timeout.as_secs_f64();
         if !(timeout > 0.0 && timeout <= MAX_IO_TIMEOUT_SECS) {
             return outside("io_timeout", format!("{timeout}s"), "(0, 86400] seconds");
+        }
+        if let RunLength::Records(n) = self.run_length
+            && !(1..=brand_plan::MAX_RUN_LENGTH).contains(&n)
+        {
+            return outside("run_length", n.to_string(), "1..=64");
         }
         if let crate::ReadGapSetting::Bytes(gap) = io.read_gap
             && gap > MAX_READ_GAP
@@ -306,6 +350,7 @@ mod tests {
                readahead = "1MiB"
                queue_depth = 4
                read_gap = "16KiB"
+               run_length = 4
                verify = false
                direct = false
                io_backend = "threads"
@@ -325,6 +370,7 @@ mod tests {
         );
         assert_eq!((c.readahead_bytes, c.io.queue_depth), (1 << 20, 4));
         assert_eq!(c.io.read_gap, ReadGapSetting::Bytes(16 << 10));
+        assert_eq!((c.run_length, c.plan.run_length), (RunLength::Records(4), 4));
         assert!(!c.io.verify);
         assert!(!c.io.direct);
         assert_eq!(c.io.backend, crate::IoBackend::Threads);
@@ -334,6 +380,28 @@ mod tests {
         let d = LoaderConfig::from_toml("").expect("empty is all defaults");
         assert_eq!(d.plan.memory, DEFAULT_MEMORY);
         assert_eq!(d.io.read_gap, ReadGapSetting::Auto);
+        assert_eq!((d.run_length, d.plan.run_length), (RunLength::Records(1), 1));
+        let auto = LoaderConfig::from_toml("run_length = \"auto\"").expect("auto");
+        assert_eq!((auto.run_length, auto.plan.run_length), (RunLength::Auto, 1));
+        assert_eq!(
+            LoaderConfig::from_toml("run_length = \"8\"")
+                .map(|c| c.plan.run_length)
+                .ok(),
+            Some(8)
+        );
+        for bad in [
+            "run_length = 0",
+            "run_length = 65",
+            "run_length = \"some\"",
+            "run_length = true",
+        ] {
+            let err = LoaderConfig::from_toml(bad)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(err.contains("run_length"), "{bad}: {err}");
+        }
+        assert!(LoaderConfig::from_toml("run_length = -1").is_err());
         assert!(d.io.direct);
         assert_eq!(d.io.backend, crate::IoBackend::Auto);
         assert_eq!(d.on_corrupt, OnCorrupt::Error);

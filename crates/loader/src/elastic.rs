@@ -117,6 +117,9 @@ fn check_same_order(a: &PlanConfig, ga: &Geometry, b: &PlanConfig, gb: &Geometry
     if a.drop_last != b.drop_last {
         diff.push(format!("drop_last {} saved, {} now", a.drop_last, b.drop_last));
     }
+    if a.run_length != b.run_length {
+        diff.push(format!("run length {} saved, {} now", a.run_length, b.run_length));
+    }
     if ga.world_slots != gb.world_slots || ga.holds_all != gb.holds_all {
         let fix = if ga.world_slots.is_multiple_of(gb.world as u64) {
             format!(

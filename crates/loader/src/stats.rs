@@ -52,6 +52,8 @@ pub struct Metrics {
     pub uring_refused: bool,
     /// The read gap in effect (None = whole chunks).
     pub read_gap: Option<u64>,
+    /// The plan's run length (`run_length`; 0 where not reported: a node of a multi-node job).
+    pub run_length: u32,
     /// The number of nodes of the multi-node job (0: a loader alone). Of a
     /// node, `bytes_read`/`reads_issued` count its own storage reads (the
     /// chunks it owns), `samples_served`/`bytes_served` what it handed out,

@@ -207,6 +207,7 @@ fn plan_cfg(policy: Policy, memory: Memory, rank: u32, world: u32) -> PlanConfig
         rank,
         world,
         drop_last: false,
+        run_length: 1,
     }
 }
 
@@ -231,6 +232,29 @@ fn every_policy_serves_every_sample_once_through_the_engine() {
             m.read_amplification()
         );
     }
+}
+
+#[test]
+fn runs_serve_every_sample_once_in_fewer_requests() {
+    // Samples small enough to merge at gap 0 (the engine reads a record of
+    // 64 KiB or more alone below a one-page gap).
+    let t = tempfile::tempdir().expect("tempdir");
+    let ds = make_dataset(t.path(), 300);
+    let mut requests = Vec::new();
+    for run_length in [1, 4] {
+        let mut c = LoaderConfig {
+            plan: plan_cfg(Policy::Brand, Memory::Percent(10.0), 0, 1),
+            ..cfg(ReadGapSetting::Bytes(0), 16, 1 << 20)
+        };
+        c.set("run_length", &toml::Value::Integer(run_length))
+            .expect("run_length");
+        let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
+        let mut ids = collect_epoch(&mut l, &ds);
+        ids.sort_unstable();
+        assert_eq!(ids, (0..300).collect::<Vec<u64>>(), "run length {run_length}");
+        requests.push(l.metrics().reads_issued);
+    }
+    assert!(requests[1] * 2 < requests[0], "requests {requests:?}");
 }
 
 #[test]

@@ -28,6 +28,7 @@ fn config(memory: Memory, rank: u32, world: u32, readahead: u64) -> LoaderConfig
             rank,
             world,
             drop_last: false,
+            run_length: 1,
         },
         batch_size: 8,
         readahead_bytes: readahead,

@@ -8,6 +8,18 @@
 //! served. Nothing is ever evicted, and a sample is filled at most once per
 //! epoch.
 //!
+//! Runs (a run length `L` above 1): the slots of every chunk are cut into
+//! runs of `L` neighbouring records (the first run of an epoch shorter, at a
+//! seed-derived offset, so that runs differ between epochs). A run is filled
+//! whole or not at all, into slots whose whole run is empty, so that a
+//! refill's records lie in contiguous runs on disk and one request reads
+//! each run. A request whose slot is empty is served from another held slot
+//! of its run (the next one after it), so a request still takes one sample
+//! of its group and run position; a refill happens only when the request's
+//! whole run is empty. The counting argument below holds per run: requests
+//! to run `u` of group `g` equal its records, and each fill of a run is
+//! consumed by that many requests. `L = 1` is the protocol above exactly.
+//!
 //! All state is per group except the per-chunk `unfilled` masks, and a
 //! group's requests only touch its own chunks, so one group's plan can be
 //! computed without the others.
@@ -36,12 +48,39 @@ pub(crate) struct BrandState {
     /// Per group and slot: the chunk whose record occupies the slot, valid
     /// while the slot is not empty.
     holder: Vec<u32>,
+    /// Per slot: the slots of its run (one bit each with run length 1).
+    run_of_slot: Vec<u64>,
+    /// The distinct runs, in slot order.
+    runs: Vec<u64>,
 }
 
 impl BrandState {
     /// Empty abstract memory at the start of an epoch: `samples` records in
     /// chunks of `k`, groups of `group_size` chunks.
+    #[cfg(test)]
     pub fn new(samples: u64, k: u32, group_size: u32, random: bool) -> Self {
+        Self::with_runs(samples, k, group_size, random, 1, 0)
+    }
+
+    /// [`new`](Self::new) with runs of `run_length` slots (1..=64), the
+    /// first one `first_run` long (`0` or at least `run_length`: all full).
+    pub fn with_runs(samples: u64, k: u32, group_size: u32, random: bool, run_length: u32, first_run: u32) -> Self {
+        let run_length = run_length.clamp(1, 64);
+        let first_run = if first_run == 0 || first_run >= run_length {
+            run_length
+        } else {
+            first_run
+        };
+        let mut runs = Vec::new();
+        let mut start = 0u32;
+        while start < k {
+            let len = if start == 0 { first_run } else { run_length }.min(k - start);
+            runs.push(low_bits(len) << start);
+            start += len;
+        }
+        let run_of_slot = (0..k)
+            .map(|s| runs.iter().copied().find(|r| r & (1u64 << s) != 0).unwrap_or(1u64 << s))
+            .collect();
         let chunks = samples.div_ceil(k as u64) as u32;
         let groups = chunks.div_ceil(group_size);
         let unfilled = (0..chunks as u64)
@@ -55,6 +94,8 @@ impl BrandState {
             unfilled,
             empty: vec![u64::MAX; groups as usize],
             holder: vec![0; groups as usize * k as usize],
+            run_of_slot,
+            runs,
         }
     }
 
@@ -80,23 +121,35 @@ impl BrandState {
         let c = x / k;
         let s = x % k;
         let g = c / self.group_size;
-        let bit = 1u64 << s;
-        let slot = g as usize * k as usize + s as usize;
+        let run = self.run_of_slot[s as usize];
         let empty = self.empty[g as usize];
-        if empty & bit == 0 {
-            // Serve whatever is there and self-invalidate (§3.3).
-            self.empty[g as usize] = empty | bit;
-            return (self.holder[slot] * k + s, None);
+        if !empty & run != 0 {
+            // Serve what the run holds and self-invalidate (§3.3).
+            let t = next_held(!empty & run, s);
+            self.empty[g as usize] = empty | (1u64 << t);
+            return (self.holder[g as usize * k as usize + t as usize] * k + t, None);
         }
-        let refill = self.refill(g, s, empty, pick);
-        self.empty[g as usize] |= bit;
-        (self.holder[slot] * k + s, Some(refill))
+        let refill = self.refill(g, run, empty, pick);
+        let held = !self.empty[g as usize] & run;
+        // The refill filled this run (counting argument in `refill`).
+        let t = next_held(held, s);
+        self.empty[g as usize] |= 1u64 << t;
+        (self.holder[g as usize * k as usize + t as usize] * k + t, Some(refill))
     }
 
-    /// Fills the empty slots of group `g` from the best chunk whose record
-    /// at slot `s` is still unfilled.
-    fn refill(&mut self, g: u32, s: u32, empty: u64, pick: &mut impl FnMut(u32, u64) -> u64) -> Refill {
-        let bit = 1u64 << s;
+    /// Slots whose whole run is empty: what a refill may fill.
+    fn fillable(&self, empty: u64) -> u64 {
+        if self.runs.len() == self.k as usize {
+            return empty;
+        }
+        self.runs.iter().filter(|&&r| empty & r == r).fold(0, |m, r| m | r)
+    }
+
+    /// Fills the empty runs of group `g` from the best chunk whose run
+    /// `run` (a slot's bit with run length 1) is still unfilled.
+    fn refill(&mut self, g: u32, run: u64, empty: u64, pick: &mut impl FnMut(u32, u64) -> u64) -> Refill {
+        let bit = run;
+        let empty = self.fillable(empty);
         let first = g * self.group_size;
         let end = first.saturating_add(self.group_size).min(self.chunks);
         let group = &self.unfilled[first as usize..end as usize];
@@ -125,7 +178,7 @@ impl BrandState {
         // unfilled one is left whenever slot s is empty.
         assert!(
             ties > 0,
-            "plan invariant broken: no chunk of group {g} can fill slot {s}"
+            "plan invariant broken: no chunk of group {g} can fill run {run:#x}"
         );
         let mut nth = if ties > 1 { pick(g, ties) } else { 0 };
         debug_assert!(nth < ties);
@@ -141,7 +194,7 @@ impl BrandState {
         }
         let mask = empty & self.unfilled[chosen as usize];
         self.unfilled[chosen as usize] &= !mask;
-        self.empty[g as usize] = empty & !mask;
+        self.empty[g as usize] &= !mask;
         let base = g as usize * self.k as usize;
         let mut m = mask;
         while m != 0 {
@@ -175,6 +228,16 @@ impl TieBreaks {
         self.streams[group as usize]
             .get_or_insert_with(|| Box::new(Prng::stream(seed, &[domain::REFILL, epoch, group as u64])))
             .below(choices)
+    }
+}
+
+/// The held slot of `held` (not 0) at or after slot `s`, else its first.
+fn next_held(held: u64, s: u32) -> u32 {
+    let after = held & (u64::MAX << s);
+    if after != 0 {
+        after.trailing_zeros()
+    } else {
+        held.trailing_zeros()
     }
 }
 

@@ -169,6 +169,21 @@ pub struct PlanConfig {
     /// otherwise `ceil(N / world)`, short ranks repeating samples from the
     /// start of the epoch (marked as padding).
     pub drop_last: bool,
+    /// Brand policies: refills fill a chunk's records in runs of this many
+    /// neighbours (1..=[`MAX_RUN_LENGTH`]), which one request reads where
+    /// requests cost more than bytes (packing shuffled placement, so
+    /// neighbours are random samples). 1 fills record by record (the
+    /// paper). Other policies ignore it: direct reads one record per
+    /// request by definition, chunk-shuffle and sequential whole chunks.
+    #[serde(default = "one")]
+    pub run_length: u32,
+}
+
+/// Longest run: a chunk.
+pub const MAX_RUN_LENGTH: u32 = brand_format::MAX_CHUNK_SIZE;
+
+fn one() -> u32 {
+    1
 }
 
 impl PlanConfig {
@@ -181,6 +196,7 @@ impl PlanConfig {
             rank: 0,
             world: 1,
             drop_last: false,
+            run_length: 1,
         }
     }
 }

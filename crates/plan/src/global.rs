@@ -5,7 +5,7 @@
 use std::sync::{Arc, OnceLock};
 
 use super::brand::{BrandState, TieBreaks, low_bits};
-use super::{PlanSpec, Policy};
+use super::{PlanConfig, PlanSpec, Policy};
 use brand_format::rng::{Prng, domain};
 
 /// A read made by the global protocol: `mask` records of `chunk`, done just
@@ -47,8 +47,7 @@ impl GlobalEpoch {
             // let the rank plans read each chunk once when memory is cold.
             Policy::Brand | Policy::BrandRandom if g.holds_all => (permutation(seed, epoch, n), Vec::new()),
             Policy::Brand | Policy::BrandRandom => {
-                let random = shared.config.policy == Policy::BrandRandom;
-                brand_epoch(seed, epoch, n, k, g.group_size as u32, random, |_| true)
+                brand_epoch(&shared.config, epoch, n, k, g.group_size as u32, |_| true)
             }
             Policy::Direct => {
                 let served = permutation(seed, epoch, n);
@@ -138,20 +137,30 @@ fn permutation(seed: u64, epoch: u64, n: u64) -> Vec<u32> {
     Prng::stream(seed, &[domain::EPOCH, epoch]).permutation(n as usize)
 }
 
-/// Runs Brand over the epoch's requests, answering those whose requested
+/// Runs Brand (or brand-random, as `config` says) over the epoch's requests, answering those whose requested
 /// sample satisfies `keep` (all of them, or one group's). Returns the sample
 /// served at every position (a position that is not kept holds its request,
-/// which is in another group) and the reads, at global positions.
+/// which is in another group) and the reads, at global positions. With a
+/// `run_length` above 1 refills fill records in runs of that many
+/// neighbours (see [`BrandState`]).
 pub(super) fn brand_epoch(
-    seed: u64,
+    config: &PlanConfig,
     epoch: u64,
     n: u64,
     k: u32,
     group_size: u32,
-    random: bool,
     keep: impl Fn(u32) -> bool,
 ) -> (Vec<u32>, Vec<GlobalRead>) {
-    let mut state = BrandState::new(n, k, group_size, random);
+    let (seed, run_length) = (config.seed, config.run_length);
+    let random = config.policy == Policy::BrandRandom;
+    let first_run = if run_length > 1 {
+        // Where this epoch's runs start: pairs of records that share a run
+        // change from epoch to epoch.
+        1 + Prng::stream(seed, &[domain::RUNS, epoch]).below(run_length as u64) as u32
+    } else {
+        0
+    };
+    let mut state = BrandState::with_runs(n, k, group_size, random, run_length, first_run);
     let groups = n.div_ceil(k as u64).div_ceil(group_size as u64) as u32;
     let mut ties = TieBreaks::new(seed, epoch, groups);
     let mut pick = |g, choices| ties.below(g, choices);

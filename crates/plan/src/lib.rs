@@ -53,7 +53,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-pub use config::{Memory, PlanConfig, Policy};
+pub use config::{MAX_RUN_LENGTH, Memory, PlanConfig, Policy};
 pub use global::{GlobalEpoch, GlobalRead};
 pub use rank::{EpochPlan, Start};
 
@@ -275,8 +275,7 @@ impl Planner {
         }
         let (k, n) = (g.chunk_size, g.group_size);
         let in_group = |x: u32| (x / k) as u64 / n == group;
-        let random = cfg.policy == Policy::BrandRandom;
-        let (served, reads) = global::brand_epoch(cfg.seed, epoch, g.samples, k, n as u32, random, in_group);
+        let (served, reads) = global::brand_epoch(cfg, epoch, g.samples, k, n as u32, in_group);
         let serves = served
             .iter()
             .enumerate()
@@ -319,6 +318,12 @@ fn geometry(layout: Layout, config: &PlanConfig) -> Result<Geometry> {
         return Err(Error::config(format!("{n} samples: at most 2^32 - 1 are supported")));
     }
     config.memory.check()?;
+    if !(1..=MAX_RUN_LENGTH).contains(&config.run_length) {
+        return Err(Error::config(format!(
+            "run length {} outside 1..={MAX_RUN_LENGTH}",
+            config.run_length
+        )));
+    }
     let rank_slots = match config.memory {
         // Mean size zero: any budget holds everything.
         Memory::Bytes(_) if sample_bytes == 0 => u64::MAX,

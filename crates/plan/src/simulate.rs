@@ -33,6 +33,7 @@ pub struct SimReport {
     pub seed: u64,
     pub world: u32,
     pub drop_last: bool,
+    pub run_length: u32,
     pub batch: u64,
     pub mean_sample_bytes: f64,
     pub geometry: Geometry,
@@ -52,6 +53,10 @@ pub struct EpochReport {
     /// refill of the protocol becomes one read on each rank that serves one
     /// of its records.
     pub reads: u64,
+    /// Device requests if each read fetches every run of neighbouring
+    /// records it fills in one request (what a read gap of at least the
+    /// padding between records does): what `run_length` cuts.
+    pub run_requests: u64,
     /// Bytes if every read fetches its whole (padded) chunk.
     pub bytes_whole: u64,
     /// Bytes if a read fetches only its records, each widened to 4 KiB
@@ -145,6 +150,7 @@ pub fn simulate_with(index: &Index, config: &PlanConfig, options: &SimOptions) -
             requests: 0,
             padding: 0,
             reads: 0,
+            run_requests: 0,
             bytes_whole: 0,
             bytes_sparse: 0,
             useful_bytes: 0,
@@ -171,6 +177,8 @@ pub fn simulate_with(index: &Index, config: &PlanConfig, options: &SimOptions) -
                 match event {
                     Event::Read { chunk, mask } => {
                         r.reads += 1;
+                        // The first record of each run of set bits.
+                        r.run_requests += (mask & !(mask << 1)).count_ones() as u64;
                         r.bytes_whole += index.chunk_padded_len(chunk);
                         r.bytes_sparse += sparse_bytes(index, chunk, mask);
                         let first = chunk * geo.chunk_size as u64;
@@ -239,6 +247,7 @@ pub fn simulate_with(index: &Index, config: &PlanConfig, options: &SimOptions) -
         seed: config.seed,
         world: config.world,
         drop_last: config.drop_last,
+        run_length: config.run_length,
         batch,
         mean_sample_bytes: index.stored_len.iter().map(|&l| l as f64).sum::<f64>() / n as f64,
         geometry: geo,
@@ -407,21 +416,23 @@ impl fmt::Display for SimReport {
         };
         writeln!(
             f,
-            "{} slots per rank, world {} ({} slots, {mode}), seed {}, batch {}, {}",
+            "{} slots per rank, world {} ({} slots, {mode}), seed {}, batch {}, {}, run length {}",
             g.rank_slots,
             g.world,
             g.world_slots,
             self.seed,
             self.batch,
-            if self.drop_last { "drop last" } else { "pad" }
+            if self.drop_last { "drop last" } else { "pad" },
+            self.run_length
         )?;
         writeln!(f)?;
         writeln!(
             f,
-            "{:>5} {:>10} {:>9} {:>11} {:>11} {:>11} {:>6} {:>6} {:>5} {:>9} {:>6} {:>8} {:>6}",
+            "{:>5} {:>10} {:>9} {:>9} {:>11} {:>11} {:>11} {:>6} {:>6} {:>5} {:>9} {:>6} {:>8} {:>6}",
             "epoch",
             "requests",
             "reads",
+            "runs",
             "read whole",
             "read sparse",
             "served",
@@ -437,10 +448,11 @@ impl fmt::Display for SimReport {
         for e in &self.epochs {
             writeln!(
                 f,
-                "{:>5} {:>10} {:>9} {:>11} {:>11} {:>11} {:>6} {:>6} {:>5} {:>9} {:>6} {:>8} {:>6}",
+                "{:>5} {:>10} {:>9} {:>9} {:>11} {:>11} {:>11} {:>6} {:>6} {:>5} {:>9} {:>6} {:>8} {:>6}",
                 e.epoch,
                 e.requests,
                 e.reads,
+                e.run_requests,
                 human(e.bytes_whole),
                 human(e.bytes_sparse),
                 human(e.useful_bytes),
@@ -458,7 +470,8 @@ impl fmt::Display for SimReport {
             )?;
         }
         f.write_str(
-            "\nread whole/sparse: bytes if reads fetch whole chunks / only their records \
+            "\nruns: device requests if each run of neighbouring records a read fills is one request\n\
+             read whole/sparse: bytes if reads fetch whole chunks / only their records \
              (4 KiB-aligned, touching ranges merged)\n\
              amp: read / served. once: every sample served exactly once, each read before its serve\n\
              disp: chunk-mate dispersion (1 = uniform). spearman: rank correlation with the \

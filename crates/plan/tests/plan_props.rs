@@ -28,6 +28,7 @@ fn config(policy: Policy, rank_slots: u64, world: u32, seed: u64, drop_last: boo
         rank: 0,
         world,
         drop_last,
+        run_length: 1,
     }
 }
 
@@ -164,11 +165,15 @@ struct Case {
     drop_last: bool,
     policy: Policy,
     epoch: u64,
+    run_length: u32,
 }
 
 impl Case {
     fn config(&self) -> PlanConfig {
-        config(self.policy, self.rank_slots, self.world, self.seed, self.drop_last)
+        PlanConfig {
+            run_length: self.run_length,
+            ..config(self.policy, self.rank_slots, self.world, self.seed, self.drop_last)
+        }
     }
     fn planner(&self) -> Planner {
         planner(layout(self.samples, self.chunk_size), &self.config())
@@ -187,9 +192,11 @@ fn case() -> impl Strategy<Value = Case> {
         any::<bool>(),
         prop::sample::select(Policy::ALL.to_vec()),
         0u64..4,
+        // Record by record (the paper), or in runs of neighbours.
+        prop_oneof![Just(1u32), 2u32..=64],
     )
         .prop_map(
-            |(samples, chunk_size, fraction, world, seed, drop_last, policy, epoch)| {
+            |(samples, chunk_size, fraction, world, seed, drop_last, policy, epoch, run_length)| {
                 let one_chunk = samples.min(chunk_size as u64);
                 Case {
                     samples,
@@ -201,6 +208,7 @@ fn case() -> impl Strategy<Value = Case> {
                     drop_last,
                     policy,
                     epoch,
+                    run_length,
                 }
             },
         )
@@ -260,18 +268,43 @@ proptest! {
     }
 
     #[test]
+    fn brand_reads_fill_whole_runs(c in case()) {
+        // Every maximal stretch of neighbouring records a read fills is made
+        // of whole runs: inside a chunk (not touching its first or last
+        // record, where runs may be shorter) its length is a multiple of L.
+        prop_assume!(c.policy.is_brand());
+        let p = c.planner();
+        let g = *p.geometry();
+        prop_assume!(!g.holds_all);
+        let global = p.global_epoch(c.epoch);
+        for r in global.reads() {
+            let records = (c.samples - r.chunk as u64 * c.chunk_size as u64).min(c.chunk_size as u64) as u32;
+            let mut m = r.mask;
+            while m != 0 {
+                let start = m.trailing_zeros();
+                let len = (m >> start).trailing_ones();
+                if start > 0 && start + len < records {
+                    prop_assert_eq!(len % c.run_length, 0, "read {:?}: stretch {}+{}", r, start, len);
+                }
+                m &= !(((1u128 << len) - 1) as u64) << start;
+            }
+        }
+    }
+
+    #[test]
     fn global_order_does_not_depend_on_world_size(
         samples in 1u64..1500, chunk_size in 1u32..=64, fraction in 0.0f64..1.0,
         world in 2u32..=8, seed in any::<u64>(), drop_last in any::<bool>(),
-        policy in prop::sample::select(Policy::ALL.to_vec()),
+        policy in prop::sample::select(Policy::ALL.to_vec()), run_length in 1u32..=64,
     ) {
         // drop_last with more ranks than samples is a config error.
         prop_assume!(!drop_last || samples >= world as u64);
         // Same total slots: world × per-rank slots.
         let share = fraction * samples as f64 / world as f64;
         let per_rank = samples.min(chunk_size as u64).max(share as u64);
-        let one = planner(layout(samples, chunk_size), &config(policy, per_rank * world as u64, 1, seed, false));
-        let many = planner(layout(samples, chunk_size), &config(policy, per_rank, world, seed, drop_last));
+        let runs = |c: PlanConfig| PlanConfig { run_length, ..c };
+        let one = planner(layout(samples, chunk_size), &runs(config(policy, per_rank * world as u64, 1, seed, false)));
+        let many = planner(layout(samples, chunk_size), &runs(config(policy, per_rank, world, seed, drop_last)));
         prop_assume!(one.geometry().holds_all == many.geometry().holds_all);
         let single: Vec<u64> = events(&one.global_epoch(3), 0, Start::Continue)
             .iter()
@@ -585,4 +618,62 @@ fn default_budget_serves_a_dataset_smaller_than_ten_chunks() {
     let cfg = PlanConfig::new(Memory::Percent(10.0));
     let report = simulate(&index, &cfg, 2).expect("small dataset");
     assert!(report.epochs.iter().all(|e| e.exactly_once && e.reads_cover_serves));
+}
+
+#[test]
+fn simulate_shows_what_runs_save_and_cost() {
+    let index = synthetic_index(20_000, 64, 10, 210);
+    let run = |run_length| {
+        let cfg = PlanConfig {
+            run_length,
+            ..PlanConfig::new(Memory::Percent(10.0))
+        };
+        simulate(&index, &cfg, 2).expect("simulate")
+    };
+    let (one, two, chunk) = (run(1), run(2), run(64));
+    for r in [&one, &two, &chunk] {
+        for e in &r.epochs {
+            assert!(
+                e.exactly_once && e.reads_cover_serves,
+                "run length {}: {e:?}",
+                r.run_length
+            );
+            assert!(e.peak_resident <= r.geometry.world_slots);
+        }
+    }
+    let requests = |r: &brand_plan::simulate::SimReport| r.epochs[1].run_requests;
+    let dispersion = |r: &brand_plan::simulate::SimReport| r.epochs[1].chunk_mate_dispersion.expect("pairs");
+    // Record by record, a read's records are scattered: most need a request
+    // of their own. Runs of 2 halve that; runs of a chunk need few. The
+    // price: run-mates are disk neighbours served while both are resident,
+    // so the spread of disk neighbours falls to about 1/L of record by
+    // record's (each neighbour pair is run-mates with odds (L-1)/L).
+    assert!(requests(&one) > 12_000, "run length 1: {}", requests(&one));
+    assert!(
+        requests(&two) * 10 < requests(&one) * 6,
+        "{} vs {}",
+        requests(&two),
+        requests(&one)
+    );
+    assert!(
+        requests(&chunk) * 10 < requests(&two),
+        "{} vs {}",
+        requests(&chunk),
+        requests(&two)
+    );
+    assert!(
+        dispersion(&two) < dispersion(&one) * 0.7,
+        "{} vs {}",
+        dispersion(&two),
+        dispersion(&one)
+    );
+    assert!(
+        dispersion(&two) > dispersion(&one) * 0.45,
+        "{} vs {}",
+        dispersion(&two),
+        dispersion(&one)
+    );
+    assert!(dispersion(&chunk) < 0.2, "run length 64: {}", dispersion(&chunk));
+    // A different run length is a different, still seeded, order.
+    assert_ne!(one.epochs[1].spearman_vs_previous, two.epochs[1].spearman_vs_previous);
 }
