@@ -24,13 +24,7 @@ pub struct Digest {
 
 impl Digest {
     pub fn of(ds: &Dataset) -> Self {
-        let mut content = 0u32;
-        let mut buf = Vec::with_capacity(4096);
-        for part in ds.index.crc.chunks(1024) {
-            buf.clear();
-            buf.extend(part.iter().flat_map(|c| c.to_le_bytes()));
-            content = crc32c::crc32c_append(content, &buf);
-        }
+        let content = ds.index.content_digest();
         Digest {
             samples: ds.index.samples(),
             chunk_size: ds.index.chunk_size(),

@@ -34,27 +34,8 @@ pub struct CacheArgs {
     json: bool,
 }
 
-/// Blocks SIGINT and SIGTERM in this thread and every thread started after
-/// (they inherit the mask), so the main thread takes them with `sigwait`
-/// and stops the cache as ordinary code.
-fn block_stop_signals() -> Result<libc::sigset_t> {
-    // SAFETY: sigset_t is plain data, initialised by sigemptyset before use.
-    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a valid sigset_t; SIGINT and SIGTERM are valid signals.
-    let rc = unsafe {
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut())
-    };
-    if rc != 0 {
-        return Err(Error::io("<signal mask>", std::io::Error::from_raw_os_error(rc)));
-    }
-    Ok(set)
-}
-
 pub fn run(a: &CacheArgs) -> Result<()> {
-    let set = block_stop_signals()?;
+    let set = crate::signals::block_stop_signals()?;
     let int = |v: Option<usize>| Flag::Int(v.map(|n| n as u64));
     let memory = Some(a.memory.clone());
     let cfg = resolve(

@@ -12,6 +12,7 @@ mod configure;
 mod process_stats;
 mod read;
 mod serve;
+mod signals;
 mod simulate;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -287,21 +288,7 @@ fn open_source(a: &PackArgs) -> brand_format::Result<Box<dyn Source>> {
 /// thread with `sigwait`, so the cleanup runs as ordinary code, not in a
 /// signal handler, and even while the packer's threads are blocked in reads.
 fn remove_unfinished_pack_on_interrupt() -> brand_format::Result<()> {
-    // SAFETY: sigset_t is plain data, initialised by sigemptyset before use.
-    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a valid sigset_t; SIGINT and SIGTERM are valid signals.
-    let rc = unsafe {
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut())
-    };
-    if rc != 0 {
-        return Err(brand_format::Error::io(
-            "<signal mask>",
-            std::io::Error::from_raw_os_error(rc),
-        ));
-    }
+    let set = signals::block_stop_signals()?;
     std::thread::spawn(move || {
         let mut signal = 0;
         // SAFETY: `set` is initialised and `signal` is a valid out-pointer.

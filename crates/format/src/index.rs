@@ -150,6 +150,20 @@ impl Index {
         Ok(())
     }
 
+    /// crc32c over every record's crc32c in id order: a cheap stand-in for
+    /// the dataset's content (4 bytes a sample), different for different
+    /// contents; checkpoints and the cache's handshake compare it.
+    pub fn content_digest(&self) -> u32 {
+        let mut digest = 0u32;
+        let mut buf = Vec::with_capacity(4096);
+        for part in self.crc.chunks(1024) {
+            buf.clear();
+            buf.extend(part.iter().flat_map(|c| c.to_le_bytes()));
+            digest = crc32c::crc32c_append(digest, &buf);
+        }
+        digest
+    }
+
     pub fn samples(&self) -> u64 {
         self.rel_offset.len() as u64
     }

@@ -100,15 +100,7 @@ impl Fingerprint {
     /// What a loader of `planner`'s plan over `ds` saves.
     pub fn of(ds: &Dataset, planner: &Planner) -> Self {
         let (plan, geometry) = (planner.config(), planner.geometry());
-        // The per-record checksums stand for the data: cheap (4 bytes a
-        // sample, hashed once at open) and different for different contents.
-        let mut content = 0u32;
-        let mut buf = Vec::with_capacity(4096);
-        for part in ds.index.crc.chunks(1024) {
-            buf.clear();
-            buf.extend(part.iter().flat_map(|c| c.to_le_bytes()));
-            content = crc32c::crc32c_append(content, &buf);
-        }
+        let content = ds.index.content_digest();
         Fingerprint {
             samples: ds.index.samples(),
             chunk_size: ds.index.chunk_size(),
