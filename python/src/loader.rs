@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::Duration;
 
 use brand_format::error::Error;
-use brand_loader::{Checkpoint, Fingerprint, LoaderState, Resume};
+use brand_loader::{Checkpoint, LoaderState, Resume};
 use brand_nodes::config::process_env;
 use brand_nodes::{Config, Reader};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
@@ -79,7 +79,6 @@ enum Slot {
 /// An open reader and the thread that calls its `next_batch`.
 struct Open {
     reader: Arc<Mutex<Reader>>,
-    fingerprint: Fingerprint,
     epoch_len: u64,
     requests: Sender<()>,
     results: Receiver<Outcome>,
@@ -96,19 +95,12 @@ struct Open {
 
 impl Open {
     fn start(py: Python<'_>, path: &Path, config: &Config, resume: Resume) -> PyResult<Self> {
-        let (reader, fingerprint) = py.detach(|| {
-            guarded(|| {
-                let reader = Reader::open(path, config, resume)?;
-                let fingerprint = reader.checkpoint()?.fingerprint;
-                Ok((reader, fingerprint))
-            })
-        })?;
+        let reader = py.detach(|| guarded(|| Reader::open(path, config, resume)))?;
         let epoch_len = reader.epoch_len();
         let reader = Arc::new(Mutex::new(reader));
         let (requests, results) = spawn_worker(reader.clone()).map_err(to_py)?;
         Ok(Open {
             reader,
-            fingerprint,
             epoch_len,
             requests,
             results,
@@ -187,14 +179,11 @@ impl Open {
     /// What the Python side has been handed out: a batch received but not
     /// yet returned (an interrupted wait) does not count.
     fn checkpoint(&self) -> PyResult<Checkpoint> {
-        let state = match self.before {
-            Some(s) => s,
-            None => self.reader()?.state(),
-        };
-        Ok(Checkpoint {
-            state,
-            fingerprint: self.fingerprint,
-        })
+        let reader = self.reader()?;
+        let state = self.before.unwrap_or_else(|| reader.state());
+        // The reader's rule, not a blob put together here: an attached
+        // job mid-epoch has no count-only state.
+        reader.checkpoint_at(state).map_err(to_py)
     }
 }
 

@@ -262,36 +262,37 @@ impl Reader {
     /// The state bound to the dataset and plan, to reopen with
     /// [`Resume::Checkpoint`] (or, with every rank's, [`Resume::Elastic`]).
     pub fn checkpoint(&self) -> Result<Checkpoint> {
-        match &self.kind {
-            Kind::Alone(l) => l.checkpoint(),
+        self.checkpoint_at(self.state())
+    }
+
+    /// The checkpoint of `state`, a position this reader has been at in
+    /// its current epoch: a consumer that fetches a batch ahead saves where
+    /// its user is, not where the reader is. Refused where a count is not
+    /// the whole state (an attached job mid-epoch).
+    pub fn checkpoint_at(&self, state: LoaderState) -> Result<Checkpoint> {
+        let fingerprint = match &self.kind {
+            Kind::Alone(l) => l.checkpoint()?.fingerprint,
             Kind::Resumed(l, skip) => {
-                let c = l.checkpoint()?;
-                if c.state.epoch == skip.epoch && c.state.served > 0 {
+                if state.epoch == skip.epoch && state.served > 0 {
                     return Err(Error::InvalidState(format!(
                         "a loader resumed from an attached job's state has no count-only state until epoch {} ends",
                         skip.epoch
                     )));
                 }
-                Ok(c)
+                l.checkpoint()?.fingerprint
             }
-            Kind::Node(n) => Ok(Checkpoint {
-                state: self.state(),
-                fingerprint: n.fingerprint,
-            }),
+            Kind::Node(n) => n.fingerprint,
             Kind::Attached(a) => {
-                let state = a.job.state();
                 if state.served > 0 {
                     return Err(Error::InvalidState(format!(
                         "an attached job mid-epoch ({} of epoch {} served) has no count-only state: its served samples are a bitmap (brand_cache::Attached::served), which the state blob does not hold yet",
                         state.served, state.epoch
                     )));
                 }
-                Ok(Checkpoint {
-                    state,
-                    fingerprint: a.fingerprint,
-                })
+                a.fingerprint
             }
-        }
+        };
+        Ok(Checkpoint { state, fingerprint })
     }
 
     /// Samples served per epoch.

@@ -1,0 +1,105 @@
+"""brand.Loader attached to a `brand cache` (cache="PATH"): two jobs with their
+own seeds share one cache and each serves every sample once per epoch, bytes
+equal to the sources, as zero-copy views of the shared memory."""
+
+import os
+import pathlib
+import socket
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import brand
+
+from conftest import SAMPLES, brand_bin, source_bytes
+
+
+@pytest.fixture
+def cache_socket(dataset, tmp_path):
+    """A running `brand cache` over the dataset; stopped (SIGTERM) afterwards."""
+    _, ds = dataset
+    path = tmp_path / "cache.sock"
+    proc = subprocess.Popen(
+        [brand_bin(), "cache", str(ds), "--memory", "25%", "--read-gap", "whole", "--socket", str(path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.connect(str(path))
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                _, err = proc.communicate()
+                pytest.fail(f"brand cache did not listen: {err.decode(errors='replace')}")
+            time.sleep(0.02)
+    yield path
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("brand cache did not stop on SIGTERM within 10 s")
+    assert proc.returncode == 0, proc.stderr.read().decode(errors="replace")
+    assert not path.exists(), "the stopped cache left its socket"
+
+
+def read_epochs(loader, files, epochs, out, errors):
+    try:
+        for _ in range(epochs):
+            seen = []
+            for batch in loader:
+                for arr, key in zip(batch.samples, batch.keys):
+                    # A view of the cache's shared memory, not a copy.
+                    assert not arr.flags.owndata and not arr.flags.writeable
+                    assert arr.tobytes() == source_bytes(files, key), key
+                seen += batch.ids.tolist()
+            out.append(seen)
+    except BaseException as e:  # reported by the main thread
+        errors.append(e)
+
+
+def test_two_attached_jobs_each_serve_every_sample_once_per_epoch(dataset, cache_socket):
+    files, ds = dataset
+    loaders = [brand.Loader(ds, batch_size=8, seed=s, cache=str(cache_socket)) for s in (3, 4)]
+    results = [[], []]
+    errors = []
+    threads = [
+        threading.Thread(target=read_epochs, args=(l, files, 2, r, errors)) for l, r in zip(loaders, results)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+        assert not t.is_alive(), "an attached job hung"
+    assert not errors, errors
+    for epochs in results:
+        assert len(epochs) == 2
+        for seen in epochs:
+            assert sorted(seen) == list(range(SAMPLES))
+    assert results[0][0] != results[1][0], "two seeds served one order"
+    for l in loaders:
+        l.close()
+
+
+def test_an_attached_job_mid_epoch_state_is_refused_naming_the_bitmap(dataset, cache_socket):
+    _, ds = dataset
+    with brand.Loader(ds, batch_size=8, seed=5, cache=str(cache_socket)) as loader:
+        start = loader.state_dict()  # at the epoch's start: a count-only state is exact
+        next(iter(loader))
+        with pytest.raises(brand.InvalidStateError, match="bitmap"):
+            loader.state_dict()
+    assert start["version"] >= 1
+
+
+def test_a_cache_that_is_not_there_is_a_typed_error_naming_the_socket(dataset, tmp_path):
+    _, ds = dataset
+    missing = tmp_path / "nobody.sock"
+    with pytest.raises(brand.BrandError, match=str(missing)):
+        loader = brand.Loader(ds, cache=str(missing))
+        next(iter(loader))
