@@ -19,11 +19,14 @@ from conftest import SAMPLES, brand_bin, source_bytes
 
 @pytest.fixture
 def cache_socket(dataset, tmp_path):
-    """A running `brand cache` over the dataset; stopped (SIGTERM) afterwards."""
+    """A running `brand cache` over the dataset; stopped (SIGTERM) afterwards. Its
+    memory holds what two jobs keep at once (a Python loader holds up to 3
+    batches: the user's, the previous one not yet collected, one fetched
+    ahead); at 25 % two such jobs can fill it and wait on each other."""
     _, ds = dataset
     path = tmp_path / "cache.sock"
     proc = subprocess.Popen(
-        [brand_bin(), "cache", str(ds), "--memory", "25%", "--read-gap", "whole", "--socket", str(path)],
+        [brand_bin(), "cache", str(ds), "--memory", "60%", "--read-gap", "whole", "--socket", str(path)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     deadline = time.monotonic() + 20
