@@ -107,6 +107,23 @@ class Run:
         }
 
 
+def collect(procs, run, start, timeout):
+    """Every node's stdout, each waited for until `timeout` s after `start` (then killed); the first
+    failure (a timeout or a non-zero exit with its stderr's tail) goes into `run.error`."""
+    outs = {}
+    for n, p in procs:
+        try:
+            out, err = p.communicate(timeout=max(1.0, timeout - (time.monotonic() - start)))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+            run.error = f"node {n} timed out after {timeout}s"
+        if p.returncode != 0 and run.error is None:
+            run.error = f"node {n} exited {p.returncode}: {err.strip()[-500:]}"
+        outs[n] = out
+    return outs
+
+
 def parse_serve(node: int, text: str) -> NodeRun:
     """`brand serve --json`: {"epochs": [...], "closed": metrics}."""
     r = json.loads(text)
@@ -440,17 +457,7 @@ def run_config(args, config: str, rnd: int, throttle: Throttle) -> Run:
         (n, subprocess.Popen(throttle.wrap(n, argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         for n, argv in cmds
     ]
-    outs = {}
-    for n, p in procs:
-        try:
-            out, err = p.communicate(timeout=max(1.0, args.timeout - (time.monotonic() - start)))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, err = p.communicate()
-            run.error = f"node {n} timed out after {args.timeout}s"
-        if p.returncode != 0 and run.error is None:
-            run.error = f"node {n} exited {p.returncode}: {err.strip()[-500:]}"
-        outs[n] = out
+    outs = collect(procs, run, start, args.timeout)
     run.wall_secs = time.monotonic() - start
     if run.error is None:
         parse = parse_serve if config.startswith("dist-") else parse_read
@@ -512,17 +519,7 @@ def run_net(args, net: ShapedNetwork, profile: Profile, compute_ms: float, rnd: 
         argv = ["ip", "netns", "exec", net.namespaces[n], brand, "serve", str(args.work / "whole")]
         argv += ["--nodes", ",".join(net.nodes), "--rank", str(n), *common]
         procs.append((n, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
-    outs = {}
-    for n, p in procs:
-        try:
-            out, err = p.communicate(timeout=max(1.0, args.timeout - (time.monotonic() - start)))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, err = p.communicate()
-            run.error = f"node {n} timed out after {args.timeout}s"
-        if p.returncode != 0 and run.error is None:
-            run.error = f"node {n} exited {p.returncode}: {err.strip()[-500:]}"
-        outs[n] = out
+    outs = collect(procs, run, start, args.timeout)
     if run.error is None:
         run.nodes = [parse_serve(n, outs[n]) for n in range(NODES)]
         run.wire_bytes, run.dropped_packets = link_totals(before, net.stats())
