@@ -99,7 +99,9 @@ fn config(a: &ServeArgs) -> brand_format::Result<Config> {
 }
 
 pub fn run(a: &ServeArgs) -> brand_format::Result<()> {
-    let cfg = config(a)?;
+    let mut cfg = config(a)?;
+    // The next epoch is credited early, but none past the last.
+    cfg.nodes.last_epoch = Some(a.epochs.saturating_sub(1));
     let compute = Duration::try_from_secs_f64(a.compute_ms / 1e3)
         .map_err(|_| Error::config(format!("--compute-ms {}: expected milliseconds ≥ 0", a.compute_ms)))?;
     // A partition (`brand pack --partitions`) is this node's share.

@@ -50,6 +50,13 @@ pub struct NodeConfig {
     pub remote_memory: u64,
     pub peer_timeout: Duration,
     pub job: String,
+    /// The job's last epoch, where it knows it (`brand serve --epochs`; no
+    /// key: a training loop decides when to stop). A node credits the next
+    /// epoch's first steps early, while it finishes the current one, so
+    /// that epoch starts without waiting; none after `last_epoch`. Without
+    /// it, a job that stops at an epoch's end has up to `remote_memory` per
+    /// node pushed (and read by its owners) for an epoch it never serves.
+    pub last_epoch: Option<u64>,
 }
 
 pub const DEFAULT_REMOTE_MEMORY: u64 = 256 << 20;
@@ -109,6 +116,7 @@ impl Config {
             remote_memory: keys.remote_memory.unwrap_or(DEFAULT_REMOTE_MEMORY),
             peer_timeout: keys.peer_timeout.unwrap_or(DEFAULT_PEER_TIMEOUT),
             job,
+            last_epoch: None,
         };
         Ok(Config { loader, nodes })
     }
@@ -253,6 +261,7 @@ impl NodeConfig {
             remote_memory: DEFAULT_REMOTE_MEMORY,
             peer_timeout: DEFAULT_PEER_TIMEOUT,
             job: "brand".into(),
+            last_epoch: None,
         }
     }
 

@@ -49,7 +49,14 @@ pub struct InboxStats {
     pub stall_nanos: Vec<u64>,
 }
 
-struct State {
+/// A sample held until served, and whether it came from a peer.
+struct Held {
+    bytes: SampleBytes,
+    pushed: bool,
+}
+
+/// One epoch's credit and held samples.
+struct EpochWindow {
     plan: Arc<ConsumerPlan>,
     /// Next step to serve.
     cursor: u64,
@@ -57,10 +64,47 @@ struct State {
     /// Bytes of the samples of steps `[cursor, window)`.
     granted: u64,
     last_sent_window: u64,
-    held: HashMap<u64, SampleBytes>,
-    held_bytes: u64,
+    held: HashMap<u64, Held>,
     /// Per owner, the smallest step it may send next (steps arrive in order).
     next_from: Vec<u64>,
+}
+
+impl EpochWindow {
+    fn new(plan: ConsumerPlan, from_step: u64, owners: usize) -> Self {
+        let from = from_step.min(plan.steps());
+        EpochWindow {
+            plan: Arc::new(plan),
+            cursor: from,
+            window: from,
+            granted: 0,
+            last_sent_window: from,
+            held: HashMap::new(),
+            next_from: vec![from; owners],
+        }
+    }
+
+    fn held_bytes(&self) -> u64 {
+        self.held.values().map(|h| h.bytes.len() as u64).sum()
+    }
+
+    fn credit(&self) -> Credit {
+        Credit {
+            epoch: self.plan.epoch,
+            window: self.window,
+        }
+    }
+}
+
+struct State {
+    /// The epoch being served.
+    cur: EpochWindow,
+    /// The next one, credited early: once `cur` is credited to its end,
+    /// what `remote_memory` has left over goes to the next epoch's first
+    /// steps, so its first batches are pushed while this one finishes.
+    /// None after the job's last epoch (see `Inbox::set_next`).
+    next: Option<EpochWindow>,
+    /// Bytes held, of both epochs.
+    held_bytes: u64,
     sinks: Vec<Option<CreditSink>>,
     /// Per owner: its stream to us has been accepted (once; never reset, so
     /// a peer that joined, served and left has still joined).
@@ -109,14 +153,9 @@ impl Inbox {
     pub fn new(ds: Arc<Dataset>, cfg: Arc<NodeConfig>, plan: ConsumerPlan, from_step: u64) -> Self {
         let w = cfg.world() as usize;
         let mut state = State {
-            plan: Arc::new(plan),
-            cursor: 0,
-            window: 0,
-            granted: 0,
-            last_sent_window: 0,
-            held: HashMap::new(),
+            cur: EpochWindow::new(plan, from_step, w),
+            next: None,
             held_bytes: 0,
-            next_from: vec![0; w],
             sinks: (0..w).map(|_| None).collect(),
             joined: vec![false; w],
             closed: vec![false; w],
@@ -128,7 +167,7 @@ impl Inbox {
             failed: None,
             stats: InboxStats::default(),
         };
-        Self::reset(&ds, &cfg, &mut state, from_step);
+        Self::grow_windows(&ds, &cfg, &mut state);
         Inbox {
             ds,
             cfg,
@@ -143,61 +182,84 @@ impl Inbox {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn reset(ds: &Dataset, cfg: &NodeConfig, s: &mut State, from_step: u64) {
-        let from = from_step.min(s.plan.steps());
-        s.cursor = from;
-        s.window = from;
-        s.granted = 0;
-        s.last_sent_window = from;
-        s.next_from.iter_mut().for_each(|x| *x = from);
-        Self::grow_window(ds, cfg, s);
-    }
-
-    fn grow_window(ds: &Dataset, cfg: &NodeConfig, s: &mut State) {
-        let steps = s.plan.steps();
-        while s.window < steps {
-            let len = sample_len(ds, s.plan.samples[s.window as usize] as u64);
+    /// Grows the current epoch's window while its samples fit
+    /// `remote_memory`; once it reaches the epoch's end, the next epoch's
+    /// with what is left (both epochs' granted bytes within the bound).
+    fn grow_windows(ds: &Dataset, cfg: &NodeConfig, s: &mut State) {
+        let cur = &mut s.cur;
+        while cur.window < cur.plan.steps() {
+            let len = sample_len(ds, cur.plan.samples[cur.window as usize] as u64);
             // The step being waited for always fits (remote_memory is at
             // least the largest sample, checked at open).
-            if s.window > s.cursor && s.granted + len > cfg.remote_memory {
-                break;
+            if cur.window > cur.cursor && cur.granted + len > cfg.remote_memory {
+                return;
             }
-            s.granted += len;
-            s.window += 1;
+            cur.granted += len;
+            cur.window += 1;
+        }
+        let Some(next) = &mut s.next else { return };
+        while next.window < next.plan.steps() {
+            let len = sample_len(ds, next.plan.samples[next.window as usize] as u64);
+            if cur.granted + next.granted + len > cfg.remote_memory {
+                return;
+            }
+            next.granted += len;
+            next.window += 1;
         }
     }
 
-    /// Sends the window once it grew by a batch of steps, or reached the
-    /// epoch's end (it grows no further: held back, the last steps would be
-    /// credited only when the consumer waits for them), or when `force`d.
+    /// Sends each epoch's window once it grew by a batch of steps, or
+    /// reached the epoch's end (it grows no further: held back, the last
+    /// steps would be credited only when the consumer waits for them), or
+    /// when `force`d.
     fn send_credits(&self, s: &mut State, force: bool) {
-        let batched = s.window - s.last_sent_window >= CREDIT_BATCH || s.window == s.plan.steps();
-        if s.window == s.last_sent_window || !(force || batched) {
-            return;
+        let State { cur, next, sinks, .. } = s;
+        for ep in std::iter::once(cur).chain(next.as_mut()) {
+            let batched = ep.window - ep.last_sent_window >= CREDIT_BATCH || ep.window == ep.plan.steps();
+            if ep.window != ep.last_sent_window && (force || batched) {
+                self.broadcast_credit(sinks, ep);
+            }
         }
-        self.broadcast_credit(s);
     }
 
-    /// Grants every attached owner the current window.
-    fn broadcast_credit(&self, s: &mut State) {
-        let credit = Credit {
-            epoch: s.plan.epoch,
-            window: s.window,
-        };
-        for sink in s.sinks.iter().flatten() {
-            sink.send(self.cfg.rank, credit);
+    /// Grants every attached owner `ep`'s current window.
+    fn broadcast_credit(&self, sinks: &[Option<CreditSink>], ep: &mut EpochWindow) {
+        for sink in sinks.iter().flatten() {
+            sink.send(self.cfg.rank, ep.credit());
         }
-        s.last_sent_window = s.window;
+        ep.last_sent_window = ep.window;
     }
 
     /// Starts `plan`'s epoch at `from_step` and grants its first credit.
+    /// The epoch credited early (`set_next`) carries on with what it holds
+    /// and was granted.
     pub fn start_epoch(&self, plan: ConsumerPlan, from_step: u64) {
         let mut s = self.lock();
-        s.plan = Arc::new(plan);
-        s.held.clear();
-        s.held_bytes = 0;
-        Self::reset(&self.ds, &self.cfg, &mut s, from_step);
-        self.broadcast_credit(&mut s);
+        let w = s.sinks.len();
+        let early = s.next.take().filter(|n| n.plan.epoch == plan.epoch && from_step == 0);
+        s.cur = early.unwrap_or_else(|| EpochWindow::new(plan, from_step, w));
+        s.held_bytes = s.cur.held_bytes();
+        Self::grow_windows(&self.ds, &self.cfg, &mut s);
+        let State { cur, sinks, .. } = &mut *s;
+        self.broadcast_credit(sinks, cur);
+    }
+
+    /// The epoch after the current one, `plan`, to credit early (once the
+    /// current one is credited to its end); None: the job serves no
+    /// epoch after this one, so nothing of the next is pushed or read.
+    pub fn set_next(&self, plan: Option<ConsumerPlan>) {
+        let mut s = self.lock();
+        let w = s.sinks.len();
+        let keep = |n: &EpochWindow| plan.as_ref().is_some_and(|p| p.epoch == n.plan.epoch);
+        if s.next.as_ref().is_some_and(keep) {
+            return;
+        }
+        s.next = plan
+            .filter(|p| p.epoch == s.cur.plan.epoch + 1)
+            .map(|p| EpochWindow::new(p, 0, w));
+        s.held_bytes = s.cur.held_bytes();
+        Self::grow_windows(&self.ds, &self.cfg, &mut s);
+        self.send_credits(&mut s, false);
     }
 
     /// Registers `owner`'s credit sink (of its connection `attempt`) and
@@ -225,13 +287,10 @@ impl Inbox {
         if s.left {
             return Ok(());
         }
-        sink.send(
-            self.cfg.rank,
-            Credit {
-                epoch: s.plan.epoch,
-                window: s.window,
-            },
-        );
+        sink.send(self.cfg.rank, s.cur.credit());
+        if let Some(next) = s.next.as_ref().filter(|n| n.window > 0) {
+            sink.send(self.cfg.rank, next.credit());
+        }
         s.sinks[owner as usize] = Some(sink);
         Ok(())
     }
@@ -309,50 +368,55 @@ impl Inbox {
                 "on its connection attempt {attempt}, replaced by a later one"
             )));
         }
-        if m.epoch != s.plan.epoch {
-            return Err(bad(format!("this node is in epoch {}", s.plan.epoch)));
-        }
+        let State { cur, next, .. } = &mut *s;
+        let Some(ep) = std::iter::once(cur).chain(next.as_mut()).find(|e| e.plan.epoch == m.epoch) else {
+            return Err(bad(format!("this node is in epoch {}", s.cur.plan.epoch)));
+        };
         let i = m.step as usize;
-        match (s.plan.samples.get(i), s.plan.owners.get(i)) {
+        match (ep.plan.samples.get(i), ep.plan.owners.get(i)) {
             (Some(&y), Some(&o)) if y as u64 == m.sample && o == owner => {}
             (Some(&y), Some(&o)) => {
                 return Err(bad(format!("the plan serves sample {y} from node {o} at that step")));
             }
-            _ => return Err(bad(format!("the epoch has {} steps", s.plan.steps()))),
+            _ => return Err(bad(format!("the epoch has {} steps", ep.plan.steps()))),
         }
-        let expected_from = s.next_from.get(owner as usize).copied().unwrap_or(u64::MAX);
+        let expected_from = ep.next_from.get(owner as usize).copied().unwrap_or(u64::MAX);
         if m.step < expected_from {
             return Err(bad(format!(
                 "out of order or repeated (expected step {expected_from} or later)"
             )));
         }
-        if m.step >= s.window {
-            return Err(bad(format!("beyond the credit granted (steps below {})", s.window)));
+        if m.step >= ep.window {
+            return Err(bad(format!("beyond the credit granted (steps below {})", ep.window)));
         }
         let want = sample_len(&self.ds, m.sample);
         if m.data.len() as u64 != want {
             return Err(bad(format!("{} bytes, the index says {want}", m.data.len())));
         }
-        s.next_from[owner as usize] = m.step + 1;
-        s.delivered[owner as usize] = true;
-        s.stats.samples_received += 1;
-        s.stats.bytes_received += want;
+        ep.next_from[owner as usize] = m.step + 1;
         let bytes = Arc::new(brand_format::buffer::AlignedBuf::copy_of(&m.data));
-        self.hold(&mut s, m.step, bytes);
+        s.delivered[owner as usize] = true;
+        self.hold(&mut s, m.epoch, m.step, Held { bytes, pushed: true });
         Ok(())
     }
 
-    /// A sample this node owns and serves itself.
-    pub fn deliver_local(&self, step: u64, bytes: SampleBytes) {
+    /// A sample this node owns and serves itself, of `epoch` (the current
+    /// one, or the next credited early).
+    pub fn deliver_local(&self, epoch: u64, step: u64, bytes: SampleBytes) {
         let mut s = self.lock();
-        s.stats.samples_local += 1;
-        self.hold(&mut s, step, bytes);
+        self.hold(&mut s, epoch, step, Held { bytes, pushed: false });
     }
 
-    fn hold(&self, s: &mut State, step: u64, bytes: SampleBytes) {
-        s.held_bytes += bytes.len() as u64;
+    fn hold(&self, s: &mut State, epoch: u64, step: u64, h: Held) {
+        let State { cur, next, .. } = s;
+        // The owner pushes only what was credited, so the epoch is here.
+        let Some(ep) = std::iter::once(cur).chain(next.as_mut()).find(|e| e.plan.epoch == epoch) else {
+            return;
+        };
+        let len = h.bytes.len() as u64;
+        ep.held.insert(step, h);
+        s.held_bytes += len;
         s.stats.held_peak_bytes = s.stats.held_peak_bytes.max(s.held_bytes);
-        s.held.insert(step, bytes);
         self.cond.notify_all();
     }
 
@@ -468,31 +532,40 @@ impl Inbox {
             if let Some(f) = &s.failed {
                 return Err(f.clone());
             }
-            let step = s.cursor;
-            if step >= s.plan.steps() {
+            let step = s.cur.cursor;
+            if step >= s.cur.plan.steps() {
                 return Ok(None);
             }
-            let sample = s.plan.samples[step as usize] as u64;
-            if let Some(bytes) = s.held.remove(&step) {
-                s.held_bytes -= bytes.len() as u64;
-                s.granted -= sample_len(&self.ds, sample);
-                s.cursor += 1;
-                Self::grow_window(&self.ds, &self.cfg, &mut s);
+            let sample = s.cur.plan.samples[step as usize] as u64;
+            if let Some(h) = s.cur.held.remove(&step) {
+                let len = h.bytes.len() as u64;
+                s.held_bytes -= len;
+                // Counted as served: what came for an epoch this node never
+                // started (credited early, then the job stopped) is not.
+                if h.pushed {
+                    s.stats.samples_received += 1;
+                    s.stats.bytes_received += len;
+                } else {
+                    s.stats.samples_local += 1;
+                }
+                s.cur.granted -= sample_len(&self.ds, sample);
+                s.cur.cursor += 1;
+                Self::grow_windows(&self.ds, &self.cfg, &mut s);
                 self.send_credits(&mut s, false);
                 if let Some(t) = stalled {
                     s.stats
                         .stall_nanos
                         .push(t.elapsed().as_nanos().min(u64::MAX as u128) as u64);
                 }
-                return Ok(Some((sample, bytes)));
+                return Ok(Some((sample, h.bytes)));
             }
-            let owner = s.plan.owners[step as usize];
+            let owner = s.cur.plan.owners[step as usize];
             if s.closed[owner as usize] {
                 return Err(Failure {
                     node: owner,
                     why: format!(
                         "left (closed) before sending sample {sample} (epoch {}, step {step})",
-                        s.plan.epoch
+                        s.cur.plan.epoch
                     ),
                 });
             }
@@ -504,7 +577,7 @@ impl Inbox {
                     node: owner,
                     why: format!(
                         "no push of sample {sample} (epoch {}, step {step}) within {:?}",
-                        s.plan.epoch, self.cfg.peer_timeout
+                        s.cur.plan.epoch, self.cfg.peer_timeout
                     ),
                 });
             }

@@ -137,6 +137,15 @@ fn ownership(ds: &Dataset, planner: &Planner, peers: &NodeConfig, me: u32) -> Re
     })
 }
 
+/// The plan of the epoch after `epoch`, to credit early, unless the job
+/// ends with `epoch`.
+fn next_plan(planner: &Planner, own: &Ownership, cfg: &NodeConfig, epoch: u64) -> Option<ConsumerPlan> {
+    let next = epoch.checked_add(1)?;
+    cfg.last_epoch
+        .is_none_or(|last| next <= last)
+        .then(|| ConsumerPlan::new(planner, own, next, cfg.rank))
+}
+
 impl NodeLoader {
     /// Opens this node (`cfg.nodes.rank` of `cfg.nodes.nodes`) where
     /// `resume` says: a state every node starts at, this rank's checkpoint,
@@ -200,6 +209,7 @@ impl NodeLoader {
         let ownership = ownership(&ds, &planner, &peers, me)?;
         let consumer_plan = ConsumerPlan::new(&planner, &ownership, state.epoch, me);
         let inbox = Arc::new(Inbox::new(ds.clone(), peers.clone(), consumer_plan, state.served));
+        inbox.set_next(next_plan(&planner, &ownership, &peers, state.epoch));
         let (control, control_rx) = crossbeam_channel::unbounded();
         inbox
             .attach(me, 0, CreditSink::Local(control.clone()))
@@ -373,8 +383,10 @@ impl NodeLoader {
             self.epoch += 1;
             self.served = 0;
             self.epoch_ended = false;
-            let plan = ConsumerPlan::new(&self.planner, &self.ownership, self.epoch, self.planner.config().rank);
+            let plan = ConsumerPlan::new(&self.planner, &self.ownership, self.epoch, self.cfg.rank);
             self.inbox.start_epoch(plan, 0);
+            self.inbox
+                .set_next(next_plan(&self.planner, &self.ownership, &self.cfg, self.epoch));
         }
         let mut ids = Vec::with_capacity(self.batch_size);
         let mut data = Vec::with_capacity(self.batch_size);

@@ -15,7 +15,7 @@
 //! owner holds is then its share of the plan's memory, plus about
 //! `drift_steps` steps of every consumer, plus `readahead`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -29,7 +29,7 @@ use crate::control::{Control, PushSink};
 use crate::inbox::Inbox;
 use crate::routes::{OwnerPlan, Ownership};
 use crate::storage::Storage;
-use crate::wire::{Credit, Failure, Push, Sample, push};
+use crate::wire::{Failure, Push, Sample, push};
 
 /// The owner's counters, read by the consumer's `metrics()`.
 #[derive(Debug, Default)]
@@ -114,13 +114,7 @@ impl Owner {
                 }
             })
             .collect();
-        let mut credits: Vec<Credit> = vec![
-            Credit {
-                epoch: u64::MAX,
-                window: 0
-            };
-            w
-        ];
+        let mut credits = Credits(vec![BTreeMap::new(); w]);
         let mut epoch = self.start_epoch;
         let mut p = Progress::new(OwnerPlan::new(
             &self.planner,
@@ -144,6 +138,7 @@ impl Owner {
                     last_progress = Instant::now();
                 }
             }
+            credits.forget_before(epoch);
             // Consumers that left are owed nothing.
             for (c, o) in outlets.iter().enumerate() {
                 if matches!(o, Outlet::Gone) {
@@ -164,16 +159,16 @@ impl Owner {
             // 2. What the credits cover, and which of it is due for reading:
             // steps within the drift limit of the slowest live consumer.
             let horizon = (0..w)
-                .filter(|&c| credits[c].epoch == epoch && !matches!(outlets[c], Outlet::Gone))
-                .map(|c| credits[c].window)
+                .filter(|&c| !matches!(outlets[c], Outlet::Gone))
+                .filter_map(|c| credits.window(c, epoch))
                 .min()
                 .map_or(u64::MAX, |slowest| slowest.saturating_add(self.drift_steps));
             for c in 0..w {
-                if credits[c].epoch != epoch {
+                let Some(window) = credits.window(c, epoch) else {
                     continue;
-                }
+                };
                 let q = &p.plan.queues[c];
-                while p.demand[c] < q.len() && q[p.demand[c]].0 < credits[c].window {
+                while p.demand[c] < q.len() && q[p.demand[c]].0 < window {
                     p.demand[c] += 1;
                 }
                 while p.due[c] < p.demand[c] && q[p.due[c]].0 < horizon {
@@ -184,7 +179,7 @@ impl Owner {
             }
             // 3. Reads: everything credited, then readahead (once some
             // consumer has started the epoch).
-            let started = credits.iter().any(|c| c.epoch == epoch);
+            let started = (0..w).any(|c| credits.window(c, epoch).is_some());
             while p.next_read < p.plan.reads.len() {
                 let due = p.needed.is_some_and(|n| p.next_read <= n);
                 if !due && (!started || held + in_flight_bytes >= self.readahead_bytes) {
@@ -214,7 +209,7 @@ impl Owner {
                     held -= buf.len() as u64;
                     let delivered = match outlet {
                         Outlet::Local => {
-                            self.inbox.deliver_local(step, Arc::new(buf));
+                            self.inbox.deliver_local(epoch, step, Arc::new(buf));
                             true
                         }
                         Outlet::Remote(tx) => {
@@ -350,9 +345,28 @@ impl Owner {
     }
 }
 
+/// Per consumer, the window it granted in each epoch: the epoch being
+/// served and, credited early, the next (a consumer credits the next epoch
+/// once the current one is credited to its end, so this owner may still be
+/// pushing the current epoch to others).
+struct Credits(Vec<BTreeMap<u64, u64>>);
+
+impl Credits {
+    fn window(&self, consumer: usize, epoch: u64) -> Option<u64> {
+        self.0[consumer].get(&epoch).copied()
+    }
+
+    /// Epochs this owner is done with are credited no more.
+    fn forget_before(&mut self, epoch: u64) {
+        for c in &mut self.0 {
+            c.retain(|&e, _| e >= epoch);
+        }
+    }
+}
+
 /// Takes in one message; whether it is progress of a stopping owner (a
 /// peer attached, granted credit or left: what it waits for moved).
-fn apply(c: Control, outlets: &mut [Outlet], credits: &mut [Credit], stopping: &mut Option<u64>) -> bool {
+fn apply(c: Control, outlets: &mut [Outlet], credits: &mut Credits, stopping: &mut Option<u64>) -> bool {
     match c {
         Control::Attached { consumer, sink } => {
             if let Some(o) = outlets.get_mut(consumer as usize) {
@@ -360,8 +374,8 @@ fn apply(c: Control, outlets: &mut [Outlet], credits: &mut [Credit], stopping: &
             }
         }
         Control::Credit { consumer, credit } => {
-            if let Some(c) = credits.get_mut(consumer as usize) {
-                *c = credit;
+            if let Some(c) = credits.0.get_mut(consumer as usize) {
+                c.insert(credit.epoch, credit.window);
             }
         }
         Control::Gone { consumer } => {

@@ -20,7 +20,9 @@
 /// Bumped whenever a message changes meaning. 2: `Failure` names the node
 /// that failed first (1 sent only a text). 3: a goodbye is a `Goodbye`
 /// message (2 took a stream's clean end for one), hellos count attempts.
-pub const PROTOCOL: u32 = 3;
+/// 4: a consumer credits the next epoch while in the current one (3 owners
+/// kept one credit per consumer: the next epoch's replaced the current's).
+pub const PROTOCOL: u32 = 4;
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Push {

@@ -44,6 +44,9 @@ fn run_node_then(
     epochs: u64,
     all_done: Option<Arc<std::sync::Barrier>>,
 ) -> Result<(Served, Metrics), String> {
+    // Exact counts below: nothing of an epoch past the last is read.
+    let mut cfg = cfg;
+    cfg.nodes.last_epoch = Some(epochs - 1);
     let mut l = NodeLoader::open(ds, &cfg, LoaderState::default()).map_err(|e| e.to_string())?;
     let out = serve_epochs(&mut l, epochs)?;
     if let Some(b) = all_done {

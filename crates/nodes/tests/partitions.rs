@@ -69,6 +69,9 @@ fn run_node(
     all_done: Arc<std::sync::Barrier>,
 ) -> Result<(Served, Metrics), String> {
     let ds = Arc::new(Dataset::open_any(&dir).map_err(|e| e.to_string())?);
+    // Exact counts below: nothing of an epoch past the last is read.
+    let mut cfg = cfg;
+    cfg.nodes.last_epoch = Some(epochs - 1);
     let mut l = NodeLoader::open(ds, &cfg, LoaderState::default()).map_err(|e| e.to_string())?;
     let out = serve_epochs(&mut l, epochs)?;
     all_done.wait();

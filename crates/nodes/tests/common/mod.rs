@@ -45,6 +45,7 @@ pub fn node_config(nodes: &[String], rank: u32, job: &str) -> Config {
             remote_memory: 64 << 10,
             peer_timeout: Duration::from_secs(20),
             job: job.into(),
+            last_epoch: None,
         },
     }
 }
