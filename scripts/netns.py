@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A shaped network of network namespaces for brand's nodes (root; Python stdlib only).
+"""A shaped network of network namespaces for brand's nodes (root; Python stdlib and tools/delay-relay).
 
     sudo scripts/netns.py up --nodes 3 --rate 1gbit --delay-ms 1 --loss 0.1 --port 7070
 
@@ -11,17 +11,18 @@ makes, for W nodes and a name prefix P (brn<pid>, so concurrent users never clas
           10.78.<i>.1. Both its egresses are the link: `tc tbf` at RATE (each direction) and,
           with --loss, a random drop of that fraction of packets (see below)
   P-r     the relay: 10.78.<i>.2 towards each link. Every TCP connection between nodes ends
-          here: policy routing delivers the nodes' addresses locally, an IP_TRANSPARENT listener
-          accepts them and connects on to the address dialled, forwarding each direction's bytes
-          DELAY_MS after they arrived. So a node-to-node path is: node, link (shaped, lossy),
-          relay (delay), link (shaped, lossy), node.
+          here: policy routing delivers the nodes' addresses locally, a transparent listener
+          (tools/delay-relay, IP_TRANSPARENT) accepts them and connects on to the address
+          dialled, forwarding each direction's bytes DELAY_MS after they arrived. So a
+          node-to-node path is: node, link (shaped, lossy), relay (delay), link (shaped, lossy), node.
 
 Why a relay: this kernel has no netem (nor fq, gact or matchall: no delay qdisc, no drop action),
 so latency comes from user space. It is a TCP relay, not a packet forwarder, so that moving bytes
-costs a few system calls per 256 KiB rather than per packet. Its delay applies to data; TCP's own
-ACKs between a node and the relay are not delayed, so what brand sees is an application-level
-round trip of 2 x DELAY_MS per node-to-node exchange (a credit and the push it allows), with
-queues bounded per direction (back-pressure as a TCP window would give).
+costs a few system calls per MiB rather than per packet; it is in Rust (tools/delay-relay, built
+with cargo on first use) because a Python one carried only ~100 MB/s. Its delay applies to data;
+TCP's own ACKs between a node and the relay are not delayed, so what brand sees is an
+application-level round trip of 2 x DELAY_MS per node-to-node exchange (a credit and the push it
+allows), with queues bounded per direction (back-pressure as a TCP window would give).
 
 Loss is the kernel's: a classic BPF classifier draws a random number per packet and sends that
 fraction to an htb class whose queue holds nothing (`pfifo limit 0`), so the packet is dropped.
@@ -33,7 +34,9 @@ retransmits as on a real lossy link.
 `up` prints one JSON line ({"prefix", "nodes", "node_namespaces", ...}) once the network is up,
 then keeps it until its standard input closes or it gets SIGTERM/SIGINT/SIGHUP; then it kills
 what still runs in its namespaces, stops the relay and deletes every namespace (their veths go
-with them). A user that dies closes the pipe, so the network goes too. `clean` deletes the
+with them). A user that dies closes the pipe, so the network goes too. `throughput` makes the same network,
+sends --bytes from node 0 to node 1 (the relay binary's source and sink: both links and the relay),
+prints the rate as JSON and removes it. `clean` deletes the
 namespaces of any P whose process is gone (`up` does that first). `stats P` prints the links'
 tc counters (bytes sent and packets dropped) as JSON.
 """
@@ -46,15 +49,11 @@ import os
 import re
 import select
 import signal
-import socket
 import subprocess
 import sys
 import threading
-import time
-from collections import deque
 
 PREFIX_RE = re.compile(r"^brn(\d+)-")
-IP_TRANSPARENT = 19  # linux/in.h
 MTU = 9000
 
 
@@ -203,97 +202,25 @@ class Network:
 
 # ---------------------------------------------------------------- the relay (runs in P-r)
 
-
-class Pipe:
-    """One direction of a relayed connection: bytes read from `src` are written to `dst` no
-    earlier than `delay` seconds after they arrived; at most `limit` bytes wait (then the
-    reader stops reading, and TCP's window closes on the sender)."""
-
-    def __init__(self, src: socket.socket, dst: socket.socket, delay: float, limit: int):
-        self.src, self.dst, self.delay, self.limit = src, dst, delay, limit
-        self.q: deque = deque()
-        self.held = 0
-        self.cv = threading.Condition()
-
-    def read(self) -> None:
-        while True:
-            try:
-                data = self.src.recv(256 << 10)
-                end = b"" if not data else None
-            except OSError:
-                data, end = None, "reset"
-            with self.cv:
-                while self.held > self.limit:
-                    self.cv.wait()
-                self.q.append((time.monotonic() + self.delay, data if data else end))
-                self.held += len(data or b"")
-                self.cv.notify_all()
-            if not data:
-                return
-
-    def write(self) -> None:
-        while True:
-            with self.cv:
-                while not self.q:
-                    self.cv.wait()
-                due, data = self.q[0]
-                wait = due - time.monotonic()
-                if wait > 0:
-                    self.cv.wait(wait)
-                    continue
-                self.q.popleft()
-                self.held -= len(data) if isinstance(data, bytes) else 0
-                self.cv.notify_all()
-            try:
-                if data == b"":
-                    self.dst.shutdown(socket.SHUT_WR)
-                    return
-                if data == "reset":
-                    # Pass a reset on as one: close with nothing lingering.
-                    self.dst.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
-                    self.dst.close()
-                    return
-                self.dst.sendall(data)
-            except OSError:
-                return
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def relay_connection(client: socket.socket, delay: float, limit: int) -> None:
-    dst = client.getsockname()  # the address the node dialled (transparent)
-    try:
-        upstream = socket.create_connection(dst, timeout=10)
-        upstream.settimeout(None)
-    except OSError:
-        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
-        client.close()
-        return
-    threads = []
-    for s in (client, upstream):
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    for src, dst_sock in ((client, upstream), (upstream, client)):
-        p = Pipe(src, dst_sock, delay, limit)
-        threads += [threading.Thread(target=p.read, daemon=True), threading.Thread(target=p.write, daemon=True)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for s in (client, upstream):
-        try:
-            s.close()
-        except OSError:
-            pass
-
-
-def relay(port: int, delay_ms: float, limit: int) -> None:
-    ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    ls.setsockopt(socket.SOL_IP, IP_TRANSPARENT, 1)
-    ls.bind(("0.0.0.0", port))
-    ls.listen(256)
-    print("relay ready", flush=True)
-    while True:
-        c, _ = ls.accept()
-        threading.Thread(target=relay_connection, args=(c, delay_ms / 1e3, limit), daemon=True).start()
+def relay_binary(given: str | None) -> str:
+    """The delay relay (tools/delay-relay): `given`, else $BRAND_DELAY_RELAY, else built here
+    (`cargo build --release -p brand-delay-relay`, a no-op once built) in $CARGO_TARGET_DIR or
+    the repository's target/."""
+    path = given or os.environ.get("BRAND_DELAY_RELAY")
+    if path:
+        return path
+    cargo = os.environ.get("CARGO", "cargo")
+    subprocess.run(
+        [cargo, "build", "--release", "--quiet", "--locked", "-p", "brand-delay-relay"],
+        cwd=REPO,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    target = os.environ.get("CARGO_TARGET_DIR") or os.path.join(REPO, "target")
+    return os.path.join(target, "release", "delay-relay")
 
 
 # ---------------------------------------------------------------- commands
@@ -312,6 +239,7 @@ def cmd_up(a) -> int:
     rate = None if a.rate in ("", "none") else a.rate
     if rate:
         rate_bps(rate)
+    relay = relay_binary(a.relay_bin)
     clean()
     net = Network(a.nodes, rate, a.loss / 100, a.port, f"brn{os.getpid()}")
     stop = threading.Event()
@@ -324,9 +252,8 @@ def cmd_up(a) -> int:
     relay_proc = None
     try:
         net.up()
-        here = os.path.abspath(__file__)
         relay_proc = subprocess.Popen(
-            ["ip", "netns", "exec", net.relay_ns, sys.executable, here, "relay", "--port", str(a.port)]
+            ["ip", "netns", "exec", net.relay_ns, relay, "relay", "--listen", f"0.0.0.0:{a.port}", "--transparent"]
             + ["--delay-ms", str(a.delay_ms), "--limit", str(a.limit)],
             stdout=subprocess.PIPE,
             text=True,
@@ -342,6 +269,9 @@ def cmd_up(a) -> int:
             "delay_ms": a.delay_ms,
             "loss_percent": a.loss,
         }
+        if a.cmd == "throughput":
+            print(json.dumps({**info, **transfer(net, relay, a.bytes)}), flush=True)
+            return 0
         print(json.dumps(info), flush=True)
 
         # Until stdin closes (the user is gone) or a signal.
@@ -369,6 +299,33 @@ def cmd_up(a) -> int:
         net.down()
 
 
+def transfer(net: Network, relay: str, nbytes: str) -> dict:
+    """`nbytes` sent from node 0 to node 1 over the network (both links, the relay's delay):
+    the relay binary's `source` and `sink`, timed until the sink answered the end."""
+    if net.w < 2:
+        raise RuntimeError("throughput needs --nodes 2 or more")
+    to = net.addresses()[1]
+    sink = subprocess.Popen(
+        ["ip", "netns", "exec", net.node_ns[1], relay, "sink", "--listen", to], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        if sink.stdout.readline().strip() != "sink ready":
+            raise RuntimeError("the sink did not start")
+        out = subprocess.run(
+            ["ip", "netns", "exec", net.node_ns[0], relay, "source", "--to", to, "--bytes", nbytes],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        if out.returncode != 0:
+            raise RuntimeError(f"source: {out.stderr.strip()}")
+        return json.loads(out.stdout)
+    finally:
+        if sink.poll() is None:
+            sink.kill()
+        sink.wait()
+
+
 def cmd_stats(a) -> int:
     names = ns_list()
     links = sorted((n for n in names if n.startswith(f"{a.prefix}-l")), key=lambda n: int(n.rsplit("l", 1)[1]))
@@ -384,25 +341,24 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="make the network, print it as JSON, keep it until stdin closes or a signal")
-    up.add_argument("--nodes", type=int, default=3)
-    up.add_argument("--rate", default="1gbit", help="tbf rate of every link, each direction ('none': unshaped)")
-    up.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay the relay adds (RTT: twice this)")
-    up.add_argument("--loss", type=float, default=0.0, help="percent of packets each link egress drops")
-    up.add_argument("--port", type=int, default=7070)
-    up.add_argument("--limit", type=int, default=8 << 20, help="bytes the relay holds per direction")
-    rl = sub.add_parser("relay", help="(inside the relay namespace) the delaying TCP relay")
-    rl.add_argument("--port", type=int, required=True)
-    rl.add_argument("--delay-ms", type=float, default=0.0)
-    rl.add_argument("--limit", type=int, default=8 << 20)
+    tp = sub.add_parser(
+        "throughput", help="make the network, send --bytes from node 0 to node 1 through it, print the rate as JSON"
+    )
+    tp.add_argument("--bytes", default="1GiB", help="how much to send (bytes, KiB, MiB, GiB)")
+    for p in (up, tp):
+        p.add_argument("--nodes", type=int, default=3)
+        p.add_argument("--rate", default="1gbit", help="tbf rate of every link, each direction ('none': unshaped)")
+        p.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay the relay adds (RTT: twice this)")
+        p.add_argument("--loss", type=float, default=0.0, help="percent of packets each link egress drops")
+        p.add_argument("--port", type=int, default=7070)
+        p.add_argument("--limit", type=int, default=8 << 20, help="bytes the relay holds per direction")
+        p.add_argument("--relay-bin", help="tools/delay-relay's binary (default: $BRAND_DELAY_RELAY, else built)")
     sub.add_parser("clean", help="delete the namespaces of networks whose process is gone")
     st = sub.add_parser("stats", help="the links' tc counters of network PREFIX, as JSON")
     st.add_argument("prefix")
     a = ap.parse_args(argv)
-    if a.cmd == "up":
+    if a.cmd in ("up", "throughput"):
         return cmd_up(a)
-    if a.cmd == "relay":
-        relay(a.port, a.delay_ms, a.limit)
-        return 0
     if a.cmd == "stats":
         return cmd_stats(a)
     print("\n".join(clean()))
