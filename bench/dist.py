@@ -74,8 +74,13 @@ class NodeRun:
     stall_p50_secs: float
     stall_p99_secs: float
     device_read_bytes: int | None = None
-    # --network: waits after each epoch's first batch, and bytes pushed to and received from peers.
+    # --network: waits after each epoch's first batch; those after epoch 0's first batch (the
+    # pipeline filling as the nodes start); all those of the later epochs (their first batches
+    # too: the next epoch is pushed while the current one finishes); bytes pushed to and
+    # received from peers.
     stalls_warm: int = 0
+    stalls_epoch0_warm: int = 0
+    stalls_later: int = 0
     bytes_pushed: int = 0
     bytes_received: int = 0
 
@@ -129,6 +134,8 @@ def parse_serve(node: int, text: str) -> NodeRun:
     r = json.loads(text)
     run = node_run(node, r["epochs"], r["closed"])
     run.stalls_warm = sum(e.get("stalls_warm", 0) for e in r["epochs"])
+    run.stalls_epoch0_warm = sum(e.get("stalls_warm", 0) for e in r["epochs"] if e["epoch"] == 0)
+    run.stalls_later = sum(e.get("stalls", 0) for e in r["epochs"] if e["epoch"] > 0)
     run.bytes_pushed = r["closed"].get("bytes_pushed", 0)
     run.bytes_received = r["closed"].get("bytes_received", 0)
     return run
@@ -312,6 +319,10 @@ def net_summary(runs: list[NetRun]) -> list[dict]:
                     "wire_bytes_per_epoch": None,
                     "stalls": spread([x.stalls for x in per]),
                     "stalls_warm": spread([x.stalls_warm for x in per]),
+                    "stalls_epoch0_warm": spread([x.stalls_epoch0_warm for x in per]),
+                    "stalls_later_per_epoch": spread(
+                        [x.stalls_later / (r.epochs - 1) for r in good for x in r.nodes if x.node == n and r.epochs > 1]
+                    ),
                     "stall_p99_secs": spread([x.stall_p99_secs for x in per]),
                 }
             )
@@ -326,6 +337,10 @@ def net_summary(runs: list[NetRun]) -> list[dict]:
                 ),
                 "stalls": spread([sum(x.stalls for x in r.nodes) for r in good]),
                 "stalls_warm": spread([sum(x.stalls_warm for x in r.nodes) for r in good]),
+                "stalls_epoch0_warm": spread([sum(x.stalls_epoch0_warm for x in r.nodes) for r in good]),
+                "stalls_later_per_epoch": spread(
+                    [sum(x.stalls_later for x in r.nodes) / (r.epochs - 1) for r in good if r.epochs > 1]
+                ),
                 "stall_p99_secs": spread([max(x.stall_p99_secs for x in r.nodes) for r in good]),
             }
         )
@@ -335,8 +350,9 @@ def net_summary(runs: list[NetRun]) -> list[dict]:
 def net_markdown(rows: list[dict], header: str = "") -> str:
     lines = [header] if header else []
     lines += [
-        "| profile (rate/RTT ms/loss %) | consumer | build | node | samples/s | MB pushed per epoch | MB on the wire per epoch | on-demand waits | waits once warm | stall P99 ms |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| profile (rate/RTT ms/loss %) | consumer | build | node | samples/s | MB pushed per epoch | MB on the wire per epoch "
+        "| on-demand waits | waits once warm | epoch 0 after its 1st batch | epochs ≥ 1, per epoch (all) | stall P99 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         consumer = "instant" if not r["compute_ms"] else f"{r['compute_ms']:g} ms/batch"
@@ -345,10 +361,13 @@ def net_markdown(rows: list[dict], header: str = "") -> str:
             f"| {r['profile']} | {consumer} | {r['build']} | {r['node']} | {_fmt(r['samples_per_sec'], 1, 0)} "
             f"| {_fmt(net, 1e-6, 1) if r['node'] == 'total' else _fmt(net, 1e-6, 1) + ' in'} "
             f"| {_fmt(r['wire_bytes_per_epoch'], 1e-6, 1)} | {_fmt(r['stalls'], 1, 0)} "
-            f"| {_fmt(r['stalls_warm'], 1, 0)} | {_fmt(r['stall_p99_secs'], 1e3, 2)} |"
+            f"| {_fmt(r['stalls_warm'], 1, 0)} | {_fmt(r['stalls_epoch0_warm'], 1, 0)} "
+            f"| {_fmt(r['stalls_later_per_epoch'], 1, 1)} | {_fmt(r['stall_p99_secs'], 1e3, 2)} |"
         )
         if r["node"] == "total" and r["failed"]:
-            lines.append(f"| {r['profile']} | {consumer} | {r['build']} | ({r['failed']} failed run(s) left out) | | | | | | |")
+            lines.append(
+                f"| {r['profile']} | {consumer} | {r['build']} | ({r['failed']} failed run(s) left out) | | | | | | | | |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -476,10 +495,12 @@ class ShapedNetwork:
     """scripts/netns.py's network for one profile: up until `close` (or this process dies:
     netns.py tears it down when its stdin closes)."""
 
-    def __init__(self, profile: Profile, port: int):
+    def __init__(self, profile: Profile, port: int, relay_bin: str | None):
+        relay = ["--relay-bin", relay_bin] if relay_bin else []
         self.proc = subprocess.Popen(
             [sys.executable, str(NETNS), "up", "--nodes", str(NODES), "--rate", profile.rate]
-            + ["--delay-ms", str(profile.rtt_ms / 2), "--loss", str(profile.loss_percent), "--port", str(port)],
+            + ["--delay-ms", str(profile.rtt_ms / 2), "--loss", str(profile.loss_percent), "--port", str(port)]
+            + relay,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -549,7 +570,7 @@ def main_network(args) -> int:
     for rnd in range(args.rounds):
         # Interleaved, and rotated so no profile or consumer always goes first.
         for profile in profiles[rnd % len(profiles):] + profiles[: rnd % len(profiles)]:
-            net = ShapedNetwork(profile, args.port)
+            net = ShapedNetwork(profile, args.port, args.relay_bin)
             try:
                 for compute in computes[rnd % len(computes):] + computes[: rnd % len(computes)]:
                     for build, brand in builds[rnd % len(builds):] + builds[: rnd % len(builds)]:
@@ -621,7 +642,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--read-gap", default="whole", help="whole, auto or bytes ('' for brand's default)")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--epochs", type=int, help="epochs per run (default 1; --network: 2, so epoch boundaries count)")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
     ap.add_argument("--out", type=Path, help="JSON results (default WORK/dist-results.json)")
     ap.add_argument("--network", action="store_true", help="the shaped-network table instead (root)")
@@ -629,7 +650,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compute-ms", default=COMPUTE_MS, help="--network: consumers' ms per batch, 0: instant")
     ap.add_argument("--port", type=int, default=7070, help="--network: the nodes' port")
     ap.add_argument("--builds", default="", help="--network: NAME=PATH,... brand binaries compared in every round")
+    ap.add_argument("--relay-bin", help="--network: tools/delay-relay's binary (default: netns.py builds it)")
     args = ap.parse_args(argv)
+    if args.epochs is None:
+        args.epochs = 2 if args.network else 1
     if args.network:
         return main_network(args)
     configs = [c for c in args.configs.split(",") if c]

@@ -35,8 +35,8 @@ retransmits as on a real lossy link.
 then keeps it until its standard input closes or it gets SIGTERM/SIGINT/SIGHUP; then it kills
 what still runs in its namespaces, stops the relay and deletes every namespace (their veths go
 with them). A user that dies closes the pipe, so the network goes too. `throughput` makes the same network,
-sends --bytes from node 0 to node 1 (the relay binary's source and sink: both links and the relay),
-prints the rate as JSON and removes it. `clean` deletes the
+sends --bytes from every node to every other at once (the relay binary's sources and sinks: the
+links and the relay, as brand's mesh uses them), prints the aggregate rate as JSON and removes it. `clean` deletes the
 namespaces of any P whose process is gone (`up` does that first). `stats P` prints the links'
 tc counters (bytes sent and packets dropped) as JSON.
 """
@@ -300,30 +300,48 @@ def cmd_up(a) -> int:
 
 
 def transfer(net: Network, relay: str, nbytes: str) -> dict:
-    """`nbytes` sent from node 0 to node 1 over the network (both links, the relay's delay):
-    the relay binary's `source` and `sink`, timed until the sink answered the end."""
+    """`nbytes` sent from every node to every other at once (the mesh brand's nodes push over:
+    both links of each pair and the relay's delay), with the relay binary's `source`s and
+    `sink`s; each timed until its sink answered the end. The aggregate rate: all bytes over the
+    slowest transfer's time."""
     if net.w < 2:
         raise RuntimeError("throughput needs --nodes 2 or more")
-    to = net.addresses()[1]
-    sink = subprocess.Popen(
-        ["ip", "netns", "exec", net.node_ns[1], relay, "sink", "--listen", to], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        if sink.stdout.readline().strip() != "sink ready":
-            raise RuntimeError("the sink did not start")
-        out = subprocess.run(
-            ["ip", "netns", "exec", net.node_ns[0], relay, "source", "--to", to, "--bytes", nbytes],
-            capture_output=True,
+    sinks = [
+        subprocess.Popen(
+            ["ip", "netns", "exec", ns, relay, "sink", "--listen", to, "--connections", str(net.w - 1)],
+            stdout=subprocess.PIPE,
             text=True,
-            timeout=600,
         )
-        if out.returncode != 0:
-            raise RuntimeError(f"source: {out.stderr.strip()}")
-        return json.loads(out.stdout)
+        for ns, to in zip(net.node_ns, net.addresses())
+    ]
+    try:
+        if any(s.stdout.readline().strip() != "sink ready" for s in sinks):
+            raise RuntimeError("a sink did not start")
+        sources = [
+            subprocess.Popen(
+                ["ip", "netns", "exec", net.node_ns[i], relay, "source", "--to", to, "--bytes", nbytes],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for i in range(net.w)
+            for j, to in enumerate(net.addresses())
+            if i != j
+        ]
+        results = []
+        for s in sources:
+            out, err = s.communicate(timeout=600)
+            if s.returncode != 0:
+                raise RuntimeError(f"source: {err.strip()}")
+            results.append(json.loads(out))
+        total = sum(r["bytes"] for r in results)
+        secs = max(r["secs"] for r in results)
+        return {"streams": len(results), "bytes": total, "secs": secs, "mb_per_s": round(total / secs / 1e6, 1)}
     finally:
-        if sink.poll() is None:
-            sink.kill()
-        sink.wait()
+        for s in sinks:
+            if s.poll() is None:
+                s.kill()
+            s.wait()
 
 
 def cmd_stats(a) -> int:
@@ -342,9 +360,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="make the network, print it as JSON, keep it until stdin closes or a signal")
     tp = sub.add_parser(
-        "throughput", help="make the network, send --bytes from node 0 to node 1 through it, print the rate as JSON"
+        "throughput", help="make the network, send --bytes between every pair of nodes at once, print the rate as JSON"
     )
-    tp.add_argument("--bytes", default="1GiB", help="how much to send (bytes, KiB, MiB, GiB)")
+    tp.add_argument("--bytes", default="1GiB", help="how much each node sends each peer (bytes, KiB, MiB, GiB)")
     for p in (up, tp):
         p.add_argument("--nodes", type=int, default=3)
         p.add_argument("--rate", default="1gbit", help="tbf rate of every link, each direction ('none': unshaped)")

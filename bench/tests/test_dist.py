@@ -82,13 +82,18 @@ def test_ratios_are_against_independent():
     assert dist.ratios(dist.summarise([one("single", 1.0, 1)])) == {}
 
 
-def net_serve_json(samples, seconds, stalls, warm, pushed, received):
+def net_serve_json(samples, seconds, stalls, warm, pushed, received, later=0):
+    """Two epochs: epoch 0 with `stalls` waits (`warm` after its first batch), epoch 1 with `later`."""
+    half = {"samples": samples // 2, "seconds": seconds / 2}
     return json.dumps(
         {
-            "epochs": [{"epoch": 0, "samples": samples, "seconds": seconds, "stalls": stalls, "stalls_warm": warm}],
+            "epochs": [
+                {"epoch": 0, **half, "stalls": stalls, "stalls_warm": warm},
+                {"epoch": 1, **half, "stalls": later, "stalls_warm": max(later - 1, 0)},
+            ],
             "closed": {
                 "bytes_read": 1,
-                "stalls": stalls,
+                "stalls": stalls + later,
                 "stall_p50_secs": 0.0,
                 "stall_p99_secs": 0.002,
                 "bytes_pushed": pushed,
@@ -123,14 +128,17 @@ def test_network_summary_counts_warm_waits_and_bytes_per_epoch():
     for rnd, (warm, build) in enumerate([(3, "before"), (0, "after"), (5, "before"), (0, "after")]):
         r = dist.NetRun("1gbit/2/0.1", 20.0, rnd // 2, build=build, epochs=2)
         r.nodes = [
-            dist.parse_serve(n, net_serve_json(100, 2.0, warm + 1, warm, 4_000_000, 2_000_000)) for n in range(2)
+            dist.parse_serve(n, net_serve_json(100, 2.0, warm + 1, warm, 4_000_000, 2_000_000, later=2 if warm else 0))
+            for n in range(2)
         ]
         r.wire_bytes = 9_000_000
         runs.append(r)
     runs.append(dist.NetRun("1gbit/2/0.1", 20.0, 2, build="after", error="node 1 exited 1"))
     rows = dist.net_summary(runs)
     total = {r["build"]: r for r in rows if r["node"] == "total"}
-    assert total["before"]["stalls_warm"]["median"] == 8  # 2 nodes x (3, 5) -> (6, 10)
+    assert total["before"]["stalls_warm"]["median"] == 10  # 2 nodes x (3 + 1, 5 + 1) -> (8, 12)
+    assert total["before"]["stalls_epoch0_warm"]["median"] == 8  # 2 nodes x (3, 5)
+    assert total["before"]["stalls_later_per_epoch"]["median"] == 4  # 2 nodes x 2, one later epoch
     assert total["after"]["stalls_warm"]["max"] == 0
     assert total["after"]["failed"] == 1 and total["after"]["runs"] == 2
     assert total["before"]["net_bytes_per_epoch"]["median"] == 4_000_000  # 2 nodes x 4 MB over 2 epochs
@@ -138,7 +146,7 @@ def test_network_summary_counts_warm_waits_and_bytes_per_epoch():
     node = next(r for r in rows if r["node"] == "node 0" and r["build"] == "after")
     assert node["net_bytes_per_epoch"]["median"] == 1_000_000
     table = dist.net_markdown(rows)
-    assert "| 1gbit/2/0.1 | 20 ms/batch | after | total | 100 | 4.0 | 4.5 | 2 | 0 | 2.00 |" in table
+    assert "| 1gbit/2/0.1 | 20 ms/batch | after | total | 100 | 4.0 | 4.5 | 2 | 0 | 0 | 0.0 | 2.00 |" in table
     assert "(1 failed run(s) left out)" in table
 
 

@@ -7,6 +7,10 @@
 //! `[cursor, window)` fit `remote_memory`, so whatever arrives fits, and the
 //! step the consumer waits for is always inside it (no owner can block
 //! another's sample: no deadlock).
+//!
+//! Once the window reaches the epoch's end, what `remote_memory` has left
+//! is credited to the next epoch's first steps (the same bound covers
+//! both), so the next epoch's first batches arrive while this one finishes.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -127,6 +131,15 @@ struct State {
     /// The first failure of the job, as this node learnt it.
     failed: Option<Failure>,
     stats: InboxStats,
+}
+
+impl State {
+    /// The window of `epoch`: the current one or the next.
+    fn epoch_mut(&mut self, epoch: u64) -> Option<&mut EpochWindow> {
+        std::iter::once(&mut self.cur)
+            .chain(self.next.as_mut())
+            .find(|e| e.plan.epoch == epoch)
+    }
 }
 
 pub struct Inbox {
@@ -368,9 +381,9 @@ impl Inbox {
                 "on its connection attempt {attempt}, replaced by a later one"
             )));
         }
-        let State { cur, next, .. } = &mut *s;
-        let Some(ep) = std::iter::once(cur).chain(next.as_mut()).find(|e| e.plan.epoch == m.epoch) else {
-            return Err(bad(format!("this node is in epoch {}", s.cur.plan.epoch)));
+        let serving = s.cur.plan.epoch;
+        let Some(ep) = s.epoch_mut(m.epoch) else {
+            return Err(bad(format!("this node is in epoch {serving}")));
         };
         let i = m.step as usize;
         match (ep.plan.samples.get(i), ep.plan.owners.get(i)) {
@@ -408,9 +421,8 @@ impl Inbox {
     }
 
     fn hold(&self, s: &mut State, epoch: u64, step: u64, h: Held) {
-        let State { cur, next, .. } = s;
         // The owner pushes only what was credited, so the epoch is here.
-        let Some(ep) = std::iter::once(cur).chain(next.as_mut()).find(|e| e.plan.epoch == epoch) else {
+        let Some(ep) = s.epoch_mut(epoch) else {
             return;
         };
         let len = h.bytes.len() as u64;

@@ -46,7 +46,10 @@ fn serve_computing(
                 break;
             };
             if epoch == 1 && served.is_empty() {
-                first_batch_waits.lock().expect("lock").push(l.metrics().stalls - before);
+                first_batch_waits
+                    .lock()
+                    .expect("lock")
+                    .push(l.metrics().stalls - before);
             }
             served.extend(b.iter().map(|s| (s.id, s.data.to_vec())));
             std::thread::sleep(Duration::from_millis(1));
@@ -85,7 +88,11 @@ fn the_next_epochs_first_batch_is_pushed_before_the_consumer_asks() {
     let t = tempfile::tempdir().expect("tempdir");
     let ds = dataset(t.path());
     let (waits, metrics) = run(&ds, Some(1));
-    assert_eq!(waits, vec![0; NODES], "on-demand waits in epoch 1's first batch, per node");
+    assert_eq!(
+        waits,
+        vec![0; NODES],
+        "on-demand waits in epoch 1's first batch, per node"
+    );
     // Nothing of epoch 2 (past the last) was read or pushed: each chunk of
     // epochs 0 and 1 read once, by its owner, and every push served.
     let planner = Planner::new(&ds.index, &node_config(&addresses(NODES), 0, "x").loader.plan).expect("plan");
@@ -106,5 +113,8 @@ fn without_early_credit_the_next_epochs_first_batch_waits() {
     let ds = dataset(t.path());
     let (waits, _) = run(&ds, Some(0));
     assert_eq!(waits.len(), NODES);
-    assert!(waits.iter().all(|&w| w > 0), "waits in epoch 1's first batch: {waits:?}");
+    assert!(
+        waits.iter().all(|&w| w > 0),
+        "waits in epoch 1's first batch: {waits:?}"
+    );
 }

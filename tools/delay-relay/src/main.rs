@@ -11,7 +11,7 @@
 //!
 //!     delay-relay relay --listen 0.0.0.0:7070 --transparent --delay-ms 1
 //!     delay-relay relay --listen 127.0.0.1:9000 --to 127.0.0.1:9001 --delay-ms 1
-//!     delay-relay sink --listen 10.77.1.2:9100        # counts what comes, answers at the end
+//!     delay-relay sink --listen 10.77.1.2:9100 [--connections N]  # reads each to its end, answers
 //!     delay-relay source --to 10.77.1.2:9100 --bytes 1GiB   # prints {"bytes", "secs", "mb_per_s"}
 //!     delay-relay probe --delay-ms 1 --bytes 1GiB     # source → relay → sink on 127.0.0.1
 //!
@@ -92,10 +92,18 @@ fn run(args: &[String]) -> Result<(), String> {
         }
         "sink" => {
             let ls = listener(addr(args, "--listen")?, false)?;
+            let n = bytes(args, "--connections", 1)?;
             println!("sink ready");
             std::io::stdout().flush().map_err(|e| e.to_string())?;
-            let (c, _) = ls.accept().map_err(|e| e.to_string())?;
-            sink(c).map(|_| ())
+            let mut each = Vec::new();
+            for _ in 0..n {
+                let (c, _) = ls.accept().map_err(|e| e.to_string())?;
+                each.push(std::thread::spawn(move || sink(c)));
+            }
+            for t in each {
+                t.join().map_err(|_| "sink panicked".to_string())??;
+            }
+            Ok(())
         }
         "source" => {
             let r = source(addr(args, "--to")?, bytes(args, "--bytes", 1 << 30)?)?;
@@ -119,7 +127,11 @@ fn setsockopt<T>(fd: i32, level: i32, name: i32, value: &T) -> std::io::Result<(
             std::mem::size_of::<T>() as libc::socklen_t,
         )
     };
-    if r == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// A listener on `at`; `transparent`: accepting connections to any address
@@ -316,7 +328,10 @@ fn write_side(dst: &TcpStream, src: &TcpStream, pipe: &Pipe) {
 /// is shut down for reading so this connection's threads end; the reset
 /// goes when its last handle closes (SO_LINGER 0).
 fn reset(s: &TcpStream) {
-    let linger = libc::linger { l_onoff: 1, l_linger: 0 };
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
     let _ = setsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_LINGER, &linger);
     let _ = s.shutdown(Shutdown::Read);
 }
@@ -351,7 +366,8 @@ fn source(to: SocketAddr, n: u64) -> Result<String, String> {
     }
     c.shutdown(Shutdown::Write).map_err(|e| e.to_string())?;
     let mut ack = [0u8; 1];
-    c.read_exact(&mut ack).map_err(|e| format!("{to}: no answer from the sink: {e}"))?;
+    c.read_exact(&mut ack)
+        .map_err(|e| format!("{to}: no answer from the sink: {e}"))?;
     let secs = start.elapsed().as_secs_f64();
     Ok(format!(
         "{{\"bytes\": {n}, \"secs\": {secs:.4}, \"mb_per_s\": {:.1}}}",
@@ -366,7 +382,8 @@ fn probe(delay: Duration, n: u64) -> Result<(), String> {
     let sink_at = sink_ls.local_addr().map_err(|e| e.to_string())?;
     let relay_ls = TcpListener::bind(any).map_err(|e| e.to_string())?;
     let relay_at = relay_ls.local_addr().map_err(|e| e.to_string())?;
-    let sink_thread = std::thread::spawn(move || sink_ls.accept().map_err(|e| e.to_string()).and_then(|(c, _)| sink(c)));
+    let sink_thread =
+        std::thread::spawn(move || sink_ls.accept().map_err(|e| e.to_string()).and_then(|(c, _)| sink(c)));
     std::thread::spawn(move || relay(relay_ls, Some(sink_at), delay, 8 << 20));
     let r = source(relay_at, n)?;
     let got = sink_thread.join().map_err(|_| "sink panicked".to_string())??;
