@@ -43,7 +43,8 @@ impl CreditSink {
     }
 }
 
-/// Counters of what arrived and what waited.
+/// Counters of what was served (local or pushed: a sample pushed for an
+/// epoch this node never starts is not counted) and what waited.
 #[derive(Debug, Clone, Default)]
 pub struct InboxStats {
     pub samples_local: u64,
