@@ -328,6 +328,7 @@ impl NodeLoader {
         Checkpoint {
             state: self.state(),
             fingerprint: self.fingerprint,
+            bitmap: None,
         }
     }
 
