@@ -2,8 +2,6 @@
 //! `brand_start_epoch`), the epoch's size, and the state blob
 //! (`brand_loader::Checkpoint`) that `brand_open_at` resumes from.
 
-use ::brand_loader::Checkpoint;
-
 use crate::handles::{brand_loader, put, with_loader};
 use crate::status::brand_status::{self, *};
 use crate::status::{Failure, boundary};
@@ -60,13 +58,16 @@ pub extern "C" fn brand_dataset_samples(loader: *const brand_loader, out: *mut u
     })
 }
 
-/// The size in bytes of this loader's state blob, into `*out` (the same
-/// for every loader of this library version; ask anyway).
+/// The size in bytes of the largest state blob this loader saves, into
+/// `*out`: a buffer of it always suffices for `brand_state_save`. 88 for a
+/// loader alone or a node; for a job attached to a cache (`cache = "PATH"`),
+/// or one resumed from such a job's state, 88 + 8 × ceil(samples / 64),
+/// because its state mid-epoch holds a bitmap of the samples served.
 #[unsafe(no_mangle)]
 pub extern "C" fn brand_state_size(loader: *const brand_loader, out: *mut usize) -> brand_status {
     boundary(|| {
-        with_loader(loader, |_| Ok(()))?;
-        put(out, "out", Checkpoint::LEN)?;
+        let n = with_loader(loader, |reader| Ok(reader.checkpoint_len()))?;
+        put(out, "out", n)?;
         Ok(BRAND_OK)
     })
 }
@@ -76,6 +77,12 @@ pub extern "C" fn brand_state_size(loader: *const brand_loader, out: *mut usize)
 /// the dataset and plan config. Writes it to `buf[0..len]` and its size to
 /// `*written`. If `len` is too small: BRAND_ERR_BUFFER_TOO_SMALL, nothing
 /// is written to `buf`, and `*written` is the size needed.
+///
+/// The size varies: 88 bytes where the position is a count (a loader
+/// alone, a node, any loader at an epoch's start); mid-epoch, a job
+/// attached to a cache saves which samples it served (its order depends on
+/// timing), up to `brand_state_size`. Blobs of either kind resume with
+/// `brand_open_at`, attached or alone.
 ///
 /// Samples in batches not yet consumed by the caller count as served: save
 /// after the training step that consumed the last batch.
@@ -102,7 +109,7 @@ pub extern "C" fn brand_state_save(
             return Err(Failure::invalid("buf is NULL"));
         }
         // SAFETY: buf is non-NULL and points to len >= blob.len() writable
-        // bytes (contract); blob is a local array, so they do not overlap.
+        // bytes (contract); blob is our own allocation, so they do not overlap.
         unsafe { std::ptr::copy_nonoverlapping(blob.as_ptr(), buf, blob.len()) };
         Ok(BRAND_OK)
     })
