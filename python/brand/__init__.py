@@ -55,3 +55,22 @@ __all__ = [
     "SampleBuffer",
     "StateMismatchError",
 ]
+
+
+def _holds_served_bitmap(state: dict) -> bool:
+    """Whether a ``Loader.state_dict()`` is of a loader attached to a cache
+    mid-epoch (longer than a count's ``CHECKPOINT_BYTES``: it holds which
+    samples were served). Such a loader's batches depend on timing, so a
+    position inside one (a batch read again, some of it skipped) is not exact."""
+    return len(state.get("checkpoint", "")) > 2 * CHECKPOINT_BYTES
+
+
+def _refuse_inside_an_attached_batch(brand_state: dict, skip: int, how: str) -> None:
+    """Raises ``InvalidStateError`` for a state saved ``skip`` samples into a
+    batch of a loader attached to a cache (see ``_holds_served_bitmap``)."""
+    if skip and _holds_served_bitmap(brand_state):
+        raise InvalidStateError(
+            f"this state was saved inside a brand batch ({skip} samples of it handed out) of a loader attached "
+            "to a cache (cache=...), whose batches depend on timing: it cannot resume exactly. Save between "
+            f"brand batches ({how}): such states resume exactly, attached or alone"
+        )

@@ -25,6 +25,9 @@ once per epoch on each rank (``rank``/``world`` keywords, as for
 ``brand.Loader``). Its state is exact to the sample and a fresh iterator of
 the same dataset resumes from it, also after Grain transformations chained
 after it (``map``, ``batch``, ...), whose iterators carry it in theirs.
+Attached to a cache (``cache=...``), whose batches depend on timing, a state
+is exact between brand batches (``batched=True``); one saved inside a batch
+raises ``InvalidStateError`` in ``set_state``.
 
 Each iterator opens its own ``brand.Loader`` in the process that iterates;
 it is not meant for Grain's multiprocess prefetch (brand reads and decodes
@@ -129,6 +132,7 @@ class BrandDatasetIterator(grain.DatasetIterator):
         """Continues exactly where the iterator that gave ``state`` was."""
         if not isinstance(state, dict) or state.get("version") != _STATE_VERSION or "brand" not in state:
             raise brand.InvalidStateError(f"not a BrandDatasetIterator state: {state!r:.200}")
+        brand._refuse_inside_an_attached_batch(state["brand"], int(state["skip"]), "batched=True")
         self._loader.load_state_dict(state["brand"])
         self._batch, self._before, self._taken = None, None, 0
         self._skip = int(state["skip"])

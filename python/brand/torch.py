@@ -40,7 +40,9 @@ position (to the sample), which ``StatefulDataLoader`` saves and restores with
 0 or k workers, mid-epoch or after an epoch's end. A state loaded into a
 worker wins over ``set_epoch`` unless ``set_epoch`` names a later epoch (so
 ``set_epoch(e + 1)`` after resuming from the end of epoch ``e`` starts
-``e + 1``).
+``e + 1``). Attached to a cache (``cache=...``), whose batches depend on
+timing, a state is exact between brand batches (``batched=True``); one saved
+inside a batch (per sample) raises ``InvalidStateError`` when loaded.
 
 Changing ``num_workers`` (or the number of ranks) across a resume is an
 elastic resume over ``world × k`` brand ranks: ``StatefulDataLoader`` cannot
@@ -172,6 +174,7 @@ class BrandDataset(torch.utils.data.IterableDataset):
             if self._epoch is not None and self._epoch > saved_epoch:
                 loader.start_epoch(self._epoch)
             else:
+                brand._refuse_inside_an_attached_batch(pending["brand"], pending["skip"], "batched=True")
                 loader.load_state_dict(pending["brand"])
                 skip = pending["skip"]
         elif pending is not None:

@@ -182,7 +182,7 @@ impl Open {
         let reader = self.reader()?;
         let state = self.before.unwrap_or_else(|| reader.state());
         // The reader's rule, not a blob put together here: an attached
-        // job mid-epoch has no count-only state.
+        // job's state mid-epoch is the bitmap of what the user was handed.
         reader.checkpoint_at(state).map_err(to_py)
     }
 }
@@ -356,11 +356,14 @@ impl Loader {
     }
 
     /// The position as a small JSON-serialisable dict: ``checkpoint`` (the
-    /// 88-byte brand state blob, hex: bound to the dataset and the plan
-    /// config), and for people ``epoch``, ``served`` (samples of that epoch
-    /// handed out), ``rank``, ``world`` and ``version``. Saved right after
-    /// the last batch of an epoch, it resumes at that epoch's end (the next
-    /// iteration ends the epoch, the one after starts the next).
+    /// brand state blob, hex: bound to the dataset and the plan config;
+    /// ``CHECKPOINT_BYTES`` long, or for a loader attached to a cache
+    /// mid-epoch longer: it holds which samples were served, one bit each,
+    /// because an attached loader's order depends on timing), and for
+    /// people ``epoch``, ``served`` (samples of that epoch handed out),
+    /// ``rank``, ``world`` and ``version``. Saved right after the last batch
+    /// of an epoch, it resumes at that epoch's end (the next iteration ends
+    /// the epoch, the one after starts the next).
     fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let checkpoint = self.with_open(|open| open.checkpoint())?;
         let d = PyDict::new(py);
@@ -378,7 +381,9 @@ impl Loader {
     ///
     /// ``state`` is either one ``state_dict()`` of this rank, saved with the
     /// same dataset and the same plan config (policy, seed, memory, rank,
-    /// world, drop_last; I/O settings and batch_size may differ), or
+    /// world, drop_last; I/O settings and batch_size may differ; a state of
+    /// a loader attached to a cache resumes attached, with ``cache``, or
+    /// alone, without: each sample once in that epoch either way), or
     /// ``{"world": [state_dict of rank 0, rank 1, ...]}``: the state dicts
     /// of EVERY rank of a world of any size, saved after the same number of
     /// batches (elastic resume). The ranks of this world then serve the

@@ -68,6 +68,9 @@ constexpr char kDatasetType[] = "Brand";
 constexpr char kDone[] = "done";
 constexpr char kState[] = "state";
 constexpr char kPos[] = "pos";
+// The size of a brand state that is a count (brand_state_size of a loader
+// alone); an attached job's state mid-epoch is longer (brand.h).
+constexpr size_t kCountStateBytes = 88;
 
 // A brand status as an absl::Status carrying brand's own message. Must be
 // called on the thread that made the failing call, right after it
@@ -317,7 +320,17 @@ class BrandDatasetOp : public DatasetOpKernel {
         SetLoader(opened);
         // Mid-batch (per-sample mode): re-read the batch and skip what was
         // already emitted. Skipping across batches keeps this right even if
-        // the restored config reads with another batch size.
+        // the restored config reads with another batch size. Not for the
+        // state of a job attached to a cache (longer than a count's 88
+        // bytes: it holds the samples served): its batches depend on timing,
+        // so the batch read again is another one.
+        if (pos > 0 && state.size() > kCountStateBytes) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "brand: this checkpoint was taken inside a batch (", pos,
+              " samples of it emitted) of a job attached to a cache (config cache = ...), whose batches depend "
+              "on timing: it cannot resume exactly. Give BrandDataset a batch_size: its checkpoints are then "
+              "between batches and resume exactly, attached or alone"));
+        }
         while (pos > 0) {
           TF_RETURN_IF_ERROR(SaveState(&state_before_));
           TF_RETURN_IF_ERROR(NextBatch(&batch_));
