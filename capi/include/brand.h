@@ -563,6 +563,25 @@ brand_status brand_state_save(const struct brand_loader *loader,
                               size_t len,
                               size_t *written);
 
+/**
+ * As `brand_state_save`, for the position `served` samples into `epoch`:
+ * one the loader has been at since the start of the last batch it
+ * returned (`brand_tell` before that `brand_next`, plus the samples of the
+ * batch the caller handed on). For a caller that hands a batch out sample
+ * by sample and saves between them: a job attached to a cache cannot read
+ * a batch again, so its state there must leave out the rest of the batch.
+ * Another position of an attached job gives BRAND_ERR_INVALID_STATE; a
+ * loader alone takes any count of its current epoch (on_corrupt = "skip"
+ * makes a count inside a batch that skipped a sample inexact: save
+ * between its batches).
+ */
+brand_status brand_state_save_at(const struct brand_loader *loader,
+                                 uint64_t epoch,
+                                 uint64_t served,
+                                 uint8_t *buf,
+                                 size_t len,
+                                 size_t *written);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

@@ -2,9 +2,11 @@
 //! `brand_start_epoch`), the epoch's size, and the state blob
 //! (`brand_loader::Checkpoint`) that `brand_open_at` resumes from.
 
+use ::brand_loader::LoaderState;
+
 use crate::handles::{brand_loader, put, with_loader};
 use crate::status::brand_status::{self, *};
-use crate::status::{Failure, boundary};
+use crate::status::{Failure, Outcome, boundary};
 
 /// Jumps to the start of `epoch` (each epoch has its own order), dropping
 /// anything read ahead. Also the way on after BRAND_ERR_CORRUPT. A node of
@@ -93,24 +95,61 @@ pub extern "C" fn brand_state_save(
     len: usize,
     written: *mut usize,
 ) -> brand_status {
-    boundary(|| {
-        if written.is_null() {
-            return Err(Failure::invalid("written is NULL"));
-        }
-        let blob = with_loader(loader, |reader| Ok(reader.checkpoint()?.to_bytes()))?;
-        put(written, "written", blob.len())?;
-        if len < blob.len() {
-            return Err(Failure::new(
-                BRAND_ERR_BUFFER_TOO_SMALL,
-                format!("the state needs {} bytes, the buffer has {len}", blob.len()),
-            ));
-        }
-        if buf.is_null() {
-            return Err(Failure::invalid("buf is NULL"));
-        }
-        // SAFETY: buf is non-NULL and points to len >= blob.len() writable
-        // bytes (contract); blob is our own allocation, so they do not overlap.
-        unsafe { std::ptr::copy_nonoverlapping(blob.as_ptr(), buf, blob.len()) };
-        Ok(BRAND_OK)
-    })
+    boundary(|| write_state(loader, None, buf, len, written))
+}
+
+/// As `brand_state_save`, for the position `served` samples into `epoch`:
+/// one the loader has been at since the start of the last batch it
+/// returned (`brand_tell` before that `brand_next`, plus the samples of the
+/// batch the caller handed on). For a caller that hands a batch out sample
+/// by sample and saves between them: a job attached to a cache cannot read
+/// a batch again, so its state there must leave out the rest of the batch.
+/// Another position of an attached job gives BRAND_ERR_INVALID_STATE; a
+/// loader alone takes any count of its current epoch (on_corrupt = "skip"
+/// makes a count inside a batch that skipped a sample inexact: save
+/// between its batches).
+#[unsafe(no_mangle)]
+pub extern "C" fn brand_state_save_at(
+    loader: *const brand_loader,
+    epoch: u64,
+    served: u64,
+    buf: *mut u8,
+    len: usize,
+    written: *mut usize,
+) -> brand_status {
+    boundary(|| write_state(loader, Some(LoaderState { epoch, served }), buf, len, written))
+}
+
+/// The checkpoint at `at` (None: now) written as `brand_state_save` says.
+fn write_state(
+    loader: *const brand_loader,
+    at: Option<LoaderState>,
+    buf: *mut u8,
+    len: usize,
+    written: *mut usize,
+) -> Outcome {
+    if written.is_null() {
+        return Err(Failure::invalid("written is NULL"));
+    }
+    let blob = with_loader(loader, |reader| {
+        let checkpoint = match at {
+            Some(state) => reader.checkpoint_at(state)?,
+            None => reader.checkpoint()?,
+        };
+        Ok(checkpoint.to_bytes())
+    })?;
+    put(written, "written", blob.len())?;
+    if len < blob.len() {
+        return Err(Failure::new(
+            BRAND_ERR_BUFFER_TOO_SMALL,
+            format!("the state needs {} bytes, the buffer has {len}", blob.len()),
+        ));
+    }
+    if buf.is_null() {
+        return Err(Failure::invalid("buf is NULL"));
+    }
+    // SAFETY: buf is non-NULL and points to len >= blob.len() writable
+    // bytes (contract); blob is our own allocation, so they do not overlap.
+    unsafe { std::ptr::copy_nonoverlapping(blob.as_ptr(), buf, blob.len()) };
+    Ok(BRAND_OK)
 }

@@ -138,6 +138,18 @@ fn an_attached_jobs_state_mid_epoch_resumes_attached_or_alone_exactly_once() {
     assert_eq!(written, size);
     let blob = save(l);
     assert_eq!(blob.len(), size);
+    // A caller handing a batch out sample by sample saves inside it: the
+    // sixth batch's first 5 samples served, the rest not.
+    let sixth = take(l, 1);
+    assert_eq!(sixth.len(), 16);
+    let mut inside = vec![0u8; size];
+    let mut written = 0usize;
+    let st = brand_state_save_at(l, 0, 85, inside.as_mut_ptr(), inside.len(), &mut written);
+    assert_eq!(st, BRAND_OK, "{}", last_error());
+    inside.truncate(written);
+    let st = brand_state_save_at(l, 0, 40, inside.as_mut_ptr(), size, &mut written);
+    assert_eq!(st, BRAND_ERR_INVALID_STATE, "not inside the last batch");
+    assert!(last_error().contains("40 samples of epoch 0"), "{}", last_error());
     close(l);
 
     for (how, cfg) in [("attached", &attached), ("alone", &alone)] {
@@ -154,6 +166,17 @@ fn an_attached_jobs_state_mid_epoch_resumes_attached_or_alone_exactly_once() {
         for (id, data) in before.iter().chain(&rest) {
             assert!(truth[id] == *data, "{how}: sample {id}'s bytes");
         }
+    }
+
+    let handed: Vec<(u64, Vec<u8>)> = before.iter().chain(&sixth[..5]).cloned().collect();
+    for (how, cfg) in [("attached", &attached), ("alone", &alone)] {
+        let (st, l) = open_at(&path, cfg, &inside);
+        assert_eq!(st, BRAND_OK, "{how}: {}", last_error());
+        let rest = take(l, usize::MAX);
+        close(l);
+        let mut ids: Vec<u64> = handed.iter().chain(&rest).map(|(id, _)| *id).collect();
+        ids.sort_unstable();
+        assert_eq!(ids, (0..SAMPLES).collect::<Vec<_>>(), "{how}: inside a batch, exactly once");
     }
 
     // Elastic resume continues a world's plan, not an attached job's bitmap.

@@ -46,35 +46,25 @@ def cache_socket(small_ds, tmp_path):
 
 @pytest.mark.parametrize("symbolic", [False, True], ids=["plain", "symbolic"])
 @pytest.mark.parametrize("resume", ["attached", "alone"])
+@pytest.mark.parametrize("batch_size, take", [(8, 5), (None, 37)], ids=["batched", "per-sample"])
 def test_an_attached_iterator_checkpoint_mid_epoch_resumes_exactly_once(
-    small_ds, small_bytes, cache_socket, tmp_path, resume, symbolic
+    small_ds, small_bytes, cache_socket, tmp_path, resume, symbolic, batch_size, take
 ):
+    # Per sample, 37 elements are inside brand's first batch (of its
+    # default 256, or the epoch's 200): the state is that position in it.
     attached = f'cache = "{cache_socket}"'
     opts = tf.data.Options()
     opts.experimental_symbolic_checkpoint = symbolic
-    it = iter(BrandDataset(small_ds, batch_size=8, seed=3, config=attached).with_options(opts))
-    seen = [i for _ in range(5) for i in next(it)["id"].numpy().tolist()]
+    it = iter(BrandDataset(small_ds, batch_size=batch_size, seed=3, config=attached).with_options(opts))
+    seen = [i for _ in range(take) for i in next(it)["id"].numpy().reshape(-1).tolist()]
     path = tf.train.Checkpoint(it=it).save(str(tmp_path / "attached"))
     del it  # detaches from the cache
     config = attached if resume == "attached" else 'read_gap = "whole"'
-    fresh = iter(BrandDataset(small_ds, batch_size=8, seed=3, config=config).with_options(opts))
+    fresh = iter(BrandDataset(small_ds, batch_size=batch_size, seed=3, config=config).with_options(opts))
     tf.train.Checkpoint(it=fresh).restore(path).assert_consumed()
     for el in fresh:
-        for i, data in zip(el["id"].numpy().tolist(), el["data"].numpy().tolist()):
-            assert data == small_bytes[i], i
+        ids, data = el["id"].numpy().reshape(-1).tolist(), el["data"].numpy().reshape(-1).tolist()
+        for i, d in zip(ids, data):
+            assert d == small_bytes[i], i
             seen.append(i)
     assert sorted(seen) == list(range(SAMPLES)), f"{resume}: the epoch exactly once"
-
-
-def test_a_per_sample_checkpoint_inside_an_attached_batch_is_refused(small_ds, cache_socket, tmp_path):
-    # Per-sample elements from brand's batches of its default size (more
-    # than 3 samples).
-    attached = f'cache = "{cache_socket}"'
-    it = iter(BrandDataset(small_ds, seed=4, config=attached))
-    for _ in range(3):
-        next(it)
-    path = tf.train.Checkpoint(it=it).save(str(tmp_path / "inside"))
-    del it
-    fresh = iter(BrandDataset(small_ds, seed=4, config=attached))
-    with pytest.raises(tf.errors.FailedPreconditionError, match="inside a batch .3 samples"):
-        tf.train.Checkpoint(it=fresh).restore(path)
