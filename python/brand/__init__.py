@@ -57,20 +57,18 @@ __all__ = [
 ]
 
 
-def _holds_served_bitmap(state: dict) -> bool:
-    """Whether a ``Loader.state_dict()`` is of a loader attached to a cache
-    mid-epoch (longer than a count's ``CHECKPOINT_BYTES``: it holds which
-    samples were served). Such a loader's batches depend on timing, so a
-    position inside one (a batch read again, some of it skipped) is not exact."""
-    return len(state.get("checkpoint", "")) > 2 * CHECKPOINT_BYTES
 
-
-def _refuse_inside_an_attached_batch(brand_state: dict, skip: int, how: str) -> None:
-    """Raises ``InvalidStateError`` for a state saved ``skip`` samples into a
-    batch of a loader attached to a cache (see ``_holds_served_bitmap``)."""
-    if skip and _holds_served_bitmap(brand_state):
+def _refuse_inside_an_attached_batch(state: dict, attached_now: bool, how: str) -> None:
+    """Raises ``InvalidStateError`` for a ``brand.torch``/``brand.grain`` state
+    saved inside a brand batch (``skip`` samples of it handed out) when the
+    loader that saved it or the one resuming it is attached to a cache: its
+    batches depend on timing, so the batch read again would be another one."""
+    skip = int(state.get("skip", 0))
+    brand_state = state.get("brand") or {}
+    saved_attached = state.get("attached") or len(brand_state.get("checkpoint", "")) > 2 * CHECKPOINT_BYTES
+    if skip and (saved_attached or attached_now):
         raise InvalidStateError(
-            f"this state was saved inside a brand batch ({skip} samples of it handed out) of a loader attached "
-            "to a cache (cache=...), whose batches depend on timing: it cannot resume exactly. Save between "
-            f"brand batches ({how}): such states resume exactly, attached or alone"
+            f"this state was saved inside a brand batch ({skip} samples of it handed out) and the loader that "
+            "saved it or this one is attached to a cache (cache=...), whose batches depend on timing: it cannot "
+            f"resume exactly. Save between brand batches ({how}): such states resume exactly, attached or alone"
         )

@@ -123,16 +123,18 @@ class BrandDatasetIterator(grain.DatasetIterator):
         """Where the iterator is: brand's state before the batch in hand and
         how many of its samples were handed out (JSON-serialisable)."""
         if self._batch is not None and self._taken < len(self._batch):
-            return {"version": _STATE_VERSION, "brand": dict(self._before), "skip": self._taken}
+            return {"version": _STATE_VERSION, "brand": dict(self._before), "skip": self._taken,
+                    "attached": bool(self._dataset.config.get("cache"))}
         if self._batch is None and self._skip:
-            return {"version": _STATE_VERSION, "brand": self._loader.state_dict(), "skip": self._skip}
+            return {"version": _STATE_VERSION, "brand": self._loader.state_dict(), "skip": self._skip,
+                    "attached": bool(self._dataset.config.get("cache"))}
         return {"version": _STATE_VERSION, "brand": self._loader.state_dict(), "skip": 0}
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Continues exactly where the iterator that gave ``state`` was."""
         if not isinstance(state, dict) or state.get("version") != _STATE_VERSION or "brand" not in state:
             raise brand.InvalidStateError(f"not a BrandDatasetIterator state: {state!r:.200}")
-        brand._refuse_inside_an_attached_batch(state["brand"], int(state["skip"]), "batched=True")
+        brand._refuse_inside_an_attached_batch(state, bool(self._dataset.config.get("cache")), "batched=True")
         self._loader.load_state_dict(state["brand"])
         self._batch, self._before, self._taken = None, None, 0
         self._skip = int(state["skip"])

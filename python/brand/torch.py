@@ -174,7 +174,7 @@ class BrandDataset(torch.utils.data.IterableDataset):
             if self._epoch is not None and self._epoch > saved_epoch:
                 loader.start_epoch(self._epoch)
             else:
-                brand._refuse_inside_an_attached_batch(pending["brand"], pending["skip"], "batched=True")
+                brand._refuse_inside_an_attached_batch(pending, bool(self.config.get("cache")), "batched=True")
                 loader.load_state_dict(pending["brand"])
                 skip = pending["skip"]
         elif pending is not None:
@@ -234,7 +234,8 @@ class BrandDataset(torch.utils.data.IterableDataset):
             # Between batches: the loader's own state is exact (and usable
             # for an elastic resume).
             return {"version": _STATE_VERSION, "brand": self._loader.state_dict(), "skip": 0}
-        return {"version": _STATE_VERSION, "brand": dict(self._before), "skip": self._taken}
+        return {"version": _STATE_VERSION, "brand": dict(self._before), "skip": self._taken,
+                "attached": bool(self.config.get("cache"))}
 
     def load_state_dict(self, state: dict) -> None:
         """Resumes the next iteration where ``state`` (from ``state_dict``)
