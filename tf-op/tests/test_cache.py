@@ -13,6 +13,11 @@ from brand.tf import BrandDataset
 from conftest import BRAND, SAMPLES
 
 
+def flat(t):
+    """A per-sample scalar or a batch's vector as a list."""
+    return tf.reshape(t, [-1]).numpy().tolist()
+
+
 @pytest.fixture
 def cache_socket(small_ds, tmp_path):
     """A running `brand cache` over the small dataset; stopped (SIGTERM) after.
@@ -56,15 +61,14 @@ def test_an_attached_iterator_checkpoint_mid_epoch_resumes_exactly_once(
     opts = tf.data.Options()
     opts.experimental_symbolic_checkpoint = symbolic
     it = iter(BrandDataset(small_ds, batch_size=batch_size, seed=3, config=attached).with_options(opts))
-    seen = [i for _ in range(take) for i in next(it)["id"].numpy().reshape(-1).tolist()]
+    seen = [i for _ in range(take) for i in flat(next(it)["id"])]
     path = tf.train.Checkpoint(it=it).save(str(tmp_path / "attached"))
     del it  # detaches from the cache
     config = attached if resume == "attached" else 'read_gap = "whole"'
     fresh = iter(BrandDataset(small_ds, batch_size=batch_size, seed=3, config=config).with_options(opts))
     tf.train.Checkpoint(it=fresh).restore(path).assert_consumed()
     for el in fresh:
-        ids, data = el["id"].numpy().reshape(-1).tolist(), el["data"].numpy().reshape(-1).tolist()
-        for i, d in zip(ids, data):
+        for i, d in zip(flat(el["id"]), flat(el["data"])):
             assert d == small_bytes[i], i
             seen.append(i)
     assert sorted(seen) == list(range(SAMPLES)), f"{resume}: the epoch exactly once"
