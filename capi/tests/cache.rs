@@ -176,7 +176,11 @@ fn an_attached_jobs_state_mid_epoch_resumes_attached_or_alone_exactly_once() {
         close(l);
         let mut ids: Vec<u64> = handed.iter().chain(&rest).map(|(id, _)| *id).collect();
         ids.sort_unstable();
-        assert_eq!(ids, (0..SAMPLES).collect::<Vec<_>>(), "{how}: inside a batch, exactly once");
+        assert_eq!(
+            ids,
+            (0..SAMPLES).collect::<Vec<_>>(),
+            "{how}: inside a batch, exactly once"
+        );
     }
 
     // Elastic resume continues a world's plan, not an attached job's bitmap.

@@ -359,7 +359,7 @@ impl Reader {
             // once): every sample of it was served.
             let n = self.dataset().index.samples();
             let mut all = vec![u64::MAX; n.div_ceil(64) as usize];
-            if let Some(w) = all.last_mut().filter(|_| n % 64 != 0) {
+            if let Some(w) = all.last_mut().filter(|_| !n.is_multiple_of(64)) {
                 *w = (1 << (n % 64)) - 1;
             }
             all
