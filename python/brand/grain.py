@@ -26,8 +26,9 @@ once per epoch on each rank (``rank``/``world`` keywords, as for
 the same dataset resumes from it, also after Grain transformations chained
 after it (``map``, ``batch``, ...), whose iterators carry it in theirs.
 Attached to a cache (``cache=...``), whose batches depend on timing, a state
-is exact between brand batches (``batched=True``); one saved inside a batch
-raises ``InvalidStateError`` in ``set_state``.
+inside a batch is that position (``Loader.state_dict(taken=)``); one saved
+inside a batch by a loader alone raises ``InvalidStateError`` in ``set_state``
+of an attached one.
 
 Each iterator opens its own ``brand.Loader`` in the process that iterates;
 it is not meant for Grain's multiprocess prefetch (brand reads and decodes
@@ -123,8 +124,10 @@ class BrandDatasetIterator(grain.DatasetIterator):
         """Where the iterator is: brand's state before the batch in hand and
         how many of its samples were handed out (JSON-serialisable)."""
         if self._batch is not None and self._taken < len(self._batch):
-            return {"version": _STATE_VERSION, "brand": dict(self._before), "skip": self._taken,
-                    "attached": bool(self._dataset.config.get("cache"))}
+            if self._dataset.config.get("cache"):
+                # Attached: its batches depend on timing and cannot be read again.
+                return {"version": _STATE_VERSION, "brand": self._loader.state_dict(taken=self._taken), "skip": 0}
+            return {"version": _STATE_VERSION, "brand": dict(self._before), "skip": self._taken, "attached": False}
         if self._batch is None and self._skip:
             return {"version": _STATE_VERSION, "brand": self._loader.state_dict(), "skip": self._skip,
                     "attached": bool(self._dataset.config.get("cache"))}

@@ -144,31 +144,50 @@ def test_torch_batched_state_of_an_attached_job_resumes_exactly_once(dataset, ca
     assert sorted(seen) == list(range(SAMPLES)), "the epoch exactly once"
 
 
-def test_a_state_inside_an_attached_batch_is_refused_not_resumed_twice(dataset, cache_socket):
+@pytest.mark.parametrize("resume", ["attached", "alone"])
+def test_torch_and_grain_per_sample_states_inside_an_attached_batch_resume_exactly_once(dataset, cache_socket, resume):
     import brand.grain
     import brand.torch
 
     _, ds = dataset
     attached = {"batch_size": 8, "seed": 7, "cache": str(cache_socket)}
+    config = attached if resume == "attached" else {"batch_size": 8, "seed": 7, "read_gap": "whole"}
+
     first = brand.torch.BrandDataset(ds, **attached)
     it = iter(first)
-    for _ in range(3):
-        next(it)
+    seen = [next(it)["id"] for _ in range(11)]  # 3 samples into the second batch
     state = first.state_dict()
-    assert state["skip"] == 3
+    assert state["skip"] == 0 and state["brand"]["served"] == 11
     it.close()
     first._loader.close()
-    again = brand.torch.BrandDataset(ds, **attached)
+    again = brand.torch.BrandDataset(ds, **config)
     again.load_state_dict(state)
-    with pytest.raises(brand.InvalidStateError, match=r"inside a brand batch \(3 samples.*batched=True"):
-        iter(again)
+    seen += [item["id"] for item in again]
+    assert sorted(seen) == list(range(SAMPLES)), f"torch, {resume}: the epoch exactly once"
 
     grain_it = iter(brand.grain.BrandIterDataset(ds, **attached))
-    for _ in range(3):
-        next(grain_it)
+    seen = [next(grain_it)["id"] for _ in range(11)]
     saved = grain_it.get_state()
     grain_it.close()
-    fresh = iter(brand.grain.BrandIterDataset(ds, **attached))
-    with pytest.raises(brand.InvalidStateError, match="inside a brand batch"):
-        fresh.set_state(saved)
+    fresh = iter(brand.grain.BrandIterDataset(ds, **config))
+    fresh.set_state(saved)
+    seen += [item["id"] for item in fresh]
     fresh.close()
+    assert sorted(seen) == list(range(SAMPLES)), f"grain, {resume}: the epoch exactly once"
+
+
+def test_a_state_inside_a_batch_of_a_loader_alone_is_refused_by_an_attached_one(dataset, cache_socket):
+    import brand.torch
+
+    _, ds = dataset
+    alone = brand.torch.BrandDataset(ds, batch_size=8, seed=7, read_gap="whole")
+    it = iter(alone)
+    for _ in range(3):
+        next(it)
+    state = alone.state_dict()
+    assert state["skip"] == 3
+    it.close()
+    attached = brand.torch.BrandDataset(ds, batch_size=8, seed=7, cache=str(cache_socket))
+    attached.load_state_dict(state)
+    with pytest.raises(brand.InvalidStateError, match=r"inside a brand batch \(3 samples.*attached to a cache"):
+        iter(attached)

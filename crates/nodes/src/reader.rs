@@ -9,6 +9,7 @@
 //! (as the TF op does for a first epoch other than 0) sets where every node
 //! starts, which all nodes must agree on when they connect.
 
+use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -25,12 +26,16 @@ pub struct Reader {
     kind: Kind,
     /// Samples this reader serves per epoch.
     epoch_len: u64,
-    /// The last batch of a reader whose state is a bitmap (attached, or
-    /// resumed from an attached job's state), so a position inside it can be
-    /// saved: a consumer that keeps a batch ahead of its user, or hands a
-    /// batch out sample by sample, saves where its user is.
-    last: Option<LastBatch>,
+    /// The last batches (at most [`RECENT`], oldest first) of a reader whose
+    /// state is a bitmap (attached, or resumed from an attached job's
+    /// state), so a position inside them can be saved: a consumer that keeps
+    /// a batch ahead of its user and hands its batch out sample by sample
+    /// saves where its user is.
+    recent: VecDeque<LastBatch>,
 }
+
+/// Batches a position to save may lie in: the user's and one fetched ahead.
+const RECENT: usize = 2;
 
 /// A batch handed out and the reader's state before it.
 struct LastBatch {
@@ -141,7 +146,7 @@ impl Reader {
         Ok(Reader {
             kind,
             epoch_len,
-            last: None,
+            recent: VecDeque::new(),
         })
     }
 
@@ -230,7 +235,6 @@ impl Reader {
 
     pub fn next_batch(&mut self) -> Result<Option<Batch>> {
         let before = self.state();
-        self.last = None;
         let batch = self.next_of_kind()?;
         let bitmap_epoch = match &self.kind {
             Kind::Attached(_) => batch.as_ref().map(|b| b.epoch),
@@ -240,7 +244,10 @@ impl Reader {
         if let Some(b) = &batch
             && bitmap_epoch == Some(b.epoch)
         {
-            self.last = Some(LastBatch {
+            if self.recent.len() == RECENT {
+                self.recent.pop_front();
+            }
+            self.recent.push_back(LastBatch {
                 before,
                 ids: b.ids().to_vec(),
             });
@@ -307,7 +314,7 @@ impl Reader {
     /// The checkpoint of `state`, a position this reader has been at in
     /// its current epoch: a consumer that fetches a batch ahead saves where
     /// its user is, not where the reader is. Where the state is a bitmap,
-    /// `state` must be now or inside the last batch (its first
+    /// `state` must be now or inside one of the last 2 batches (its first
     /// `state.served - before` samples served); else `InvalidState`.
     pub fn checkpoint_at(&self, state: LoaderState) -> Result<Checkpoint> {
         let (fingerprint, bitmap) = match &self.kind {
@@ -342,14 +349,14 @@ impl Reader {
         if state == self.state() && epoch == state.epoch {
             return Ok(Some(bitmap.to_vec()));
         }
-        let inside = self.last.as_ref().filter(|l| {
+        let inside = self.recent.iter().position(|l| {
             l.before.epoch == state.epoch
                 && (l.before.served..=l.before.served + l.ids.len() as u64).contains(&state.served)
         });
-        let Some(last) = inside else {
+        let Some(first) = inside else {
             let (epoch, served) = (state.epoch, state.served);
             return Err(Error::InvalidState(format!(
-                "{served} samples of epoch {epoch} is not where this job is nor inside its last batch: a job attached to a cache saves its served samples as they are now (or within the last batch), not at an earlier count"
+                "{served} samples of epoch {epoch} is not where this job is nor inside its last batches: a job attached to a cache saves its served samples as they are now (or within its last batches), not at an earlier count"
             )));
         };
         let mut words = if epoch == state.epoch {
@@ -364,10 +371,21 @@ impl Reader {
             }
             all
         };
-        let kept = (state.served - last.before.served) as usize;
-        for &id in &last.ids[kept..] {
-            if let Some(w) = words.get_mut(id as usize / 64) {
-                *w &= !(1 << (id % 64));
+        // Not served at `state`: the rest of its batch and the later
+        // batches of its epoch.
+        for (i, later) in self.recent.iter().enumerate().skip(first) {
+            if later.before.epoch != state.epoch {
+                continue;
+            }
+            let kept = if i == first {
+                (state.served - later.before.served) as usize
+            } else {
+                0
+            };
+            for &id in &later.ids[kept..] {
+                if let Some(w) = words.get_mut(id as usize / 64) {
+                    *w &= !(1 << (id % 64));
+                }
             }
         }
         Ok(Some(words))
@@ -384,7 +402,7 @@ impl Reader {
     pub fn start_epoch(&mut self, epoch: u64) -> Result<()> {
         let to = LoaderState { epoch, served: 0 };
         let there = self.state() == to;
-        self.last = None;
+        self.recent.clear();
         match &mut self.kind {
             Kind::Alone(l) | Kind::Resumed(l, _) => l.start_epoch(epoch),
             Kind::Attached(a) => a.job.start_epoch(epoch),
