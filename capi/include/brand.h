@@ -451,6 +451,14 @@ brand_status brand_epoch_len_for(const char *dataset_path, const char *config_to
  * number of ranks, use `brand_open_at_elastic` with every rank's state). I/O settings (batch_size,
  * read_gap, queue_depth, readahead, verify) may change. A blob that is not
  * a state gives BRAND_ERR_INVALID_STATE. Otherwise as `brand_open`.
+ *
+ * The state of a job attached to a cache saved mid-epoch holds the samples
+ * it served: with `cache` in `config_toml` it attaches again and the cache
+ * serves it only the others; without, a loader alone serves the rest of
+ * that epoch in its plan's order, leaving those samples out (its batches
+ * are shorter where it does). Each sample comes once in that epoch either
+ * way. Such a state cannot open a node of a multi-node job; an attached job cannot resume from a count saved
+ * mid-epoch by a loader that was not attached (BRAND_ERR_INVALID_STATE).
  */
 brand_status brand_open_at(const char *dataset_path,
                            const char *config_toml,
@@ -474,7 +482,9 @@ brand_status brand_open_at(const char *dataset_path,
  * drop_last. Otherwise BRAND_ERR_STATE_MISMATCH says what differs (and the
  * memory per rank that would match); missing or repeated ranks, and states
  * not of one global step, are BRAND_ERR_STATE_MISMATCH too. A blob that is
- * not a state gives BRAND_ERR_INVALID_STATE naming it (`state i`). With
+ * not a state gives BRAND_ERR_INVALID_STATE naming it (`state i`), as does
+ * the mid-epoch state of a job attached to a cache (the samples it served,
+ * not a position in a world's order: resume it with `brand_open_at`). With
  * the same world this is the same as `brand_open_at` with this rank's
  * state. Otherwise as `brand_open`.
  */
@@ -524,8 +534,11 @@ brand_status brand_epoch_len(const struct brand_loader *loader, uint64_t *out);
 brand_status brand_dataset_samples(const struct brand_loader *loader, uint64_t *out);
 
 /**
- * The size in bytes of this loader's state blob, into `*out` (the same
- * for every loader of this library version; ask anyway).
+ * The size in bytes of the largest state blob this loader saves, into
+ * `*out`: a buffer of it always suffices for `brand_state_save`. 88 for a
+ * loader alone or a node; for a job attached to a cache (`cache = "PATH"`),
+ * or one resumed from such a job's state, 88 + 8 × ceil(samples / 64),
+ * because its state mid-epoch holds a bitmap of the samples served.
  */
 brand_status brand_state_size(const struct brand_loader *loader, size_t *out);
 
@@ -536,6 +549,12 @@ brand_status brand_state_size(const struct brand_loader *loader, size_t *out);
  * `*written`. If `len` is too small: BRAND_ERR_BUFFER_TOO_SMALL, nothing
  * is written to `buf`, and `*written` is the size needed.
  *
+ * The size varies: 88 bytes where the position is a count (a loader
+ * alone, a node, any loader at an epoch's start); mid-epoch, a job
+ * attached to a cache saves which samples it served (its order depends on
+ * timing), up to `brand_state_size`. Blobs of either kind resume with
+ * `brand_open_at`, attached or alone.
+ *
  * Samples in batches not yet consumed by the caller count as served: save
  * after the training step that consumed the last batch.
  */
@@ -543,6 +562,25 @@ brand_status brand_state_save(const struct brand_loader *loader,
                               uint8_t *buf,
                               size_t len,
                               size_t *written);
+
+/**
+ * As `brand_state_save`, for the position `served` samples into `epoch`:
+ * one the loader has been at since the start of the last batch it
+ * returned (`brand_tell` before that `brand_next`, plus the samples of the
+ * batch the caller handed on). For a caller that hands a batch out sample
+ * by sample and saves between them: a job attached to a cache cannot read
+ * a batch again, so its state there must leave out the rest of the batch.
+ * Another position of an attached job gives BRAND_ERR_INVALID_STATE; a
+ * loader alone takes any count of its current epoch (on_corrupt = "skip"
+ * makes a count inside a batch that skipped a sample inexact: save
+ * between its batches).
+ */
+brand_status brand_state_save_at(const struct brand_loader *loader,
+                                 uint64_t epoch,
+                                 uint64_t served,
+                                 uint8_t *buf,
+                                 size_t len,
+                                 size_t *written);
 
 #ifdef __cplusplus
 }  // extern "C"

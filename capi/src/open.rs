@@ -118,6 +118,14 @@ pub extern "C" fn brand_epoch_len_for(
 /// number of ranks, use `brand_open_at_elastic` with every rank's state). I/O settings (batch_size,
 /// read_gap, queue_depth, readahead, verify) may change. A blob that is not
 /// a state gives BRAND_ERR_INVALID_STATE. Otherwise as `brand_open`.
+///
+/// The state of a job attached to a cache saved mid-epoch holds the samples
+/// it served: with `cache` in `config_toml` it attaches again and the cache
+/// serves it only the others; without, a loader alone serves the rest of
+/// that epoch in its plan's order, leaving those samples out (its batches
+/// are shorter where it does). Each sample comes once in that epoch either
+/// way. Such a state cannot open a node of a multi-node job; an attached job cannot resume from a count saved
+/// mid-epoch by a loader that was not attached (BRAND_ERR_INVALID_STATE).
 #[unsafe(no_mangle)]
 pub extern "C" fn brand_open_at(
     dataset_path: *const c_char,
@@ -161,7 +169,9 @@ pub extern "C" fn brand_open_at(
 /// drop_last. Otherwise BRAND_ERR_STATE_MISMATCH says what differs (and the
 /// memory per rank that would match); missing or repeated ranks, and states
 /// not of one global step, are BRAND_ERR_STATE_MISMATCH too. A blob that is
-/// not a state gives BRAND_ERR_INVALID_STATE naming it (`state i`). With
+/// not a state gives BRAND_ERR_INVALID_STATE naming it (`state i`), as does
+/// the mid-epoch state of a job attached to a cache (the samples it served,
+/// not a position in a world's order: resume it with `brand_open_at`). With
 /// the same world this is the same as `brand_open_at` with this rank's
 /// state. Otherwise as `brand_open`.
 #[unsafe(no_mangle)]

@@ -55,3 +55,20 @@ __all__ = [
     "SampleBuffer",
     "StateMismatchError",
 ]
+
+
+
+def _refuse_inside_an_attached_batch(state: dict, attached_now: bool, how: str) -> None:
+    """Raises ``InvalidStateError`` for a ``brand.torch``/``brand.grain`` state
+    saved inside a brand batch (``skip`` samples of it handed out) when the
+    loader that saved it or the one resuming it is attached to a cache: its
+    batches depend on timing, so the batch read again would be another one."""
+    skip = int(state.get("skip", 0))
+    brand_state = state.get("brand") or {}
+    saved_attached = state.get("attached") or len(brand_state.get("checkpoint", "")) > 2 * CHECKPOINT_BYTES
+    if skip and (saved_attached or attached_now):
+        raise InvalidStateError(
+            f"this state was saved inside a brand batch ({skip} samples of it handed out) and the loader that "
+            "saved it or this one is attached to a cache (cache=...), whose batches depend on timing: it cannot "
+            f"resume exactly. Save between brand batches ({how}): such states resume exactly, attached or alone"
+        )

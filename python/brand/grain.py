@@ -25,6 +25,10 @@ once per epoch on each rank (``rank``/``world`` keywords, as for
 ``brand.Loader``). Its state is exact to the sample and a fresh iterator of
 the same dataset resumes from it, also after Grain transformations chained
 after it (``map``, ``batch``, ...), whose iterators carry it in theirs.
+Attached to a cache (``cache=...``), whose batches depend on timing, a state
+inside a batch is that position (``Loader.state_dict(taken=)``); one saved
+inside a batch by a loader alone raises ``InvalidStateError`` in ``set_state``
+of an attached one.
 
 Each iterator opens its own ``brand.Loader`` in the process that iterates;
 it is not meant for Grain's multiprocess prefetch (brand reads and decodes
@@ -120,15 +124,20 @@ class BrandDatasetIterator(grain.DatasetIterator):
         """Where the iterator is: brand's state before the batch in hand and
         how many of its samples were handed out (JSON-serialisable)."""
         if self._batch is not None and self._taken < len(self._batch):
-            return {"version": _STATE_VERSION, "brand": dict(self._before), "skip": self._taken}
+            if self._dataset.config.get("cache"):
+                # Attached: its batches depend on timing and cannot be read again.
+                return {"version": _STATE_VERSION, "brand": self._loader.state_dict(taken=self._taken), "skip": 0}
+            return {"version": _STATE_VERSION, "brand": dict(self._before), "skip": self._taken, "attached": False}
         if self._batch is None and self._skip:
-            return {"version": _STATE_VERSION, "brand": self._loader.state_dict(), "skip": self._skip}
+            return {"version": _STATE_VERSION, "brand": self._loader.state_dict(), "skip": self._skip,
+                    "attached": bool(self._dataset.config.get("cache"))}
         return {"version": _STATE_VERSION, "brand": self._loader.state_dict(), "skip": 0}
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Continues exactly where the iterator that gave ``state`` was."""
         if not isinstance(state, dict) or state.get("version") != _STATE_VERSION or "brand" not in state:
             raise brand.InvalidStateError(f"not a BrandDatasetIterator state: {state!r:.200}")
+        brand._refuse_inside_an_attached_batch(state, bool(self._dataset.config.get("cache")), "batched=True")
         self._loader.load_state_dict(state["brand"])
         self._batch, self._before, self._taken = None, None, 0
         self._skip = int(state["skip"])

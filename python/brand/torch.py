@@ -40,7 +40,10 @@ position (to the sample), which ``StatefulDataLoader`` saves and restores with
 0 or k workers, mid-epoch or after an epoch's end. A state loaded into a
 worker wins over ``set_epoch`` unless ``set_epoch`` names a later epoch (so
 ``set_epoch(e + 1)`` after resuming from the end of epoch ``e`` starts
-``e + 1``).
+``e + 1``). Attached to a cache (``cache=...``), whose batches depend on
+timing, a state inside a batch is that position (``Loader.state_dict(taken=)``);
+one saved inside a batch by a loader alone raises ``InvalidStateError`` when
+loaded into an attached one.
 
 Changing ``num_workers`` (or the number of ranks) across a resume is an
 elastic resume over ``world × k`` brand ranks: ``StatefulDataLoader`` cannot
@@ -172,6 +175,7 @@ class BrandDataset(torch.utils.data.IterableDataset):
             if self._epoch is not None and self._epoch > saved_epoch:
                 loader.start_epoch(self._epoch)
             else:
+                brand._refuse_inside_an_attached_batch(pending, bool(self.config.get("cache")), "batched=True")
                 loader.load_state_dict(pending["brand"])
                 skip = pending["skip"]
         elif pending is not None:
@@ -231,7 +235,10 @@ class BrandDataset(torch.utils.data.IterableDataset):
             # Between batches: the loader's own state is exact (and usable
             # for an elastic resume).
             return {"version": _STATE_VERSION, "brand": self._loader.state_dict(), "skip": 0}
-        return {"version": _STATE_VERSION, "brand": dict(self._before), "skip": self._taken}
+        if self.config.get("cache"):
+            # Attached: its batches depend on timing and cannot be read again.
+            return {"version": _STATE_VERSION, "brand": self._loader.state_dict(taken=self._taken), "skip": 0}
+        return {"version": _STATE_VERSION, "brand": dict(self._before), "skip": self._taken, "attached": False}
 
     def load_state_dict(self, state: dict) -> None:
         """Resumes the next iteration where ``state`` (from ``state_dict``)

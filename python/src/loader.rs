@@ -89,6 +89,9 @@ struct Open {
     /// The reader's state before the request in flight or `ready`: what the
     /// Python side has been handed out so far.
     before: Option<LoaderState>,
+    /// The reader's state before the batch last handed out (a position
+    /// inside it is `state_dict(taken=k)`).
+    handed: Option<LoaderState>,
     /// A panic inside brand leaves the reader unusable.
     broken: Option<String>,
 }
@@ -107,6 +110,7 @@ impl Open {
             pending: false,
             ready: None,
             before: None,
+            handed: None,
             broken: None,
         })
     }
@@ -156,9 +160,11 @@ impl Open {
             self.request()?;
         }
         self.settle(py)?;
-        self.before = None;
+        let before = self.before.take();
+        self.handed = None;
         match self.ready.take() {
             Some(Ok(Some(batch))) => {
+                self.handed = before;
                 // The next batch is fetched while Python works on this one:
                 // the worker's hand-off (two thread wake-ups) then overlaps
                 // with the consumer instead of adding to its wait (measured:
@@ -177,12 +183,24 @@ impl Open {
     }
 
     /// What the Python side has been handed out: a batch received but not
-    /// yet returned (an interrupted wait) does not count.
-    fn checkpoint(&self) -> PyResult<Checkpoint> {
+    /// yet returned (an interrupted wait) does not count. With `taken`, only
+    /// that many samples of the batch last handed out count.
+    fn checkpoint(&self, taken: Option<u64>) -> PyResult<Checkpoint> {
         let reader = self.reader()?;
-        let state = self.before.unwrap_or_else(|| reader.state());
+        let state = match (taken, self.handed) {
+            (None, _) => self.before.unwrap_or_else(|| reader.state()),
+            (Some(k), Some(h)) => LoaderState {
+                epoch: h.epoch,
+                served: h.served + k,
+            },
+            (Some(_), None) => {
+                return Err(InvalidStateError::new_err(
+                    "state_dict(taken=...): no batch was handed out since the loader was opened, restored or moved to another epoch",
+                ));
+            }
+        };
         // The reader's rule, not a blob put together here: an attached
-        // job mid-epoch has no count-only state.
+        // job's state mid-epoch is the bitmap of what the user was handed.
         reader.checkpoint_at(state).map_err(to_py)
     }
 }
@@ -347,6 +365,7 @@ impl Loader {
             open.settle(py)?;
             open.ready = None;
             open.before = None;
+            open.handed = None;
             let mut reader = open.reader()?;
             let reader: &mut Reader = &mut reader;
             // It waits for the reads in flight: without the GIL.
@@ -356,13 +375,23 @@ impl Loader {
     }
 
     /// The position as a small JSON-serialisable dict: ``checkpoint`` (the
-    /// 88-byte brand state blob, hex: bound to the dataset and the plan
-    /// config), and for people ``epoch``, ``served`` (samples of that epoch
-    /// handed out), ``rank``, ``world`` and ``version``. Saved right after
-    /// the last batch of an epoch, it resumes at that epoch's end (the next
-    /// iteration ends the epoch, the one after starts the next).
-    fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let checkpoint = self.with_open(|open| open.checkpoint())?;
+    /// brand state blob, hex: bound to the dataset and the plan config;
+    /// ``CHECKPOINT_BYTES`` long, or for a loader attached to a cache
+    /// mid-epoch longer: it holds which samples were served, one bit each,
+    /// because an attached loader's order depends on timing), and for
+    /// people ``epoch``, ``served`` (samples of that epoch handed out),
+    /// ``rank``, ``world`` and ``version``. Saved right after the last batch
+    /// of an epoch, it resumes at that epoch's end (the next iteration ends
+    /// the epoch, the one after starts the next).
+    ///
+    /// ``taken=k``: the position after only the first ``k`` samples of the
+    /// batch last returned (for a consumer that hands a batch on sample by
+    /// sample; the rest of it counts as not served). A loader attached to a
+    /// cache cannot read a batch again, so this is how its state inside a
+    /// batch is saved.
+    #[pyo3(signature = (taken=None))]
+    fn state_dict<'py>(&self, py: Python<'py>, taken: Option<u64>) -> PyResult<Bound<'py, PyDict>> {
+        let checkpoint = self.with_open(|open| open.checkpoint(taken))?;
         let d = PyDict::new(py);
         d.set_item("version", STATE_DICT_VERSION)?;
         d.set_item("checkpoint", hex(&checkpoint.to_bytes()))?;
@@ -378,7 +407,9 @@ impl Loader {
     ///
     /// ``state`` is either one ``state_dict()`` of this rank, saved with the
     /// same dataset and the same plan config (policy, seed, memory, rank,
-    /// world, drop_last; I/O settings and batch_size may differ), or
+    /// world, drop_last; I/O settings and batch_size may differ; a state of
+    /// a loader attached to a cache resumes attached, with ``cache``, or
+    /// alone, without: each sample once in that epoch either way), or
     /// ``{"world": [state_dict of rank 0, rank 1, ...]}``: the state dicts
     /// of EVERY rank of a world of any size, saved after the same number of
     /// batches (elastic resume). The ranks of this world then serve the

@@ -90,14 +90,29 @@ def test_two_attached_jobs_each_serve_every_sample_once_per_epoch(dataset, cache
         l.close()
 
 
-def test_an_attached_job_mid_epoch_state_is_refused_naming_the_bitmap(dataset, cache_socket):
-    _, ds = dataset
+@pytest.mark.parametrize("resume", ["attached", "alone"])
+def test_an_attached_jobs_state_mid_epoch_resumes_attached_or_alone_exactly_once(dataset, cache_socket, resume):
+    files, ds = dataset
     with brand.Loader(ds, batch_size=8, seed=5, cache=str(cache_socket)) as loader:
-        start = loader.state_dict()  # at the epoch's start: a count-only state is exact
-        next(iter(loader))
-        with pytest.raises(brand.InvalidStateError, match="bitmap"):
-            loader.state_dict()
-    assert start["version"] >= 1
+        start = loader.state_dict()  # at the epoch's start: a count is the whole state
+        assert len(bytes.fromhex(start["checkpoint"])) == brand.CHECKPOINT_BYTES
+        it = iter(loader)
+        before = [next(it) for _ in range(3)]
+        # The loader has fetched a fourth batch ahead: the state is where the
+        # user is, with the bitmap of the 24 samples handed out.
+        state = loader.state_dict()
+    assert (state["epoch"], state["served"]) == (0, 24)
+    assert len(bytes.fromhex(state["checkpoint"])) == brand.CHECKPOINT_BYTES + 8 * ((SAMPLES + 63) // 64)
+    seen = [i for b in before for i in b.ids.tolist()]
+    config = {"cache": str(cache_socket)} if resume == "attached" else {"read_gap": "whole"}
+    with brand.Loader(ds, batch_size=8, seed=5, **config) as again:
+        again.load_state_dict(state)
+        for batch in again:
+            for arr, key in zip(batch.samples, batch.keys):
+                assert arr.tobytes() == source_bytes(files, key), key
+            seen += batch.ids.tolist()
+        assert again.state_dict()["epoch"] == 1
+    assert sorted(seen) == list(range(SAMPLES)), f"{resume}: the epoch exactly once"
 
 
 def test_a_cache_that_is_not_there_is_a_typed_error_naming_the_socket(dataset, tmp_path):
@@ -106,3 +121,73 @@ def test_a_cache_that_is_not_there_is_a_typed_error_naming_the_socket(dataset, t
     with pytest.raises(brand.BrandError, match=str(missing)):
         loader = brand.Loader(ds, cache=str(missing))
         next(iter(loader))
+
+
+def test_torch_batched_state_of_an_attached_job_resumes_exactly_once(dataset, cache_socket):
+    import brand.torch
+
+    files, ds = dataset
+    attached = {"batch_size": 8, "seed": 6, "cache": str(cache_socket)}
+    first = brand.torch.BrandDataset(ds, batched=True, **attached)
+    it = iter(first)
+    seen = [i for _ in range(4) for i in next(it)["id"].tolist()]
+    state = first.state_dict()
+    assert state["skip"] == 0 and state["brand"]["served"] == 32
+    it.close()
+    first._loader.close()
+    again = brand.torch.BrandDataset(ds, batched=True, batch_size=8, seed=6, read_gap="whole")
+    again.load_state_dict(state)
+    for item in again:
+        for data, key in zip(item["data"], item["key"]):
+            assert data.numpy().tobytes() == source_bytes(files, key), key
+        seen += item["id"].tolist()
+    assert sorted(seen) == list(range(SAMPLES)), "the epoch exactly once"
+
+
+@pytest.mark.parametrize("resume", ["attached", "alone"])
+def test_torch_and_grain_per_sample_states_inside_an_attached_batch_resume_exactly_once(dataset, cache_socket, resume):
+    import brand.grain
+    import brand.torch
+
+    _, ds = dataset
+    attached = {"batch_size": 8, "seed": 7, "cache": str(cache_socket)}
+    config = attached if resume == "attached" else {"batch_size": 8, "seed": 7, "read_gap": "whole"}
+
+    first = brand.torch.BrandDataset(ds, **attached)
+    it = iter(first)
+    seen = [next(it)["id"] for _ in range(11)]  # 3 samples into the second batch
+    state = first.state_dict()
+    assert state["skip"] == 0 and state["brand"]["served"] == 11
+    it.close()
+    first._loader.close()
+    again = brand.torch.BrandDataset(ds, **config)
+    again.load_state_dict(state)
+    seen += [item["id"] for item in again]
+    assert sorted(seen) == list(range(SAMPLES)), f"torch, {resume}: the epoch exactly once"
+
+    grain_it = iter(brand.grain.BrandIterDataset(ds, **attached))
+    seen = [next(grain_it)["id"] for _ in range(11)]
+    saved = grain_it.get_state()
+    grain_it.close()
+    fresh = iter(brand.grain.BrandIterDataset(ds, **config))
+    fresh.set_state(saved)
+    seen += [item["id"] for item in fresh]
+    fresh.close()
+    assert sorted(seen) == list(range(SAMPLES)), f"grain, {resume}: the epoch exactly once"
+
+
+def test_a_state_inside_a_batch_of_a_loader_alone_is_refused_by_an_attached_one(dataset, cache_socket):
+    import brand.torch
+
+    _, ds = dataset
+    alone = brand.torch.BrandDataset(ds, batch_size=8, seed=7, read_gap="whole")
+    it = iter(alone)
+    for _ in range(3):
+        next(it)
+    state = alone.state_dict()
+    assert state["skip"] == 3
+    it.close()
+    attached = brand.torch.BrandDataset(ds, batch_size=8, seed=7, cache=str(cache_socket))
+    attached.load_state_dict(state)
+    with pytest.raises(brand.InvalidStateError, match=r"inside a brand batch \(3 samples.*attached to a cache"):
+        iter(attached)

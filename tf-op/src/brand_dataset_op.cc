@@ -40,6 +40,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,9 @@ constexpr char kDatasetType[] = "Brand";
 constexpr char kDone[] = "done";
 constexpr char kState[] = "state";
 constexpr char kPos[] = "pos";
+// The size of a brand state that is a count (brand_state_size of a loader
+// alone); an attached job's state mid-epoch is longer (brand.h).
+constexpr size_t kCountStateBytes = 88;
 
 // A brand status as an absl::Status carrying brand's own message. Must be
 // called on the thread that made the failing call, right after it
@@ -222,7 +226,7 @@ class BrandDatasetOp : public DatasetOpKernel {
             ctx->cancellation_manager(), [this]() { Cancel(); }, &deregister_cancellation_);
       }
 
-      // The state is a position (an 88-byte blob and an index), never data.
+      // The state is a position (a brand state blob and an index), never data.
       bool SymbolicCheckpointCompatible() const override { return true; }
 
       absl::Status GetNextInternal(IteratorContext* ctx, std::vector<Tensor>* out,
@@ -281,8 +285,17 @@ class BrandDatasetOp : public DatasetOpKernel {
         std::string state;
         int64_t pos = 0;
         if (batch_ != nullptr && pos_ < len_) {
-          state = state_before_;
-          pos = static_cast<int64_t>(pos_);
+          size_t most = 0;
+          BRAND_RETURN_IF_ERROR(brand_state_size(loader_, &most), "brand_state_size");
+          if (most > kCountStateBytes) {
+            // A job attached to a cache (or resumed from one's state): its
+            // batch cannot be read again, so the state is the position
+            // inside it, with the rest of the batch not served.
+            TF_RETURN_IF_ERROR(SaveState(&state, served_before_ + pos_));
+          } else {
+            state = state_before_;
+            pos = static_cast<int64_t>(pos_);
+          }
         } else if (loader_ != nullptr) {
           TF_RETURN_IF_ERROR(SaveState(&state));
         }
@@ -317,7 +330,14 @@ class BrandDatasetOp : public DatasetOpKernel {
         SetLoader(opened);
         // Mid-batch (per-sample mode): re-read the batch and skip what was
         // already emitted. Skipping across batches keeps this right even if
-        // the restored config reads with another batch size.
+        // the restored config reads with another batch size. (An attached
+        // job saves its position inside the batch instead, pos 0: its
+        // batches depend on timing, so the batch read again is another one.)
+        if (pos > 0 && state.size() > kCountStateBytes) {
+          return absl::DataLossError(absl::StrCat(
+              "brand: this checkpoint holds an attached job's state and a position ", pos,
+              " inside its batch, which cannot be read again"));
+        }
         while (pos > 0) {
           TF_RETURN_IF_ERROR(SaveState(&state_before_));
           TF_RETURN_IF_ERROR(NextBatch(&batch_));
@@ -368,6 +388,7 @@ class BrandDatasetOp : public DatasetOpKernel {
       absl::Status NextBatch(brand_batch** b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         const Dataset* d = dataset();
         for (;;) {
+          BRAND_RETURN_IF_ERROR(brand_tell(loader_, &epoch_before_, &served_before_), "brand_tell");
           const int32_t st = brand_next(loader_, b);
           if (cancelled_.load()) {
             brand_batch_free(b);
@@ -386,13 +407,21 @@ class BrandDatasetOp : public DatasetOpKernel {
         }
       }
 
-      absl::Status SaveState(std::string* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      // The loader's state now, or with `served` at that many samples of the
+      // epoch of the batch in hand (a position inside it).
+      absl::Status SaveState(std::string* out, std::optional<uint64_t> served = std::nullopt)
+          ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         size_t need = 0;
         BRAND_RETURN_IF_ERROR(brand_state_size(loader_, &need), "brand_state_size");
         out->resize(need);
         size_t written = 0;
-        BRAND_RETURN_IF_ERROR(brand_state_save(loader_, reinterpret_cast<uint8_t*>(out->data()), need, &written),
-                              "brand_state_save");
+        uint8_t* buf = reinterpret_cast<uint8_t*>(out->data());
+        if (served.has_value()) {
+          BRAND_RETURN_IF_ERROR(brand_state_save_at(loader_, epoch_before_, *served, buf, need, &written),
+                                "brand_state_save_at");
+        } else {
+          BRAND_RETURN_IF_ERROR(brand_state_save(loader_, buf, need, &written), "brand_state_save");
+        }
         out->resize(written);
         return absl::OkStatus();
       }
@@ -476,6 +505,9 @@ class BrandDatasetOp : public DatasetOpKernel {
       size_t pos_ ABSL_GUARDED_BY(mu_) = 0;
       size_t len_ ABSL_GUARDED_BY(mu_) = 0;
       std::string state_before_ ABSL_GUARDED_BY(mu_);
+      // Where the loader was before the brand_next that returned batch_.
+      uint64_t epoch_before_ ABSL_GUARDED_BY(mu_) = 0;
+      uint64_t served_before_ ABSL_GUARDED_BY(mu_) = 0;
       bool done_ ABSL_GUARDED_BY(mu_) = false;
     };
 

@@ -4,15 +4,19 @@
 //! node, the C ABI (`brand_state_save` / `brand_open_at`), the TF op and
 //! Python.
 //!
-//! The blob:
-//! Version 1, 88 bytes, every integer little-endian:
+//! The blob, every integer little-endian. Version 1, 88 bytes: a position
+//! in a plan's order (a count). Version 2: the same header, then which
+//! samples of the epoch were served, for a job attached to a `brand cache`,
+//! whose order depends on timing (a count cannot say which samples it
+//! served). Version 1 is written whenever a count is the whole state.
 //!
 //! ```text
 //!  0  magic      8   "BRDSTATE"
-//!  8  version    u32 1
-//! 12  length     u32 88 (the whole blob)
+//!  8  version    u32 1, or 2 with the bitmap
+//! 12  length     u32 the whole blob: 88, or 88 + 8 x ceil(samples / 64)
 //! 16  epoch      u64 LoaderState::epoch
-//! 24  served     u64 LoaderState::served (samples of `epoch` already handed out)
+//! 24  served     u64 LoaderState::served (samples of `epoch` already handed
+//!                    out; in version 2 the bitmap's count of set bits)
 //!     -- the dataset --
 //! 32  samples    u64
 //! 40  chunk_size u32
@@ -30,7 +34,10 @@
 //! 82  run_length u8  the plan's run length minus 1 (0 in states saved
 //!                    before runs existed, which ran length 1)
 //! 83  reserved   u8  zero
-//! 84  crc32c     u32 of bytes 0..84
+//!     -- version 2 only --
+//! 84  bitmap     ceil(samples / 64) u64 words: bit i % 64 of word i / 64 is
+//!                    set when sample i was served in `epoch`
+//! end-4 crc32c   u32 of every byte before it (at 84 in version 1)
 //! ```
 //!
 //! I/O settings (batch size, read gap, queue depth, readahead, verify) are
@@ -52,7 +59,10 @@ use brand_plan::{Memory, PlanConfig, Planner, Policy};
 use crate::elastic::{GlobalPosition, SavedWorld, global_position};
 
 const MAGIC: [u8; 8] = *b"BRDSTATE";
+/// A count only.
 const VERSION: u32 = 1;
+/// A count and the bitmap of the samples it counts.
+const VERSION_BITMAP: u32 = 2;
 
 /// Where a loader is: enough to resume it exactly.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -221,24 +231,52 @@ impl Fingerprint {
 }
 
 /// A saved loader: its state, bound to its dataset and plan.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Checkpoint {
     pub state: LoaderState,
     pub fingerprint: Fingerprint,
+    /// Which samples of `state.epoch` were served, one bit per sample (bit
+    /// `i % 64` of word `i / 64`, `ceil(samples / 64)` words), when the
+    /// count is not the whole state: a job attached to a cache serves in an
+    /// order that depends on timing. `None`: the first `state.served`
+    /// samples of the plan's order.
+    pub bitmap: Option<Vec<u64>>,
 }
 
 impl Checkpoint {
-    /// The size of every blob of this version.
+    /// The size of a blob without a bitmap (version 1).
     pub const LEN: usize = 88;
 
-    pub fn to_bytes(&self) -> [u8; Self::LEN] {
-        encode(self.state, &self.fingerprint)
+    /// The size of a blob with the bitmap of a dataset of `samples`
+    /// (version 2): the largest state a reader of it saves.
+    pub fn len_with_bitmap(samples: u64) -> usize {
+        LEN + 8 * samples.div_ceil(64) as usize
     }
 
-    /// Parses a blob; [`Error::InvalidState`] says what is wrong with it.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        encode(self)
+    }
+
+    /// Parses a blob (either version); [`Error::InvalidState`] says what is
+    /// wrong with it.
     pub fn from_bytes(b: &[u8]) -> Result<Self> {
-        let (state, fingerprint) = decode(b).map_err(Error::InvalidState)?;
-        Ok(Checkpoint { state, fingerprint })
+        decode(b).map_err(Error::InvalidState)
+    }
+
+    /// Whether this checkpoint can be restored on `now` (what the opening
+    /// reader would save), whose epochs serve `steps` samples:
+    /// [`Error::StateMismatch`] names every difference.
+    pub fn check(&self, now: &Fingerprint, steps: u64) -> Result<()> {
+        if let Some(why) = self.fingerprint.mismatch(now) {
+            return Err(Error::StateMismatch(why));
+        }
+        if self.state.served > steps {
+            return Err(Error::InvalidState(format!(
+                "loader state has {} samples served of an epoch of {steps}",
+                self.state.served
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -302,13 +340,11 @@ impl Resume {
                 });
             }
             Resume::Checkpoint(c) => {
-                if let Some(why) = c.fingerprint.mismatch(now) {
-                    return Err(Error::StateMismatch(why));
-                }
-                if c.state.served > geo.steps {
+                c.check(now, geo.steps)?;
+                if c.bitmap.is_some() {
                     return Err(Error::InvalidState(format!(
-                        "loader state has {} samples served of an epoch of {}",
-                        c.state.served, geo.steps
+                        "this state holds the samples a job attached to a cache served in epoch {} (a bitmap, not a position in the plan's order): open it through brand_nodes::Reader, which resumes it attached or alone",
+                        c.state.epoch
                     )));
                 }
                 return Resume::At(c.state).start(ds, planner, now);
@@ -333,6 +369,12 @@ impl Resume {
 fn saved_world(saved: &[Checkpoint], now: &Fingerprint) -> Result<SavedWorld> {
     let mismatch = Error::StateMismatch;
     for (i, c) in saved.iter().enumerate() {
+        if c.bitmap.is_some() {
+            return Err(Error::InvalidState(format!(
+                "state {i} is a job's attached to a cache (the samples it served in epoch {}, not a position in a plan's order): an elastic resume continues a world's plan; resume that job with one state (brand_open_at)",
+                c.state.epoch
+            )));
+        }
         if let Some(why) = c.fingerprint.elastic_mismatch(now) {
             return Err(mismatch(format!("state {i}: {why}")));
         }
@@ -374,12 +416,20 @@ fn saved_world(saved: &[Checkpoint], now: &Fingerprint) -> Result<SavedWorld> {
     })
 }
 
-fn encode(state: LoaderState, f: &Fingerprint) -> [u8; LEN] {
-    let mut b = [0u8; LEN];
+fn encode(c: &Checkpoint) -> Vec<u8> {
+    let (state, f) = (c.state, &c.fingerprint);
+    let words = c.bitmap.as_deref().unwrap_or_default();
+    let (version, len) = match c.bitmap {
+        None => (VERSION, LEN),
+        Some(_) => (VERSION_BITMAP, LEN + 8 * words.len()),
+    };
+    let mut b = vec![0u8; len];
     let mut put = |at: usize, bytes: &[u8]| b[at..at + bytes.len()].copy_from_slice(bytes);
     put(0, &MAGIC);
-    put(8, &VERSION.to_le_bytes());
-    put(12, &(LEN as u32).to_le_bytes());
+    put(8, &version.to_le_bytes());
+    // An attached job's samples have u32 ids (the cache's wire), so its
+    // bitmap is at most 512 MiB: the length fits.
+    put(12, &u32::try_from(len).unwrap_or(u32::MAX).to_le_bytes());
     put(16, &state.epoch.to_le_bytes());
     put(24, &state.served.to_le_bytes());
     put(32, &f.samples.to_le_bytes());
@@ -395,8 +445,11 @@ fn encode(state: LoaderState, f: &Fingerprint) -> [u8; LEN] {
         80,
         &[f.policy, f.drop_last as u8, f.run_length.saturating_sub(1) as u8, 0],
     );
-    let crc = crc32c::crc32c(&b[..LEN - 4]);
-    b[LEN - 4..].copy_from_slice(&crc.to_le_bytes());
+    for (i, w) in words.iter().enumerate() {
+        put(84 + 8 * i, &w.to_le_bytes());
+    }
+    let crc = crc32c::crc32c(&b[..len - 4]);
+    b[len - 4..].copy_from_slice(&crc.to_le_bytes());
     b
 }
 
@@ -413,7 +466,7 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 }
 
 /// Parses a blob; the error says what is wrong with it.
-fn decode(b: &[u8]) -> Result<(LoaderState, Fingerprint), String> {
+fn decode(b: &[u8]) -> Result<Checkpoint, String> {
     if b.len() < 16 || b[..8] != MAGIC {
         return Err(format!(
             "not a brand loader state ({} bytes without the \"BRDSTATE\" magic)",
@@ -421,19 +474,23 @@ fn decode(b: &[u8]) -> Result<(LoaderState, Fingerprint), String> {
         ));
     }
     let version = u32_at(b, 8);
-    if version != VERSION {
+    if version != VERSION && version != VERSION_BITMAP {
         return Err(format!(
-            "loader state version {version}; this library reads version {VERSION}"
+            "loader state version {version}; this library reads versions {VERSION} and {VERSION_BITMAP}"
         ));
     }
     let len = u32_at(b, 12) as usize;
-    if len != LEN || b.len() != LEN {
+    let fits = match version {
+        VERSION => len == LEN,
+        _ => len > LEN && (len - LEN).is_multiple_of(8),
+    };
+    if !fits || b.len() != len {
         return Err(format!(
-            "loader state is {} bytes (its header says {len}); version {VERSION} states are {LEN}",
+            "loader state is {} bytes (its header says {len}); version {VERSION} states are {LEN}, version {VERSION_BITMAP} states 88 + 8 per 64 samples",
             b.len()
         ));
     }
-    let (stored, computed) = (u32_at(b, LEN - 4), crc32c::crc32c(&b[..LEN - 4]));
+    let (stored, computed) = (u32_at(b, len - 4), crc32c::crc32c(&b[..len - 4]));
     if stored != computed {
         return Err(format!(
             "loader state is damaged: crc32c {computed:#010x}, the state says {stored:#010x}"
@@ -459,7 +516,44 @@ fn decode(b: &[u8]) -> Result<(LoaderState, Fingerprint), String> {
         drop_last: b[81] == 1,
         run_length: b[82] as u32 + 1,
     };
-    Ok((state, f))
+    let bitmap = (version == VERSION_BITMAP)
+        .then(|| bitmap_of(&b[84..len - 4], &f, state))
+        .transpose()?;
+    Ok(Checkpoint {
+        state,
+        fingerprint: f,
+        bitmap,
+    })
+}
+
+/// The served bitmap of a version 2 blob, checked against its header.
+fn bitmap_of(bytes: &[u8], f: &Fingerprint, state: LoaderState) -> Result<Vec<u64>, String> {
+    let samples = f.samples;
+    if bytes.len() as u64 / 8 != samples.div_ceil(64) {
+        return Err(format!(
+            "loader state has a served bitmap of {} bytes for {samples} samples (needs {})",
+            bytes.len(),
+            samples.div_ceil(64) * 8
+        ));
+    }
+    let words: Vec<u64> = bytes.chunks_exact(8).map(|c| u64_at(c, 0)).collect();
+    let tail = samples % 64;
+    if let Some(&last) = words.last()
+        && tail != 0
+        && last >> tail != 0
+    {
+        return Err(format!(
+            "loader state's served bitmap marks samples past the dataset's {samples}"
+        ));
+    }
+    let count: u64 = words.iter().map(|w| w.count_ones() as u64).sum();
+    if count != state.served {
+        return Err(format!(
+            "loader state's served bitmap marks {count} samples, its count says {}",
+            state.served
+        ));
+    }
+    Ok(words)
 }
 
 #[cfg(test)]
@@ -482,35 +576,106 @@ mod tests {
         }
     }
 
+    fn at(state: LoaderState, bitmap: Option<Vec<u64>>) -> Checkpoint {
+        Checkpoint {
+            state,
+            fingerprint: fp(),
+            bitmap,
+        }
+    }
+
     #[test]
     fn round_trips_and_has_the_documented_layout() {
-        let s = LoaderState { epoch: 5, served: 77 };
-        let b = encode(s, &fp());
+        let c = at(LoaderState { epoch: 5, served: 77 }, None);
+        let b = encode(&c);
+        assert_eq!(b.len(), 88);
         assert_eq!(&b[..8], b"BRDSTATE");
         assert_eq!(u32_at(&b, 8), 1);
         assert_eq!(u32_at(&b, 12), 88);
         assert_eq!((u64_at(&b, 16), u64_at(&b, 24)), (5, 77));
         assert_eq!(u64_at(&b, 32), 1000);
         assert_eq!((b[80], b[81]), (2, 1));
-        assert_eq!(decode(&b), Ok((s, fp())));
+        assert_eq!(decode(&b), Ok(c));
+    }
+
+    /// Samples 0, 63, 64 and 999 of 1000 (16 words) served.
+    fn bitmap() -> Vec<u64> {
+        let mut w = vec![0u64; 16];
+        for id in [0u64, 63, 64, 999] {
+            w[id as usize / 64] |= 1 << (id % 64);
+        }
+        w
+    }
+
+    #[test]
+    fn a_bitmap_state_is_version_2_with_the_bitmap_after_the_header() {
+        let c = at(LoaderState { epoch: 2, served: 4 }, Some(bitmap()));
+        let b = encode(&c);
+        assert_eq!(b.len(), Checkpoint::len_with_bitmap(1000));
+        assert_eq!(b.len(), 88 + 16 * 8);
+        assert_eq!((u32_at(&b, 8), u32_at(&b, 12) as usize), (2, b.len()));
+        assert_eq!(u64_at(&b, 84), 1 | 1 << 63);
+        assert_eq!(u64_at(&b, 92), 1);
+        assert_eq!(u64_at(&b, 84 + 15 * 8), 1 << (999 % 64));
+        assert_eq!(u32_at(&b, b.len() - 4), crc32c::crc32c(&b[..b.len() - 4]));
+        assert_eq!(decode(&b), Ok(c));
+    }
+
+    /// A version 2 blob with its crc made right again after `edit`: what a
+    /// careless writer (not a damaged copy) would produce.
+    fn edited(edit: impl FnOnce(&mut Vec<u8>)) -> Result<Checkpoint, String> {
+        let mut b = encode(&at(LoaderState { epoch: 2, served: 4 }, Some(bitmap())));
+        edit(&mut b);
+        let n = b.len();
+        let crc = crc32c::crc32c(&b[..n - 4]);
+        b[n - 4..].copy_from_slice(&crc.to_le_bytes());
+        decode(&b)
+    }
+
+    #[test]
+    fn a_bitmap_that_disagrees_with_its_header_is_refused_naming_what() {
+        let count = edited(|b| b[24] = 5).expect_err("count");
+        assert!(count.contains("marks 4 samples, its count says 5"), "{count}");
+        let past = edited(|b| {
+            let at = 84 + 15 * 8 + 7;
+            b[at] |= 0x80;
+        })
+        .expect_err("past the end");
+        assert!(past.contains("past the dataset's 1000"), "{past}");
+        let short = edited(|b| {
+            b.truncate(b.len() - 8);
+            let n = b.len() as u32;
+            b[12..16].copy_from_slice(&n.to_le_bytes());
+        })
+        .expect_err("a word short");
+        assert!(short.contains("120 bytes for 1000 samples (needs 128)"), "{short}");
     }
 
     #[test]
     fn every_damage_is_refused_with_a_reason() {
-        let good = encode(LoaderState { epoch: 1, served: 2 }, &fp());
-        assert!(decode(&good[..40]).is_err_and(|e| e.contains("88")));
-        assert!(decode(b"hello").is_err_and(|e| e.contains("not a brand loader state")));
-        for i in 16..LEN {
-            let mut b = good;
-            b[i] ^= 0x10;
-            assert!(decode(&b).is_err_and(|e| e.contains("damaged")), "byte {i}");
+        for good in [
+            encode(&at(LoaderState { epoch: 1, served: 2 }, None)),
+            encode(&at(LoaderState { epoch: 2, served: 4 }, Some(bitmap()))),
+        ] {
+            let n = good.len();
+            assert!(decode(&good[..40]).is_err_and(|e| e.contains("40 bytes")));
+            assert!(decode(b"hello").is_err_and(|e| e.contains("not a brand loader state")));
+            for i in 16..n {
+                let mut b = good.clone();
+                b[i] ^= 0x10;
+                assert!(decode(&b).is_err_and(|e| e.contains("damaged")), "byte {i} of {n}");
+            }
+            let mut v3 = good.clone();
+            v3[8] = 3;
+            assert!(decode(&v3).is_err_and(|e| e.contains("version 3")));
+            let mut longer = good.clone();
+            longer.push(0);
+            assert!(decode(&longer).is_err_and(|e| e.contains(&format!("{} bytes", n + 1))));
         }
-        let mut v2 = good;
+        // A version 1 blob relabelled 2 has no bitmap: its size is wrong.
+        let mut v2 = encode(&at(LoaderState { epoch: 1, served: 2 }, None));
         v2[8] = 2;
-        assert!(decode(&v2).is_err_and(|e| e.contains("version 2")));
-        let mut longer = good.to_vec();
-        longer.push(0);
-        assert!(decode(&longer).is_err_and(|e| e.contains("89 bytes")));
+        assert!(decode(&v2).is_err_and(|e| e.contains("88 + 8 per 64 samples")));
     }
 
     #[test]

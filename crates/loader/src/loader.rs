@@ -206,6 +206,7 @@ impl Loader {
         Ok(Checkpoint {
             state: self.state(),
             fingerprint,
+            bitmap: None,
         })
     }
 

@@ -338,6 +338,7 @@ impl NodeLoader {
         Checkpoint {
             state: self.state(),
             fingerprint: self.fingerprint,
+            bitmap: None,
         }
     }
 

@@ -9,6 +9,7 @@
 //! (as the TF op does for a first epoch other than 0) sets where every node
 //! starts, which all nodes must agree on when they connect.
 
+use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -25,6 +26,21 @@ pub struct Reader {
     kind: Kind,
     /// Samples this reader serves per epoch.
     epoch_len: u64,
+    /// The last batches (at most [`RECENT`], oldest first) of a reader whose
+    /// state is a bitmap (attached, or resumed from an attached job's
+    /// state), so a position inside them can be saved: a consumer that keeps
+    /// a batch ahead of its user and hands its batch out sample by sample
+    /// saves where its user is.
+    recent: VecDeque<LastBatch>,
+}
+
+/// Batches a position to save may lie in: the user's and one fetched ahead.
+const RECENT: usize = 2;
+
+/// A batch handed out and the reader's state before it.
+struct LastBatch {
+    before: LoaderState,
+    ids: Vec<u64>,
 }
 
 enum Kind {
@@ -36,13 +52,13 @@ enum Kind {
     Attached(Box<AttachedJob>),
 }
 
-/// The samples of `epoch` served before a resume from an attached job.
+/// The samples of `epoch` served: those before a resume from an attached
+/// job's state and those handed out since.
 struct Skip {
     epoch: u64,
     bitmap: Vec<u64>,
-    served_before: u64,
-    /// Samples of `epoch` handed out since the resume.
-    given: u64,
+    /// The bits set in `bitmap`.
+    served: u64,
 }
 
 impl Skip {
@@ -50,6 +66,13 @@ impl Skip {
         self.bitmap
             .get(id as usize / 64)
             .is_some_and(|w| w >> (id % 64) & 1 == 1)
+    }
+
+    fn mark(&mut self, id: u64) {
+        if let Some(w) = self.bitmap.get_mut(id as usize / 64) {
+            *w |= 1 << (id % 64);
+            self.served += 1;
+        }
     }
 }
 
@@ -107,12 +130,28 @@ fn open_dataset(path: &Path, cfg: &Config) -> Result<Dataset> {
 
 impl Reader {
     /// Opens the dataset directory `path` (made by `brand pack`) as `cfg`
-    /// says, where `resume` says.
+    /// says, where `resume` says. A checkpoint with a bitmap (an attached
+    /// job's) resumes attached again if `cfg` names a cache, else as a
+    /// loader alone that serves the rest of that epoch in its plan's order,
+    /// leaving out what the bitmap marks (its batches of that epoch are
+    /// shorter where it does): each sample once in the epoch either way.
     pub fn open(path: &Path, cfg: &Config, resume: Resume) -> Result<Self> {
         let ds = Arc::new(open_dataset(path, cfg)?);
         let planner = Planner::new(&ds.index, &cfg.loader.plan)?;
         let epoch_len = planner.geometry().steps;
-        let kind = if let Some(socket) = &cfg.loader.cache {
+        let kind = match resume {
+            Resume::Checkpoint(c) if c.bitmap.is_some() => Self::open_served(ds, cfg, planner, c)?,
+            resume => Self::open_kind(ds, cfg, planner, resume)?,
+        };
+        Ok(Reader {
+            kind,
+            epoch_len,
+            recent: VecDeque::new(),
+        })
+    }
+
+    fn open_kind(ds: Arc<Dataset>, cfg: &Config, planner: Planner, resume: Resume) -> Result<Kind> {
+        Ok(if let Some(socket) = &cfg.loader.cache {
             if cfg.nodes.world() > 1 {
                 return Err(Error::config(
                     "cache and nodes together: a job attaches to its machine's cache or is a node of a multi-node job, not both",
@@ -122,7 +161,7 @@ impl Reader {
             let state = resume.start(&ds, &planner, &fingerprint)?.state;
             if state.served > 0 {
                 return Err(Error::InvalidState(format!(
-                    "an attached job's order depends on timing: it resumes mid-epoch only from the samples it served (brand_cache::Attached::open with Served), not from a count ({} of epoch {})",
+                    "an attached job's order depends on timing: it resumes mid-epoch only from a state with the samples it served (one an attached job saved), not from a count ({} of epoch {})",
                     state.served, state.epoch
                 )));
             }
@@ -148,61 +187,41 @@ impl Reader {
             }))
         } else {
             Kind::Alone(Box::new(Loader::open_planned(ds, &cfg.loader, planner, resume)?))
-        };
-        Ok(Reader { kind, epoch_len })
-    }
-
-    /// Opens where an attached job's state `blob` ([`served_state`](Self::served_state))
-    /// says: attached again if `cfg` names a cache, else a loader alone that
-    /// serves the rest of that epoch in its plan's order, leaving out what the
-    /// job served (its batches of that epoch are shorter where it does).
-    /// Either way each sample comes once in the epoch.
-    pub fn open_served(path: &Path, cfg: &Config, blob: &[u8]) -> Result<Self> {
-        let ds = Arc::new(open_dataset(path, cfg)?);
-        let served = Served::from_bytes(blob, &ds)?;
-        let planner = Planner::new(&ds.index, &cfg.loader.plan)?;
-        let epoch_len = planner.geometry().steps;
-        if let Some(socket) = &cfg.loader.cache {
-            let fingerprint = Fingerprint::of(&ds, &planner);
-            let job = Attached::open(ds, &cfg.loader, socket, served)?;
-            return Ok(Reader {
-                kind: Kind::Attached(Box::new(AttachedJob { job, fingerprint })),
-                epoch_len,
-            });
-        }
-        if cfg.nodes.world() > 1 || cfg.loader.plan.world > 1 {
-            return Err(Error::config(
-                "an attached job's state resumes one consumer: attached, or a loader alone with world 1",
-            ));
-        }
-        let state = LoaderState {
-            epoch: served.epoch,
-            served: 0,
-        };
-        let served_before = served.count();
-        let loader = Loader::open_planned(ds, &cfg.loader, planner, Resume::At(state))?;
-        Ok(Reader {
-            kind: Kind::Resumed(
-                Box::new(loader),
-                Skip {
-                    epoch: served.epoch,
-                    bitmap: served.bitmap,
-                    served_before,
-                    given: 0,
-                },
-            ),
-            epoch_len,
         })
     }
 
-    /// An attached job's state with the samples it served this epoch (a
-    /// versioned blob, [`Served::to_bytes`]), for [`open_served`](Self::open_served).
-    pub fn served_state(&self) -> Result<Vec<u8>> {
+    /// Opens where a checkpoint with a bitmap says (see [`open`](Self::open)).
+    fn open_served(ds: Arc<Dataset>, cfg: &Config, planner: Planner, c: Checkpoint) -> Result<Kind> {
+        let fingerprint = Fingerprint::of(&ds, &planner);
+        c.check(&fingerprint, planner.geometry().steps)?;
+        let epoch = c.state.epoch;
+        let bitmap = c.bitmap.unwrap_or_default();
+        if let Some(socket) = &cfg.loader.cache {
+            let job = Attached::open(ds, &cfg.loader, socket, Served { epoch, bitmap })?;
+            return Ok(Kind::Attached(Box::new(AttachedJob { job, fingerprint })));
+        }
+        if cfg.nodes.world() > 1 {
+            return Err(Error::config(
+                "an attached job's state resumes one consumer: attached again, or a loader alone (not a node of a multi-node job)",
+            ));
+        }
+        let loader = Loader::open_planned(ds, &cfg.loader, planner, Resume::At(LoaderState { epoch, served: 0 }))?;
+        Ok(Kind::Resumed(
+            Box::new(loader),
+            Skip {
+                epoch,
+                bitmap,
+                served: c.state.served,
+            },
+        ))
+    }
+
+    /// The largest state blob ([`Checkpoint::to_bytes`]) this reader saves:
+    /// with a bitmap when its state can be one.
+    pub fn checkpoint_len(&self) -> usize {
         match &self.kind {
-            Kind::Attached(a) => Ok(a.job.served().to_bytes(a.job.dataset())),
-            _ => Err(Error::config(
-                "only a job attached to a cache has a served-samples state; use checkpoint()",
-            )),
+            Kind::Attached(_) | Kind::Resumed(..) => Checkpoint::len_with_bitmap(self.dataset().index.samples()),
+            Kind::Alone(_) | Kind::Node(_) => Checkpoint::LEN,
         }
     }
 
@@ -215,6 +234,28 @@ impl Reader {
     }
 
     pub fn next_batch(&mut self) -> Result<Option<Batch>> {
+        let before = self.state();
+        let batch = self.next_of_kind()?;
+        let bitmap_epoch = match &self.kind {
+            Kind::Attached(_) => batch.as_ref().map(|b| b.epoch),
+            Kind::Resumed(_, skip) => Some(skip.epoch),
+            Kind::Alone(_) | Kind::Node(_) => None,
+        };
+        if let Some(b) = &batch
+            && bitmap_epoch == Some(b.epoch)
+        {
+            if self.recent.len() == RECENT {
+                self.recent.pop_front();
+            }
+            self.recent.push_back(LastBatch {
+                before,
+                ids: b.ids().to_vec(),
+            });
+        }
+        Ok(batch)
+    }
+
+    fn next_of_kind(&mut self) -> Result<Option<Batch>> {
         match &mut self.kind {
             Kind::Alone(l) => l.next_batch(),
             Kind::Resumed(l, skip) => loop {
@@ -223,7 +264,9 @@ impl Reader {
                     return Ok(Some(b));
                 }
                 let keep: Vec<usize> = (0..b.len()).filter(|&i| !skip.has(b.ids()[i])).collect();
-                skip.given += keep.len() as u64;
+                for &i in &keep {
+                    skip.mark(b.ids()[i]);
+                }
                 if keep.len() == b.len() {
                     return Ok(Some(b));
                 }
@@ -248,7 +291,7 @@ impl Reader {
                 if s.epoch == skip.epoch {
                     LoaderState {
                         epoch: s.epoch,
-                        served: skip.served_before + skip.given,
+                        served: skip.served,
                     }
                 } else {
                     s
@@ -261,38 +304,91 @@ impl Reader {
 
     /// The state bound to the dataset and plan, to reopen with
     /// [`Resume::Checkpoint`] (or, with every rank's, [`Resume::Elastic`]).
+    /// Of a job attached to a cache mid-epoch (or a loader resumed from
+    /// one, until that epoch ends) it carries the bitmap of the samples
+    /// served: their order depends on timing, so a count is not the state.
     pub fn checkpoint(&self) -> Result<Checkpoint> {
         self.checkpoint_at(self.state())
     }
 
     /// The checkpoint of `state`, a position this reader has been at in
     /// its current epoch: a consumer that fetches a batch ahead saves where
-    /// its user is, not where the reader is. Refused where a count is not
-    /// the whole state (an attached job mid-epoch).
+    /// its user is, not where the reader is. Where the state is a bitmap,
+    /// `state` must be now or inside one of the last 2 batches (its first
+    /// `state.served - before` samples served); else `InvalidState`.
     pub fn checkpoint_at(&self, state: LoaderState) -> Result<Checkpoint> {
-        let fingerprint = match &self.kind {
-            Kind::Alone(l) => l.checkpoint()?.fingerprint,
+        let (fingerprint, bitmap) = match &self.kind {
+            Kind::Alone(l) => (l.checkpoint()?.fingerprint, None),
+            Kind::Node(n) => (n.fingerprint, None),
             Kind::Resumed(l, skip) => {
-                if state.epoch == skip.epoch && state.served > 0 {
-                    return Err(Error::InvalidState(format!(
-                        "a loader resumed from an attached job's state has no count-only state until epoch {} ends",
-                        skip.epoch
-                    )));
-                }
-                l.checkpoint()?.fingerprint
+                let bitmap = if state.epoch == skip.epoch {
+                    self.bitmap_at(state, skip.epoch, &skip.bitmap)?
+                } else {
+                    None
+                };
+                (l.checkpoint()?.fingerprint, bitmap)
             }
-            Kind::Node(n) => n.fingerprint,
             Kind::Attached(a) => {
-                if state.served > 0 {
-                    return Err(Error::InvalidState(format!(
-                        "an attached job mid-epoch ({} of epoch {} served) has no count-only state: its served samples are a bitmap (brand_cache::Attached::served), which the state blob does not hold yet",
-                        state.served, state.epoch
-                    )));
-                }
-                a.fingerprint
+                let served = a.job.served();
+                (a.fingerprint, self.bitmap_at(state, served.epoch, &served.bitmap)?)
             }
         };
-        Ok(Checkpoint { state, fingerprint })
+        Ok(Checkpoint {
+            state,
+            fingerprint,
+            bitmap,
+        })
+    }
+
+    /// The samples served at `state` (None at an epoch's start, where the
+    /// count says it all), from `bitmap`, those of `epoch` served now.
+    fn bitmap_at(&self, state: LoaderState, epoch: u64, bitmap: &[u64]) -> Result<Option<Vec<u64>>> {
+        if state.served == 0 {
+            return Ok(None);
+        }
+        if state == self.state() && epoch == state.epoch {
+            return Ok(Some(bitmap.to_vec()));
+        }
+        let inside = self.recent.iter().position(|l| {
+            l.before.epoch == state.epoch
+                && (l.before.served..=l.before.served + l.ids.len() as u64).contains(&state.served)
+        });
+        let Some(first) = inside else {
+            let (epoch, served) = (state.epoch, state.served);
+            return Err(Error::InvalidState(format!(
+                "{served} samples of epoch {epoch} is not where this job is nor inside its last batches: a job attached to a cache saves its served samples as they are now (or within its last batches), not at an earlier count"
+            )));
+        };
+        let mut words = if epoch == state.epoch {
+            bitmap.to_vec()
+        } else {
+            // The last batch ended the epoch (an attached job moves on at
+            // once): every sample of it was served.
+            let n = self.dataset().index.samples();
+            let mut all = vec![u64::MAX; n.div_ceil(64) as usize];
+            if let Some(w) = all.last_mut().filter(|_| !n.is_multiple_of(64)) {
+                *w = (1 << (n % 64)) - 1;
+            }
+            all
+        };
+        // Not served at `state`: the rest of its batch and the later
+        // batches of its epoch.
+        for (i, later) in self.recent.iter().enumerate().skip(first) {
+            if later.before.epoch != state.epoch {
+                continue;
+            }
+            let kept = if i == first {
+                (state.served - later.before.served) as usize
+            } else {
+                0
+            };
+            for &id in &later.ids[kept..] {
+                if let Some(w) = words.get_mut(id as usize / 64) {
+                    *w &= !(1 << (id % 64));
+                }
+            }
+        }
+        Ok(Some(words))
     }
 
     /// Samples served per epoch.
@@ -306,6 +402,7 @@ impl Reader {
     pub fn start_epoch(&mut self, epoch: u64) -> Result<()> {
         let to = LoaderState { epoch, served: 0 };
         let there = self.state() == to;
+        self.recent.clear();
         match &mut self.kind {
             Kind::Alone(l) | Kind::Resumed(l, _) => l.start_epoch(epoch),
             Kind::Attached(a) => a.job.start_epoch(epoch),
