@@ -3,23 +3,46 @@
 //! its own module, so the inbox and the network that send it and the owner
 //! that receives it depend on it and not on each other.
 
+use std::sync::Arc;
+
 use crate::wire::{Credit, Failure, Goodbye, Push, push};
 
+/// Whether the job failed, asked by a push stream as it ends (the node's
+/// inbox records the job's first failure).
+pub trait JobOutcome: Send + Sync {
+    fn failure(&self) -> Option<Failure>;
+}
+
 /// The owner's side of a push stream to a consumer. Dropping it ends the
-/// stream with a goodbye: however the owner ends, the consumer learns it
-/// sends nothing more (a failure, sent first, is read before it).
-pub struct PushSink(pub tokio::sync::mpsc::UnboundedSender<Push>);
+/// stream: with the job's failure if the job failed, then a goodbye. So
+/// however the owner ends — even before the stream was handed to it (its
+/// hello answered while the job was failing) — the consumer learns it
+/// sends nothing more, and why, and names the node that failed first
+/// rather than this messenger.
+pub struct PushSink {
+    tx: tokio::sync::mpsc::UnboundedSender<Push>,
+    job: Arc<dyn JobOutcome>,
+}
 
 impl PushSink {
+    pub fn new(tx: tokio::sync::mpsc::UnboundedSender<Push>, job: Arc<dyn JobOutcome>) -> Self {
+        PushSink { tx, job }
+    }
+
     /// Queues `msg`; false if the stream is gone.
     pub fn send(&self, msg: Push) -> bool {
-        self.0.send(msg).is_ok()
+        self.tx.send(msg).is_ok()
     }
 }
 
 impl Drop for PushSink {
     fn drop(&mut self) {
-        let _ = self.0.send(Push {
+        if let Some(f) = self.job.failure() {
+            let _ = self.tx.send(Push {
+                body: Some(push::Body::Failed(f)),
+            });
+        }
+        let _ = self.tx.send(Push {
             body: Some(push::Body::Goodbye(Goodbye {})),
         });
     }

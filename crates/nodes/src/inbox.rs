@@ -20,7 +20,7 @@ use brand_format::dataset::Dataset;
 use brand_loader::SampleBytes;
 
 use crate::config::NodeConfig;
-use crate::control::Control;
+use crate::control::{Control, JobOutcome};
 use crate::routes::ConsumerPlan;
 use crate::wire::{Credit, Failure, Sample};
 
@@ -604,5 +604,11 @@ impl Inbox {
 
     pub fn stats(&self) -> InboxStats {
         self.lock().stats.clone()
+    }
+}
+
+impl JobOutcome for Inbox {
+    fn failure(&self) -> Option<Failure> {
+        Inbox::failure(self)
     }
 }

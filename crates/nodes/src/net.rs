@@ -232,10 +232,10 @@ async fn push_stream_until_gone(ctx: &Arc<Ctx>, peer: u32) {
         }
     };
     // If the owner has ended already, the sink comes back and is dropped
-    // here: the stream ends with a goodbye.
+    // here: the stream ends with the job's failure, if any, and a goodbye.
     let _ = ctx.control.send(Control::Attached {
         consumer: peer,
-        sink: PushSink(tx),
+        sink: PushSink::new(tx, ctx.inbox.clone()),
     });
     ctx.inbox.outbound_ready(peer);
     // Ends when the consumer says goodbye (it needs nothing more: it read

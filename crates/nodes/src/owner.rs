@@ -334,7 +334,10 @@ impl Owner {
     /// Tells every peer consumer the job failed (`f` names the node that
     /// failed first), before this owner ends its streams: the failure is
     /// queued ahead of the end, so it arrives before the stream closes.
+    /// Recorded in the inbox too, so that a stream handed over after this
+    /// owner ended says it as well (see `PushSink`).
     fn tell_all(&self, outlets: &[Outlet], f: Failure) {
+        self.inbox.fail(f.node, f.why.clone());
         for o in outlets {
             if let Outlet::Remote(tx) = o {
                 tx.send(Push {
