@@ -144,12 +144,9 @@ struct Job {
     seed: u64,
     batch_size: usize,
     waiting: bool,
-    /// When it began to wait (`State::waits` then).
-    waiting_since: u64,
     leases: HashMap<u32, u32>,
-    /// Bytes of its live batches, and the most it held at once.
+    /// Bytes of its live batches, and how many.
     held_bytes: u64,
-    peak_held_bytes: u64,
     live_batches: u32,
 }
 
@@ -230,9 +227,6 @@ struct State {
     wanted: u64,
     fill: Fill,
     skip_corrupt: bool,
-    /// Counts jobs starting to wait: the job that waits longest comes
-    /// first when room must be forced.
-    waits: u64,
     arena: Arena,
     /// Room promised to reads in flight.
     reserved: u64,
@@ -382,7 +376,6 @@ impl CacheHandle {
             wanted: 0,
             fill: Fill::new(planner),
             skip_corrupt: policy.on_corrupt == OnCorrupt::Skip,
-            waits: 0,
             arena: Arena::new(bytes),
             reserved: 0,
             jobs: HashMap::new(),
@@ -573,21 +566,6 @@ fn check_hello(sh: &Shared, h: &Hello) -> Option<String> {
             h.batch_size
         ));
     }
-    // What the attached jobs held at once (their batches stay in memory
-    // until they drop them) and this one's 2 batches must fit together, or
-    // the jobs end up waiting on each other's batches.
-    let s = lock(&sh.state);
-    let held: u64 = s.jobs.values().map(|j| j.peak_held_bytes).sum();
-    if held.saturating_add(batch.saturating_mul(2)) > memory {
-        return Some(format!(
-            "the cache's memory ({memory} bytes) cannot hold the batches of {} jobs at once: the {} attached jobs held up to {held} bytes of batches together and this job needs room for 2 batches of {} samples (about {batch} bytes each), so {} jobs like these need about {} bytes: start the cache with more --memory, use a smaller batch_size or attach fewer jobs",
-            s.jobs.len() + 1,
-            s.jobs.len(),
-            h.batch_size,
-            s.jobs.len() + 1,
-            held + 2 * batch
-        ));
-    }
     None
 }
 
@@ -672,11 +650,6 @@ fn next_batch(sh: &Shared, id: u64) -> Option<ToJob> {
         }
         if !job.waiting {
             job.waiting = true;
-            s.waits += 1;
-            let since = s.waits;
-            if let Some(job) = s.jobs.get_mut(&id) {
-                job.waiting_since = since;
-            }
             sh.changed.notify_all();
         }
         if s.deadlocked(&sh.ds) {
@@ -769,10 +742,8 @@ impl State {
             seed: h.seed,
             batch_size: h.batch_size.max(1) as usize,
             waiting: false,
-            waiting_since: 0,
             leases: HashMap::new(),
             held_bytes: 0,
-            peak_held_bytes: 0,
             live_batches: 0,
         };
         job.served_count = job.served.iter().map(|w| w.count_ones() as u64).sum();
@@ -863,7 +834,6 @@ impl State {
         if !placed.is_empty() {
             job.live_batches += 1;
         }
-        job.peak_held_bytes = job.peak_held_bytes.max(job.held_bytes);
         job.served_count += (placed.len() + skipped.len()) as u64;
         self.report.samples_served += placed.len() as u64;
         if job.served_count == n {
@@ -951,9 +921,8 @@ impl State {
         self.present.push(id);
     }
 
-    /// Records of `chunk` in `mask` that some job (`only` this one, if
-    /// given) needs and memory lacks.
-    fn lacking(&self, ds: &Dataset, chunk: u64, mask: u64, only: Option<&Job>) -> u64 {
+    /// Records of `chunk` in `mask` that some job needs and memory lacks.
+    fn lacking(&self, ds: &Dataset, chunk: u64, mask: u64) -> u64 {
         let first = chunk * ds.index.chunk_size() as u64;
         let mut m = mask;
         let mut lacking = 0;
@@ -961,8 +930,7 @@ impl State {
             let r = m.trailing_zeros();
             m &= m - 1;
             let s = &self.samples[(first + r as u64) as usize];
-            let id = (first + r as u64) as u32;
-            if s.at == Where::Absent && s.need > 0 && only.is_none_or(|j| !j.has_served(id)) {
+            if s.at == Where::Absent && s.need > 0 {
                 lacking |= 1 << r;
             }
         }
@@ -970,27 +938,12 @@ impl State {
     }
 
     /// The next read of the fill's plan with records some job lacks (planned
-    /// reads none lacks are passed over): the chunk, those records, and
-    /// whether it is the read at the cursor (which stays on it until it is
-    /// read whole). `None` if no job lacks anything. With `only` (room is
-    /// forced for that waiting job), the first read of the current plan
-    /// epoch from the cursor on, round to its start, with records that job
-    /// lacks; the cursor does not move (it passes those records later, read).
-    fn choose(&mut self, ds: &Dataset, only: Option<u64>) -> Option<(u64, u64, bool)> {
+    /// reads none lacks are passed over): the chunk and those records; the
+    /// cursor stays on it until it is read whole. `None` if no job lacks
+    /// anything.
+    fn choose(&mut self, ds: &Dataset) -> Option<(u64, u64)> {
         if self.wanted == 0 {
             return None;
-        }
-        if let Some(job) = only.and_then(|id| self.jobs.get(&id)) {
-            let reads = &self.fill.reads;
-            let from = self.fill.next.min(reads.len());
-            return reads[from..]
-                .iter()
-                .chain(&reads[..from])
-                .enumerate()
-                .find_map(|(k, &(chunk, mask))| {
-                    let lacking = self.lacking(ds, chunk, mask, Some(job));
-                    (lacking != 0).then_some((chunk, lacking, k == 0))
-                });
         }
         // A plan epoch reads every sample, each read at least one record:
         // within 2 N steps every lacking sample is passed.
@@ -999,9 +952,9 @@ impl State {
             if turned {
                 self.report.fill_epochs += 1;
             }
-            let lacking = self.lacking(ds, chunk, mask, None);
+            let lacking = self.lacking(ds, chunk, mask);
             if lacking != 0 {
-                return Some((chunk, lacking, true));
+                return Some((chunk, lacking));
             }
             self.fill.advance();
         }
@@ -1076,23 +1029,11 @@ impl State {
         None
     }
 
-    /// The waiting job that waits longest: room forced goes to it first, so
-    /// that jobs waiting together do not take each other's room in turn.
-    fn first_waiting(&self) -> Option<u64> {
-        self.jobs
-            .iter()
-            .filter(|(_, j)| j.waiting)
-            .min_by_key(|(_, j)| j.waiting_since)
-            .map(|(&id, _)| id)
-    }
-
-    /// Samples that may leave memory, in the order they should: (the first
-    /// waiting job needs it, waiting jobs that need it, jobs that need it,
-    /// id); listed as (waiting jobs, jobs, id).
+    /// Samples that may leave memory, in the order they should: (waiting
+    /// jobs that need it, jobs that need it, id).
     fn victims(&self, force: bool) -> Vec<(u32, u32, u32)> {
-        let first = self.first_waiting().and_then(|id| self.jobs.get(&id));
         let waiting: Vec<&Job> = self.jobs.values().filter(|j| j.waiting).collect();
-        let mut victims: Vec<(bool, u32, u32, u32)> = self
+        let mut victims: Vec<(u32, u32, u32)> = self
             .present
             .iter()
             .filter(|&&i| {
@@ -1101,12 +1042,11 @@ impl State {
             })
             .map(|&i| {
                 let wanted = waiting.iter().filter(|j| !j.has_served(i)).count() as u32;
-                let first_needs = first.is_some_and(|j| !j.has_served(i));
-                (first_needs, wanted, self.samples[i as usize].need, i)
+                (wanted, self.samples[i as usize].need, i)
             })
             .collect();
         victims.sort_unstable();
-        victims.into_iter().map(|(_, w, n, i)| (w, n, i)).collect()
+        victims
     }
 
     fn drop_sample(&mut self, ds: &Dataset, i: u32, need: u32) {
@@ -1208,16 +1148,15 @@ fn read_loop(sh: &Shared, mut session: ReadSession<Vec<u32>>, depth: usize, read
                 break;
             }
             while s.failed.is_none() && session.in_flight() < depth && session.in_flight_read_bytes() < readahead {
-                let force = s.jobs.values().any(|j| j.waiting) && session.in_flight() == 0;
-                let only = if force { s.first_waiting() } else { None };
-                let Some((chunk, lacking, at_cursor)) = s.choose(&sh.ds, only) else {
+                let Some((chunk, lacking)) = s.choose(&sh.ds) else {
                     break;
                 };
+                let force = s.jobs.values().any(|j| j.waiting) && session.in_flight() == 0;
                 let Some(mask) = s.room_for(&sh.ds, chunk, lacking, force) else {
                     break;
                 };
                 s.reading(&sh.ds, chunk, mask);
-                if at_cursor && mask == lacking {
+                if mask == lacking {
                     s.fill.advance();
                 }
                 s.report.reads_issued += 1;

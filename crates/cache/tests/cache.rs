@@ -374,32 +374,6 @@ fn an_attached_jobs_order_spreads_chunk_mates_as_a_lone_brand_loader_does() {
 }
 
 #[test]
-fn a_job_whose_batches_do_not_fit_beside_what_the_others_hold_is_refused() {
-    let s = setup();
-    // 25 %: 150 samples; batches of 40.
-    let _c = cache(&s.ds, &s.socket, Memory::Percent(25.0));
-    let mut cfg = job_cfg(1);
-    cfg.batch_size = 40;
-    let fresh = || Served {
-        epoch: 0,
-        bitmap: vec![],
-    };
-    let mut a = Attached::open(s.ds.clone(), &cfg, &s.socket, fresh()).expect("the first job fits");
-    // The first job holds 2 batches (80 samples); a second one's 2 batches
-    // would need 160 samples besides.
-    let held = [a.next_batch().expect("batch"), a.next_batch().expect("batch")];
-    let e = Attached::open(s.ds.clone(), &cfg, &s.socket, fresh())
-        .err()
-        .expect("refused")
-        .to_string();
-    assert!(
-        e.contains("cannot hold the batches of 2 jobs") && e.contains("2 jobs like these need about"),
-        "{e}"
-    );
-    drop(held);
-}
-
-#[test]
 fn jobs_that_hold_every_batch_they_get_fail_at_once_naming_the_memory_they_need() {
     let s = setup();
     let _c = cache(&s.ds, &s.socket, Memory::Percent(25.0));
