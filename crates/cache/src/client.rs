@@ -222,6 +222,22 @@ impl Attached {
             return Ok(None);
         }
         let asked = Instant::now();
+        loop {
+            let (epoch, samples) = self.ask()?;
+            if !samples.is_empty() {
+                return self.batch(epoch, samples, asked).map(Some);
+            }
+            // Only skipped records: the epoch may have ended with them.
+            if self.served_count == 0 && epoch != self.epoch {
+                self.metrics.stall_secs_total += asked.elapsed().as_secs_f64();
+                return Ok(None);
+            }
+        }
+    }
+
+    /// One `Next` answered: the batch's epoch and samples, its skipped
+    /// records taken into the bitmap (an epoch they complete has ended).
+    fn ask(&mut self) -> Result<(u64, Vec<crate::wire::Placed>)> {
         // A cache that stopped has sent why before closing: read it even
         // when the request can no longer be sent.
         let sent = self.link.send(&ToCache::Next);
@@ -233,8 +249,12 @@ impl Attached {
                 return Err(self.fail(format!("the connection to the cache broke: {e}")));
             }
         };
-        let samples = match ToJob::decode(kind, &body) {
-            Ok(ToJob::Batch { epoch, samples }) if epoch == self.epoch => samples,
+        let (samples, skipped) = match ToJob::decode(kind, &body) {
+            Ok(ToJob::Batch {
+                epoch,
+                samples,
+                skipped,
+            }) if epoch == self.epoch => (samples, skipped),
             Ok(ToJob::Batch { epoch, .. }) => {
                 return Err(self.fail(format!("the cache sent epoch {epoch}'s batch in epoch {}", self.epoch)));
             }
@@ -243,6 +263,22 @@ impl Attached {
             Err(why) => return Err(self.fail(format!("a malformed answer from the cache: {why}"))),
         };
         let n = self.ds.index.samples();
+        let epoch = self.epoch;
+        for &id in &skipped {
+            if id as u64 >= n {
+                return Err(self.fail(format!("the cache skipped sample {id} of {n}")));
+            }
+            let (w, b) = (id as usize / 64, id % 64);
+            if self.served[w] >> b & 1 == 1 {
+                return Err(self.fail(format!(
+                    "the cache skipped sample {id} after serving it in epoch {}",
+                    self.epoch
+                )));
+            }
+            self.served[w] |= 1 << b;
+            self.served_count += 1;
+            self.metrics.skipped_corrupt += 1;
+        }
         for p in &samples {
             let ok = (p.id as u64) < n
                 && p.len == self.ds.index.raw_len[p.id as usize]
@@ -260,6 +296,15 @@ impl Attached {
             }
             self.served[w] |= 1 << b;
         }
+        if samples.is_empty() && self.served_count == n {
+            self.next_epoch();
+        }
+        Ok((epoch, samples))
+    }
+
+    /// The placed samples as a batch of epoch `epoch`, views of the mapping.
+    fn batch(&mut self, epoch: u64, samples: Vec<crate::wire::Placed>, asked: Instant) -> Result<Batch> {
+        let n = self.ds.index.samples();
         let lease = Arc::new(Lease {
             link: self.link.clone(),
             _memory: self.memory.clone(),
@@ -280,7 +325,6 @@ impl Attached {
             data.push(Arc::new(buf));
             self.metrics.bytes_served += p.len as u64;
         }
-        let epoch = self.epoch;
         self.served_count += samples.len() as u64;
         self.metrics.samples_served += samples.len() as u64;
         self.metrics.stall_secs_total += asked.elapsed().as_secs_f64();
@@ -288,7 +332,7 @@ impl Attached {
             self.next_epoch();
             self.end_pending = true;
         }
-        Ok(Some(Batch::new(epoch, self.ds.clone(), ids, data)))
+        Ok(Batch::new(epoch, self.ds.clone(), ids, data))
     }
 
     fn fail(&mut self, why: impl Into<String>) -> Error {

@@ -22,4 +22,4 @@ mod shm;
 pub mod wire;
 
 pub use client::{Attached, Served};
-pub use server::{CacheConfig, CacheHandle, CacheReport, budget_bytes};
+pub use server::{CacheConfig, CacheHandle, CachePolicy, CacheReport, budget_bytes};

@@ -7,9 +7,13 @@
 //! requests for batches. All of them share one [`State`] under a mutex.
 //!
 //! What is read: a sample is *needed* by each attached job that has not
-//! served it in its current epoch. The reader reads the records of the
-//! chunk with the most needs among samples not in memory (Brand's fill
-//! rate, over every job), preferring what a job waiting for a batch lacks.
+//! served it in its current epoch. The reader follows the reads of the
+//! cache's own plan (`brand_plan`, the policy, seed and run length it is
+//! configured with, over its memory), epoch after epoch: Brand's fill of
+//! the abstract memory, records of many chunks at Brand's fill rates. Of
+//! each planned read it reads the records some job needs that are not in
+//! memory, and skips the rest; a plan epoch covers every sample once, so a
+//! job's epoch is one turn of the fill from wherever it joined.
 //! What is served: a job takes, uniformly at random with its own seed, any
 //! sample in memory it has not served this epoch ("substitutable", as
 //! Quiver says, and "whatever is available", as Brand does).
@@ -37,13 +41,14 @@ use brand_format::error::{Error, Result};
 use brand_format::rng::Prng;
 use brand_io::engine::Completion;
 use brand_io::{IoConfig, ReadSession};
-use brand_plan::Memory;
+use brand_loader::OnCorrupt;
+use brand_plan::{Layout, Memory, PlanConfig, Planner, Policy};
 
 use crate::arena::{Arena, footprint};
 use crate::shm::{Mapping, send_all, send_with_fd};
 use crate::wire::{Digest, Hello, Placed, ToCache, ToJob, read_frame};
 
-/// How the cache is set up.
+/// How the cache is set up: its memory and how it reads.
 #[derive(Debug, Clone)]
 pub struct CacheConfig {
     /// The whole budget, for every job together.
@@ -51,6 +56,31 @@ pub struct CacheConfig {
     pub io: IoConfig,
     /// Bytes of reads in flight at most.
     pub readahead: u64,
+}
+
+/// What the cache decides: the plan whose reads fill its memory (the
+/// policy, seed and run length keys of a lone loader's plan) and what a
+/// corrupt record does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CachePolicy {
+    pub policy: Policy,
+    pub seed: u64,
+    pub run_length: u32,
+    /// `Skip`: a corrupt record is left out of the epoch of every job that
+    /// needs it (counted); `Error`: the job that draws it fails.
+    pub on_corrupt: OnCorrupt,
+}
+
+impl Default for CachePolicy {
+    /// Brand's plan, seed 0, record by record; a corrupt record an error.
+    fn default() -> Self {
+        CachePolicy {
+            policy: Policy::Brand,
+            seed: 0,
+            run_length: 1,
+            on_corrupt: OnCorrupt::Error,
+        }
+    }
 }
 
 /// What the cache did, for its report.
@@ -71,6 +101,11 @@ pub struct CacheReport {
     pub dropped_needed: u64,
     /// Samples dropped that no job needed any more.
     pub dropped_idle: u64,
+    /// Corrupt records read (with `on_corrupt = "skip"` each is left out
+    /// of the epoch of every job that needed it).
+    pub corrupt_records: u64,
+    /// Turns of the fill's plan begun (plan epochs).
+    pub fill_epochs: u64,
     pub peak_used_bytes: u64,
 }
 
@@ -105,13 +140,14 @@ struct Job {
     epoch: u64,
     served: Vec<u64>,
     served_count: u64,
-    /// Per chunk: records this job has not served that are not in memory.
-    missing: Vec<u32>,
     rng: Prng,
     seed: u64,
     batch_size: usize,
     waiting: bool,
     leases: HashMap<u32, u32>,
+    /// Bytes of its live batches, and how many.
+    held_bytes: u64,
+    live_batches: u32,
 }
 
 impl Job {
@@ -120,13 +156,77 @@ impl Job {
     }
 }
 
+/// A record whose read failed: why, and whether it is the record itself
+/// (corrupt: `on_corrupt` applies) or its read (an I/O error).
+struct Bad {
+    why: String,
+    corrupt: bool,
+}
+
+/// Where the fill is in the cache's plan: the reads of plan epoch `epoch`
+/// (chunk, records), the next at `next`.
+struct Fill {
+    planner: Planner,
+    epoch: u64,
+    reads: Vec<(u64, u64)>,
+    next: usize,
+}
+
+impl Fill {
+    fn new(planner: Planner) -> Self {
+        let reads = Self::plan(&planner, 0);
+        Fill {
+            planner,
+            epoch: 0,
+            reads,
+            next: 0,
+        }
+    }
+
+    /// The reads of plan epoch `epoch`. A budget that holds the dataset
+    /// plans no reads (everything stays): then every chunk once, whole.
+    fn plan(planner: &Planner, epoch: u64) -> Vec<(u64, u64)> {
+        let g = planner.geometry();
+        if g.holds_all {
+            let k = g.chunk_size as u64;
+            return (0..g.chunks)
+                .map(|c| {
+                    let records = (g.samples - c * k).min(k);
+                    (c, if records >= 64 { u64::MAX } else { (1 << records) - 1 })
+                })
+                .collect();
+        }
+        let global = planner.global_epoch(epoch);
+        global.reads().iter().map(|r| (r.chunk as u64, r.mask)).collect()
+    }
+
+    /// The planned read at the cursor (the next plan epoch begins when one
+    /// ends; `true` then).
+    fn current(&mut self) -> ((u64, u64), bool) {
+        let mut turned = false;
+        while self.next >= self.reads.len() {
+            self.epoch += 1;
+            self.reads = Self::plan(&self.planner, self.epoch);
+            self.next = 0;
+            turned = true;
+        }
+        (self.reads[self.next], turned)
+    }
+
+    fn advance(&mut self) {
+        self.next += 1;
+    }
+}
+
 struct State {
     samples: Vec<Sample>,
     /// Samples resident or bad, for serving.
     present: Vec<u32>,
-    bad: HashMap<u32, String>,
-    /// Per chunk: the needs of its records not in memory.
-    chunk_need: Vec<u64>,
+    bad: HashMap<u32, Bad>,
+    /// Samples not in memory that some job needs.
+    wanted: u64,
+    fill: Fill,
+    skip_corrupt: bool,
     arena: Arena,
     /// Room promised to reads in flight.
     reserved: u64,
@@ -236,8 +336,14 @@ fn listen(socket: &Path) -> Result<UnixListener> {
 }
 
 impl CacheHandle {
-    /// Starts a cache of `ds` listening at `socket`.
+    /// Starts a cache of `ds` listening at `socket`, with the default
+    /// [`CachePolicy`].
     pub fn start(ds: Arc<Dataset>, cfg: &CacheConfig, socket: &Path) -> Result<CacheHandle> {
+        Self::start_with(ds, cfg, &CachePolicy::default(), socket)
+    }
+
+    /// Starts a cache of `ds` listening at `socket`.
+    pub fn start_with(ds: Arc<Dataset>, cfg: &CacheConfig, policy: &CachePolicy, socket: &Path) -> Result<CacheHandle> {
         let n = ds.index.samples();
         if n > u32::MAX as u64 {
             return Err(Error::config(format!("{n} samples: a cache serves at most 2^32 - 1")));
@@ -245,10 +351,16 @@ impl CacheHandle {
         let bytes = budget_bytes(&ds, cfg.memory)?;
         let (memory, memfd) = Mapping::create(bytes as usize)
             .map_err(|e| Error::config(format!("cannot create the cache's shared memory of {bytes} bytes: {e}")))?;
+        let plan = PlanConfig {
+            policy: policy.policy,
+            seed: policy.seed,
+            run_length: policy.run_length,
+            ..PlanConfig::new(Memory::Bytes(bytes))
+        };
+        let planner = Planner::from_layout(Layout::of(&ds.index), &plan)?;
         let engine = cfg.io.engine_config(&ds, cfg.readahead);
         let session: ReadSession<Vec<u32>> = ReadSession::open(ds.clone(), engine, cfg.io.read_gap)?;
         let listener = listen(socket)?;
-        let chunks = ds.index.chunk_count() as usize;
         let state = State {
             samples: vec![
                 Sample {
@@ -261,7 +373,9 @@ impl CacheHandle {
             ],
             present: Vec::new(),
             bad: HashMap::new(),
-            chunk_need: vec![0; chunks],
+            wanted: 0,
+            fill: Fill::new(planner),
+            skip_corrupt: policy.on_corrupt == OnCorrupt::Skip,
             arena: Arena::new(bytes),
             reserved: 0,
             jobs: HashMap::new(),
@@ -271,6 +385,7 @@ impl CacheHandle {
             progress: 0,
             report: CacheReport {
                 memory_bytes: bytes,
+                fill_epochs: 1,
                 ..CacheReport::default()
             },
         };
@@ -391,7 +506,7 @@ fn attach(sh: &Arc<Shared>, stream: UnixStream) -> io::Result<()> {
         let mut s = lock(&sh.state);
         let id = s.next_job;
         s.next_job += 1;
-        s.add_job(&sh.ds, id, &hello);
+        s.add_job(id, &hello);
         s.report.jobs_attached += 1;
         id
     };
@@ -400,7 +515,7 @@ fn attach(sh: &Arc<Shared>, stream: UnixStream) -> io::Result<()> {
     }
     .encode();
     if let Err(e) = send_with_fd(link.stream.as_raw_fd(), &welcome, sh.memfd.as_raw_fd()) {
-        lock(&sh.state).remove_job(&sh.ds, id);
+        lock(&sh.state).remove_job(id);
         return Err(e);
     }
     link.stream.set_read_timeout(None)?;
@@ -443,16 +558,22 @@ fn check_hello(sh: &Shared, h: &Hello) -> Option<String> {
     if !h.served.is_empty() && h.served.len() as u64 != n.div_ceil(64) {
         return Some(format!("a served bitmap of {} words for {n} samples", h.served.len()));
     }
-    let mean = sh.ds.index.raw_len.iter().map(|&l| footprint(l as u64)).sum::<u64>() / n.max(1);
-    let batch = (h.batch_size as u64).min(n).saturating_mul(mean);
-    if batch.saturating_mul(2) > sh.memory.size() as u64 {
+    let batch = batch_bytes(&sh.ds, h.batch_size as u64);
+    let memory = sh.memory.size() as u64;
+    if batch.saturating_mul(2) > memory {
         return Some(format!(
-            "the cache's memory ({} bytes) holds fewer than 2 batches of {} samples (about {batch} bytes each): start the cache with more --memory or use a smaller batch_size",
-            sh.memory.size(),
+            "the cache's memory ({memory} bytes) holds fewer than 2 batches of {} samples (about {batch} bytes each): start the cache with more --memory or use a smaller batch_size",
             h.batch_size
         ));
     }
     None
+}
+
+/// About what a batch of `size` samples takes in the shared memory.
+fn batch_bytes(ds: &Dataset, size: u64) -> u64 {
+    let n = ds.index.samples();
+    let mean = ds.index.raw_len.iter().map(|&l| footprint(l as u64)).sum::<u64>() / n.max(1);
+    size.min(n).saturating_mul(mean)
 }
 
 /// A job's messages: releases are applied at once, requests go to its
@@ -468,7 +589,7 @@ fn take_messages(sh: &Shared, link: &Link, id: u64, requests: mpsc::Sender<()>) 
             }
             Ok(ToCache::Release(ids)) => {
                 let mut s = lock(&sh.state);
-                s.release(id, &ids);
+                s.release(&sh.ds, id, &ids);
                 drop(s);
                 sh.changed.notify_all();
             }
@@ -479,7 +600,7 @@ fn take_messages(sh: &Shared, link: &Link, id: u64, requests: mpsc::Sender<()>) 
         }
     }
     let _ = link.stream.shutdown(std::net::Shutdown::Both);
-    lock(&sh.state).remove_job(&sh.ds, id);
+    lock(&sh.state).remove_job(id);
     sh.changed.notify_all();
 }
 
@@ -512,13 +633,14 @@ fn next_batch(sh: &Shared, id: u64) -> Option<ToJob> {
             samples,
             present,
             bad,
+            skip_corrupt,
             ..
         } = &mut *s;
         let job = jobs.get_mut(&id)?;
-        match pick(job, samples, present, bad) {
-            Ok(Some(ids)) => {
+        match pick(job, samples, present, bad, *skip_corrupt) {
+            Ok(Some((ids, skipped))) => {
                 job.waiting = false;
-                let batch = s.serve(&sh.ds, id, &ids);
+                let batch = s.serve(&sh.ds, id, &ids, &skipped);
                 drop(s);
                 sh.changed.notify_all();
                 return Some(batch);
@@ -529,6 +651,9 @@ fn next_batch(sh: &Shared, id: u64) -> Option<ToJob> {
         if !job.waiting {
             job.waiting = true;
             sh.changed.notify_all();
+        }
+        if s.deadlocked(&sh.ds) {
+            return Some(ToJob::Failed(s.deadlock(&sh.ds)));
         }
         if s.progress != seen.0 {
             seen = (s.progress, Instant::now());
@@ -548,55 +673,61 @@ fn next_batch(sh: &Shared, id: u64) -> Option<ToJob> {
     }
 }
 
-/// The samples of the job's next batch, drawn at random from those in
-/// memory it has not served: `None` while fewer than a batch (or the
-/// epoch's rest) are there; an error if one of them is corrupt.
+/// The job's next batch, drawn at random from the samples in memory it has
+/// not served, and the corrupt records it skips (with `skip`, every one in
+/// memory it has not served): `None` while fewer than a batch (or the
+/// epoch's rest) are there and none is skipped; an error if a drawn sample
+/// is bad and not skipped.
+type Picked = (Vec<u32>, Vec<u32>);
+
 fn pick(
     job: &mut Job,
     samples: &[Sample],
     present: &[u32],
-    bad: &HashMap<u32, String>,
-) -> std::result::Result<Option<Vec<u32>>, String> {
+    bad: &HashMap<u32, Bad>,
+    skip: bool,
+) -> std::result::Result<Option<Picked>, String> {
     let n = samples.len() as u64;
-    let want = (job.batch_size as u64).min(n - job.served_count) as usize;
-    let mut open: Vec<u32> = present.iter().copied().filter(|&i| !job.has_served(i)).collect();
+    let (skipped, mut open): (Vec<u32>, Vec<u32>) = present
+        .iter()
+        .copied()
+        .filter(|&i| !job.has_served(i))
+        .partition(|i| skip && bad.get(i).is_some_and(|b| b.corrupt));
+    let rest = n - job.served_count - skipped.len() as u64;
+    let want = (job.batch_size as u64).min(rest) as usize;
     if open.len() < want {
-        return Ok(None);
+        return Ok((!skipped.is_empty()).then_some((Vec::new(), skipped)));
     }
     for k in 0..want {
         let j = k + job.rng.below((open.len() - k) as u64) as usize;
         open.swap(k, j);
     }
     open.truncate(want);
-    if let Some(why) = open.iter().find_map(|i| bad.get(i)) {
-        return Err(why.clone());
+    if let Some(b) = open.iter().find_map(|i| bad.get(i)) {
+        return Err(b.why.clone());
     }
-    Ok(Some(open))
+    Ok(Some((open, skipped)))
 }
 
 impl State {
-    fn chunk_of(ds: &Dataset, id: u32) -> usize {
-        ds.index.chunk_of(id as u64) as usize
-    }
-
     /// One more job needs `id`.
-    fn need_more(&mut self, ds: &Dataset, id: u32) {
+    fn need_more(&mut self, id: u32) {
         let s = &mut self.samples[id as usize];
         s.need += 1;
-        if s.at == Where::Absent {
-            self.chunk_need[Self::chunk_of(ds, id)] += 1;
+        if s.at == Where::Absent && s.need == 1 {
+            self.wanted += 1;
         }
     }
 
-    fn need_less(&mut self, ds: &Dataset, id: u32) {
+    fn need_less(&mut self, id: u32) {
         let s = &mut self.samples[id as usize];
         s.need -= 1;
-        if s.at == Where::Absent {
-            self.chunk_need[Self::chunk_of(ds, id)] -= 1;
+        if s.at == Where::Absent && s.need == 0 {
+            self.wanted -= 1;
         }
     }
 
-    fn add_job(&mut self, ds: &Dataset, id: u64, h: &Hello) {
+    fn add_job(&mut self, id: u64, h: &Hello) {
         let n = self.samples.len();
         let served = if h.served.is_empty() {
             vec![0; n.div_ceil(64)]
@@ -607,46 +738,38 @@ impl State {
             epoch: h.epoch,
             served,
             served_count: 0,
-            missing: vec![0; self.chunk_need.len()],
             rng: Prng::stream(h.seed, &[0xcac4e, h.epoch]),
             seed: h.seed,
             batch_size: h.batch_size.max(1) as usize,
             waiting: false,
             leases: HashMap::new(),
+            held_bytes: 0,
+            live_batches: 0,
         };
-        for i in 0..n as u32 {
-            if job.has_served(i) {
-                job.served_count += 1;
-            } else {
-                self.need_more(ds, i);
-                if self.samples[i as usize].at == Where::Absent {
-                    job.missing[Self::chunk_of(ds, i)] += 1;
-                }
-            }
-        }
+        job.served_count = job.served.iter().map(|w| w.count_ones() as u64).sum();
         if job.served_count == n as u64 {
             // Saved after the epoch's last sample: the next one starts.
             job.served_count = 0;
             job.served.fill(0);
             job.epoch += 1;
-            for i in 0..n as u32 {
-                self.need_more(ds, i);
-                if self.samples[i as usize].at == Where::Absent {
-                    job.missing[Self::chunk_of(ds, i)] += 1;
-                }
+            job.rng = Prng::stream(h.seed, &[0xcac4e, job.epoch]);
+        }
+        for i in 0..n as u32 {
+            if !job.has_served(i) {
+                self.need_more(i);
             }
         }
         self.jobs.insert(id, job);
     }
 
     /// The job is gone: what it still needed and held is let go.
-    fn remove_job(&mut self, ds: &Dataset, id: u64) {
+    fn remove_job(&mut self, id: u64) {
         let Some(job) = self.jobs.remove(&id) else {
             return;
         };
         for i in 0..self.samples.len() as u32 {
             if !job.has_served(i) {
-                self.need_less(ds, i);
+                self.need_less(i);
             }
         }
         for (i, k) in job.leases {
@@ -655,8 +778,8 @@ impl State {
         self.progress += 1;
     }
 
-    /// The job let go of these samples.
-    fn release(&mut self, id: u64, ids: &[u32]) {
+    /// The job let go of these samples (one batch).
+    fn release(&mut self, ds: &Dataset, id: u64, ids: &[u32]) {
         let Some(job) = self.jobs.get_mut(&id) else {
             return;
         };
@@ -667,13 +790,18 @@ impl State {
                     job.leases.remove(&i);
                 }
                 self.samples[i as usize].leases -= 1;
+                job.held_bytes = job
+                    .held_bytes
+                    .saturating_sub(footprint(ds.index.raw_len[i as usize] as u64));
             }
         }
+        job.live_batches = job.live_batches.saturating_sub(1);
         self.progress += 1;
     }
 
-    /// Hands `ids` (in memory, unserved by the job) to job `id`.
-    fn serve(&mut self, ds: &Dataset, id: u64, ids: &[u32]) -> ToJob {
+    /// Hands `ids` (in memory, unserved by the job) to job `id`, and marks
+    /// `skipped` (corrupt, left out) served for it.
+    fn serve(&mut self, ds: &Dataset, id: u64, ids: &[u32], skipped: &[u32]) -> ToJob {
         let mut placed = Vec::with_capacity(ids.len());
         for &i in ids {
             let Where::Resident(offset) = self.samples[i as usize].at else {
@@ -685,7 +813,10 @@ impl State {
                 len: ds.index.raw_len[i as usize],
             });
             self.samples[i as usize].leases += 1;
-            self.need_less(ds, i);
+            self.need_less(i);
+        }
+        for &i in skipped {
+            self.need_less(i);
         }
         let n = self.samples.len() as u64;
         let Some(job) = self.jobs.get_mut(&id) else {
@@ -695,8 +826,15 @@ impl State {
         for p in &placed {
             job.served[p.id as usize / 64] |= 1 << (p.id % 64);
             *job.leases.entry(p.id).or_insert(0) += 1;
+            job.held_bytes += footprint(p.len as u64);
         }
-        job.served_count += placed.len() as u64;
+        for &i in skipped {
+            job.served[i as usize / 64] |= 1 << (i % 64);
+        }
+        if !placed.is_empty() {
+            job.live_batches += 1;
+        }
+        job.served_count += (placed.len() + skipped.len()) as u64;
         self.report.samples_served += placed.len() as u64;
         if job.served_count == n {
             // The job's next epoch starts now: it needs every sample again.
@@ -704,20 +842,15 @@ impl State {
             job.served_count = 0;
             job.served.fill(0);
             job.rng = Prng::stream(job.seed, &[0xcac4e, job.epoch]);
-            let mut missing = vec![0u32; self.chunk_need.len()];
             for i in 0..n as u32 {
-                if self.samples[i as usize].at == Where::Absent {
-                    missing[Self::chunk_of(ds, i)] += 1;
-                }
-            }
-            if let Some(job) = self.jobs.get_mut(&id) {
-                job.missing = missing;
-            }
-            for i in 0..n as u32 {
-                self.need_more(ds, i);
+                self.need_more(i);
             }
         }
-        ToJob::Batch { epoch, samples: placed }
+        ToJob::Batch {
+            epoch,
+            samples: placed,
+            skipped: skipped.to_vec(),
+        }
     }
 
     fn leased_bytes(&self, ds: &Dataset) -> u64 {
@@ -726,6 +859,39 @@ impl State {
             .filter(|&&i| self.samples[i as usize].leases > 0)
             .map(|&i| footprint(ds.index.raw_len[i as usize] as u64))
             .sum()
+    }
+
+    /// Every job waits for a batch, and the memory their batches leave
+    /// cannot hold the next batch of any of them: nobody can go on until
+    /// one lets go, and each waits instead.
+    fn deadlocked(&self, ds: &Dataset) -> bool {
+        if self.jobs.is_empty() || !self.jobs.values().all(|j| j.waiting) {
+            return false;
+        }
+        let room = self.arena.size().saturating_sub(self.leased_bytes(ds));
+        let n = self.samples.len() as u64;
+        self.jobs.values().all(|j| {
+            let want = (j.batch_size as u64).min(n - j.served_count);
+            batch_bytes(ds, want) > room
+        })
+    }
+
+    /// Why every job waits for ever: the message a deadlock fails them with.
+    fn deadlock(&self, ds: &Dataset) -> String {
+        let held: u64 = self.jobs.values().map(|j| j.held_bytes).sum();
+        let batches: u32 = self.jobs.values().map(|j| j.live_batches).sum();
+        let most = self.jobs.values().map(|j| j.live_batches).max().unwrap_or(0);
+        let need: u64 = self
+            .jobs
+            .values()
+            .map(|j| (j.live_batches as u64 + 1) * batch_bytes(ds, j.batch_size as u64))
+            .sum();
+        format!(
+            "the jobs attached to the cache ({}) hold {batches} batches ({held} bytes, up to {most} per job) and each waits for another: the cache's memory ({} bytes) cannot take what they lack. {} such jobs need about {need} bytes (what they hold and one batch more): start the cache with more --memory, use a smaller batch_size or keep fewer batches",
+            self.jobs.len(),
+            self.arena.size(),
+            self.jobs.len()
+        )
     }
 
     /// `id` leaves memory (or its pending read is given up): jobs that need
@@ -744,12 +910,8 @@ impl State {
             self.bad.remove(&id);
         }
         self.samples[id as usize].at = Where::Absent;
-        let c = Self::chunk_of(ds, id);
-        self.chunk_need[c] += s.need as u64;
-        for job in self.jobs.values_mut() {
-            if !job.has_served(id) {
-                job.missing[c] += 1;
-            }
+        if s.need > 0 {
+            self.wanted += 1;
         }
     }
 
@@ -759,35 +921,44 @@ impl State {
         self.present.push(id);
     }
 
-    /// The chunk to read next and the records of it to read: those not in
-    /// memory that some job needs. While jobs wait, the chunk that gives
-    /// them the most; else the one with the most needs.
-    fn choose(&self, ds: &Dataset) -> Option<(u64, u64)> {
-        let waiting: Vec<&Job> = self.jobs.values().filter(|j| j.waiting).collect();
-        let mut best: Option<(u64, u64, usize)> = None;
-        for c in 0..self.chunk_need.len() {
-            let need = self.chunk_need[c];
-            if need == 0 {
-                continue;
-            }
-            let lacking: u64 = waiting.iter().map(|j| j.missing[c] as u64).sum();
-            if !waiting.is_empty() && lacking == 0 {
-                continue;
-            }
-            if best.is_none_or(|(l, n, _)| (lacking, need) > (l, n)) {
-                best = Some((lacking, need, c));
-            }
-        }
-        let (_, _, c) = best?;
-        let first = c as u64 * ds.index.chunk_size() as u64;
-        let mut mask = 0u64;
-        for r in 0..ds.index.chunk_records(c as u64) as u64 {
-            let s = &self.samples[(first + r) as usize];
+    /// Records of `chunk` in `mask` that some job needs and memory lacks.
+    fn lacking(&self, ds: &Dataset, chunk: u64, mask: u64) -> u64 {
+        let first = chunk * ds.index.chunk_size() as u64;
+        let mut m = mask;
+        let mut lacking = 0;
+        while m != 0 {
+            let r = m.trailing_zeros();
+            m &= m - 1;
+            let s = &self.samples[(first + r as u64) as usize];
             if s.at == Where::Absent && s.need > 0 {
-                mask |= 1 << r;
+                lacking |= 1 << r;
             }
         }
-        (mask != 0).then_some((c as u64, mask))
+        lacking
+    }
+
+    /// The next read of the fill's plan with records some job lacks (planned
+    /// reads none lacks are passed over): the chunk and those records; the
+    /// cursor stays on it until it is read whole. `None` if no job lacks
+    /// anything.
+    fn choose(&mut self, ds: &Dataset) -> Option<(u64, u64)> {
+        if self.wanted == 0 {
+            return None;
+        }
+        // A plan epoch reads every sample, each read at least one record:
+        // within 2 N steps every lacking sample is passed.
+        for _ in 0..2 * self.samples.len() + 2 {
+            let ((chunk, mask), turned) = self.fill.current();
+            if turned {
+                self.report.fill_epochs += 1;
+            }
+            let lacking = self.lacking(ds, chunk, mask);
+            if lacking != 0 {
+                return Some((chunk, lacking));
+            }
+            self.fill.advance();
+        }
+        None
     }
 
     /// Frees room for `bytes` more: first samples no job needs; when `force`
@@ -795,17 +966,51 @@ impl State {
     /// first, then the rest. Never a sample of a live batch. False if the
     /// room cannot be made.
     fn make_room(&mut self, ds: &Dataset, bytes: u64, force: bool) -> bool {
-        let free = |s: &State| s.arena.available().saturating_sub(s.reserved);
-        if free(self) >= bytes {
+        if self.free() >= bytes {
             return true;
         }
         for (_, need, i) in self.victims(force) {
-            if free(self) >= bytes {
+            if self.free() >= bytes {
                 break;
             }
             self.drop_sample(ds, i, need);
         }
-        free(self) >= bytes
+        self.free() >= bytes
+    }
+
+    fn free(&self) -> u64 {
+        self.arena.available().saturating_sub(self.reserved)
+    }
+
+    /// The records of `mask` (of `chunk`) to read now: all of them if room
+    /// can be made; when `force` and it cannot, the first that fit (so a
+    /// waiting job gets what little room is left, rather than nothing).
+    fn room_for(&mut self, ds: &Dataset, chunk: u64, mask: u64, force: bool) -> Option<u64> {
+        let first = chunk * ds.index.chunk_size() as u64;
+        let size = |r: u32| footprint(ds.index.raw_len[(first + r as u64) as usize] as u64);
+        let mut bytes = 0;
+        let mut m = mask;
+        while m != 0 {
+            bytes += size(m.trailing_zeros());
+            m &= m - 1;
+        }
+        if self.make_room(ds, bytes, force) {
+            return Some(mask);
+        }
+        if !force {
+            return None;
+        }
+        let (mut fit, mut room) = (0u64, self.free());
+        let mut m = mask;
+        while m != 0 {
+            let r = m.trailing_zeros();
+            m &= m - 1;
+            if size(r) <= room {
+                room -= size(r);
+                fit |= 1 << r;
+            }
+        }
+        (fit != 0).then_some(fit)
     }
 
     /// Room for a sample of `len` bytes: its reservation is free in bytes,
@@ -862,12 +1067,8 @@ impl State {
                 continue;
             }
             let id = (first + r) as u32;
-            let s = self.samples[id as usize];
-            self.chunk_need[chunk as usize] -= s.need as u64;
-            for job in self.jobs.values_mut() {
-                if !job.has_served(id) {
-                    job.missing[chunk as usize] -= 1;
-                }
+            if self.samples[id as usize].need > 0 {
+                self.wanted -= 1;
             }
             self.samples[id as usize].at = Where::Pending;
             bytes += footprint(ds.index.raw_len[id as usize] as u64);
@@ -889,7 +1090,13 @@ impl State {
             Err(e) => {
                 for id in ids {
                     self.make_present(id, Where::Bad);
-                    self.bad.insert(id, e.to_string());
+                    self.bad.insert(
+                        id,
+                        Bad {
+                            why: e.to_string(),
+                            corrupt: false,
+                        },
+                    );
                 }
                 return;
             }
@@ -900,8 +1107,18 @@ impl State {
             let bytes = match r {
                 Ok(b) => b,
                 Err(e) => {
+                    self.report.corrupt_records += 1;
+                    if self.skip_corrupt {
+                        tracing::warn!("skipping a corrupt record for every job: {e}");
+                    }
                     self.make_present(id, Where::Bad);
-                    self.bad.insert(id, e.to_string());
+                    self.bad.insert(
+                        id,
+                        Bad {
+                            why: e.to_string(),
+                            corrupt: true,
+                        },
+                    );
                     continue;
                 }
             };
@@ -931,20 +1148,17 @@ fn read_loop(sh: &Shared, mut session: ReadSession<Vec<u32>>, depth: usize, read
                 break;
             }
             while s.failed.is_none() && session.in_flight() < depth && session.in_flight_read_bytes() < readahead {
-                let Some((chunk, mask)) = s.choose(&sh.ds) else {
+                let Some((chunk, lacking)) = s.choose(&sh.ds) else {
                     break;
                 };
-                let bytes: u64 = (0..64)
-                    .filter(|r| mask >> r & 1 == 1)
-                    .map(|r| {
-                        footprint(sh.ds.index.raw_len[(chunk * sh.ds.index.chunk_size() as u64 + r) as usize] as u64)
-                    })
-                    .sum();
                 let force = s.jobs.values().any(|j| j.waiting) && session.in_flight() == 0;
-                if !s.make_room(&sh.ds, bytes, force) {
+                let Some(mask) = s.room_for(&sh.ds, chunk, lacking, force) else {
                     break;
-                }
+                };
                 s.reading(&sh.ds, chunk, mask);
+                if mask == lacking {
+                    s.fill.advance();
+                }
                 s.report.reads_issued += 1;
                 for ext in session.extents(chunk, mask) {
                     let ids: Vec<u32> = ext.records.iter().map(|&(id, _)| id as u32).collect();

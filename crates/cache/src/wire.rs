@@ -10,7 +10,7 @@ use std::io::{self, Read};
 use brand_format::Dataset;
 
 pub const MAGIC: [u8; 8] = *b"BRDCACHE";
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 /// What a job and its cache must agree on: the dataset, by content.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,6 +92,9 @@ pub enum ToJob {
     Batch {
         epoch: u64,
         samples: Vec<Placed>,
+        /// Corrupt records left out of the job's epoch (`on_corrupt =
+        /// "skip"`): served as far as its bitmap goes, never handed out.
+        skipped: Vec<u32>,
     },
     /// The cache cannot go on for this job (it stopped, or a record is
     /// corrupt): the message says why.
@@ -205,9 +208,17 @@ impl ToJob {
             }
             ToJob::Refused(why) => frame(REFUSED, why.as_bytes()),
             ToJob::Failed(why) => frame(FAILED, why.as_bytes()),
-            ToJob::Batch { epoch, samples } => {
-                b.reserve(8 + 16 * samples.len());
+            ToJob::Batch {
+                epoch,
+                samples,
+                skipped,
+            } => {
+                b.reserve(12 + 4 * skipped.len() + 16 * samples.len());
                 b.extend(epoch.to_le_bytes());
+                b.extend((skipped.len() as u32).to_le_bytes());
+                for id in skipped {
+                    b.extend(id.to_le_bytes());
+                }
                 for s in samples {
                     b.extend(s.id.to_le_bytes());
                     b.extend(s.len.to_le_bytes());
@@ -226,6 +237,11 @@ impl ToJob {
             FAILED => return Ok(ToJob::Failed(String::from_utf8_lossy(body).into_owned())),
             BATCH => {
                 let epoch = r.u64()?;
+                let count = r.u32()? as usize;
+                if count > r.0.len() / 4 {
+                    return Err(format!("{count} skipped records in a batch of {} bytes", body.len()));
+                }
+                let skipped = (0..count).map(|_| r.u32()).collect::<Result<Vec<u32>, String>>()?;
                 if !r.0.len().is_multiple_of(16) {
                     return Err(format!("a batch of {} bytes", body.len()));
                 }
@@ -237,7 +253,11 @@ impl ToJob {
                         offset: r.u64()?,
                     });
                 }
-                ToJob::Batch { epoch, samples }
+                ToJob::Batch {
+                    epoch,
+                    samples,
+                    skipped,
+                }
             }
             k => return Err(format!("unknown message kind {k}")),
         };
@@ -333,6 +353,7 @@ mod tests {
                 offset: 64,
                 len: 9,
             }],
+            skipped: vec![7, 8],
         };
         let f = b.encode();
         let (kind, body) = read_frame(&mut &f[..]).expect("frame").expect("some");

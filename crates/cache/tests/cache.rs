@@ -1,17 +1,21 @@
 //! A cache and jobs attached to it, in one process (each job maps the
 //! shared memory itself, as another process would): exactly once per job
 //! and epoch, the sources' bytes, jobs joining, leaving, resuming and
-//! lagging, another dataset refused, the cache stopping.
+//! lagging, the order's quality, batches held across jobs, corrupt
+//! records, another dataset refused, the cache stopping.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use brand_cache::{Attached, CacheConfig, CacheHandle, Served};
+use brand_cache::{Attached, CacheConfig, CacheHandle, CachePolicy, Served};
 use brand_format::Dataset;
-use brand_loader::{IoConfig, LoaderConfig, ReadGapSetting};
+use brand_format::rng::Prng;
+use brand_loader::{IoConfig, LoaderConfig, OnCorrupt, ReadGapSetting};
 use brand_pack::synthetic::small_dataset;
-use brand_plan::Memory;
+use brand_plan::order::OrderMeter;
+use brand_plan::{Memory, PlanConfig};
 
 const SAMPLES: u64 = 600;
 
@@ -260,4 +264,209 @@ fn a_stopped_cache_fails_its_jobs_clearly_and_a_new_one_starts_on_the_same_path(
     let _c = cache(&s.ds, &s.socket, Memory::Percent(25.0));
     let mut b = attach(&s.ds, &s.socket, 1);
     assert!(once(&take(&mut b, &s.src, None)));
+}
+
+/// A cache with a [`CachePolicy`] other than the default.
+fn cache_with(ds: &Arc<Dataset>, socket: &Path, memory: Memory, policy: CachePolicy) -> CacheHandle {
+    let cfg = CacheConfig {
+        memory,
+        io: IoConfig {
+            read_gap: ReadGapSetting::Whole,
+            ..IoConfig::default()
+        },
+        readahead: 1 << 20,
+    };
+    CacheHandle::start_with(ds.clone(), &cfg, &policy, socket).expect("cache starts")
+}
+
+#[test]
+fn jobs_joining_at_different_times_and_paces_serve_each_sample_once_per_epoch() {
+    // Seeded schedules: 4 jobs join after the others served a drawn number
+    // of batches, some computing a little per batch (laggards); each takes
+    // 2 epochs from where it joined.
+    for case in 0..4u64 {
+        let s = setup();
+        let c = cache(&s.ds, &s.socket, Memory::Percent(15.0));
+        let mut draw = Prng::stream(case, &[77]);
+        let plans: Vec<(u64, u64)> = (0..4)
+            .map(|j| (if j == 0 { 0 } else { draw.below(90) }, draw.below(3)))
+            .collect();
+        let batches = AtomicU64::new(0);
+        let epochs: Vec<Vec<Vec<u64>>> = std::thread::scope(|scope| {
+            let jobs: Vec<_> = plans
+                .iter()
+                .enumerate()
+                .map(|(j, &(join_after, pause_ms))| {
+                    let (ds, socket, batches) = (s.ds.clone(), s.socket.clone(), &batches);
+                    scope.spawn(move || {
+                        let start = Instant::now();
+                        while batches.load(Ordering::SeqCst) < join_after && start.elapsed() < Duration::from_secs(10) {
+                            std::thread::sleep(Duration::from_millis(2));
+                        }
+                        let mut job = attach(&ds, &socket, 10 + j as u64);
+                        (0..2)
+                            .map(|_| {
+                                let mut ids = Vec::new();
+                                while let Some(b) = job.next_batch().expect("a batch") {
+                                    ids.extend(b.iter().map(|x| x.id));
+                                    batches.fetch_add(1, Ordering::SeqCst);
+                                    std::thread::sleep(Duration::from_millis(pause_ms));
+                                }
+                                ids
+                            })
+                            .collect()
+                    })
+                })
+                .collect();
+            jobs.into_iter().map(|j| j.join().expect("job")).collect()
+        });
+        for (j, e) in epochs.iter().enumerate() {
+            for (k, ids) in e.iter().enumerate() {
+                assert!(
+                    once(ids),
+                    "case {case} job {j} {:?} epoch {k}: {} samples, not each once",
+                    plans[j],
+                    ids.len()
+                );
+            }
+        }
+        assert_eq!(c.stop("the test ended").samples_served, 4 * 2 * SAMPLES);
+    }
+}
+
+/// Chunk-mate dispersion of each epoch of `order` (`brand simulate`'s).
+fn dispersion(ds: &Dataset, epochs: &[Vec<u64>]) -> Vec<f64> {
+    let mut meter = OrderMeter::new(&ds.index);
+    epochs
+        .iter()
+        .map(|ids| {
+            for (p, &id) in ids.iter().enumerate() {
+                meter.served(id, p as u64);
+            }
+            meter.end_epoch().chunk_mate_dispersion.expect("pairs")
+        })
+        .collect()
+}
+
+#[test]
+fn an_attached_jobs_order_spreads_chunk_mates_as_a_lone_brand_loader_does() {
+    // A fill chunk by chunk (a shuffle buffer) serves chunk-mates near each
+    // other (dispersion ≈ memory / N); Brand's plan spreads them over the
+    // epoch (≈ 0.8 at 10 %, 1 is a uniform shuffle).
+    let s = setup();
+    let _c = cache(&s.ds, &s.socket, Memory::Percent(10.0));
+    let mut a = attach(&s.ds, &s.socket, 1);
+    let mut b = attach(&s.ds, &s.socket, 2);
+    let (ea, eb): (Vec<_>, Vec<_>) = (0..2)
+        .map(|_| (take(&mut a, &s.src, None), take(&mut b, &s.src, None)))
+        .unzip();
+    let lone =
+        brand_plan::simulate::simulate(&s.ds.index, &PlanConfig::new(Memory::Percent(10.0)), 2).expect("simulate");
+    let lone = lone.epochs[1].chunk_mate_dispersion.expect("pairs");
+    for (job, epochs) in [("a", &ea), ("b", &eb)] {
+        for d in dispersion(&s.ds, epochs) {
+            assert!(
+                d > 0.6 * lone,
+                "job {job}: dispersion {d:.3}, a lone brand loader's {lone:.3}"
+            );
+        }
+    }
+}
+
+#[test]
+fn jobs_that_hold_every_batch_they_get_fail_at_once_naming_the_memory_they_need() {
+    let s = setup();
+    let _c = cache(&s.ds, &s.socket, Memory::Percent(25.0));
+    let started = Instant::now();
+    let errors: Vec<String> = std::thread::scope(|scope| {
+        let jobs: Vec<_> = (0..2u64)
+            .map(|seed| {
+                let (ds, socket) = (s.ds.clone(), s.socket.clone());
+                scope.spawn(move || {
+                    let mut job = attach(&ds, &socket, seed);
+                    // Keeps every batch: the two jobs fill the memory with
+                    // batches and then each waits for the other's.
+                    let mut kept = Vec::new();
+                    loop {
+                        match job.next_batch() {
+                            Ok(Some(b)) => kept.push(b),
+                            Ok(None) => return "the epoch ended".to_string(),
+                            Err(e) => return e.to_string(),
+                        }
+                    }
+                })
+            })
+            .collect();
+        jobs.into_iter().map(|j| j.join().expect("job")).collect()
+    });
+    for e in &errors {
+        assert!(
+            e.contains("hold") && e.contains("each waits for another") && e.contains("need about"),
+            "{e}"
+        );
+    }
+    // Not the 120 s "no progress" error: the deadlock is seen as it forms.
+    assert!(started.elapsed() < Duration::from_secs(60), "{:?}", started.elapsed());
+}
+
+#[test]
+fn on_corrupt_skip_leaves_a_corrupt_record_out_of_every_jobs_epoch_and_counts_it() {
+    let s = setup();
+    let victim = 123u64;
+    let (seg, offset, len) = s.ds.index.record_location(victim);
+    let path = s.ds.segment_path(seg);
+    let mut bytes = std::fs::read(&path).expect("read");
+    bytes[(offset + len as u64 / 2) as usize] ^= 0x40;
+    std::fs::write(&path, bytes).expect("write");
+    let policy = CachePolicy {
+        on_corrupt: OnCorrupt::Skip,
+        ..CachePolicy::default()
+    };
+    let c = cache_with(&s.ds, &s.socket, Memory::Percent(25.0), policy);
+    let epochs: Vec<(Vec<u64>, u64)> = std::thread::scope(|scope| {
+        let jobs: Vec<_> = (0..3u64)
+            .map(|seed| {
+                let (ds, socket) = (s.ds.clone(), s.socket.clone());
+                scope.spawn(move || {
+                    let mut job = attach(&ds, &socket, seed);
+                    let mut ids = Vec::new();
+                    while let Some(b) = job.next_batch().expect("no error: the record is skipped") {
+                        ids.extend(b.iter().map(|x| x.id));
+                    }
+                    assert_eq!(job.state().epoch, 1, "the epoch ended without the record");
+                    (ids, job.metrics().skipped_corrupt)
+                })
+            })
+            .collect();
+        jobs.into_iter().map(|j| j.join().expect("job")).collect()
+    });
+    let want: Vec<u64> = (0..SAMPLES).filter(|&i| i != victim).collect();
+    for (ids, skipped) in epochs {
+        let mut got = ids.clone();
+        got.sort_unstable();
+        assert_eq!(got, want, "every other sample once, never the corrupt one");
+        assert_eq!(skipped, 1);
+    }
+    assert!(c.report().corrupt_records >= 1);
+}
+
+#[test]
+fn on_corrupt_error_fails_the_job_that_draws_the_corrupt_record() {
+    let s = setup();
+    let victim = 123u64;
+    let (seg, offset, len) = s.ds.index.record_location(victim);
+    let path = s.ds.segment_path(seg);
+    let mut bytes = std::fs::read(&path).expect("read");
+    bytes[(offset + len as u64 / 2) as usize] ^= 0x40;
+    std::fs::write(&path, bytes).expect("write");
+    let _c = cache(&s.ds, &s.socket, Memory::Percent(25.0));
+    let mut job = attach(&s.ds, &s.socket, 1);
+    let e = loop {
+        match job.next_batch() {
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("the corrupt record went unnoticed"),
+            Err(e) => break e.to_string(),
+        }
+    };
+    assert!(e.contains(&format!("sample {victim}")) && e.contains("crc32c"), "{e}");
 }

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use brand_cache::{CacheConfig, CacheHandle};
+use brand_cache::{CacheConfig, CacheHandle, CachePolicy};
 use brand_format::{Dataset, Error, Result};
 
 use crate::configure::{Flag, resolve};
@@ -18,6 +18,20 @@ pub struct CacheArgs {
     /// The Unix socket jobs attach to (created owner-only; a stale one is replaced).
     #[arg(long)]
     socket: PathBuf,
+    /// The plan whose reads fill the memory: brand, brand-random, direct,
+    /// chunk-shuffle or sequential (the jobs' order follows its fill).
+    #[arg(long)]
+    policy: Option<String>,
+    /// The fill plan's seed (each job draws with its own).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Brand policies: fill records in runs of this many neighbours (1..=64).
+    #[arg(long)]
+    run_length: Option<u64>,
+    /// error (the job that draws a corrupt record fails) or skip (left out
+    /// of every job's epoch, counted).
+    #[arg(long)]
+    on_corrupt: Option<String>,
     /// whole, auto, or a byte count ("16KiB").
     #[arg(long)]
     read_gap: Option<String>,
@@ -42,6 +56,10 @@ pub fn run(a: &CacheArgs) -> Result<()> {
         None,
         &[
             ("memory", Flag::Text(&memory)),
+            ("policy", Flag::Text(&a.policy)),
+            ("seed", Flag::Int(a.seed)),
+            ("run_length", Flag::Int(a.run_length)),
+            ("on_corrupt", Flag::Text(&a.on_corrupt)),
             ("read_gap", Flag::Text(&a.read_gap)),
             ("queue_depth", int(a.queue_depth)),
             ("readahead", Flag::Text(&a.readahead)),
@@ -50,12 +68,19 @@ pub fn run(a: &CacheArgs) -> Result<()> {
         false,
     )?;
     let ds = Arc::new(Dataset::open(&a.dataset)?);
+    let plan = &cfg.loader.plan;
+    let policy = CachePolicy {
+        policy: plan.policy,
+        seed: plan.seed,
+        run_length: plan.run_length,
+        on_corrupt: cfg.loader.on_corrupt,
+    };
     let cache_cfg = CacheConfig {
-        memory: cfg.loader.plan.memory,
-        io: cfg.loader.io,
+        memory: plan.memory,
+        io: cfg.loader.io.clone(),
         readahead: cfg.loader.readahead_bytes,
     };
-    let cache = CacheHandle::start(ds, &cache_cfg, &a.socket)?;
+    let cache = CacheHandle::start_with(ds, &cache_cfg, &policy, &a.socket)?;
     eprintln!(
         "brand cache: {} at {} ({} bytes of memory); SIGINT or SIGTERM stops it",
         a.dataset.display(),
@@ -78,12 +103,13 @@ pub fn run(a: &CacheArgs) -> Result<()> {
         );
     } else {
         println!(
-            "stopped by {why}: {} jobs attached, {} samples served, {} read ({} bytes), {} dropped while needed, peak {} of {} bytes",
+            "stopped by {why}: {} jobs attached, {} samples served, {} read ({} bytes), {} dropped while needed, {} corrupt, peak {} of {} bytes",
             r.jobs_attached,
             r.samples_served,
             r.samples_read,
             r.bytes_read,
             r.dropped_needed,
+            r.corrupt_records,
             r.peak_used_bytes,
             r.memory_bytes
         );

@@ -11,6 +11,7 @@ use serde::Serialize;
 use brand_cache::{Attached, Served};
 use brand_format::Dataset;
 use brand_loader::{Loader, LoaderConfig, LoaderState, Metrics};
+use brand_plan::order::{OrderMeter, OrderQuality};
 
 use crate::configure::{Flag, resolve};
 
@@ -91,6 +92,9 @@ pub struct EpochReport {
     /// CPU time (user + system) the whole process spent during the epoch:
     /// the consumer's, the engine's and the planning threads'.
     pub cpu_seconds: f64,
+    /// How random the epoch's served order was (`brand simulate`'s
+    /// metrics, measured on the batches as they came).
+    pub order: OrderQuality,
     pub metrics: Metrics,
 }
 
@@ -183,7 +187,9 @@ pub fn run_epochs(
     mut report: impl FnMut(&EpochReport),
 ) -> brand_format::Result<Vec<EpochReport>> {
     let n = ds.index.samples();
-    let mut loader = Source::open(ds, cfg, start_epoch)?;
+    let mut loader = Source::open(ds.clone(), cfg, start_epoch)?;
+    let mut order = OrderMeter::new(&ds.index);
+    let mut batch_ids = Vec::new();
     let mut out = Vec::new();
     for epoch in start_epoch..start_epoch + epochs {
         loader.reset_metrics();
@@ -201,11 +207,15 @@ pub fn run_epochs(
             let asked = Instant::now();
             let Some(batch) = loader.next_batch()? else { break };
             waits.push(asked.elapsed().as_secs_f64());
+            batch_ids.clear();
             for s in batch.iter() {
                 seen[s.id as usize] = seen[s.id as usize].saturating_add(1);
+                order.served(s.id, samples + batch_ids.len() as u64);
+                batch_ids.push(s.id);
                 // Touch the data so it is really delivered.
                 std::hint::black_box(s.data.first());
             }
+            order.batch(&batch_ids);
             samples += batch.len() as u64;
             bar.set_position(samples);
             drop(batch);
@@ -238,6 +248,7 @@ pub fn run_epochs(
             batch_wait_p99_secs,
             batch_wait_max_secs: rest.last().copied().unwrap_or(0.0),
             cpu_seconds,
+            order: order.end_epoch(),
             metrics: m,
         };
         report(&r);
@@ -274,7 +285,7 @@ pub fn run(a: &ReadArgs) -> brand_format::Result<bool> {
             ),
         }
         println!(
-            "{:>5} {:>9} {:>8} {:>10} {:>9} {:>9} {:>6} {:>5} {:>8} {:>8} {:>8} {:>9} {:>9}",
+            "{:>5} {:>9} {:>8} {:>10} {:>9} {:>9} {:>6} {:>5} {:>8} {:>8} {:>8} {:>9} {:>9} {:>6}",
             "epoch",
             "samples",
             "secs",
@@ -287,7 +298,8 @@ pub fn run(a: &ReadArgs) -> brand_format::Result<bool> {
             "stall99",
             "stallmax",
             "peak RSS",
-            "CPU s/GB"
+            "CPU s/GB",
+            "disp"
         );
     }
     let json = a.json;
@@ -302,7 +314,7 @@ pub fn run(a: &ReadArgs) -> brand_format::Result<bool> {
             if !json {
                 let m = &r.metrics;
                 println!(
-                    "{:>5} {:>9} {:>8.2} {:>10.0} {:>7.0}MB {:>7.0}MB {:>6.2} {:>5} {:>6.2}ms {:>6.2}ms {:>6.2}ms {:>7.0}MiB {:>9.3}",
+                    "{:>5} {:>9} {:>8.2} {:>10.0} {:>7.0}MB {:>7.0}MB {:>6.2} {:>5} {:>6.2}ms {:>6.2}ms {:>6.2}ms {:>7.0}MiB {:>9.3} {:>6}",
                     r.epoch,
                     r.samples,
                     r.seconds,
@@ -327,7 +339,11 @@ pub fn run(a: &ReadArgs) -> brand_format::Result<bool> {
                         } else {
                             m.bytes_served.max(1)
                         } as f64
-                            / 1e9)
+                            / 1e9),
+                    // Chunk-mate dispersion: 1 is a uniform shuffle.
+                    r.order
+                        .chunk_mate_dispersion
+                        .map_or("-".to_string(), |d| format!("{d:.3}"))
                 );
             }
         },

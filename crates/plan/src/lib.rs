@@ -46,6 +46,7 @@
 mod brand;
 mod config;
 mod global;
+pub mod order;
 mod rank;
 pub mod simulate;
 

@@ -2,11 +2,11 @@
 //! reading anything, and report what it would read and how random the
 //! order is.
 
-use std::collections::HashMap;
 use std::fmt;
 
 use serde::Serialize;
 
+use crate::order::OrderMeter;
 use crate::{Event, Geometry, PlanConfig, Planner, Policy, Residency, Start};
 use brand_format::error::{Error, Result};
 use brand_format::extents::{ReadGap, extents};
@@ -131,12 +131,11 @@ pub fn simulate_with(index: &Index, config: &PlanConfig, options: &SimOptions) -
     let n = geo.samples as usize;
     let world = geo.world as usize;
     let batch = options.batch.max(1);
-    let labels = LabelExpectation::new(&index.label, n as u64);
+    let mut order = OrderMeter::new(index);
     // Per rank: the samples it holds, one bit each; kept across epochs
     // because resident mode keeps memory.
     let mut held = held_bitmaps(world, n)?;
     let mut residency = vec![Residency::default(); world];
-    let mut previous: Option<Vec<u32>> = None;
     let mut epochs = Vec::new();
     for epoch in 0..options.epochs {
         let global = planner.global_epoch(epoch);
@@ -163,15 +162,13 @@ pub fn simulate_with(index: &Index, config: &PlanConfig, options: &SimOptions) -
             spearman_vs_previous: None,
             label_diversity: None,
         };
-        let mut position = vec![UNSERVED; n];
         let mut times_served = vec![0u8; n];
-        let (mut distinct, mut expected) = (0.0f64, 0.0f64);
         for rank in 0..world {
             let plan = global.rank_plan(rank as u32, start)?;
             let held = &mut held[rank];
             let residency = &mut residency[rank];
             residency.peak = residency.held;
-            let mut batch_labels = Vec::with_capacity(batch as usize);
+            let mut batch_samples = Vec::with_capacity(batch as usize);
             for event in plan {
                 residency.observe(&event);
                 match event {
@@ -210,20 +207,17 @@ pub fn simulate_with(index: &Index, config: &PlanConfig, options: &SimOptions) -
                             r.padding += 1;
                         } else {
                             times_served[id] = times_served[id].saturating_add(1);
-                            position[id] = p as u32;
+                            order.served(sample, p);
                         }
-                        batch_labels.push(index.label[id]);
-                        if batch_labels.len() as u64 == batch {
-                            distinct += count_distinct(&mut batch_labels) as f64;
-                            expected += labels.distinct(batch);
+                        batch_samples.push(sample);
+                        if batch_samples.len() as u64 == batch {
+                            order.batch(&batch_samples);
+                            batch_samples.clear();
                         }
                     }
                 }
             }
-            if !batch_labels.is_empty() {
-                expected += labels.distinct(batch_labels.len() as u64);
-                distinct += count_distinct(&mut batch_labels) as f64;
-            }
+            order.batch(&batch_samples);
             r.peak_resident = r.peak_resident.max(residency.peak);
         }
         let real = r.requests - r.padding;
@@ -235,10 +229,10 @@ pub fn simulate_with(index: &Index, config: &PlanConfig, options: &SimOptions) -
         let ratio = |bytes: u64| (r.useful_bytes > 0).then(|| bytes as f64 / r.useful_bytes as f64);
         r.amplification_whole = ratio(r.bytes_whole);
         r.amplification_sparse = ratio(r.bytes_sparse);
-        r.chunk_mate_dispersion = dispersion(&position, geo.chunk_size as usize);
-        r.spearman_vs_previous = previous.as_deref().and_then(|prev| spearman(prev, &position));
-        r.label_diversity = (expected > 0.0).then(|| distinct / expected);
-        previous = Some(position);
+        let q = order.end_epoch();
+        r.chunk_mate_dispersion = q.chunk_mate_dispersion;
+        r.spearman_vs_previous = q.spearman_vs_previous;
+        r.label_diversity = q.label_diversity;
         epochs.push(r);
     }
     Ok(SimReport {
@@ -254,8 +248,6 @@ pub fn simulate_with(index: &Index, config: &PlanConfig, options: &SimOptions) -
         epochs,
     })
 }
-
-const UNSERVED: u32 = u32::MAX;
 
 fn for_each_bit(mut mask: u64, mut f: impl FnMut(u32)) {
     while mask != 0 {
@@ -288,111 +280,6 @@ fn human(bytes: u64) -> String {
         format!("{bytes} B")
     } else {
         format!("{value:.1} {}", units[unit])
-    }
-}
-
-fn count_distinct(labels: &mut Vec<i64>) -> usize {
-    labels.sort_unstable();
-    labels.dedup();
-    let d = labels.len();
-    labels.clear();
-    d
-}
-
-/// Chunk-mate dispersion over pairs of adjacent slots of each chunk (both
-/// served), normalised by `(N + 1) / 3`, the mean distance of two distinct
-/// uniform positions in `[0, N)`.
-fn dispersion(position: &[u32], k: usize) -> Option<f64> {
-    let (mut sum, mut pairs) = (0f64, 0u64);
-    for chunk in position.chunks(k) {
-        for w in chunk.windows(2) {
-            if w[0] != UNSERVED && w[1] != UNSERVED {
-                sum += w[0].abs_diff(w[1]) as f64;
-                pairs += 1;
-            }
-        }
-    }
-    let n = position.len() as f64;
-    (pairs > 0).then(|| sum / pairs as f64 / ((n + 1.0) / 3.0))
-}
-
-/// Spearman's rank correlation of two epochs' positions over the samples
-/// served in both. Positions are distinct, so ranks have no ties.
-fn spearman(a: &[u32], b: &[u32]) -> Option<f64> {
-    let both = |i: usize| a[i] != UNSERVED && b[i] != UNSERVED;
-    let rank_of = |pos: &[u32]| {
-        // Rank of a position among the positions of common samples.
-        let mut rank = vec![0u32; pos.len() + 1];
-        for (i, &p) in pos.iter().enumerate() {
-            if both(i) {
-                rank[p as usize + 1] = 1;
-            }
-        }
-        for i in 1..rank.len() {
-            rank[i] += rank[i - 1];
-        }
-        rank
-    };
-    let (ra, rb) = (rank_of(a), rank_of(b));
-    let (mut d2, mut m) = (0f64, 0f64);
-    for i in 0..a.len() {
-        if both(i) {
-            let d = ra[a[i] as usize] as f64 - rb[b[i] as usize] as f64;
-            d2 += d * d;
-            m += 1.0;
-        }
-    }
-    (m >= 2.0).then(|| 1.0 - 6.0 * d2 / (m * (m * m - 1.0)))
-}
-
-/// Expected distinct labels in a uniform random batch drawn without
-/// replacement: `Σ_label 1 − C(N − n_l, B) / C(N, B)`.
-struct LabelExpectation {
-    samples: u64,
-    /// `(n_l, number of labels with that count)`: labels sharing a count
-    /// share a term, which keeps one-sample-per-label datasets cheap.
-    counts: Vec<(u64, u64)>,
-    cache: std::cell::RefCell<HashMap<u64, f64>>,
-}
-
-impl LabelExpectation {
-    fn new(labels: &[i64], samples: u64) -> Self {
-        let mut per_label: HashMap<i64, u64> = HashMap::new();
-        for &l in labels {
-            *per_label.entry(l).or_default() += 1;
-        }
-        let mut by_count: HashMap<u64, u64> = HashMap::new();
-        for c in per_label.into_values() {
-            *by_count.entry(c).or_default() += 1;
-        }
-        let mut counts: Vec<(u64, u64)> = by_count.into_iter().collect();
-        counts.sort_unstable();
-        LabelExpectation {
-            samples,
-            counts,
-            cache: Default::default(),
-        }
-    }
-
-    fn distinct(&self, batch: u64) -> f64 {
-        *self.cache.borrow_mut().entry(batch).or_insert_with(|| {
-            let n = self.samples;
-            let b = batch.min(n);
-            self.counts
-                .iter()
-                .map(|&(nl, labels)| {
-                    // P(label absent) = Π_{i<B} (N − n_l − i) / (N − i); each
-                    // factor is ≤ 1, so the product underflows to 0, never
-                    // overflows.
-                    let absent = if n - nl < b {
-                        0.0
-                    } else {
-                        (0..b).map(|i| (n - nl - i) as f64 / (n - i) as f64).product()
-                    };
-                    labels as f64 * (1.0 - absent)
-                })
-                .sum()
-        })
     }
 }
 
@@ -479,34 +366,5 @@ impl fmt::Display for SimReport {
              labels: distinct labels per batch / their expectation for a uniform random batch\n",
         )?;
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn label_expectation_matches_small_cases() {
-        // Two labels of 2 in N = 4, batches of 2: P(label absent) =
-        // C(2,2)/C(4,2) = 1/6, so E = 2 · 5/6.
-        let e = LabelExpectation::new(&[0, 0, 1, 1], 4);
-        assert!((e.distinct(2) - 10.0 / 6.0).abs() < 1e-12);
-        // A batch of the whole dataset sees every label; a batch of one, one.
-        assert!((e.distinct(4) - 2.0).abs() < 1e-12);
-        assert!((e.distinct(1) - 1.0).abs() < 1e-12);
-        let unique = LabelExpectation::new(&[5, 6, 7, 8, 9], 5);
-        assert!((unique.distinct(3) - 3.0).abs() < 1e-12);
-    }
-
-    #[test]
-    fn spearman_and_dispersion_known_values() {
-        let id: Vec<u32> = (0..100).collect();
-        let rev: Vec<u32> = (0..100).rev().collect();
-        assert_eq!(spearman(&id, &id), Some(1.0));
-        assert!(spearman(&id, &rev).is_some_and(|r| (r + 1.0).abs() < 1e-12));
-        // Chunk-mates one position apart: dispersion 1 / ((N+1)/3).
-        assert!(dispersion(&id, 10).is_some_and(|d| (d - 3.0 / 101.0).abs() < 1e-12));
-        assert_eq!(dispersion(&id, 1), None);
     }
 }
