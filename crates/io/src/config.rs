@@ -113,9 +113,7 @@ impl IoConfig {
             .filter(|&s| ds.holds_segment(s))
             .map(|s| ds.manifest.segments[s as usize].bytes)
             .sum();
-        let mut engine = self.engine(fixed_buffer_bytes.min(held_bytes));
-        engine.rings = rings_for(ds, self.read_gap);
-        engine
+        self.engine(fixed_buffer_bytes.min(held_bytes))
     }
 
     /// The engine these settings ask for, registering at most
@@ -194,24 +192,6 @@ pub const FIXED_BUF_BYTES: usize = brand_format::extents::MERGED_READ_BYTES as u
 /// cores: 0.68 of fio's bytes/s with one ring, 0.81 with two, at the same
 /// CPU per byte).
 pub const RINGS: usize = 2;
-
-/// Samples under this many bytes (mean stored) make small reads unless
-/// chunks are read whole: the records read one or a few at a time.
-const SMALL_READ_BYTES: f64 = brand_format::extents::READ_ALONE_BYTES as f64;
-
-/// The rings for reading `ds` with `gap`: one where reads are small, else
-/// [`RINGS`]. Why: a small read's kernel copy is short, and a second ring
-/// (a third busy thread beside the consumer on 2 cores) only adds CPU per
-/// read: `brand bench device`, tmpfs, 4 KiB reads, QD 32: 1 ring 300–326 k
-/// IOPS at 3.0–3.3 µs of CPU per read, 2 rings 184–212 k at 6.5–7.1 µs.
-fn rings_for(ds: &Dataset, gap: ReadGapSetting) -> usize {
-    let n = ds.index.samples();
-    if n == 0 || gap == ReadGapSetting::Whole {
-        return RINGS;
-    }
-    let mean = ds.index.stored_len.iter().map(|&l| l as f64).sum::<f64>() / n as f64;
-    if mean < SMALL_READ_BYTES { 1 } else { RINGS }
-}
 
 /// Most decode threads by default: 8 cores decompress zstd faster than a
 /// fast NVMe drive reads it (~1.7 GB/s of stored bytes per core here).

@@ -300,32 +300,6 @@ fn block_sized_records_read_into_their_samples_keep_their_checks() {
     }
 }
 
-/// Small samples read sparsely get one ring (a second only adds CPU per
-/// small read); large samples, or whole chunks, get the default two.
-#[test]
-fn small_reads_get_one_ring() {
-    use brand_io::config::RINGS;
-    use brand_io::{IoConfig, ReadGapSetting};
-    let t = tempfile::tempdir().expect("tempdir");
-    let small = make_dataset(t.path(), 50);
-    assert!(small.index.stored_len.iter().all(|&l| l < 64 << 10));
-    let t2 = tempfile::tempdir().expect("tempdir");
-    let large = large_dataset(t2.path());
-    let rings = |ds: &Dataset, read_gap| {
-        IoConfig {
-            read_gap,
-            ..Default::default()
-        }
-        .engine_config(ds, 1 << 20)
-        .rings
-    };
-    assert_eq!(rings(&small, ReadGapSetting::Auto), 1);
-    assert_eq!(rings(&small, ReadGapSetting::Bytes(0)), 1);
-    assert_eq!(rings(&small, ReadGapSetting::Whole), RINGS);
-    assert_eq!(rings(&large, ReadGapSetting::Bytes(0)), RINGS);
-    assert_eq!(rings(&large, ReadGapSetting::Auto), RINGS);
-}
-
 /// Every sample through the engine (both backends, whole chunks and one
 /// record at a time), by id.
 fn served(ds: &Arc<Dataset>) -> Vec<Vec<u8>> {
