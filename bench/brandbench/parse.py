@@ -25,6 +25,7 @@ def brand_read(stdout: str) -> dict:
         "reads_issued": m.get("reads_issued"),
         # None: whole chunks; else the gap in bytes the engine used.
         "read_gap_used": "whole" if m.get("read_gap") is None else m["read_gap"],
+        "run_length": m.get("run_length"),
         "buffered_fallback": m.get("buffered_fallback"),
     }
 

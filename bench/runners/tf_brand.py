@@ -5,6 +5,9 @@ Whole batches (batch_size=B: one op call per batch); every sample's bytes
 are copied into the batch's string tensor.
 
     tf_brand.py DATASET --memory 10% --policy brand --read-gap auto --batch-size 64 --seed 1
+                [--run-length 1|auto|N] [--order-out FILE.npy]
+
+`--order-out` saves the served ids in order (for the order's spread).
 
 brand comes from the bench venv (scripts/bench-venv.sh installs the wheel);
 its op was built by the harness (python -m brand.tf build) before any run.
@@ -19,6 +22,13 @@ sys.path.insert(0, HERE)
 import common  # noqa: E402
 
 
+def run_length_toml(v):
+    """The loader TOML setting `run_length` (None: the default)."""
+    if v is None:
+        return None
+    return f'run_length = "{v}"' if v == "auto" else f"run_length = {int(v)}"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("dataset")
@@ -27,6 +37,8 @@ def main():
     ap.add_argument("--read-gap", default="auto")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--run-length", default=None, help="the loader's run_length (1..64 or auto)")
+    ap.add_argument("--order-out", default=None, help="save the served ids, in order, to this .npy file")
     a = ap.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
@@ -34,7 +46,7 @@ def main():
     import brand.tf
 
     ds = brand.tf.BrandDataset(a.dataset, batch_size=a.batch_size, epochs=1, memory=a.memory, policy=a.policy,
-                               read_gap=a.read_gap, seed=a.seed)
+                               read_gap=a.read_gap, seed=a.seed, config=run_length_toml(a.run_length))
     ds = ds.map(lambda el: (el["id"], tf.reduce_sum(tf.strings.length(el["data"], unit="BYTE"))))
     ids = []
 
@@ -48,7 +60,10 @@ def main():
     ep = common.Epoch().consume(ds, count)
     import numpy as np
 
-    flat = np.sort(np.concatenate(ids)) if ids else np.array([])
+    order = np.concatenate(ids) if ids else np.array([], dtype=np.int64)
+    if a.order_out:
+        np.save(a.order_out, order)
+    flat = np.sort(order)
     once = bool((np.arange(len(flat)) == flat).all())
     common.say({"result": ep.result(exactly_once=once)})
 

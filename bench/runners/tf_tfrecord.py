@@ -25,6 +25,7 @@ def main():
     ap.add_argument("--cycle-length", type=int, default=8)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--samples", type=int, default=None, help="expected samples (ids 0..N-1)")
+    ap.add_argument("--order-out", default=None, help="save the served ids, in order, to this .npy file")
     a = ap.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
@@ -63,7 +64,10 @@ def main():
     ep = common.Epoch().consume(ds, count)
     import numpy as np
 
-    flat = np.sort(np.concatenate(ids)) if ids else np.array([])
+    order = np.concatenate(ids) if ids else np.array([], dtype=np.int64)
+    if a.order_out:
+        np.save(a.order_out, order)
+    flat = np.sort(order)
     once = bool(len(flat) == (a.samples or len(flat)) and (np.arange(len(flat)) == flat).all())
     common.say({"result": ep.result(exactly_once=once, buffer=a.buffer, shards=len(shards))})
 

@@ -118,17 +118,24 @@ impl<'a> ReadLoop<'a> {
 /// Uncompressed records of at least this many bytes that are alone in their
 /// extent are read into a buffer of their own that becomes the sample
 /// ([`ExtentBytes::Owned`](brand_format::decode::ExtentBytes::Owned)): no
-/// copy out of a read buffer. Smaller ones are copied (their page slack
-/// would be a larger share of resident memory).
+/// copy out of a read buffer. Smaller ones are too when their extent's
+/// bytes beyond the record are at most 1/8 of it (a 4 KiB sample in its
+/// block: the small samples' size classes waste as much); others are copied
+/// (their page slack would be a larger share of resident memory).
 pub(crate) const IN_PLACE_MIN: usize = brand_format::extents::READ_ALONE_BYTES as usize;
 
 /// Whether `ext` is read into a buffer that becomes its record's sample
 /// (see [`IN_PLACE_MIN`]). Compressed records are decompressed into a
 /// buffer of their own anyway.
 pub(crate) fn reads_in_place(ds: &Dataset, ext: &Extent) -> bool {
-    !ds.zstd()
-        && matches!(ext.records.as_slice(), [(id, _)]
-            if ds.index.stored_len.get(*id as usize).is_some_and(|&n| n as usize >= IN_PLACE_MIN))
+    let [(id, _)] = ext.records.as_slice() else {
+        return false;
+    };
+    let Some(&stored) = ds.index.stored_len.get(*id as usize) else {
+        return false;
+    };
+    let stored = stored as u64;
+    !ds.zstd() && (stored >= IN_PLACE_MIN as u64 || ext.len.saturating_sub(stored) <= stored / 8)
 }
 
 #[cfg(test)]
@@ -240,19 +247,93 @@ mod tests {
         let out = ds.decode_extent(&ext, ExtentBytes::Owned(buf), true);
         let err = out[0].1.as_ref().expect_err("short").to_string();
         assert!(err.contains("runs past its read"), "{err}");
-        // Compressed records and small ones take the copying path.
-        let small = (0..ds.index.samples())
-            .find(|&i| (ds.index.stored_len[i as usize] as usize) < IN_PLACE_MIN)
-            .expect("a small record");
+        // Compressed records take the copying path.
         let ext_of = |id| Extent {
             segment,
             offset: 0,
             len: 4096,
             records: vec![(id, 0)],
         };
-        assert!(!reads_in_place(&ds, &ext_of(small)));
         let t = tempfile::tempdir().expect("tempdir");
         assert!(!reads_in_place(&dataset(t.path(), Some(3)), &ext_of(id)));
+    }
+
+    /// A dataset of `n` samples of exactly `bytes` bytes each.
+    fn sized_dataset(root: &Path, bytes: u64, n: u64) -> Dataset {
+        let g = GenOptions {
+            samples: n,
+            mean_bytes: bytes,
+            min_bytes: bytes,
+            max_bytes: bytes,
+            classes: 2,
+            ..Default::default()
+        };
+        let p = PackOptions {
+            chunk_size: 16,
+            ..Default::default()
+        };
+        Dataset::open(generate_and_pack(root, &g, &p).expect("pack")).expect("open")
+    }
+
+    /// Records of whole blocks (4 and 8 KiB), read one to an extent, are
+    /// read straight into the page-aligned buffer that becomes the sample
+    /// (no copy out of a read buffer), still checksummed: a damaged one is
+    /// its crc error. A small record with more page slack than 1/8 of it is
+    /// copied out instead.
+    #[test]
+    fn whole_block_records_are_read_into_their_samples() {
+        use brand_format::extents::{ReadGap, extents};
+        for bytes in [4096u64, 8192] {
+            let t = tempfile::tempdir().expect("tempdir");
+            let ds = sized_dataset(t.path(), bytes, 40);
+            let seg = std::fs::read(ds.segment_path(0)).expect("segment");
+            let mut n = 0;
+            for chunk in 0..ds.index.chunk_count() {
+                for ext in extents(&ds.index, chunk, 0b10101, ReadGap::Bytes(0)) {
+                    assert!(reads_in_place(&ds, &ext), "{bytes}: {ext:?}");
+                    let (id, at) = ext.records[0];
+                    assert_eq!(
+                        (at, ext.len),
+                        (0, bytes),
+                        "the blocks layout puts it alone in its blocks"
+                    );
+                    for damaged in [false, true] {
+                        let mut buf = AlignedBuf::for_extent(ext.len as usize);
+                        let base = buf.spare_ptr() as usize;
+                        assert_eq!(base % brand_format::ALIGN as usize, 0, "O_DIRECT-aligned");
+                        let (from, to) = (ext.offset as usize, (ext.offset + ext.len) as usize);
+                        buf.spare_mut()[..ext.len as usize].copy_from_slice(&seg[from..to]);
+                        if damaged {
+                            buf.spare_mut()[7] ^= 0x20;
+                        }
+                        buf.set_len(ext.len as usize);
+                        let mut out = ds.decode_extent(&ext, ExtentBytes::Owned(buf), true);
+                        let (got, result) = out.remove(0);
+                        assert_eq!(got, id);
+                        if damaged {
+                            let err = result.expect_err("damaged").to_string();
+                            assert!(err.contains("crc32c mismatch"), "{err}");
+                            continue;
+                        }
+                        let sample = result.expect("good record");
+                        assert_eq!(&sample[..], &source_bytes(t.path(), &ds, id)[..]);
+                        assert_eq!(sample.as_ptr() as usize, base, "served from the buffer read into");
+                        n += 1;
+                    }
+                }
+            }
+            assert_eq!(n, 3 * ds.index.chunk_count() as usize, "{bytes}");
+        }
+        // 2,000 bytes in a 4 KiB block: the slack is more than the record; copied.
+        let t = tempfile::tempdir().expect("tempdir");
+        let ds = sized_dataset(t.path(), 2000, 20);
+        let ext = &extents(&ds.index, 0, 1, ReadGap::Bytes(0))[0];
+        assert_eq!(ext.len, 4096);
+        assert!(!reads_in_place(&ds, ext));
+        // 3,900 bytes in a 4 KiB block (slack under 1/8): read in place.
+        let t = tempfile::tempdir().expect("tempdir");
+        let ds = sized_dataset(t.path(), 3900, 20);
+        assert!(reads_in_place(&ds, &extents(&ds.index, 0, 1, ReadGap::Bytes(0))[0]));
     }
 
     /// Decoding a record (the one-pass copy and crc32c where uncompressed,

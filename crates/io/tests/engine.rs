@@ -227,6 +227,79 @@ fn large_records_are_served_in_their_read_buffers_by_both_backends() {
     }
 }
 
+/// Samples of exactly one 4 KiB block, read one to an extent (each into the
+/// buffer that becomes its sample) by both backends, O_DIRECT on disk and
+/// on tmpfs: each equals the buffered read; a damaged one is its named crc
+/// error, never a sample, and the others are all served.
+#[test]
+fn block_sized_records_read_into_their_samples_keep_their_checks() {
+    use brand_io::engine::IoBackend;
+    for dir in [std::env::temp_dir(), std::path::PathBuf::from("/dev/shm")] {
+        if !dir.is_dir() {
+            continue;
+        }
+        let t = tempfile::tempdir_in(&dir).expect("tempdir");
+        let g = brand_pack::synthetic::GenOptions {
+            samples: 96,
+            mean_bytes: 4096,
+            min_bytes: 4096,
+            max_bytes: 4096,
+            classes: 2,
+            ..Default::default()
+        };
+        let p = brand_pack::PackOptions {
+            chunk_size: 16,
+            ..Default::default()
+        };
+        let ds =
+            Dataset::open(brand_pack::synthetic::generate_and_pack(t.path(), &g, &p).expect("pack")).expect("open");
+        let bad = 37;
+        let (_, offset, _) = ds.index.record_location(bad);
+        let seg = ds.segment_path(0);
+        let mut bytes = std::fs::read(&seg).expect("read");
+        bytes[offset as usize + 100] ^= 0x08;
+        std::fs::write(&seg, bytes).expect("write");
+        let ds = Arc::new(ds);
+        for backend in [IoBackend::Uring, IoBackend::Threads] {
+            let cfg = EngineConfig {
+                backend,
+                queue_depth: 8,
+                ..Default::default()
+            };
+            let engine = Engine::start(ds.clone(), cfg).expect("engine");
+            let mut jobs = 0;
+            for (c, mask) in (0..ds.index.chunk_count()).flat_map(|c| [(c, 0x5555u64), (c, 0xaaaa)]) {
+                for e in extents(&ds.index, c, mask, ReadGap::Bytes(0)) {
+                    assert_eq!((e.records.len(), e.len), (1, 4096));
+                    engine.submit(Job { tag: c, extent: e }).expect("submit");
+                    jobs += 1;
+                }
+            }
+            let mut served = 0;
+            for _ in 0..jobs {
+                for (id, r) in engine.recv().expect("completion").result.expect("read ok") {
+                    if id == bad {
+                        let msg = r.expect_err("a damaged record is no sample").to_string();
+                        assert!(
+                            msg.contains("crc32c mismatch") && msg.contains(&format!("sample {bad}")),
+                            "{backend}: {msg}"
+                        );
+                        continue;
+                    }
+                    let data = r.expect("record ok");
+                    assert_eq!(
+                        &data[..],
+                        &ds.read_sample(id).expect("buffered")[..],
+                        "{backend}: sample {id}"
+                    );
+                    served += 1;
+                }
+            }
+            assert_eq!(served, ds.index.samples() - 1, "{backend} in {}", dir.display());
+        }
+    }
+}
+
 /// Every sample through the engine (both backends, whole chunks and one
 /// record at a time), by id.
 fn served(ds: &Arc<Dataset>) -> Vec<Vec<u8>> {
