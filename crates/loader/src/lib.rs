@@ -38,6 +38,6 @@ pub use batch::{Batch, SampleBytes, SampleRef};
 pub use brand_io::{IoBackend, IoConfig, ReadGapSetting};
 pub use checkpoint::{Checkpoint, Fingerprint, LoaderState, Resume, Start};
 pub use config::{LoaderConfig, OnCorrupt, RunLength};
-pub use loader::Loader;
+pub use loader::{Loader, resolve_run_length};
 pub use planning::{EventSource, Events, plan_events};
 pub use stats::Metrics;

@@ -17,7 +17,7 @@ use brand_cache::{Attached, Served};
 use brand_format::Dataset;
 use brand_format::error::{Error, Result};
 use brand_loader::elastic::GlobalPosition;
-use brand_loader::{Batch, Checkpoint, Fingerprint, Loader, LoaderState, Metrics, Resume};
+use brand_loader::{Batch, Checkpoint, Fingerprint, Loader, LoaderState, Metrics, Resume, resolve_run_length};
 use brand_plan::Planner;
 
 use crate::{Config, NodeLoader};
@@ -137,6 +137,17 @@ impl Reader {
     /// shorter where it does): each sample once in the epoch either way.
     pub fn open(path: &Path, cfg: &Config, resume: Resume) -> Result<Self> {
         let ds = Arc::new(open_dataset(path, cfg)?);
+        let served = matches!(&resume, Resume::Checkpoint(c) if c.bitmap.is_some());
+        // `run_length = "auto"` is the device's to decide for a loader
+        // alone, as `Loader::open` does. An attached job's plan only binds
+        // its checkpoints (the cache fills by its own), a node's must be
+        // the same on every node, and a bitmap's resume keeps the plan the
+        // attached job saved with: those plan `auto` as 1.
+        let mut cfg = cfg.clone();
+        if cfg.loader.cache.is_none() && cfg.nodes.world() <= 1 && !served {
+            cfg.loader.plan.run_length = resolve_run_length(&ds, &cfg.loader)?;
+        }
+        let cfg = &cfg;
         let planner = Planner::new(&ds.index, &cfg.loader.plan)?;
         let epoch_len = planner.geometry().steps;
         let kind = match resume {
