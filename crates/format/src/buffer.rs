@@ -198,10 +198,6 @@ pub struct AlignedBuf {
     offset: usize,
     len: usize,
     align: usize,
-    /// The bytes from `len` on may be uninitialised (a fresh extent buffer
-    /// not yet read into, see [`for_extent`](Self::for_extent)): only raw
-    /// pointers touch them, and the buffer is freed, not recycled.
-    uninit: bool,
     /// Memory this buffer does not own (see [`foreign`](Self::foreign)):
     /// what keeps it alive, dropped instead of freeing.
     owner: Option<Box<dyn Send + Sync>>,
@@ -317,11 +313,10 @@ impl AlignedBuf {
         if let Some(b) = Self::recycled_small(need).or_else(|| Self::recycled(need)) {
             return b;
         }
-        let mut b = Self::allocate(need, align, false);
+        let b = Self::allocate(need, align, false);
         // SAFETY: [len, need) is inside the allocation; the caller writes
         // [0, len), so every byte ends up initialised.
         unsafe { std::ptr::write_bytes(b.ptr.as_ptr().add(len), 0, need - len) };
-        b.uninit = false;
         b
     }
 
@@ -339,7 +334,6 @@ impl AlignedBuf {
             offset: 0,
             len: 0,
             align: small_align(cap),
-            uninit: false,
             owner: None,
         })
     }
@@ -356,7 +350,6 @@ impl AlignedBuf {
             offset: 0,
             len: 0,
             align: ALIGN as usize,
-            uninit: false,
             owner: None,
         })
     }
@@ -366,18 +359,21 @@ impl AlignedBuf {
     /// read in whole pages (at most 1/8 more when recycled; a small one is
     /// exactly its pages, recycled with the small samples), not to a
     /// read-buffer size class, because the sample keeps all of it resident.
-    /// Its bytes are unspecified, and in a fresh buffer uninitialised, until
-    /// read into: the kernel writes them through [`spare_ptr`](Self::spare_ptr)
-    /// (no memset of bytes about to be overwritten, on the reactor's
-    /// thread); `len` is 0.
+    /// Its bytes are unspecified (zero in a fresh buffer, a previous
+    /// sample's in a recycled one) until read into: the kernel writes them
+    /// through [`spare_ptr`](Self::spare_ptr); `len` is 0.
     pub fn for_extent(len: usize) -> Self {
         let need = crate::align_up(len.max(1) as u64) as usize;
         // Whole pages under RECYCLE_MIN are a small size class of their own
         // (page-aligned, see small_align).
         debug_assert!(need >= RECYCLE_MIN || small::class(need).1 == need);
+        // A fresh one zeroed: the kernel fills it through io_uring, which
+        // memory checkers (valgrind) do not see, so unzeroed its bytes would
+        // look uninitialised to them after the read; recycled ones, already
+        // written, are reused as they are (fresh pages come zeroed anyway).
         Self::recycled_small(need)
             .or_else(|| Self::recycled(need))
-            .unwrap_or_else(|| Self::allocate(need, ALIGN as usize, false))
+            .unwrap_or_else(|| Self::allocate(need, ALIGN as usize, true))
     }
 
     /// This buffer as a sample of the `len` bytes at `at`, without copying
@@ -470,7 +466,7 @@ impl AlignedBuf {
     }
 
     /// A fresh allocation of `cap` bytes (a non-zero multiple of `align`),
-    /// zeroed, or left uninitialised and marked so (see `uninit`).
+    /// zeroed, or left uninitialised for the caller to write at once.
     fn allocate(cap: usize, align: usize, zeroed: bool) -> Self {
         let layout = Self::layout(cap, align);
         // SAFETY: layout has a non-zero size.
@@ -484,7 +480,6 @@ impl AlignedBuf {
             offset: 0,
             len: 0,
             align,
-            uninit: !zeroed,
             owner: None,
         }
     }
@@ -506,7 +501,6 @@ impl AlignedBuf {
             offset: 0,
             len,
             align: SAMPLE_ALIGN,
-            uninit: false,
             owner: Some(owner),
         }
     }
@@ -554,25 +548,19 @@ impl AlignedBuf {
 
     /// The whole capacity, for synchronous reads into it.
     pub fn spare_mut(&mut self) -> &mut [u8] {
-        if self.uninit {
-            // SAFETY: [len, capacity) lies inside the allocation.
-            unsafe { std::ptr::write_bytes(self.base().add(self.len), 0, self.capacity() - self.len) };
-            self.uninit = false;
-        }
         // SAFETY: base is valid for cap - offset bytes, all initialised,
         // uniquely borrowed.
         unsafe { std::slice::from_raw_parts_mut(self.base(), self.capacity()) }
     }
 
-    /// The start of the whole capacity, for the kernel to read into: unlike
-    /// [`spare_mut`](Self::spare_mut), never a reference to bytes that may
-    /// be uninitialised. Mark what it wrote with [`set_len`](Self::set_len).
+    /// The start of the whole capacity, for the kernel to read into (no
+    /// reference held while it writes). Mark what it wrote with
+    /// [`set_len`](Self::set_len).
     pub fn spare_ptr(&mut self) -> *mut u8 {
         self.base()
     }
 
-    /// Marks the first `len` bytes as holding data (written, if the buffer
-    /// came uninitialised).
+    /// Marks the first `len` bytes as holding data.
     pub fn set_len(&mut self, len: usize) {
         assert!(
             len <= self.capacity(),
@@ -580,9 +568,6 @@ impl AlignedBuf {
             self.capacity()
         );
         self.len = len;
-        if len == self.capacity() {
-            self.uninit = false;
-        }
     }
 }
 
@@ -612,15 +597,11 @@ impl Drop for AlignedBuf {
         // Whole-page, page-aligned buffers of recycling size: large samples,
         // windows and read buffers alike.
         // (The recycler's buffers are fully initialised.)
-        if !self.uninit && self.align == ALIGN as usize && self.cap >= RECYCLE_MIN && recycle::put(self.ptr, self.cap) {
+        if self.align == ALIGN as usize && self.cap >= RECYCLE_MIN && recycle::put(self.ptr, self.cap) {
             return;
         }
         // Small sample buffers (of a size class: any other is freed).
-        if !self.uninit
-            && self.cap < RECYCLE_MIN
-            && self.align == small_align(self.cap)
-            && small::put(self.ptr, self.cap)
-        {
+        if self.cap < RECYCLE_MIN && self.align == small_align(self.cap) && small::put(self.ptr, self.cap) {
             return;
         }
         // SAFETY: allocated with exactly this layout (size cap, alignment
