@@ -86,10 +86,16 @@ mod recycle {
 /// and cross-thread frees took ≈ 15 % of the CPU reading 4 KiB samples from
 /// tmpfs (aligned_malloc, heap trimming and re-faulting). Bounded by
 /// [`small::LIMIT`] bytes; never blocks (a full class frees to the allocator).
+///
+/// Safe in a forked child: a queue's operation or a class's creation that
+/// another thread was in the middle of when the process forked would leave
+/// the child spinning on a slot (or waiting on a `OnceLock`) forever. So
+/// queues are made without blocking, and the child, in a `pthread_atfork`
+/// handler, forgets them all (leaking the buffers they held) and starts
+/// with fresh ones.
 mod small {
     use std::ptr::NonNull;
-    use std::sync::OnceLock;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 
     use crossbeam_queue::ArrayQueue;
 
@@ -109,8 +115,13 @@ mod small {
     // its pointer, so it may move between threads.
     unsafe impl Send for Free {}
 
-    static QUEUES: [OnceLock<ArrayQueue<Free>>; CLASSES] = [const { OnceLock::new() }; CLASSES];
+    /// Each class's queue, made on first use and never freed (but for a
+    /// forked child's, which are forgotten: see [`forget_in_child`]).
+    static QUEUES: [AtomicPtr<ArrayQueue<Free>>; CLASSES] = [const { AtomicPtr::new(std::ptr::null_mut()) }; CLASSES];
     static BYTES: AtomicUsize = AtomicUsize::new(0);
+    /// Whether [`forget_in_child`] is registered: no queue is made before.
+    static AT_FORK: AtomicBool = AtomicBool::new(false);
+    static AT_FORK_CLAIMED: AtomicBool = AtomicBool::new(false);
 
     /// The class of a buffer of `len` bytes and its capacity, a multiple
     /// of 64 bytes: up to 1 KiB, `len` rounded up to 64 bytes (16 classes);
@@ -128,13 +139,60 @@ mod small {
         (16 + (octave - 10) * 8 + steps - 9, steps * step)
     }
 
-    fn queue(class: usize) -> &'static ArrayQueue<Free> {
-        QUEUES[class].get_or_init(|| ArrayQueue::new(PER_CLASS))
+    /// Runs in a forked child, alone (async-signal-safe: atomic stores).
+    extern "C" fn forget_in_child() {
+        for q in &QUEUES {
+            q.store(std::ptr::null_mut(), Ordering::Relaxed);
+        }
+        BYTES.store(0, Ordering::Relaxed);
+    }
+
+    /// Registers [`forget_in_child`] once; false until it is registered
+    /// (while another thread registers it, or if registering failed).
+    fn at_fork_registered() -> bool {
+        if AT_FORK.load(Ordering::Acquire) {
+            return true;
+        }
+        if AT_FORK_CLAIMED.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        // SAFETY: registers a handler that only stores to atomics.
+        let rc = unsafe { libc::pthread_atfork(None, None, Some(forget_in_child)) };
+        AT_FORK.store(rc == 0, Ordering::Release);
+        rc == 0
+    }
+
+    /// Class `class`'s queue, made if need be (None: not yet possible).
+    fn queue(class: usize) -> Option<&'static ArrayQueue<Free>> {
+        let slot = QUEUES.get(class)?;
+        let mut q = slot.load(Ordering::Acquire);
+        if q.is_null() {
+            if !at_fork_registered() {
+                return None;
+            }
+            let made = Box::into_raw(Box::new(ArrayQueue::new(PER_CLASS)));
+            q = match slot.compare_exchange(std::ptr::null_mut(), made, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => made,
+                Err(theirs) => {
+                    // SAFETY: `made` was never published; this is its only owner.
+                    drop(unsafe { Box::from_raw(made) });
+                    theirs
+                }
+            };
+        }
+        // SAFETY: a published queue is never freed (a forked child's
+        // forgotten ones are leaked), so it lives for the process.
+        Some(unsafe { &*q })
     }
 
     /// A kept buffer of class `class` (capacity `cap`), if any.
     pub fn take(class: usize, cap: usize) -> Option<NonNull<u8>> {
-        let Free(ptr) = QUEUES.get(class)?.get()?.pop()?;
+        let q = QUEUES.get(class)?.load(Ordering::Acquire);
+        if q.is_null() {
+            return None;
+        }
+        // SAFETY: as in `queue`: a published queue lives for the process.
+        let Free(ptr) = unsafe { &*q }.pop()?;
         BYTES.fetch_sub(cap, Ordering::Relaxed);
         Some(ptr)
     }
@@ -150,7 +208,7 @@ mod small {
             BYTES.fetch_sub(cap, Ordering::Relaxed);
             return false;
         }
-        if queue(class).push(Free(ptr)).is_err() {
+        if queue(class).is_none_or(|q| q.push(Free(ptr)).is_err()) {
             BYTES.fetch_sub(cap, Ordering::Relaxed);
             return false;
         }
