@@ -41,8 +41,9 @@ const STATE_DICT_VERSION: i64 = 1;
 /// ``Loader(path, **config)``: every key of brand's configuration as a
 /// keyword (``batch_size``, ``memory``, ``policy``, ``seed``, ``rank``,
 /// ``world``, ``drop_last``, ``readahead``, ``queue_depth``, ``read_gap``,
-/// ``verify``, ``direct``, ``io_backend``, ``decode_threads``,
-/// ``io_timeout``, ``on_corrupt``, and for a multi-node job ``nodes``,
+/// ``run_length``, ``verify``, ``direct``, ``io_backend``,
+/// ``decode_threads``, ``io_timeout``, ``on_corrupt``, ``cache`` (the
+/// socket of a ``brand cache`` to attach to), and for a multi-node job ``nodes``,
 /// ``remote_memory``, ``peer_timeout``, ``job``, ``tf_port_offset``), checked
 /// as a TOML config file's keys are; a keyword given as None is not given.
 /// Without ``nodes``, the launcher's environment (``BRAND_NODES`` with

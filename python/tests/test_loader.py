@@ -196,6 +196,16 @@ def test_a_bad_keyword_raises_config_error_naming_the_key(dataset):
     assert issubclass(brand.ConfigError, brand.BrandError)
 
 
+def test_the_docstring_names_every_key_the_config_accepts(dataset):
+    _, ds = dataset
+    with pytest.raises(brand.ConfigError) as e:
+        brand.Loader(ds, no_such_key=1)
+    listed = str(e.value).split("expected one of ", 1)[1].split(", ")
+    assert "batch_size" in listed and "nodes" in listed, listed
+    missing = [k for k in listed if f"``{k}``" not in brand.Loader.__doc__]
+    assert not missing, missing
+
+
 def test_errors_are_typed(dataset, tmp_path):
     _, ds = dataset
     with pytest.raises(brand.NotFoundError, match=str(tmp_path / "none")):

@@ -30,7 +30,7 @@ use serde::Deserialize;
 
 use brand_format::error::{Error, Result};
 use brand_loader::LoaderConfig;
-use brand_loader::config::{Value, parse_table};
+use brand_loader::config::{self as loader_keys, Value, parse_table};
 
 /// A loader's configuration and the multi-node one: what an open needs.
 #[derive(Debug, Clone)]
@@ -83,6 +83,14 @@ impl Config {
         let mut table = parse_table(text)?;
         table.extend(flags);
         let keys = NodeKeys::take(&mut table)?;
+        // Named here, not by the loader, so that the error lists every key.
+        if let Some(k) = table.keys().find(|k| !loader_keys::KEYS.contains(&k.as_str())) {
+            return Err(Error::config(format!(
+                "unknown key `{k}`: expected one of {}, {}",
+                loader_keys::KEYS.join(", "),
+                KEYS.join(", ")
+            )));
+        }
         let (nodes, env_rank) = match keys.nodes {
             Some(n) => (n, None),
             None => nodes_from_env(env, keys.tf_port_offset.unwrap_or(DEFAULT_TF_PORT_OFFSET))?,
@@ -138,6 +146,9 @@ struct NodeKeys {
     job: Option<String>,
     tf_port_offset: Option<u16>,
 }
+
+/// The multi-node keys, in the order [`NodeKeys`] lists them.
+pub const KEYS: [&str; 5] = ["nodes", "remote_memory", "peer_timeout", "job", "tf_port_offset"];
 
 const MAX_NODES: usize = 1 << 16;
 const MAX_REMOTE_MEMORY: u64 = 1 << 40;
@@ -410,6 +421,13 @@ mod tests {
         assert_eq!(d.job, "j");
         let (l, d) = from_toml_with_env("", &no_env).expect("defaults");
         assert_eq!((l.plan.world, d.world(), d.nodes.len()), (1, 1, 0));
+        let e = from_toml_with_env("remote_memroy = \"1MiB\"", &no_env)
+            .expect_err("unknown")
+            .to_string();
+        assert!(e.contains("remote_memroy"), "{e}");
+        for key in brand_loader::config::KEYS.iter().chain(&KEYS) {
+            assert!(e.contains(key), "{key} missing from: {e}");
+        }
     }
 
     #[test]
