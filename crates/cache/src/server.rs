@@ -87,6 +87,8 @@ impl Default for CachePolicy {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct CacheReport {
     pub memory_bytes: u64,
+    /// The fill plan's run length (records per run).
+    pub run_length: u32,
     pub jobs_attached: u64,
     pub jobs_now: u64,
     pub jobs_refused: u64,
@@ -385,6 +387,7 @@ impl CacheHandle {
             progress: 0,
             report: CacheReport {
                 memory_bytes: bytes,
+                run_length: policy.run_length,
                 fill_epochs: 1,
                 ..CacheReport::default()
             },

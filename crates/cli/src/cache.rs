@@ -25,9 +25,11 @@ pub struct CacheArgs {
     /// The fill plan's seed (each job draws with its own).
     #[arg(long)]
     seed: Option<u64>,
-    /// Brand policies: fill records in runs of this many neighbours (1..=64).
+    /// Brand policies: fill records in runs of this many neighbours
+    /// (1..=64), or auto: from the device's measured read gap, as a loader
+    /// alone chooses it.
     #[arg(long)]
-    run_length: Option<u64>,
+    run_length: Option<String>,
     /// error (the job that draws a corrupt record fails) or skip (left out
     /// of every job's epoch, counted).
     #[arg(long)]
@@ -58,7 +60,7 @@ pub fn run(a: &CacheArgs) -> Result<()> {
             ("memory", Flag::Text(&memory)),
             ("policy", Flag::Text(&a.policy)),
             ("seed", Flag::Int(a.seed)),
-            ("run_length", Flag::Int(a.run_length)),
+            ("run_length", Flag::Text(&a.run_length)),
             ("on_corrupt", Flag::Text(&a.on_corrupt)),
             ("read_gap", Flag::Text(&a.read_gap)),
             ("queue_depth", int(a.queue_depth)),
@@ -72,7 +74,7 @@ pub fn run(a: &CacheArgs) -> Result<()> {
     let policy = CachePolicy {
         policy: plan.policy,
         seed: plan.seed,
-        run_length: plan.run_length,
+        run_length: brand_loader::resolve_run_length(&ds, &cfg.loader)?,
         on_corrupt: cfg.loader.on_corrupt,
     };
     let cache_cfg = CacheConfig {

@@ -17,11 +17,16 @@ fn brand() -> Command {
 }
 
 fn cache(ds: &Path, socket: &Path) -> Child {
+    cache_with(ds, socket, &["--read-gap", "whole"])
+}
+
+fn cache_with(ds: &Path, socket: &Path, args: &[&str]) -> Child {
     let c = brand()
         .arg("cache")
         .arg(ds)
-        .args(["--memory", "25%", "--read-gap", "whole", "--json", "--socket"])
+        .args(["--memory", "25%", "--json", "--socket"])
         .arg(socket)
+        .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -119,6 +124,27 @@ fn jobs_share_a_cache_and_survive_a_job_killed_and_one_joining() {
     let r: serde_json::Value = serde_json::from_str(&out).expect("cache report");
     assert_eq!(r["jobs_attached"], 4, "{out}");
     assert_eq!(r["jobs_now"], 0, "{out}");
+}
+
+/// `--run-length auto` resolves from the read gap as a loader alone does:
+/// runs where a request costs more than a sample's bytes, 1 where it does not.
+#[test]
+fn the_cache_resolves_run_length_auto_from_the_read_gap() {
+    let t = tempfile::tempdir().expect("tmp");
+    let ds = small_dataset(t.path(), SAMPLES).expect("pack");
+    for (gap, runs) in [("256KiB", "more than 1"), ("0", "1")] {
+        let socket = t.path().join(format!("cache-{gap}.sock"));
+        let c = cache_with(&ds, &socket, &["--run-length", "auto", "--read-gap", gap]);
+        let (ok, out, err) = finish(job(&ds, &socket, 1, 1, 0), Duration::from_secs(60));
+        assert!(ok, "gap {gap}: {err}");
+        each_epoch_once(&out, 1);
+        signal(&c, libc::SIGINT);
+        let (ok, out, err) = finish(c, Duration::from_secs(20));
+        assert!(ok, "{err}");
+        let r: serde_json::Value = serde_json::from_str(&out).expect("cache report");
+        let got = r["run_length"].as_u64().expect("run_length in the report");
+        assert_eq!(if got > 1 { "more than 1" } else { "1" }, runs, "gap {gap}: {out}");
+    }
 }
 
 #[test]
