@@ -424,6 +424,11 @@ brand_status brand_get_metrics(const struct brand_loader *loader, struct brand_m
  * on failure `*out` is NULL. Errors: BRAND_ERR_NOT_FOUND (no such
  * dataset), BRAND_ERR_CONFIG, BRAND_ERR_FORMAT, BRAND_ERR_IO,
  * BRAND_ERR_INVALID_ARGUMENT (NULL path or out).
+ *
+ * A loader belongs to the process that opened it (its threads and
+ * connections do not survive `fork()`): in a forked child every call on
+ * it fails at once with BRAND_ERR_CONFIG naming fork, and `brand_close`
+ * there only forgets the handle. Open a new loader in the child.
  */
 brand_status brand_open(const char *dataset_path,
                         const char *config_toml,

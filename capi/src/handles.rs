@@ -19,7 +19,23 @@ pub struct brand_loader {
 }
 
 /// An open loader behind its handle; calls on it hold its lock.
-type OpenReader = Arc<Mutex<Reader>>;
+pub(crate) type OpenReader = Arc<Opened>;
+
+/// A loader and the process that opened it: in a `fork()`ed child its
+/// threads, connections and lock holders are the parent's, so a call there
+/// fails before taking the lock (a parent's thread may have held it across
+/// the fork), and closing it leaves it alone.
+pub(crate) struct Opened {
+    pid: u32,
+    reader: Mutex<Reader>,
+}
+
+impl Opened {
+    /// Whether this process opened it (not a forked child).
+    pub(crate) fn is_ours(&self) -> bool {
+        self.pid == std::process::id()
+    }
+}
 
 /// Open loaders by handle id. Ids are never reused, so a stale handle can
 /// never reach a loader opened later.
@@ -35,7 +51,11 @@ fn registry() -> std::sync::MutexGuard<'static, BTreeMap<usize, OpenReader>> {
 /// Registers `reader` under a new handle.
 pub(crate) fn register(reader: Reader) -> *mut brand_loader {
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-    registry().insert(id, Arc::new(Mutex::new(reader)));
+    let opened = Opened {
+        pid: std::process::id(),
+        reader: Mutex::new(reader),
+    };
+    registry().insert(id, Arc::new(opened));
     std::ptr::without_provenance_mut(id)
 }
 
@@ -62,7 +82,17 @@ pub(crate) fn with_loader<T>(
     f: impl FnOnce(&mut Reader) -> Result<T, Failure>,
 ) -> Result<T, Failure> {
     let shared = lookup(loader)?;
-    let mut reader = shared.lock().map_err(|_| {
+    if !shared.is_ours() {
+        return Err(Failure::new(
+            BRAND_ERR_CONFIG,
+            format!(
+                "loader {loader:p} was opened by process {} and cannot be used after fork() (in process {}): open a new loader in the child",
+                shared.pid,
+                std::process::id()
+            ),
+        ));
+    }
+    let mut reader = shared.reader.lock().map_err(|_| {
         Failure::new(
             BRAND_ERR_PANIC,
             "this loader is unusable: an earlier call panicked inside it (see that call's message); close it",

@@ -69,6 +69,11 @@ fn open_loader(
 /// on failure `*out` is NULL. Errors: BRAND_ERR_NOT_FOUND (no such
 /// dataset), BRAND_ERR_CONFIG, BRAND_ERR_FORMAT, BRAND_ERR_IO,
 /// BRAND_ERR_INVALID_ARGUMENT (NULL path or out).
+///
+/// A loader belongs to the process that opened it (its threads and
+/// connections do not survive `fork()`): in a forked child every call on
+/// it fails at once with BRAND_ERR_CONFIG naming fork, and `brand_close`
+/// there only forgets the handle. Open a new loader in the child.
 #[unsafe(no_mangle)]
 pub extern "C" fn brand_open(
     dataset_path: *const c_char,
@@ -250,8 +255,14 @@ pub extern "C" fn brand_close(loader: *mut *mut brand_loader) -> brand_status {
             // Dropped outside the registry lock: it joins the io thread.
             // A call running on it in another thread keeps it alive until
             // that call returns.
-            Some(open) => {
+            Some(open) if open.is_ours() => {
                 drop(open);
+                Ok(BRAND_OK)
+            }
+            // A forked child: dropping it would join threads that are not
+            // here and say goodbye to the parent's peers; its memory stays.
+            Some(open) => {
+                std::mem::forget(open);
                 Ok(BRAND_OK)
             }
             None => Err(Failure::new(
