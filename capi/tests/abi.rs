@@ -11,6 +11,9 @@ use brand_format::Dataset;
 use brand_pack::files::FileSource;
 use brand_pack::{PackOptions, pack};
 
+mod common;
+use common::last_error;
+
 /// A handle value that was never returned by brand_open.
 fn handle_of(id: usize) -> *mut brand_loader {
     std::ptr::without_provenance_mut(id)
@@ -40,13 +43,6 @@ fn make_dataset(root: &Path, name: &str, samples: u64, seed: u64) -> CString {
     };
     pack(&source, &out, &popts, &|_, _, _| {}).expect("pack");
     CString::new(out.to_str().expect("utf-8 temp path")).expect("no NUL")
-}
-
-fn last_error() -> String {
-    let p = brand_last_error();
-    assert!(!p.is_null(), "brand_last_error never returns NULL");
-    // SAFETY: a NUL-terminated string valid until the next brand call.
-    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
 }
 
 fn open(path: &CStr, cfg: &str) -> *mut brand_loader {

@@ -17,15 +17,10 @@ use brand_format::Dataset;
 use brand_pack::synthetic::small_dataset;
 use brand_plan::Memory;
 
-const SAMPLES: u64 = 300;
+mod common;
+use common::last_error;
 
-fn last_error() -> String {
-    // SAFETY: brand_last_error returns a NUL-terminated string valid until
-    // the next brand call on this thread.
-    unsafe { CStr::from_ptr(brand_last_error()) }
-        .to_string_lossy()
-        .into_owned()
-}
+const SAMPLES: u64 = 300;
 
 fn open_at(path: &CStr, cfg: &CStr, blob: &[u8]) -> (brand_status, *mut brand_loader) {
     let mut l = null_mut();

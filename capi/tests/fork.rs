@@ -3,58 +3,20 @@
 //! node of a multi-node job, whose threads and connections are the
 //! parent's. The parent's loaders are unaffected. Loopback only; bounded.
 
-use std::ffi::{CStr, CString};
+use std::ffi::CString;
 use std::ptr::null_mut;
 use std::time::{Duration, Instant};
 
 use brand::brand_status::*;
 use brand::*;
 
+mod common;
+use common::{addresses, last_error, node_config, take};
+
 const SAMPLES: u64 = 240;
 
-fn last_error() -> String {
-    // SAFETY: brand_last_error returns a NUL-terminated string valid until
-    // the next brand call on this thread.
-    unsafe { CStr::from_ptr(brand_last_error()) }
-        .to_string_lossy()
-        .into_owned()
-}
-
-fn addresses(n: usize) -> Vec<String> {
-    let listeners: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"))
-        .collect();
-    listeners
-        .iter()
-        .map(|l| l.local_addr().expect("addr").to_string())
-        .collect()
-}
-
 fn config(nodes: &[String], rank: usize) -> CString {
-    let list: Vec<String> = nodes.iter().map(|a| format!("\"{a}\"")).collect();
-    CString::new(format!(
-        "nodes = [{}]\nrank = {rank}\nmemory = \"16 slots\"\nbatch_size = 7\nread_gap = \"whole\"\nremote_memory = \"64KiB\"\npeer_timeout = \"10s\"\nseed = 5\njob = \"capi-fork\"\n",
-        list.join(", ")
-    ))
-    .expect("no NUL")
-}
-
-/// Samples of up to `limit` batches of the current epoch (stops at its end).
-fn take(l: usize, limit: usize) -> Result<u64, String> {
-    let l = l as *mut brand_loader;
-    let mut samples = 0;
-    for _ in 0..limit {
-        let mut b = null_mut();
-        match brand_next(l, &mut b) {
-            BRAND_OK => {
-                samples += brand_batch_len(b) as u64;
-                brand_batch_free(&mut b);
-            }
-            BRAND_END_OF_EPOCH => break,
-            st => return Err(format!("brand_next: {st:?}: {}", last_error())),
-        }
-    }
-    Ok(samples)
+    node_config(nodes, rank, "capi-fork", 10)
 }
 
 /// In the child: every handle refuses a batch naming fork, and closes.
@@ -88,7 +50,7 @@ fn handles_used_in_a_forked_child_fail_fast_and_close_without_the_parents_thread
                     return Err(format!("brand_open: {}", last_error()));
                 }
                 let h = l as usize;
-                Ok((h, take(h, 2)?))
+                Ok((h, take(l, 2)?.0))
             })
         })
         .collect();
@@ -137,7 +99,7 @@ fn handles_used_in_a_forked_child_fail_fast_and_close_without_the_parents_thread
         .into_iter()
         .map(|(h, before)| {
             std::thread::spawn(move || -> Result<u64, String> {
-                let n = before + take(h, 1000)?;
+                let n = before + take(h as *mut brand_loader, 1000)?.0;
                 let mut l = h as *mut brand_loader;
                 if brand_close(&mut l) != BRAND_OK {
                     return Err(format!("brand_close: {}", last_error()));

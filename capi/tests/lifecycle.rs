@@ -18,6 +18,9 @@ use std::time::{Duration, Instant};
 use brand::brand_status::*;
 use brand::*;
 
+mod common;
+use common::{addresses, last_error, node_config, take};
+
 const SAMPLES: u64 = 240;
 const TIMEOUT_SECS: u64 = 4;
 
@@ -26,31 +29,8 @@ fn dataset(root: &std::path::Path) -> CString {
     CString::new(dir.to_str().expect("utf-8")).expect("no NUL")
 }
 
-fn last_error() -> String {
-    // SAFETY: brand_last_error returns a NUL-terminated string valid until
-    // the next brand call on this thread.
-    unsafe { CStr::from_ptr(brand_last_error()) }
-        .to_string_lossy()
-        .into_owned()
-}
-
-fn addresses(n: usize) -> Vec<String> {
-    let listeners: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"))
-        .collect();
-    listeners
-        .iter()
-        .map(|l| l.local_addr().expect("addr").to_string())
-        .collect()
-}
-
 fn config(nodes: &[String], rank: usize) -> CString {
-    let list: Vec<String> = nodes.iter().map(|a| format!("\"{a}\"")).collect();
-    CString::new(format!(
-        "nodes = [{}]\nrank = {rank}\nmemory = \"16 slots\"\nbatch_size = 7\nread_gap = \"whole\"\nremote_memory = \"64KiB\"\npeer_timeout = \"{TIMEOUT_SECS}s\"\nseed = 5\njob = \"capi-lifecycle\"\n",
-        list.join(", ")
-    ))
-    .expect("no NUL")
+    node_config(nodes, rank, "capi-lifecycle", TIMEOUT_SECS)
 }
 
 /// Opens a node; the error text on failure.
@@ -60,24 +40,6 @@ fn open(path: &CStr, cfg: &CStr) -> Result<*mut brand_loader, String> {
         BRAND_OK => Ok(l),
         st => Err(format!("brand_open: {st:?}: {}", last_error())),
     }
-}
-
-/// Takes up to `limit` batches of the current epoch: how many samples, and
-/// whether the epoch ended; the error text on failure.
-fn take(l: *mut brand_loader, limit: usize) -> Result<(u64, bool), String> {
-    let mut samples = 0;
-    for _ in 0..limit {
-        let mut b = null_mut();
-        match brand_next(l, &mut b) {
-            BRAND_OK => {
-                samples += brand_batch_len(b) as u64;
-                brand_batch_free(&mut b);
-            }
-            BRAND_END_OF_EPOCH => return Ok((samples, true)),
-            st => return Err(format!("brand_next: {st:?}: {}", last_error())),
-        }
-    }
-    Ok((samples, false))
 }
 
 fn close(mut l: *mut brand_loader) -> Result<(), String> {

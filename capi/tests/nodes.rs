@@ -12,20 +12,15 @@ use brand::brand_status::*;
 use brand::*;
 use brand_format::Dataset;
 
+mod common;
+use common::{addresses, last_error};
+
 const SAMPLES: u64 = 200;
 
 fn dataset(root: &Path) -> (CString, Arc<Dataset>) {
     let dir = brand_pack::synthetic::small_dataset(root, SAMPLES).expect("gen and pack");
     let ds = Arc::new(Dataset::open(&dir).expect("open"));
     (CString::new(dir.to_str().expect("utf-8")).expect("no NUL"), ds)
-}
-
-fn last_error() -> String {
-    // SAFETY: brand_last_error returns a NUL-terminated string valid until
-    // the next brand call on this thread.
-    unsafe { CStr::from_ptr(brand_last_error()) }
-        .to_string_lossy()
-        .into_owned()
 }
 
 fn open(path: &CStr, cfg: &str) -> *mut brand_loader {
@@ -117,21 +112,12 @@ fn metrics(l: *const brand_loader) -> brand_metrics {
     m
 }
 
-fn addresses(n: usize) -> Vec<String> {
-    let listeners: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"))
-        .collect();
-    listeners
-        .iter()
-        .map(|l| format!("\"{}\"", l.local_addr().expect("addr")))
-        .collect()
-}
-
 #[test]
 fn brand_open_with_nodes_runs_a_node_and_two_serve_the_epoch_once() {
     let t = tempfile::tempdir().expect("tempdir");
     let (path, ds) = dataset(t.path());
-    let nodes = addresses(2).join(", ");
+    let nodes: Vec<String> = addresses(2).iter().map(|a| format!("\"{a}\"")).collect();
+    let nodes = nodes.join(", ");
     let threads: Vec<_> = (0..2u32)
         .map(|rank| {
             let path = path.clone();
@@ -193,7 +179,8 @@ fn brand_open_with_nodes_runs_a_node_and_two_serve_the_epoch_once() {
 fn a_node_reports_its_chosen_read_gap_and_stall_percentiles() {
     let t = tempfile::tempdir().expect("tempdir");
     let (path, _) = dataset(t.path());
-    let nodes = addresses(2).join(", ");
+    let nodes: Vec<String> = addresses(2).iter().map(|a| format!("\"{a}\"")).collect();
+    let nodes = nodes.join(", ");
     let threads: Vec<_> = (0..2u32)
         .map(|rank| {
             let path = path.clone();
