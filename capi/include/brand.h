@@ -61,6 +61,15 @@
 #define BRAND_SAMPLE_ALIGN 64
 
 /**
+ * The size of a state (`brand_state_save`) that is a position in the
+ * plan's order: a loader alone's, a node's, any loader's at an epoch's
+ * start. A longer state is an attached job's mid-epoch, which holds the
+ * samples it served (its batches depend on timing and cannot be read
+ * again from the state saved before them).
+ */
+#define BRAND_POSITION_STATE_SIZE 88
+
+/**
  * `brand_metrics.read_gap` when whole chunks are read (the paper's way).
  */
 #define BRAND_READ_GAP_WHOLE UINT64_MAX
@@ -540,9 +549,10 @@ brand_status brand_dataset_samples(const struct brand_loader *loader, uint64_t *
 
 /**
  * The size in bytes of the largest state blob this loader saves, into
- * `*out`: a buffer of it always suffices for `brand_state_save`. 88 for a
- * loader alone or a node; for a job attached to a cache (`cache = "PATH"`),
- * or one resumed from such a job's state, 88 + 8 × ceil(samples / 64),
+ * `*out`: a buffer of it always suffices for `brand_state_save`.
+ * `BRAND_POSITION_STATE_SIZE` (88) for a loader alone or a node; for a job
+ * attached to a cache (`cache = "PATH"`), or one resumed from such a job's
+ * state, 88 + 8 × ceil(samples / 64),
  * because its state mid-epoch holds a bitmap of the samples served.
  */
 brand_status brand_state_size(const struct brand_loader *loader, size_t *out);
@@ -554,8 +564,9 @@ brand_status brand_state_size(const struct brand_loader *loader, size_t *out);
  * `*written`. If `len` is too small: BRAND_ERR_BUFFER_TOO_SMALL, nothing
  * is written to `buf`, and `*written` is the size needed.
  *
- * The size varies: 88 bytes where the position is a count (a loader
- * alone, a node, any loader at an epoch's start); mid-epoch, a job
+ * The size varies: `BRAND_POSITION_STATE_SIZE` (88) bytes where the
+ * position is a count (a loader alone, a node, any loader at an epoch's
+ * start); mid-epoch, a job
  * attached to a cache saves which samples it served (its order depends on
  * timing), up to `brand_state_size`. Blobs of either kind resume with
  * `brand_open_at`, attached or alone.

@@ -55,6 +55,14 @@ pub const BRAND_ABI_VERSION: u32 = 1;
 /// The alignment of every sample's `data` pointer, in bytes.
 pub const BRAND_SAMPLE_ALIGN: usize = 64;
 
+/// The size of a state (`brand_state_save`) that is a position in the
+/// plan's order: a loader alone's, a node's, any loader's at an epoch's
+/// start. A longer state is an attached job's mid-epoch, which holds the
+/// samples it served (its batches depend on timing and cannot be read
+/// again from the state saved before them).
+pub const BRAND_POSITION_STATE_SIZE: usize = 88;
+const _: () = assert!(BRAND_POSITION_STATE_SIZE == ::brand_loader::Checkpoint::LEN);
+
 /// The version of the library as a static string, e.g. "brand 0.1.0".
 #[unsafe(no_mangle)]
 pub extern "C" fn brand_version() -> *const c_char {

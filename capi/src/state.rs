@@ -61,9 +61,10 @@ pub extern "C" fn brand_dataset_samples(loader: *const brand_loader, out: *mut u
 }
 
 /// The size in bytes of the largest state blob this loader saves, into
-/// `*out`: a buffer of it always suffices for `brand_state_save`. 88 for a
-/// loader alone or a node; for a job attached to a cache (`cache = "PATH"`),
-/// or one resumed from such a job's state, 88 + 8 × ceil(samples / 64),
+/// `*out`: a buffer of it always suffices for `brand_state_save`.
+/// `BRAND_POSITION_STATE_SIZE` (88) for a loader alone or a node; for a job
+/// attached to a cache (`cache = "PATH"`), or one resumed from such a job's
+/// state, 88 + 8 × ceil(samples / 64),
 /// because its state mid-epoch holds a bitmap of the samples served.
 #[unsafe(no_mangle)]
 pub extern "C" fn brand_state_size(loader: *const brand_loader, out: *mut usize) -> brand_status {
@@ -80,8 +81,9 @@ pub extern "C" fn brand_state_size(loader: *const brand_loader, out: *mut usize)
 /// `*written`. If `len` is too small: BRAND_ERR_BUFFER_TOO_SMALL, nothing
 /// is written to `buf`, and `*written` is the size needed.
 ///
-/// The size varies: 88 bytes where the position is a count (a loader
-/// alone, a node, any loader at an epoch's start); mid-epoch, a job
+/// The size varies: `BRAND_POSITION_STATE_SIZE` (88) bytes where the
+/// position is a count (a loader alone, a node, any loader at an epoch's
+/// start); mid-epoch, a job
 /// attached to a cache saves which samples it served (its order depends on
 /// timing), up to `brand_state_size`. Blobs of either kind resume with
 /// `brand_open_at`, attached or alone.

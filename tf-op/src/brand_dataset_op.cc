@@ -69,9 +69,6 @@ constexpr char kDatasetType[] = "Brand";
 constexpr char kDone[] = "done";
 constexpr char kState[] = "state";
 constexpr char kPos[] = "pos";
-// The size of a brand state that is a count (brand_state_size of a loader
-// alone); an attached job's state mid-epoch is longer (brand.h).
-constexpr size_t kCountStateBytes = 88;
 
 // A brand status as an absl::Status carrying brand's own message. Must be
 // called on the thread that made the failing call, right after it
@@ -287,7 +284,7 @@ class BrandDatasetOp : public DatasetOpKernel {
         if (batch_ != nullptr && pos_ < len_) {
           size_t most = 0;
           BRAND_RETURN_IF_ERROR(brand_state_size(loader_, &most), "brand_state_size");
-          if (most > kCountStateBytes) {
+          if (most > BRAND_POSITION_STATE_SIZE) {
             // A job attached to a cache (or resumed from one's state): its
             // batch cannot be read again, so the state is the position
             // inside it, with the rest of the batch not served.
@@ -333,7 +330,7 @@ class BrandDatasetOp : public DatasetOpKernel {
         // the restored config reads with another batch size. (An attached
         // job saves its position inside the batch instead, pos 0: its
         // batches depend on timing, so the batch read again is another one.)
-        if (pos > 0 && state.size() > kCountStateBytes) {
+        if (pos > 0 && state.size() > BRAND_POSITION_STATE_SIZE) {
           return absl::DataLossError(absl::StrCat(
               "brand: this checkpoint holds an attached job's state and a position ", pos,
               " inside its batch, which cannot be read again"));
