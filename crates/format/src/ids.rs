@@ -33,12 +33,13 @@ impl Hasher for IdHasher {
     }
 }
 
-/// The samples of a dataset of `n` that an epoch served so far, one bit
-/// per id: what a job attached to a cache saves in its checkpoint (served in
-/// an order that depends on timing, a count cannot say which) and what the
-/// cache protocol carries to resume it. Bit `id % 64` of word `id / 64`,
-/// `ceil(n / 64)` words, never a bit at or past `n`: the layout of both
-/// formats. Ids at or past `n` are in no set and cannot be inserted.
+/// A set of the sample ids `0..n`, one bit each. Mostly the samples an
+/// epoch served so far: what a job attached to a cache saves in its
+/// checkpoint (served in an order that depends on timing, a count cannot
+/// say which) and what the cache protocol carries to resume it; bit
+/// `id % 64` of word `id / 64`, `ceil(n / 64)` words, never a bit at or
+/// past `n`, is the layout of both formats. Ids at or past `n` are in no
+/// set and cannot be inserted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IdBits {
     words: Vec<u64>,
