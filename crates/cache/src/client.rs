@@ -13,6 +13,7 @@ use std::time::Instant;
 use brand_format::Dataset;
 use brand_format::buffer::AlignedBuf;
 use brand_format::error::{Error, Result};
+use brand_format::ids::IdBits;
 use brand_loader::{Batch, LoaderConfig, LoaderState, Metrics, SampleBytes};
 
 use crate::shm::{Mapping, recv_with_fd, send_all};
@@ -51,14 +52,8 @@ impl Drop for Lease {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Served {
     pub epoch: u64,
-    /// One bit per sample, `ceil(samples / 64)` words; empty: none yet.
-    pub bitmap: Vec<u64>,
-}
-
-impl Served {
-    pub fn count(&self) -> u64 {
-        self.bitmap.iter().map(|w| w.count_ones() as u64).sum()
-    }
+    /// The samples of `epoch` served, of all the dataset's.
+    pub ids: IdBits,
 }
 
 pub struct Attached {
@@ -69,8 +64,7 @@ pub struct Attached {
     seed: u64,
     batch_size: usize,
     epoch: u64,
-    served: Vec<u64>,
-    served_count: u64,
+    served: IdBits,
     /// The epoch's last batch went out: the next call ends the epoch.
     end_pending: bool,
     failed: Option<String>,
@@ -90,20 +84,15 @@ impl Attached {
             )));
         }
         let n = ds.index.samples();
-        let words = n.div_ceil(64) as usize;
-        if !from.bitmap.is_empty() && from.bitmap.len() != words {
+        if from.ids.samples() != n {
             return Err(Error::InvalidState(format!(
-                "a served bitmap of {} words for {n} samples",
-                from.bitmap.len()
+                "the samples served are of a dataset of {} samples, this one has {n}",
+                from.ids.samples()
             )));
         }
-        let (link, memory) = connect(&ds, socket, cfg, &from)?;
-        let served = if from.bitmap.is_empty() {
-            vec![0; words]
-        } else {
-            from.bitmap
-        };
-        let served_count = served.iter().map(|w| w.count_ones() as u64).sum();
+        // None served: sent as no words (the protocol's "none").
+        let words = if from.ids.is_empty() { &[][..] } else { from.ids.words() };
+        let (link, memory) = connect(&ds, socket, cfg, from.epoch, words)?;
         let mut a = Attached {
             ds,
             socket: socket.to_path_buf(),
@@ -112,13 +101,12 @@ impl Attached {
             seed: cfg.plan.seed,
             batch_size: cfg.batch_size,
             epoch: from.epoch,
-            served,
-            served_count,
+            served: from.ids,
             end_pending: false,
             failed: None,
             metrics: Metrics::default(),
         };
-        if a.served_count == n {
+        if a.served.len() == n {
             a.next_epoch();
         }
         Ok(a)
@@ -126,8 +114,7 @@ impl Attached {
 
     fn next_epoch(&mut self) {
         self.epoch += 1;
-        self.served.fill(0);
-        self.served_count = 0;
+        self.served.clear();
     }
 
     fn lost(&self, why: impl Into<String>) -> Error {
@@ -153,7 +140,7 @@ impl Attached {
                 return self.batch(epoch, samples, asked).map(Some);
             }
             // Only skipped records: the epoch may have ended with them.
-            if self.served_count == 0 && epoch != self.epoch {
+            if self.served.is_empty() && epoch != self.epoch {
                 self.metrics.stall_secs_total += asked.elapsed().as_secs_f64();
                 return Ok(None);
             }
@@ -161,7 +148,7 @@ impl Attached {
     }
 
     /// One `Next` answered: the batch's epoch and samples, its skipped
-    /// records taken into the bitmap (an epoch they complete has ended).
+    /// records taken as served (an epoch they complete has ended).
     fn ask(&mut self) -> Result<(u64, Vec<crate::wire::Placed>)> {
         // A cache that stopped has sent why before closing: read it even
         // when the request can no longer be sent.
@@ -193,15 +180,12 @@ impl Attached {
             if id as u64 >= n {
                 return Err(self.fail(format!("the cache skipped sample {id} of {n}")));
             }
-            let (w, b) = (id as usize / 64, id % 64);
-            if self.served[w] >> b & 1 == 1 {
+            if !self.served.insert(id as u64) {
                 return Err(self.fail(format!(
                     "the cache skipped sample {id} after serving it in epoch {}",
                     self.epoch
                 )));
             }
-            self.served[w] |= 1 << b;
-            self.served_count += 1;
             self.metrics.skipped_corrupt += 1;
         }
         for p in &samples {
@@ -212,16 +196,14 @@ impl Attached {
             if !ok {
                 return Err(self.fail(format!("the cache placed sample {} wrongly", p.id)));
             }
-            let (w, b) = (p.id as usize / 64, p.id % 64);
-            if self.served[w] >> b & 1 == 1 {
+            if !self.served.insert(p.id as u64) {
                 return Err(self.fail(format!(
                     "the cache served sample {} twice in epoch {}",
                     p.id, self.epoch
                 )));
             }
-            self.served[w] |= 1 << b;
         }
-        if samples.is_empty() && self.served_count == n {
+        if samples.is_empty() && self.served.len() == n {
             self.next_epoch();
         }
         Ok((epoch, samples))
@@ -250,10 +232,9 @@ impl Attached {
             data.push(Arc::new(buf));
             self.metrics.bytes_served += p.len as u64;
         }
-        self.served_count += samples.len() as u64;
         self.metrics.samples_served += samples.len() as u64;
         self.metrics.stall_secs_total += asked.elapsed().as_secs_f64();
-        if self.served_count == n {
+        if self.served.len() == n {
             self.next_epoch();
             self.end_pending = true;
         }
@@ -276,7 +257,7 @@ impl Attached {
         }
         LoaderState {
             epoch: self.epoch,
-            served: self.served_count,
+            served: self.served.len(),
         }
     }
 
@@ -284,17 +265,13 @@ impl Attached {
     pub fn served(&self) -> Served {
         Served {
             epoch: self.epoch,
-            bitmap: self.served.clone(),
+            ids: self.served.clone(),
         }
     }
 
     /// Starts `epoch` afresh (reattaches, so the cache forgets this
     /// epoch's progress).
     pub fn start_epoch(&mut self, epoch: u64) -> Result<()> {
-        let here = Served {
-            epoch,
-            bitmap: Vec::new(),
-        };
         if self.state() == (LoaderState { epoch, served: 0 }) && !self.end_pending {
             return Ok(());
         }
@@ -304,13 +281,12 @@ impl Attached {
             c.batch_size = self.batch_size;
             c
         };
-        let (link, memory) = connect(&self.ds, &self.socket, &cfg, &here)?;
+        let (link, memory) = connect(&self.ds, &self.socket, &cfg, epoch, &[])?;
         let _ = self.link.stream.shutdown(std::net::Shutdown::Both);
         self.link = link;
         self.memory = memory;
         self.epoch = epoch;
-        self.served.fill(0);
-        self.served_count = 0;
+        self.served.clear();
         self.end_pending = false;
         self.failed = None;
         Ok(())
@@ -336,7 +312,15 @@ impl Drop for Attached {
     }
 }
 
-fn connect(ds: &Dataset, socket: &Path, cfg: &LoaderConfig, from: &Served) -> Result<(Arc<Link>, Arc<Mapping>)> {
+/// Attaches, starting in `epoch` with the samples `served` (a bitmap's
+/// words, none if empty) served already.
+fn connect(
+    ds: &Dataset,
+    socket: &Path,
+    cfg: &LoaderConfig,
+    epoch: u64,
+    served: &[u64],
+) -> Result<(Arc<Link>, Arc<Mapping>)> {
     let stream = UnixStream::connect(socket).map_err(|e| {
         Error::io(
             socket,
@@ -354,8 +338,8 @@ fn connect(ds: &Dataset, socket: &Path, cfg: &LoaderConfig, from: &Served) -> Re
         digest: Digest::of(ds),
         seed: cfg.plan.seed,
         batch_size: u32::try_from(cfg.batch_size).unwrap_or(u32::MAX),
-        epoch: from.epoch,
-        served: from.bitmap.clone(),
+        epoch,
+        served: served.to_vec(),
     });
     let io_err = |e: io::Error| Error::io(socket, e);
     link.send(&hello).map_err(io_err)?;

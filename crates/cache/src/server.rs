@@ -38,6 +38,7 @@ use serde::Serialize;
 
 use brand_format::Dataset;
 use brand_format::error::{Error, Result};
+use brand_format::ids::IdBits;
 use brand_format::rng::Prng;
 use brand_io::engine::Completion;
 use brand_io::{IoConfig, ReadSession};
@@ -140,8 +141,7 @@ struct Sample {
 
 struct Job {
     epoch: u64,
-    served: Vec<u64>,
-    served_count: u64,
+    served: IdBits,
     rng: Prng,
     seed: u64,
     batch_size: usize,
@@ -154,7 +154,7 @@ struct Job {
 
 impl Job {
     fn has_served(&self, id: u32) -> bool {
-        self.served[id as usize / 64] >> (id % 64) & 1 == 1
+        self.served.contains(id as u64)
     }
 }
 
@@ -502,14 +502,15 @@ fn attach(sh: &Arc<Shared>, stream: UnixStream) -> io::Result<()> {
         },
         None => return Ok(()),
     };
-    if let Some(why) = check_hello(sh, &hello) {
-        return refuse(sh, &link, why);
-    }
+    let served = match check_hello(sh, &hello) {
+        Ok(served) => served,
+        Err(why) => return refuse(sh, &link, why),
+    };
     let id = {
         let mut s = lock(&sh.state);
         let id = s.next_job;
         s.next_job += 1;
-        s.add_job(id, &hello);
+        s.add_job(id, &hello, served);
         s.report.jobs_attached += 1;
         id
     };
@@ -546,30 +547,33 @@ fn refuse(sh: &Shared, link: &Link, why: String) -> io::Result<()> {
     link.send(&ToJob::Refused(why))
 }
 
-/// Why the job cannot attach, if it cannot.
-fn check_hello(sh: &Shared, h: &Hello) -> Option<String> {
+/// The samples the job served already, or why it cannot attach.
+fn check_hello(sh: &Shared, h: &Hello) -> std::result::Result<IdBits, String> {
     let diffs = h.digest.differences(&sh.digest);
     if !diffs.is_empty() {
-        return Some(format!(
+        return Err(format!(
             "the cache at {} serves another dataset ({}): {}",
             sh.socket.display(),
             sh.ds.dir().display(),
             diffs.join("; ")
         ));
     }
+    // No words: none served.
     let n = sh.ds.index.samples();
-    if !h.served.is_empty() && h.served.len() as u64 != n.div_ceil(64) {
-        return Some(format!("a served bitmap of {} words for {n} samples", h.served.len()));
-    }
+    let served = if h.served.is_empty() {
+        IdBits::new(n)
+    } else {
+        IdBits::from_words(h.served.clone(), n).map_err(|e| format!("the served bitmap {e}"))?
+    };
     let batch = batch_bytes(&sh.ds, h.batch_size as u64);
     let memory = sh.memory.size() as u64;
     if batch.saturating_mul(2) > memory {
-        return Some(format!(
+        return Err(format!(
             "the cache's memory ({memory} bytes) holds fewer than 2 batches of {} samples (about {batch} bytes each): start the cache with more --memory or use a smaller batch_size",
             h.batch_size
         ));
     }
-    None
+    Ok(served)
 }
 
 /// About what a batch of `size` samples takes in the shared memory.
@@ -696,7 +700,7 @@ fn pick(
         .copied()
         .filter(|&i| !job.has_served(i))
         .partition(|i| skip && bad.get(i).is_some_and(|b| b.corrupt));
-    let rest = n - job.served_count - skipped.len() as u64;
+    let rest = n - job.served.len() - skipped.len() as u64;
     let want = (job.batch_size as u64).min(rest) as usize;
     if open.len() < want {
         return Ok((!skipped.is_empty()).then_some((Vec::new(), skipped)));
@@ -730,17 +734,12 @@ impl State {
         }
     }
 
-    fn add_job(&mut self, id: u64, h: &Hello) {
+    /// Attaches job `id`, which `h` introduced and which served `served`.
+    fn add_job(&mut self, id: u64, h: &Hello, served: IdBits) {
         let n = self.samples.len();
-        let served = if h.served.is_empty() {
-            vec![0; n.div_ceil(64)]
-        } else {
-            h.served.clone()
-        };
         let mut job = Job {
             epoch: h.epoch,
             served,
-            served_count: 0,
             rng: Prng::stream(h.seed, &[0xcac4e, h.epoch]),
             seed: h.seed,
             batch_size: h.batch_size.max(1) as usize,
@@ -749,11 +748,9 @@ impl State {
             held_bytes: 0,
             live_batches: 0,
         };
-        job.served_count = job.served.iter().map(|w| w.count_ones() as u64).sum();
-        if job.served_count == n as u64 {
+        if job.served.len() == n as u64 {
             // Saved after the epoch's last sample: the next one starts.
-            job.served_count = 0;
-            job.served.fill(0);
+            job.served.clear();
             job.epoch += 1;
             job.rng = Prng::stream(h.seed, &[0xcac4e, job.epoch]);
         }
@@ -827,23 +824,21 @@ impl State {
         };
         let epoch = job.epoch;
         for p in &placed {
-            job.served[p.id as usize / 64] |= 1 << (p.id % 64);
+            job.served.insert(p.id as u64);
             *job.leases.entry(p.id).or_insert(0) += 1;
             job.held_bytes += footprint(p.len as u64);
         }
         for &i in skipped {
-            job.served[i as usize / 64] |= 1 << (i % 64);
+            job.served.insert(i as u64);
         }
         if !placed.is_empty() {
             job.live_batches += 1;
         }
-        job.served_count += (placed.len() + skipped.len()) as u64;
         self.report.samples_served += placed.len() as u64;
-        if job.served_count == n {
+        if job.served.len() == n {
             // The job's next epoch starts now: it needs every sample again.
             job.epoch += 1;
-            job.served_count = 0;
-            job.served.fill(0);
+            job.served.clear();
             job.rng = Prng::stream(job.seed, &[0xcac4e, job.epoch]);
             for i in 0..n as u32 {
                 self.need_more(i);
@@ -874,7 +869,7 @@ impl State {
         let room = self.arena.size().saturating_sub(self.leased_bytes(ds));
         let n = self.samples.len() as u64;
         self.jobs.values().all(|j| {
-            let want = (j.batch_size as u64).min(n - j.served_count);
+            let want = (j.batch_size as u64).min(n - j.served.len());
             batch_bytes(ds, want) > room
         })
     }

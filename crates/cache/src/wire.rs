@@ -61,8 +61,8 @@ pub struct Hello {
     pub seed: u64,
     pub batch_size: u32,
     pub epoch: u64,
-    /// Samples of `epoch` the job served already (a resume): a bitmap of
-    /// `samples` bits, or empty for none.
+    /// Samples of `epoch` the job served already (a resume): the words of
+    /// a `brand_format::ids::IdBits` of `samples` bits, or empty for none.
     pub served: Vec<u64>,
 }
 

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use brand_cache::{Attached, CacheConfig, CacheHandle, CachePolicy, Served};
 use brand_format::Dataset;
+use brand_format::ids::IdBits;
 use brand_format::rng::Prng;
 use brand_loader::{IoConfig, LoaderConfig, OnCorrupt, ReadGapSetting};
 use brand_pack::synthetic::small_dataset;
@@ -45,7 +46,7 @@ fn attach(ds: &Arc<Dataset>, socket: &Path, seed: u64) -> Attached {
         socket,
         Served {
             epoch: 0,
-            bitmap: vec![],
+            ids: IdBits::new(SAMPLES),
         },
     )
     .expect("attaches")
@@ -172,7 +173,7 @@ fn a_job_resumes_from_its_served_samples() {
     // section): `brand_nodes::Reader` tests that; here the cache's side.
     let saved = a.served();
     drop(a);
-    assert_eq!(saved.count(), 70);
+    assert_eq!(saved.ids.len(), 70);
     let mut again = Attached::open(s.ds.clone(), &job_cfg(4), &s.socket, saved).expect("resumes");
     assert_eq!(again.state().served, 70);
     ids.extend(take(&mut again, &s.src, None));
@@ -209,19 +210,64 @@ fn a_job_of_another_dataset_is_refused_naming_what_differs() {
         &s.socket,
         Served {
             epoch: 0,
-            bitmap: vec![],
+            ids: IdBits::new(300),
         },
     )
     .err()
     .expect("refused")
     .to_string();
     assert!(e.contains("another dataset") && e.contains("samples 300"), "{e}");
+    let e = Attached::open(
+        s.ds.clone(),
+        &job_cfg(0),
+        &s.socket,
+        Served {
+            epoch: 0,
+            ids: IdBits::new(300),
+        },
+    )
+    .err()
+    .expect("refused")
+    .to_string();
+    assert!(e.contains("of a dataset of 300 samples, this one has 600"), "{e}");
     let mode = std::fs::metadata(&s.socket).expect("socket").permissions();
     assert_eq!(
         std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
         0o600,
         "owner-only"
     );
+}
+
+#[test]
+fn a_hello_whose_served_bitmap_does_not_fit_the_dataset_is_refused() {
+    use brand_cache::wire::{Digest, Hello, ToCache, ToJob, read_frame};
+    let s = setup();
+    let _c = cache(&s.ds, &s.socket, Memory::Percent(25.0));
+    let words = SAMPLES.div_ceil(64) as usize;
+    let mut past = vec![0u64; words];
+    past[words - 1] = 1 << 63;
+    for (served, why) in [
+        (past, "the served bitmap marks sample 639, past the dataset's 600"),
+        (
+            vec![0; words + 1],
+            "the served bitmap has 11 words for 600 samples (needs 10)",
+        ),
+    ] {
+        let mut job = std::os::unix::net::UnixStream::connect(&s.socket).expect("connects");
+        let hello = ToCache::Hello(Hello {
+            digest: Digest::of(&s.ds),
+            seed: 0,
+            batch_size: 10,
+            epoch: 0,
+            served,
+        });
+        std::io::Write::write_all(&mut job, &hello.encode()).expect("hello sent");
+        let (kind, body) = read_frame(&mut job).expect("an answer").expect("a frame");
+        assert_eq!(ToJob::decode(kind, &body), Ok(ToJob::Refused(why.into())));
+    }
+    // The cache goes on serving.
+    let mut a = attach(&s.ds, &s.socket, 1);
+    assert!(once(&take(&mut a, &s.src, None)));
 }
 
 #[test]
@@ -242,7 +288,7 @@ fn a_stopped_cache_fails_its_jobs_clearly_and_a_new_one_starts_on_the_same_path(
         &s.socket,
         Served {
             epoch: 0,
-            bitmap: vec![],
+            ids: IdBits::new(SAMPLES),
         },
     )
     .err()

@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use brand_cache::{Attached, Served};
 use brand_format::Dataset;
+use brand_format::ids::IdBits;
 use brand_loader::{Loader, LoaderConfig, LoaderState, Metrics};
 use brand_plan::order::{OrderMeter, OrderQuality};
 
@@ -140,15 +141,10 @@ enum Source {
 impl Source {
     fn open(ds: Arc<Dataset>, cfg: &LoaderConfig, epoch: u64) -> brand_format::Result<Self> {
         Ok(match &cfg.cache {
-            Some(socket) => Source::Attached(Box::new(Attached::open(
-                ds,
-                cfg,
-                socket,
-                Served {
-                    epoch,
-                    bitmap: Vec::new(),
-                },
-            )?)),
+            Some(socket) => {
+                let ids = IdBits::new(ds.index.samples());
+                Source::Attached(Box::new(Attached::open(ds, cfg, socket, Served { epoch, ids })?))
+            }
             None => Source::Alone(Box::new(Loader::open(ds, cfg, LoaderState { epoch, served: 0 })?)),
         })
     }

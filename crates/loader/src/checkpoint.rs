@@ -54,6 +54,7 @@ use serde::{Deserialize, Serialize};
 
 use brand_format::Dataset;
 use brand_format::error::{Error, Result};
+use brand_format::ids::IdBits;
 use brand_plan::{Memory, PlanConfig, Planner, Policy};
 
 use crate::elastic::{GlobalPosition, SavedWorld, global_position};
@@ -235,12 +236,11 @@ impl Fingerprint {
 pub struct Checkpoint {
     pub state: LoaderState,
     pub fingerprint: Fingerprint,
-    /// Which samples of `state.epoch` were served, one bit per sample (bit
-    /// `i % 64` of word `i / 64`, `ceil(samples / 64)` words), when the
-    /// count is not the whole state: a job attached to a cache serves in an
-    /// order that depends on timing. `None`: the first `state.served`
-    /// samples of the plan's order.
-    pub bitmap: Option<Vec<u64>>,
+    /// Which samples of `state.epoch` were served, when the count is not
+    /// the whole state: a job attached to a cache serves in an order that
+    /// depends on timing. `None`: the first `state.served` samples of the
+    /// plan's order.
+    pub bitmap: Option<IdBits>,
 }
 
 impl Checkpoint {
@@ -269,6 +269,15 @@ impl Checkpoint {
     pub fn check(&self, now: &Fingerprint, steps: u64) -> Result<()> {
         if let Some(why) = self.fingerprint.mismatch(now) {
             return Err(Error::StateMismatch(why));
+        }
+        if let Some(ids) = &self.bitmap
+            && ids.samples() != self.fingerprint.samples
+        {
+            return Err(Error::InvalidState(format!(
+                "loader state has a served bitmap of {} samples for a dataset of {}",
+                ids.samples(),
+                self.fingerprint.samples
+            )));
         }
         if self.state.served > steps {
             return Err(Error::InvalidState(format!(
@@ -418,7 +427,7 @@ fn saved_world(saved: &[Checkpoint], now: &Fingerprint) -> Result<SavedWorld> {
 
 fn encode(c: &Checkpoint) -> Vec<u8> {
     let (state, f) = (c.state, &c.fingerprint);
-    let words = c.bitmap.as_deref().unwrap_or_default();
+    let words = c.bitmap.as_ref().map_or(&[][..], IdBits::words);
     let (version, len) = match c.bitmap {
         None => (VERSION, LEN),
         Some(_) => (VERSION_BITMAP, LEN + 8 * words.len()),
@@ -527,7 +536,7 @@ fn decode(b: &[u8]) -> Result<Checkpoint, String> {
 }
 
 /// The served bitmap of a version 2 blob, checked against its header.
-fn bitmap_of(bytes: &[u8], f: &Fingerprint, state: LoaderState) -> Result<Vec<u64>, String> {
+fn bitmap_of(bytes: &[u8], f: &Fingerprint, state: LoaderState) -> Result<IdBits, String> {
     let samples = f.samples;
     if bytes.len() as u64 / 8 != samples.div_ceil(64) {
         return Err(format!(
@@ -536,24 +545,16 @@ fn bitmap_of(bytes: &[u8], f: &Fingerprint, state: LoaderState) -> Result<Vec<u6
             samples.div_ceil(64) * 8
         ));
     }
-    let words: Vec<u64> = bytes.chunks_exact(8).map(|c| u64_at(c, 0)).collect();
-    let tail = samples % 64;
-    if let Some(&last) = words.last()
-        && tail != 0
-        && last >> tail != 0
-    {
+    let words = bytes.chunks_exact(8).map(|c| u64_at(c, 0)).collect();
+    let ids = IdBits::from_words(words, samples).map_err(|e| format!("loader state's served bitmap {e}"))?;
+    if ids.len() != state.served {
         return Err(format!(
-            "loader state's served bitmap marks samples past the dataset's {samples}"
-        ));
-    }
-    let count: u64 = words.iter().map(|w| w.count_ones() as u64).sum();
-    if count != state.served {
-        return Err(format!(
-            "loader state's served bitmap marks {count} samples, its count says {}",
+            "loader state's served bitmap marks {} samples, its count says {}",
+            ids.len(),
             state.served
         ));
     }
-    Ok(words)
+    Ok(ids)
 }
 
 #[cfg(test)]
@@ -576,7 +577,7 @@ mod tests {
         }
     }
 
-    fn at(state: LoaderState, bitmap: Option<Vec<u64>>) -> Checkpoint {
+    fn at(state: LoaderState, bitmap: Option<IdBits>) -> Checkpoint {
         Checkpoint {
             state,
             fingerprint: fp(),
@@ -599,12 +600,12 @@ mod tests {
     }
 
     /// Samples 0, 63, 64 and 999 of 1000 (16 words) served.
-    fn bitmap() -> Vec<u64> {
-        let mut w = vec![0u64; 16];
-        for id in [0u64, 63, 64, 999] {
-            w[id as usize / 64] |= 1 << (id % 64);
+    fn bitmap() -> IdBits {
+        let mut ids = IdBits::new(1000);
+        for id in [0, 63, 64, 999] {
+            ids.insert(id);
         }
-        w
+        ids
     }
 
     #[test]
@@ -641,7 +642,10 @@ mod tests {
             b[at] |= 0x80;
         })
         .expect_err("past the end");
-        assert!(past.contains("past the dataset's 1000"), "{past}");
+        assert!(
+            past.contains("bitmap marks sample 1023, past the dataset's 1000"),
+            "{past}"
+        );
         let short = edited(|b| {
             b.truncate(b.len() - 8);
             let n = b.len() as u32;
@@ -649,6 +653,18 @@ mod tests {
         })
         .expect_err("a word short");
         assert!(short.contains("120 bytes for 1000 samples (needs 128)"), "{short}");
+    }
+
+    #[test]
+    fn a_bitmap_of_another_number_of_samples_is_not_restored() {
+        let c = at(LoaderState { epoch: 2, served: 0 }, Some(IdBits::new(999)));
+        let e = c.check(&fp(), 1000).expect_err("999 of 1000").to_string();
+        assert!(e.contains("served bitmap of 999 samples for a dataset of 1000"), "{e}");
+        assert!(
+            at(LoaderState { epoch: 2, served: 4 }, Some(bitmap()))
+                .check(&fp(), 1000)
+                .is_ok()
+        );
     }
 
     #[test]

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use brand_cache::{Attached, Served};
 use brand_format::Dataset;
 use brand_format::error::{Error, Result};
+use brand_format::ids::IdBits;
 use brand_loader::elastic::GlobalPosition;
 use brand_loader::{Batch, Checkpoint, Fingerprint, Loader, LoaderState, Metrics, Resume, resolve_run_length};
 use brand_plan::Planner;
@@ -56,24 +57,7 @@ enum Kind {
 /// job's state and those handed out since.
 struct Skip {
     epoch: u64,
-    bitmap: Vec<u64>,
-    /// The bits set in `bitmap`.
-    served: u64,
-}
-
-impl Skip {
-    fn has(&self, id: u64) -> bool {
-        self.bitmap
-            .get(id as usize / 64)
-            .is_some_and(|w| w >> (id % 64) & 1 == 1)
-    }
-
-    fn mark(&mut self, id: u64) {
-        if let Some(w) = self.bitmap.get_mut(id as usize / 64) {
-            *w |= 1 << (id % 64);
-            self.served += 1;
-        }
-    }
+    served: IdBits,
 }
 
 /// A job attached to a cache, with what its checkpoints are bound to.
@@ -178,7 +162,7 @@ impl Reader {
             }
             let from = Served {
                 epoch: state.epoch,
-                bitmap: Vec::new(),
+                ids: IdBits::new(ds.index.samples()),
             };
             Kind::Attached(Box::new(AttachedJob {
                 job: Attached::open(ds, &cfg.loader, socket, from)?,
@@ -206,9 +190,9 @@ impl Reader {
         let fingerprint = Fingerprint::of(&ds, &planner);
         c.check(&fingerprint, planner.geometry().steps)?;
         let epoch = c.state.epoch;
-        let bitmap = c.bitmap.unwrap_or_default();
+        let ids = c.bitmap.unwrap_or_else(|| IdBits::new(ds.index.samples()));
         if let Some(socket) = &cfg.loader.cache {
-            let job = Attached::open(ds, &cfg.loader, socket, Served { epoch, bitmap })?;
+            let job = Attached::open(ds, &cfg.loader, socket, Served { epoch, ids })?;
             return Ok(Kind::Attached(Box::new(AttachedJob { job, fingerprint })));
         }
         if cfg.nodes.world() > 1 {
@@ -217,14 +201,7 @@ impl Reader {
             ));
         }
         let loader = Loader::open_planned(ds, &cfg.loader, planner, Resume::At(LoaderState { epoch, served: 0 }))?;
-        Ok(Kind::Resumed(
-            Box::new(loader),
-            Skip {
-                epoch,
-                bitmap,
-                served: c.state.served,
-            },
-        ))
+        Ok(Kind::Resumed(Box::new(loader), Skip { epoch, served: ids }))
     }
 
     /// The largest state blob ([`Checkpoint::to_bytes`]) this reader saves:
@@ -274,10 +251,7 @@ impl Reader {
                 if b.epoch != skip.epoch {
                     return Ok(Some(b));
                 }
-                let keep: Vec<usize> = (0..b.len()).filter(|&i| !skip.has(b.ids()[i])).collect();
-                for &i in &keep {
-                    skip.mark(b.ids()[i]);
-                }
+                let keep: Vec<usize> = (0..b.len()).filter(|&i| skip.served.insert(b.ids()[i])).collect();
                 if keep.len() == b.len() {
                     return Ok(Some(b));
                 }
@@ -302,7 +276,7 @@ impl Reader {
                 if s.epoch == skip.epoch {
                     LoaderState {
                         epoch: s.epoch,
-                        served: skip.served,
+                        served: skip.served.len(),
                     }
                 } else {
                     s
@@ -333,7 +307,7 @@ impl Reader {
             Kind::Node(n) => (n.fingerprint, None),
             Kind::Resumed(l, skip) => {
                 let bitmap = if state.epoch == skip.epoch {
-                    self.bitmap_at(state, skip.epoch, &skip.bitmap)?
+                    self.bitmap_at(state, skip.epoch, &skip.served)?
                 } else {
                     None
                 };
@@ -341,7 +315,7 @@ impl Reader {
             }
             Kind::Attached(a) => {
                 let served = a.job.served();
-                (a.fingerprint, self.bitmap_at(state, served.epoch, &served.bitmap)?)
+                (a.fingerprint, self.bitmap_at(state, served.epoch, &served.ids)?)
             }
         };
         Ok(Checkpoint {
@@ -352,13 +326,13 @@ impl Reader {
     }
 
     /// The samples served at `state` (None at an epoch's start, where the
-    /// count says it all), from `bitmap`, those of `epoch` served now.
-    fn bitmap_at(&self, state: LoaderState, epoch: u64, bitmap: &[u64]) -> Result<Option<Vec<u64>>> {
+    /// count says it all), from `served`, those of `epoch` served now.
+    fn bitmap_at(&self, state: LoaderState, epoch: u64, served: &IdBits) -> Result<Option<IdBits>> {
         if state.served == 0 {
             return Ok(None);
         }
         if state == self.state() && epoch == state.epoch {
-            return Ok(Some(bitmap.to_vec()));
+            return Ok(Some(served.clone()));
         }
         let inside = self.recent.iter().position(|l| {
             l.before.epoch == state.epoch
@@ -370,17 +344,12 @@ impl Reader {
                 "{served} samples of epoch {epoch} is not where this job is nor inside its last batches: a job attached to a cache saves its served samples as they are now (or within its last batches), not at an earlier count"
             )));
         };
-        let mut words = if epoch == state.epoch {
-            bitmap.to_vec()
+        let mut ids = if epoch == state.epoch {
+            served.clone()
         } else {
             // The last batch ended the epoch (an attached job moves on at
             // once): every sample of it was served.
-            let n = self.dataset().index.samples();
-            let mut all = vec![u64::MAX; n.div_ceil(64) as usize];
-            if let Some(w) = all.last_mut().filter(|_| !n.is_multiple_of(64)) {
-                *w = (1 << (n % 64)) - 1;
-            }
-            all
+            IdBits::full(self.dataset().index.samples())
         };
         // Not served at `state`: the rest of its batch and the later
         // batches of its epoch.
@@ -394,12 +363,10 @@ impl Reader {
                 0
             };
             for &id in &later.ids[kept..] {
-                if let Some(w) = words.get_mut(id as usize / 64) {
-                    *w &= !(1 << (id % 64));
-                }
+                ids.remove(id);
             }
         }
-        Ok(Some(words))
+        Ok(Some(ids))
     }
 
     /// Samples served per epoch.

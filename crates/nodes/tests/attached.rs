@@ -39,18 +39,31 @@ fn the_cache_key_makes_a_reader_attach() {
     for &id in first.ids() {
         want[id as usize / 64] |= 1 << (id % 64);
     }
-    assert_eq!(mid.bitmap, Some(want), "the samples served");
+    assert_eq!(
+        mid.bitmap.as_ref().map(|b| b.words().to_vec()),
+        Some(want),
+        "the samples served"
+    );
     assert_eq!(mid.to_bytes().len(), Checkpoint::len_with_bitmap(300));
     assert_eq!(r.checkpoint_len(), Checkpoint::len_with_bitmap(300));
     let mut ids: Vec<u64> = first.ids().to_vec();
+    let mut last = Vec::new();
     while let Some(b) = r.next_batch().expect("batch") {
         ids.extend(b.ids());
+        last = b.ids().to_vec();
     }
     ids.sort_unstable();
     assert_eq!(ids, (0..300).collect::<Vec<_>>(), "each sample once");
     let end = r.checkpoint().expect("at the epoch's end");
     assert_eq!(end.state, LoaderState { epoch: 1, served: 0 });
     assert_eq!(end.bitmap, None, "a count is the whole state at an epoch's start");
+    // Inside the batch that ended the epoch (samples 288..300): every
+    // sample but the rest of that batch.
+    let inside = r.checkpoint_at(LoaderState { epoch: 0, served: 290 }).expect("inside");
+    let bits = inside.bitmap.expect("mid-epoch: a bitmap");
+    assert_eq!((last.len(), bits.len()), (12, 290));
+    assert!(last[..2].iter().all(|&id| bits.contains(id)), "{last:?}");
+    assert!(last[2..].iter().all(|&id| !bits.contains(id)), "{last:?}");
     let e = Reader::open(&path, &cfg, Resume::At(LoaderState { epoch: 0, served: 5 }))
         .err()
         .expect("a count is not enough")

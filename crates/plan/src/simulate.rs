@@ -10,6 +10,7 @@ use crate::order::OrderMeter;
 use crate::{Event, Geometry, PlanConfig, Planner, Policy, Residency, Start};
 use brand_format::error::{Error, Result};
 use brand_format::extents::{ReadGap, extents};
+use brand_format::ids::IdBits;
 use brand_format::index::Index;
 
 /// What to simulate besides the plan config.
@@ -107,7 +108,7 @@ const MAX_BITMAP_BYTES: u128 = 1 << 30;
 /// One bitmap of `n` bits per rank. They grow as `world × n`, and more ranks
 /// than samples would only serve padding: refused with a clear error instead
 /// of aborting on allocation.
-fn held_bitmaps(world: usize, n: usize) -> Result<Vec<Vec<u64>>> {
+fn held_bitmaps(world: usize, n: usize) -> Result<Vec<IdBits>> {
     if world > n {
         return Err(Error::config(format!(
             "world {world} is more ranks than the dataset's {n} samples: nothing to simulate but padding"
@@ -120,7 +121,7 @@ fn held_bitmaps(world: usize, n: usize) -> Result<Vec<Vec<u64>>> {
             "simulating {world} ranks of {n} samples needs {bytes} bytes of bitmaps (at most {MAX_BITMAP_BYTES}): use fewer ranks"
         )));
     }
-    Ok(vec![vec![0; words]; world])
+    Ok(vec![IdBits::new(n as u64); world])
 }
 
 /// Plans `options.epochs` epochs of every rank of `config.world` (the
@@ -180,11 +181,9 @@ pub fn simulate_with(index: &Index, config: &PlanConfig, options: &SimOptions) -
                         r.bytes_sparse += sparse_bytes(index, chunk, mask);
                         let first = chunk * geo.chunk_size as u64;
                         for_each_bit(mask, |j| {
-                            let id = (first + j as u64) as usize;
-                            if held[id / 64] & (1 << (id % 64)) != 0 {
+                            if !held.insert(first + j as u64) {
                                 r.reads_cover_serves = false;
                             }
-                            held[id / 64] |= 1 << (id % 64);
                         });
                     }
                     Event::Serve {
@@ -197,11 +196,11 @@ pub fn simulate_with(index: &Index, config: &PlanConfig, options: &SimOptions) -
                         let id = sample as usize;
                         r.requests += 1;
                         r.useful_bytes += index.stored_len[id] as u64;
-                        if held[id / 64] & (1 << (id % 64)) == 0 {
+                        if !held.contains(sample) {
                             r.reads_cover_serves = false;
                         }
                         if frees {
-                            held[id / 64] &= !(1 << (id % 64));
+                            held.remove(sample);
                         }
                         if padding {
                             r.padding += 1;
