@@ -300,7 +300,8 @@ typedef struct brand_metrics {
    */
   uint64_t samples_local;
   /**
-   * Samples other nodes pushed to this one, and their bytes.
+   * Samples served here that another node read and pushed, and their
+   * bytes (what came for an epoch this node never reached is not counted).
    */
   uint64_t samples_received;
   uint64_t bytes_received;

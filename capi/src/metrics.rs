@@ -78,7 +78,8 @@ pub struct brand_metrics {
     pub node_rank: u32,
     /// Samples served that this node read itself (never crossed the network).
     pub samples_local: u64,
-    /// Samples other nodes pushed to this one, and their bytes.
+    /// Samples served here that another node read and pushed, and their
+    /// bytes (what came for an epoch this node never reached is not counted).
     pub samples_received: u64,
     pub bytes_received: u64,
     /// Samples this node pushed to other nodes, and their bytes.
