@@ -459,7 +459,9 @@ impl RingLoop {
         // as long as the loop, which waits for this read to complete before
         // it ends (finish_wake) or leaks the box (fail_all); the eventfd is
         // held by `wake`, as long.
-        self.push(&sqe);
+        if let Err(e) = unsafe { self.push(&sqe) } {
+            tracing::error!("io_uring: queueing the wake read failed ({e}); new jobs may wait for a completion");
+        }
     }
 
     /// Before the loop ends: completes the wake read (a count of its own)
@@ -485,17 +487,21 @@ impl RingLoop {
     }
 
     /// Pushes `sqe`, submitting first if the queue is full (it holds twice
-    /// the reads in flight, so only after many resubmissions).
-    fn push(&mut self, sqe: &squeue::Entry) {
+    /// the reads in flight, so only after many resubmissions); the error if
+    /// submitting fails for good (the entry is then not queued).
+    ///
+    /// # Safety
+    /// The entry's buffer and file must stay valid, and the buffer unused,
+    /// until its completion is reaped.
+    unsafe fn push(&mut self, sqe: &squeue::Entry) -> std::io::Result<()> {
         loop {
-            // SAFETY: every caller keeps the entry's buffer and file alive
-            // until its completion is reaped (see the callers).
+            // SAFETY: passed on to the caller (see above).
             if unsafe { self.ring.submission().push(sqe) }.is_ok() {
-                return;
+                return Ok(());
             }
             if let Err(e) = self.ring.submit() {
                 if !transient_enter_error(&e) {
-                    tracing::error!("io_uring: submitting failed: {e}");
+                    return Err(e);
                 }
             }
         }
@@ -548,6 +554,7 @@ impl RingLoop {
             Err(e) => return self.finish(i, Err(e)),
         };
         let fd = types::Fd(file.as_raw_fd());
+        let segment = slot.ext.segment;
         slot.file = Some(file);
         let (from, to) = (slot.done, slot.ext.len as usize);
         let pos = slot.ext.offset + from as u64;
@@ -576,10 +583,13 @@ impl RingLoop {
             _ => opcode::Read::new(fd, at, len).offset(pos).build(),
         }
         .user_data(i as u64);
-        // SAFETY (for push): the buffer is owned by slot i (or the fixed
-        // table, slot i holding its index) and the file by slot i until
-        // this read's completion is reaped; the allocation never moves.
-        self.push(&sqe);
+        // SAFETY: the buffer is owned by slot i (or the fixed table, slot i
+        // holding its index) and the file by slot i until this read's
+        // completion is reaped; the allocation never moves.
+        if let Err(e) = unsafe { self.push(&sqe) } {
+            let error = Error::io(self.shared.ds.segment_path(segment), e);
+            self.finish(i, Err(error));
+        }
     }
 
     /// Reaps the completions there are; whether there were any.
