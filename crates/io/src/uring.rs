@@ -162,6 +162,16 @@ impl Wake {
         })
     }
 
+    /// Wakes the loop if it said it sleeps; called after handing it something.
+    fn if_asleep(&self) {
+        // Pairs with the loop's fence between saying it sleeps and looking
+        // at its channels: either it sees what was sent, or this sees it asleep.
+        fence(Ordering::SeqCst);
+        if self.sleeping.load(Ordering::Relaxed) && self.sleeping.swap(false, Ordering::Relaxed) {
+            self.ring();
+        }
+    }
+
     /// Adds one to the eventfd's count, completing the loop's read on it.
     fn ring(&self) {
         let one: u64 = 1;
@@ -188,12 +198,7 @@ impl RingSender {
         if jobs.send(job).is_err() {
             return false;
         }
-        // Pairs with the loop's fence between saying it sleeps and looking
-        // at the channel: either it sees this job, or this sees it asleep.
-        fence(Ordering::SeqCst);
-        if self.wake.sleeping.load(Ordering::Relaxed) && self.wake.sleeping.swap(false, Ordering::Relaxed) {
-            self.wake.ring();
-        }
+        self.wake.if_asleep();
         true
     }
 }
@@ -269,6 +274,7 @@ struct DecodeTask {
     verify: bool,
     done: crossbeam_channel::Sender<Completion>,
     back: crossbeam_channel::Sender<PageBuf>,
+    wake: Arc<Wake>,
 }
 
 impl DecodeTask {
@@ -282,7 +288,10 @@ impl DecodeTask {
             result: Ok(out),
         });
         // The ring may have stopped: the buffer is then freed here.
-        let _ = self.back.send(self.buf);
+        if self.back.send(self.buf).is_ok() {
+            // The buffer frees a read slot (see RingLoop::lent).
+            self.wake.if_asleep();
+        }
     }
 }
 
@@ -340,6 +349,10 @@ struct RingLoop {
     /// Reads in flight by user_data; `free_slots` lists the empty ones.
     slots: Vec<Option<Slot>>,
     free_slots: Vec<usize>,
+    /// Read buffers on the decode pool: each holds back a slot, so reads
+    /// in flight and records waiting to decode stay within the queue depth
+    /// (and the pool within its size).
+    lent: usize,
     decode: Option<Decode>,
     /// Completions reaped, reused between batches.
     reaped: Vec<(u64, i32)>,
@@ -380,6 +393,7 @@ impl RingLoop {
             fixed,
             slots: (0..depth).map(|_| None).collect(),
             free_slots: (0..depth).rev().collect(),
+            lent: 0,
             decode,
             reaped: Vec::with_capacity(2 * depth + 1),
         }
@@ -397,9 +411,10 @@ impl RingLoop {
             if let Some(d) = &self.decode {
                 for buf in d.back_rx.try_iter() {
                     self.pool.give_back(buf);
+                    self.lent = self.lent.saturating_sub(1);
                 }
             }
-            while !closed && !self.free_slots.is_empty() {
+            while !closed && self.free_slots.len() > self.lent {
                 match self.jobs.try_recv() {
                     Ok(job) => {
                         self.start(job);
@@ -425,12 +440,14 @@ impl RingLoop {
             if progress {
                 continue;
             }
-            // Nothing to do: sleep until a read completes or a job arrives.
-            let accepting = !closed && !self.free_slots.is_empty();
-            if accepting {
+            // Nothing to do: sleep until a read completes, a job arrives
+            // (if one can start) or a lent buffer comes back.
+            let accepting = !closed && self.free_slots.len() > self.lent;
+            if accepting || self.lent > 0 {
                 self.wake.sleeping.store(true, Ordering::Relaxed);
                 fence(Ordering::SeqCst);
-                if !self.jobs.is_empty() {
+                let returned = self.decode.as_ref().is_some_and(|d| !d.back_rx.is_empty());
+                if returned || (accepting && !self.jobs.is_empty()) {
                     self.wake.sleeping.store(false, Ordering::Relaxed);
                     continue;
                 }
@@ -682,7 +699,9 @@ impl RingLoop {
                             verify,
                             done: self.shared.done.clone(),
                             back: d.back_tx.clone(),
+                            wake: self.wake.clone(),
                         };
+                        self.lent += 1;
                         // No decode thread left: decode here.
                         if let Err(crossbeam_channel::SendError(task)) = d.tasks.send(task) {
                             task.run();
