@@ -427,12 +427,11 @@ impl RingLoop {
             if closed && self.in_flight() == 0 {
                 break;
             }
-            if progress {
-                if let Err(e) = self.ring.submit() {
-                    if !transient_enter_error(&e) {
-                        return self.fail_all(e);
-                    }
-                }
+            if progress
+                && let Err(e) = self.ring.submit()
+                && !transient_enter_error(&e)
+            {
+                return self.fail_all(e);
             }
             if self.reap() {
                 continue;
@@ -454,10 +453,10 @@ impl RingLoop {
             }
             let waited = self.ring.submit_and_wait(1);
             self.wake.sleeping.store(false, Ordering::Relaxed);
-            if let Err(e) = waited {
-                if !transient_enter_error(&e) {
-                    return self.fail_all(e);
-                }
+            if let Err(e) = waited
+                && !transient_enter_error(&e)
+            {
+                return self.fail_all(e);
             }
         }
         self.finish_wake();
@@ -493,12 +492,12 @@ impl RingLoop {
             if woke {
                 return;
             }
-            if let Err(e) = self.ring.submit_and_wait(1) {
-                if !transient_enter_error(&e) {
-                    tracing::error!("io_uring: waiting for the wake read failed ({e}); leaking its buffer");
-                    std::mem::forget(std::mem::take(&mut self.wake_count));
-                    return;
-                }
+            if let Err(e) = self.ring.submit_and_wait(1)
+                && !transient_enter_error(&e)
+            {
+                tracing::error!("io_uring: waiting for the wake read failed ({e}); leaking its buffer");
+                std::mem::forget(std::mem::take(&mut self.wake_count));
+                return;
             }
         }
     }
@@ -516,10 +515,10 @@ impl RingLoop {
             if unsafe { self.ring.submission().push(sqe) }.is_ok() {
                 return Ok(());
             }
-            if let Err(e) = self.ring.submit() {
-                if !transient_enter_error(&e) {
-                    return Err(e);
-                }
+            if let Err(e) = self.ring.submit()
+                && !transient_enter_error(&e)
+            {
+                return Err(e);
             }
         }
     }
