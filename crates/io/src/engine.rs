@@ -5,13 +5,13 @@
 //! is the front callers use; the backends share only the vocabulary
 //! modules (`job`, `read`, `files`, `pool`), never this one.
 //!
-//! * [`IoBackend::Uring`]: `tokio-uring` reactors (up to two rings, jobs
-//!   round-robin), each on its own thread. A reactor checks the
+//! * [`IoBackend::Uring`]: plain io_uring loops (up to two rings, jobs
+//!   round-robin), each on its own thread. A loop checks the
 //!   uncompressed records it read itself (their bytes are in its cache);
 //!   compressed ones are checked and decompressed by a small pool
-//!   (`decode_threads`, by default the cores the reactors leave: see
+//!   (`decode_threads`, by default the cores the ring loops leave: see
 //!   [`default_decode_threads`]), so decompression does not hold up the
-//!   reactors where there are cores to spare.
+//!   loops where there are cores to spare.
 //! * [`IoBackend::Threads`]: `queue_depth` threads doing `pread` (portable:
 //!   works where io_uring is refused by seccomp, gVisor or
 //!   `kernel.io_uring_disabled`); each thread decodes what it read.

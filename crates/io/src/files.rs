@@ -15,7 +15,7 @@ use crate::job::EngineStats;
 
 /// The open segment files of one reader, by segment number, as handles of
 /// type `H` (what the backend reads through: `Arc<std::fs::File>` for
-/// threads, `Rc<tokio_uring::fs::File>` for a ring). Not locked: the
+/// threads, `Rc<std::fs::File>` for a ring). Not locked: the
 /// backend puts it behind what its readers need (a mutex shared by reader
 /// threads, a `RefCell` on a ring's own thread).
 pub(crate) struct FileCache<H> {

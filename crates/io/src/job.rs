@@ -62,7 +62,7 @@ pub(crate) struct Shared {
 
 pub(crate) enum JobSender {
     /// One sender per ring; jobs go round-robin.
-    Uring(Vec<tokio::sync::mpsc::UnboundedSender<Job>>, AtomicUsize),
+    Uring(Vec<crate::uring::RingSender>, AtomicUsize),
     Threads(crossbeam_channel::Sender<Job>),
 }
 
@@ -72,7 +72,7 @@ impl JobSender {
         match self {
             JobSender::Uring(rings, next) => {
                 let i = next.fetch_add(1, Ordering::Relaxed) % rings.len();
-                rings[i].send(job).is_ok()
+                rings[i].send(job)
             }
             JobSender::Threads(jobs) => jobs.send(job).is_ok(),
         }

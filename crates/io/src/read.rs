@@ -34,7 +34,7 @@ pub(crate) struct ReadLoop<'a> {
     pub ext: &'a Extent,
     pub done: usize,
     pub direct: bool,
-    transient: u32,
+    pub transient: u32,
 }
 
 impl<'a> ReadLoop<'a> {
