@@ -152,14 +152,14 @@ pub struct EngineConfig {
     pub fixed_buffer_bytes: u64,
     pub backend: IoBackend,
     /// Threads that verify and decompress compressed records read by
-    /// io_uring (0: the reactor that read them does; uncompressed ones it
+    /// io_uring (0: the ring loop that read them does; uncompressed ones it
     /// always checks itself; the threads backend decodes on its reader
     /// threads). Default: [`default_decode_threads`].
     pub decode_threads: usize,
     /// How long dropping the [`Engine`](crate::engine::Engine) waits for
     /// reads still in flight before it leaves them to finish on their own.
     pub io_timeout: Duration,
-    /// Most io_uring rings (each a reactor thread), at most one per core
+    /// Most io_uring rings (each a loop on its own thread), at most one per core
     /// and per read in flight. Default [`RINGS`].
     pub rings: usize,
     /// Let a kernel thread poll each ring's submissions (SQPOLL), so that
@@ -185,7 +185,7 @@ impl Default for EngineConfig {
 /// [`MERGED_READ_BYTES`]: brand_format::extents::MERGED_READ_BYTES
 pub const FIXED_BUF_BYTES: usize = brand_format::extents::MERGED_READ_BYTES as usize;
 
-/// Most rings (each a reactor thread) the io_uring backend spreads reads
+/// Most rings (each a loop on its own thread) the io_uring backend spreads reads
 /// over, one per core at most. Why more than one: where the device is
 /// memory (tmpfs, the page cache) the kernel copies each read on the thread
 /// that submits it, and one thread's copies were the bottleneck (tmpfs, 2
@@ -197,11 +197,11 @@ pub const RINGS: usize = 2;
 /// fast NVMe drive reads it (~1.7 GB/s of stored bytes per core here).
 const MAX_DEFAULT_DECODE_THREADS: usize = 8;
 
-/// The decode pool's default size: the cores the io_uring reactors leave
-/// (one reactor per core, at most two), at most 8. Where no core is
-/// left (2 cores, as on this project's machine) it is 0 and the reactors
+/// The decode pool's default size: the cores the io_uring ring loops leave
+/// (one loop per core, at most two), at most 8. Where no core is
+/// left (2 cores, as on this project's machine) it is 0 and the ring loops
 /// decompress what they read: there a pool only adds a hand-off per read
-/// and competes with the reactors for the same cores (zstd, direct policy,
+/// and competes with the ring loops for the same cores (zstd, direct policy,
 /// tmpfs, 7 interleaved rounds: 0 threads took 0.86x the CPU per byte of 2
 /// and read 1.15x the bytes/s).
 pub fn default_decode_threads() -> usize {
