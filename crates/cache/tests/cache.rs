@@ -204,31 +204,20 @@ fn a_job_of_another_dataset_is_refused_naming_what_differs() {
     let _c = cache(&s.ds, &s.socket, Memory::Percent(25.0));
     let t2 = tempfile::tempdir().expect("tmp");
     let other = Arc::new(Dataset::open(small_dataset(t2.path(), 300).expect("pack")).expect("open"));
-    let e = Attached::open(
-        other,
-        &job_cfg(0),
-        &s.socket,
-        Served {
+    // Attaching `ds` with 300 samples marked served: the refusal's text.
+    let refusal = |ds: Arc<Dataset>| {
+        let served = Served {
             epoch: 0,
             ids: IdBits::new(300),
-        },
-    )
-    .err()
-    .expect("refused")
-    .to_string();
+        };
+        Attached::open(ds, &job_cfg(0), &s.socket, served)
+            .err()
+            .expect("refused")
+            .to_string()
+    };
+    let e = refusal(other);
     assert!(e.contains("another dataset") && e.contains("samples 300"), "{e}");
-    let e = Attached::open(
-        s.ds.clone(),
-        &job_cfg(0),
-        &s.socket,
-        Served {
-            epoch: 0,
-            ids: IdBits::new(300),
-        },
-    )
-    .err()
-    .expect("refused")
-    .to_string();
+    let e = refusal(s.ds.clone());
     assert!(e.contains("of a dataset of 300 samples, this one has 600"), "{e}");
     let mode = std::fs::metadata(&s.socket).expect("socket").permissions();
     assert_eq!(
