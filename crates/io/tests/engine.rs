@@ -96,6 +96,42 @@ fn engine_works_on_tmpfs() {
     eprintln!("tmpfs: O_DIRECT fallback used: {fallback}");
 }
 
+/// A job submitted while the ring loop sleeps (its reads all done) must
+/// wake it: a lost wake fails here in seconds instead of hanging a reader.
+#[test]
+fn a_job_submitted_to_an_idle_ring_is_read() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let ds = Arc::new(make_dataset(t.path(), 100));
+    let engine = Engine::start(ds.clone(), EngineConfig::default()).expect("engine");
+    assert_eq!(
+        engine.backend(),
+        brand_io::IoBackend::Uring,
+        "io_uring is available here"
+    );
+    for round in 0..30u64 {
+        let chunk = round % ds.index.chunk_count();
+        let jobs = extents(&ds.index, chunk, u64::MAX, ReadGap::Whole);
+        for e in &jobs {
+            engine
+                .submit(Job {
+                    tag: chunk,
+                    extent: e.clone(),
+                })
+                .expect("submit");
+        }
+        for _ in &jobs {
+            let done = engine
+                .recv_timeout(std::time::Duration::from_secs(20))
+                .expect("completion")
+                .unwrap_or_else(|| panic!("round {round}: a job submitted to an idle ring was not read in 20 s"));
+            assert_eq!(done.tag, chunk);
+            done.result.expect("read ok");
+        }
+        // Long enough for the loop to find nothing to do and sleep.
+        std::thread::sleep(std::time::Duration::from_millis(1 + round % 5));
+    }
+}
+
 #[test]
 fn a_corrupt_record_is_a_named_error() {
     let t = tempfile::tempdir().expect("tempdir");
