@@ -18,15 +18,19 @@ fn make_dataset(root: &Path, samples: u64) -> Dataset {
 /// Reads every chunk through the engine with `gap` and a mask that selects
 /// some records; returns (samples checked, bytes read).
 fn read_all(ds: Arc<Dataset>, gap: ReadGap, queue_depth: usize, fixed_buffers: bool) -> (u64, u64, bool) {
-    let engine = Engine::start(
-        ds.clone(),
-        EngineConfig {
-            queue_depth,
-            fixed_buffers,
-            ..Default::default()
-        },
-    )
-    .expect("engine");
+    let cfg = EngineConfig {
+        queue_depth,
+        fixed_buffers,
+        ..Default::default()
+    };
+    let (checked, bytes, fallback, _) = read_all_with(ds, gap, cfg);
+    (checked, bytes, fallback)
+}
+
+/// [`read_all`] with any engine settings; also gives the backend used.
+fn read_all_with(ds: Arc<Dataset>, gap: ReadGap, cfg: EngineConfig) -> (u64, u64, bool, brand_io::IoBackend) {
+    let fixed_buffers = cfg.fixed_buffers;
+    let engine = Engine::start(ds.clone(), cfg).expect("engine");
     // Root may lock the registered memory; elsewhere registration may be refused (and falls back).
     // SAFETY: geteuid has no preconditions.
     if fixed_buffers && unsafe { libc::geteuid() } == 0 {
@@ -59,7 +63,7 @@ fn read_all(ds: Arc<Dataset>, gap: ReadGap, queue_depth: usize, fixed_buffers: b
             checked += 1;
         }
     }
-    (checked, bytes, engine.buffered_fallback())
+    (checked, bytes, engine.buffered_fallback(), engine.backend())
 }
 
 #[test]
@@ -82,6 +86,26 @@ fn engine_reads_match_buffered_reads_whole_and_sparse() {
     assert!(b_sparse <= b_merged && b_merged <= b_whole);
 }
 
+/// With SQPOLL the kernel's thread submits for the loop, which then only
+/// wakes it when it idled: the records are the same.
+#[test]
+fn sqpoll_rings_read_the_same_records() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let ds = Arc::new(make_dataset(t.path(), 300));
+    let plain = read_all(ds.clone(), ReadGap::Bytes(0), 8, true);
+    for fixed_buffers in [true, false] {
+        let cfg = EngineConfig {
+            queue_depth: 8,
+            fixed_buffers,
+            sqpoll: true,
+            ..Default::default()
+        };
+        let (checked, bytes, _, backend) = read_all_with(ds.clone(), ReadGap::Bytes(0), cfg);
+        assert_eq!(backend, brand_io::IoBackend::Uring);
+        assert_eq!((checked, bytes), (plain.0, plain.1), "fixed buffers {fixed_buffers}");
+    }
+}
+
 #[test]
 fn engine_works_on_tmpfs() {
     let shm = Path::new("/dev/shm");
@@ -97,38 +121,48 @@ fn engine_works_on_tmpfs() {
 }
 
 /// A job submitted while the ring loop sleeps (its reads all done) must
-/// wake it: a lost wake fails here in seconds instead of hanging a reader.
+/// wake it, with or without SQPOLL (whose kernel thread also sleeps after
+/// 50 ms idle): a lost wake fails here in seconds instead of hanging a reader.
 #[test]
 fn a_job_submitted_to_an_idle_ring_is_read() {
     let t = tempfile::tempdir().expect("tempdir");
     let ds = Arc::new(make_dataset(t.path(), 100));
-    let engine = Engine::start(ds.clone(), EngineConfig::default()).expect("engine");
-    assert_eq!(
-        engine.backend(),
-        brand_io::IoBackend::Uring,
-        "io_uring is available here"
-    );
-    for round in 0..30u64 {
-        let chunk = round % ds.index.chunk_count();
-        let jobs = extents(&ds.index, chunk, u64::MAX, ReadGap::Whole);
-        for e in &jobs {
-            engine
-                .submit(Job {
+    for sqpoll in [false, true] {
+        let cfg = EngineConfig {
+            sqpoll,
+            ..Default::default()
+        };
+        let engine = Engine::start(ds.clone(), cfg).expect("engine");
+        assert_eq!(
+            engine.backend(),
+            brand_io::IoBackend::Uring,
+            "io_uring is available here"
+        );
+        for round in 0..30u64 {
+            let chunk = round % ds.index.chunk_count();
+            let jobs = extents(&ds.index, chunk, u64::MAX, ReadGap::Whole);
+            for e in &jobs {
+                let job = Job {
                     tag: chunk,
                     extent: e.clone(),
-                })
-                .expect("submit");
+                };
+                engine.submit(job).expect("submit");
+            }
+            for _ in &jobs {
+                let done = engine
+                    .recv_timeout(std::time::Duration::from_secs(20))
+                    .expect("completion")
+                    .unwrap_or_else(|| {
+                        panic!("sqpoll {sqpoll}, round {round}: a job for an idle ring not read in 20 s")
+                    });
+                assert_eq!(done.tag, chunk);
+                done.result.expect("read ok");
+            }
+            // Long enough for the loop to find nothing to do and sleep
+            // (every tenth round, for SQPOLL's thread to sleep too).
+            let idle_ms = if round % 10 == 9 { 60 } else { 1 + round % 5 };
+            std::thread::sleep(std::time::Duration::from_millis(idle_ms));
         }
-        for _ in &jobs {
-            let done = engine
-                .recv_timeout(std::time::Duration::from_secs(20))
-                .expect("completion")
-                .unwrap_or_else(|| panic!("round {round}: a job submitted to an idle ring was not read in 20 s"));
-            assert_eq!(done.tag, chunk);
-            done.result.expect("read ok");
-        }
-        // Long enough for the loop to find nothing to do and sleep.
-        std::thread::sleep(std::time::Duration::from_millis(1 + round % 5));
     }
 }
 
