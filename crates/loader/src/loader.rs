@@ -55,8 +55,6 @@ pub struct Loader {
     /// Samples whose record could not be read or decoded: the error is
     /// reported when the sample is due, not when its read completes.
     bad: IdMap<Error>,
-    /// Samples whose read is in flight, with the number of such reads.
-    pending: IdMap<u32>,
     /// The plan's memory bound in decoded bytes
     /// ([`brand_plan::Geometry::rank_memory_bytes`]): read-ahead is held back
     /// while the decoded bytes held (in memory and in flight) reach it plus
@@ -170,7 +168,6 @@ impl Loader {
             ahead_bytes: 0,
             held: Held::default(),
             bad: IdMap::default(),
-            pending: IdMap::default(),
             memory_bound,
             failed: None,
             pid: std::process::id(),
@@ -279,7 +276,7 @@ impl Loader {
     /// Waits for every read in flight; their data is discarded.
     fn drain(&mut self) -> Result<()> {
         let drained = self.reads.drain();
-        self.pending.clear();
+        self.held.forget_reads();
         self.in_flight_decoded = 0;
         drained.inspect_err(|e| self.failed = Some(e.duplicate()))
     }
@@ -428,7 +425,7 @@ impl Loader {
         let ids: Vec<u64> = e.records.iter().map(|&(id, _)| id).collect();
         let decoded: u64 = ids.iter().map(|&id| self.ds.index.raw_len[id as usize] as u64).sum();
         for &id in &ids {
-            *self.pending.entry(id).or_default() += 1;
+            self.held.reading(id);
         }
         self.metrics.reads_issued += 1;
         self.reads.submit(e, ReadFor { ids, decoded })?;
@@ -442,20 +439,23 @@ impl Loader {
     /// waits for the sample to be due).
     fn accept(&mut self, read: ReadFor, c: Completion) {
         self.in_flight_decoded -= read.decoded;
-        for id in &read.ids {
-            if let Some(n) = self.pending.get_mut(id) {
-                *n -= 1;
-                if *n == 0 {
-                    self.pending.remove(id);
-                }
-            }
-        }
         match c.result {
             Ok(records) => {
+                if records.len() != read.ids.len() {
+                    // Never: the engine returns every record of the read.
+                    // Should it not, no sample stays waiting for it.
+                    tracing::error!("a read brought {} of its {} records", records.len(), read.ids.len());
+                    for &id in &read.ids {
+                        if !records.iter().any(|&(r, _)| r == id) {
+                            self.held.arrived(id, None);
+                        }
+                    }
+                }
                 for (id, r) in records {
                     match r {
-                        Ok(bytes) => self.held.hold(id, Arc::new(bytes)),
+                        Ok(bytes) => self.held.arrived(id, Some(Arc::new(bytes))),
                         Err(e) => {
+                            self.held.arrived(id, None);
                             self.bad.insert(id, e);
                         }
                     }
@@ -465,6 +465,7 @@ impl Loader {
             }
             Err(e) => {
                 for id in read.ids {
+                    self.held.arrived(id, None);
                     self.bad.insert(id, e.duplicate());
                 }
             }
@@ -556,18 +557,12 @@ impl Loader {
     /// `frees` the sample leaves memory; otherwise it stays held. A sample
     /// whose read or record failed returns that error now.
     fn wait_for(&mut self, sample: u64, frees: bool) -> Result<SampleBytes> {
-        if !self.held.contains(sample) && !self.pending.contains_key(&sample) && !self.bad.contains_key(&sample) {
-            let chunk = self.ds.index.chunk_of(sample);
-            let record = sample - chunk * self.ds.index.chunk_size() as u64;
-            for e in extents(&self.ds.index, chunk, 1 << record, ReadGap::Bytes(0)) {
-                self.metrics.bytes_read += e.len;
-                self.submit(e)?;
-            }
-            self.metrics.recovery_reads += 1;
-        }
         let mut stalled: Option<Instant> = None;
+        let mut recovering = false;
         loop {
-            if let Some(e) = self.bad.get(&sample) {
+            if !self.bad.is_empty()
+                && let Some(e) = self.bad.get(&sample)
+            {
                 return Err(e.duplicate());
             }
             let found = if frees {
@@ -580,6 +575,17 @@ impl Loader {
                     self.stalls.record(t.elapsed());
                 }
                 return Ok(bytes);
+            }
+            if !recovering && !self.held.is_reading(sample) {
+                // Neither held, bad nor on its way: read it now.
+                let chunk = self.ds.index.chunk_of(sample);
+                let record = sample - chunk * self.ds.index.chunk_size() as u64;
+                for e in extents(&self.ds.index, chunk, 1 << record, ReadGap::Bytes(0)) {
+                    self.metrics.bytes_read += e.len;
+                    self.submit(e)?;
+                }
+                self.metrics.recovery_reads += 1;
+                recovering = true;
             }
             if stalled.is_none() {
                 stalled = Some(Instant::now());
