@@ -819,3 +819,46 @@ fn io_uring_enter_refused_alone_falls_back_or_fails_at_open() {
     assert!(err.starts_with("<io_uring>: io_uring_enter"), "{err}");
     assert!(ms < 5_000, "uring failed after {ms} ms, not at open");
 }
+
+/// Reads in flight stop at two batches' worth (at least 512), whatever the
+/// bytes `readahead` allows: 2,000 records of one block each, read one by
+/// one (`direct`, gap 0) with 64 MiB of readahead and the whole dataset as
+/// memory, never have more than that many blocks in flight; a batch of
+/// 1,024 allows 2,048; every sample still comes once.
+#[test]
+fn reads_in_flight_stop_at_two_batches_whatever_the_bytes() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let options = GenOptions {
+        samples: 2000,
+        mean_bytes: 1000,
+        min_bytes: 1000,
+        max_bytes: 1000,
+        ..GenOptions::default()
+    };
+    let pack = PackOptions {
+        chunk_size: 16,
+        ..PackOptions::default()
+    };
+    let ds = Arc::new(Dataset::open(generate_and_pack(t.path(), &options, &pack).expect("pack")).expect("open"));
+    let block = brand_format::ALIGN;
+    for (batch_size, reads) in [(8usize, 512u64), (1024, 2048)] {
+        let mut c = config(Memory::Percent(100.0), 0, 1, 64 << 20);
+        c.plan.policy = Policy::Direct;
+        c.batch_size = batch_size;
+        let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
+        let ids = epoch(&mut l, &ds);
+        assert!(exactly_once(&ids, 2000));
+        let m = l.metrics();
+        assert_eq!(m.reads_issued, 2000, "one read per record: {m:?}");
+        assert!(
+            m.peak_readahead_bytes <= reads * block,
+            "batch {batch_size}: {} blocks in flight at the peak, {reads} allowed",
+            m.peak_readahead_bytes / block
+        );
+        assert!(
+            m.peak_readahead_bytes >= reads * block / 2,
+            "batch {batch_size}: read-ahead still runs far ahead: {} blocks at the peak",
+            m.peak_readahead_bytes / block
+        );
+    }
+}
