@@ -52,7 +52,8 @@ pub struct LoaderConfig {
     /// Samples per batch.
     pub batch_size: usize,
     /// Bytes of planned reads issued ahead of consumption; 0 reads only when
-    /// a read is needed.
+    /// a read is needed. Reads in flight also stop at two batches' worth
+    /// (at least 512), whatever the bytes.
     pub readahead_bytes: u64,
     pub on_corrupt: OnCorrupt,
     pub io: IoConfig,
