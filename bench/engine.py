@@ -105,12 +105,16 @@ def fio_small_cmd(segs, kib, ios):
 
 
 def fio_small(ds, kib, samples, loops=2):
-    """fio reading `samples * loops` random blocks of `kib` KiB, QD 32, O_DIRECT: IOPS and
-    CPU-seconds per I/O."""
+    """fio reading `samples * loops` random blocks of `kib` KiB, QD 32, O_DIRECT: IOPS,
+    CPU-seconds per I/O of the whole process (its start-up included), and of the job over
+    its runtime alone (fio's usr_cpu + sys_cpu: what the issue's figures used)."""
     cmd = fio_small_cmd(segments(ds), kib, samples * loops)
     out, cpu = timed(cmd)
-    j = json.loads(out)["jobs"][0]["read"]
-    return {"iops": j["iops"], "cpu_per_io": cpu / j["total_ios"]}, cmd
+    job = json.loads(out)["jobs"][0]
+    j = job["read"]
+    run_cpu = (job["usr_cpu"] + job["sys_cpu"]) / 100 * j["runtime"] / 1000
+    return {"iops": j["iops"], "cpu_per_io": cpu / j["total_ios"],
+            "cpu_per_io_run": run_cpu / j["total_ios"]}, cmd
 
 
 def brand_small(brand, ds):
@@ -124,6 +128,9 @@ def brand_small(brand, ds):
     m = [e["metrics"] for e in eps]
     r = {"sps": samples / sum(e["seconds"] for e in eps), "cpu_per_sample": cpu / samples,
          "amp": sum(x["bytes_read"] for x in m) / sum(x["bytes_served"] for x in m)}
+    if all("cpu_seconds" in e for e in eps):
+        # The epochs' own CPU (every thread), without start-up: against fio's job.
+        r["cpu_per_sample_run"] = sum(e["cpu_seconds"] for e in eps) / samples
     last = eps[-1]
     if "cpu_seconds" in last:
         r["sps2"] = last["samples"] / last["seconds"]
@@ -424,6 +431,11 @@ def main():
             if all("sps2" in b for b in br):
                 print(f"   {'':8} 2nd {fmt([b['sps2'] / f['iops'] for b, f in zip(br, fr)])} x fio IOPS,"
                       f" CPU/sample {fmt([b['cpu_per_sample2'] / f['cpu_per_io'] for b, f in zip(br, fr)])} x fio")
+            if all("cpu_per_sample_run" in b for b in br):
+                print(f"   {'':8} in-run CPU (brand's epochs; fio's job over its runtime, no start-up):"
+                      f" {fmt([b['cpu_per_sample_run'] for b in br], 1e6, ' us/sample')}"
+                      f" vs {fmt([f['cpu_per_io_run'] for f in fr], 1e6, ' us/IO')},"
+                      f" ratio {fmt([b['cpu_per_sample_run'] / f['cpu_per_io_run'] for b, f in zip(br, fr)])}")
         print(f"            {cmds[(bins[-1][0], part, kib)]}")
         print(f"            {cmds[('fio', part, kib)]}")
     print(f"\n# total {time.time() - t0:.0f}s")
