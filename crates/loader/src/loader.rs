@@ -579,9 +579,7 @@ impl Loader {
         let mut stalled: Option<Instant> = None;
         let mut recovering = false;
         loop {
-            if !self.bad.is_empty()
-                && let Some(e) = self.bad.get(&sample)
-            {
+            if let Some(e) = self.bad.get(&sample) {
                 return Err(e.duplicate());
             }
             let found = if frees {
