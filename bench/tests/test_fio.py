@@ -76,3 +76,13 @@ def test_engine_small_record_fio_reads_as_many_blocks_as_asked(tmp_path):
     assert digests(ds) == before, r.stderr
     read = json.loads(r.stdout)["jobs"][0]["read"]
     assert (read["total_ios"], read["io_bytes"]) == (300, 300 * 4096)
+
+
+@pytest.mark.skipif(shutil.which("fio") is None, reason="fio not installed (apt-get install fio)")
+def test_engine_small_record_fio_cpu_in_run_leaves_out_start_up_only(tmp_path):
+    # In-run CPU is the whole process's less a one-block run's: positive, below the
+    # whole, and (the job thread being only part of the process) at least the job's.
+    ds = segments(tmp_path)
+    f, _ = engine.fio_small(str(ds), 4, 25_000)
+    assert 0 < f["cpu_per_io_run"] < f["cpu_per_io"], f
+    assert f["cpu_per_io_run"] >= 0.8 * f["cpu_per_io_job"], f
