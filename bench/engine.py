@@ -23,9 +23,11 @@ over rounds, and same-round ratios:
   requests, not bytes, are the limit: `brand read --policy direct
   --read-gap 0` against `fio --rw=randread --bs=<sample size> --iodepth=32`
   on the same segments for as many operations: samples/s over fio's IOPS,
-  read amplification, CPU per sample over fio's CPU per I/O. Each build
-  packs its own copy (a build reads only the formats it knows), and fio
-  reads the first build's.
+  read amplification, CPU per sample over fio's CPU per I/O (fio's whole
+  process: on tmpfs an io_uring worker thread of it does the copies its own
+  usr/sys leaves out). Each build packs its own copy (a build reads only the
+  formats it knows), and fio reads the first build's. `--small-mb 800` makes
+  4 KiB the 200,000 samples of issue 26's recipe.
 
 Usage: bench/engine.py [--rounds 5] [--samples 10000] [--disk-dir /var/tmp]
                        [--parts tmpfs,boundary,rss,disk,small,small-disk] [--bin NAME=PATH ...]
@@ -80,7 +82,7 @@ def make(brand, root, name, samples, extra_gen=(), extra_pack=()):
 
 def make_small(bins, root, kib, samples):
     """Samples of exactly `kib` KiB, packed by every build: {build name: dataset}."""
-    base = os.path.join(root, f"small-{kib}k")
+    base = os.path.join(root, f"small-{kib}k-{samples}")
     done = os.path.join(base, ".done")
     out = {bn: os.path.join(base, "ds-" + bn) for bn, _ in bins}
     if os.path.exists(done) and all(os.path.isdir(d) for d in out.values()):
