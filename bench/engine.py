@@ -26,12 +26,13 @@ over rounds, and same-round ratios:
   read amplification, CPU per sample over fio's CPU per I/O (fio's whole
   process: on tmpfs an io_uring worker thread of it does the copies its own
   usr/sys leaves out). Each build packs its own copy (a build reads only the
-  formats it knows), and fio reads the first build's. `--small-mb 800` makes
-  4 KiB the 200,000 samples of issue 26's recipe.
+  formats it knows), and fio reads the first build's. Issue 26's recipe
+  (200,000 x 4 KiB, one epoch): `--parts small --small-mb 800 --small-kib 4
+  --small-epochs 1`.
 
 Usage: bench/engine.py [--rounds 5] [--samples 10000] [--disk-dir /var/tmp]
                        [--parts tmpfs,boundary,rss,disk,small,small-disk] [--bin NAME=PATH ...]
-                       [--small-mb 400]
+                       [--small-mb 400] [--small-kib 1,4,16] [--small-epochs 2]
 Needs fio and zstd (apt-get install -y fio zstd) and a release build (cargo build --release
 -p brand-cli); BRAND_BIN overrides the binary. `--bin` (repeatable) runs
 several builds interleaved in the same rounds (e.g. before/after a change:
@@ -125,10 +126,10 @@ def fio_small(ds, kib, samples, loops=2):
             "cpu_per_io_job": job_cpu / j["total_ios"]}, cmd
 
 
-def brand_small(brand, ds):
-    """Two epochs of `direct` at read gap 0: samples/s, read amplification and CPU per
-    sample of the whole run and of the second epoch."""
-    cmd = [brand, "read", ds, "--json", "--epochs", "2", "--policy", "direct", "--read-gap", "0"]
+def brand_small(brand, ds, epochs=2):
+    """`epochs` epochs of `direct` at read gap 0: samples/s, read amplification and CPU per
+    sample of the whole run and (with two or more) of the last epoch."""
+    cmd = [brand, "read", ds, "--json", "--epochs", str(epochs), "--policy", "direct", "--read-gap", "0"]
     out, cpu = timed(cmd)
     eps = json.loads(out)
     assert all(e["exactly_once"] for e in eps), "not exactly once"
@@ -140,7 +141,7 @@ def brand_small(brand, ds):
         # The epochs' own CPU (every thread), without start-up: against fio's job.
         r["cpu_per_sample_run"] = sum(e["cpu_seconds"] for e in eps) / samples
     last = eps[-1]
-    if "cpu_seconds" in last:
+    if len(eps) > 1 and "cpu_seconds" in last:
         r["sps2"] = last["samples"] / last["seconds"]
         r["cpu_per_sample2"] = last["cpu_seconds"] / last["samples"]
     return r, cmd
@@ -233,6 +234,10 @@ def main():
     ap.add_argument("--parts", default=",".join(PARTS), help="comma-separated: " + ", ".join(PARTS))
     ap.add_argument("--small-mb", type=int, default=400,
                     help="bytes of samples (MB) in each small-record dataset")
+    ap.add_argument("--small-kib", default="1,4,16",
+                    help="sample sizes (KiB, comma-separated) of the small-record parts: 1, 4, 16")
+    ap.add_argument("--small-epochs", type=int, default=2,
+                    help="epochs brand reads each small-record dataset (fio as many passes)")
     ap.add_argument("--bin", action="append", default=[], metavar="NAME=PATH",
                     help="a brand binary to measure (repeatable; interleaved in each round)")
     args = ap.parse_args()
@@ -267,6 +272,8 @@ def main():
                        ("small-disk", os.path.join(os.path.dirname(args.disk_dir), "brand-engine-bench-small"))]:
         if part in parts:
             for kib, per_400 in SMALL:
+                if str(kib) not in args.small_kib.split(","):
+                    continue
                 count = per_400 * args.small_mb // 400
                 small_sets[(part, kib)] = (make_small(bins, root, kib, count), count)
     print(f"datasets ready in {time.time() - t0:.0f}s", file=sys.stderr)
@@ -340,10 +347,10 @@ def main():
                                           extra=("--memory", "256MiB", "--readahead", "64MiB", *extra))
                         add((bn, "rss", dsn, consumer), b, c)
         for (part, kib), (dss, count) in small_sets.items():
-            f, c = fio_small(dss[bins[0][0]], kib, count)
+            f, c = fio_small(dss[bins[0][0]], kib, count, loops=args.small_epochs)
             add(("fio", part, kib), f, c)
             for bn, _bp in bins:
-                b, c = brand_small(dict(bins)[bn], dss[bn])
+                b, c = brand_small(dict(bins)[bn], dss[bn], epochs=args.small_epochs)
                 add((bn, part, kib), b, c)
         print(f"round {rnd + 1}/{args.rounds} done at {time.time() - t0:.0f}s", file=sys.stderr)
 
@@ -424,7 +431,7 @@ def main():
                           f"peak resident {fmt(res_peak, 2**-20, ' MiB')}  read buffers {fmt(buf_peak, 2**-20, ' MiB')}")
             print(f"            {cmds[(bn, 'rss', 'skew', 'compute')]}")
     if small_sets:
-        print("\n## small records: direct, read gap 0, 2 epochs, vs fio randread at the sample size, QD 32")
+        print(f"\n## small records: direct, read gap 0, {args.small_epochs} epoch(s), vs fio randread at the sample size, QD 32")
         print("   ratios per round: samples/s over fio IOPS, brand CPU per sample over fio CPU per I/O;"
               " amp = bytes read / bytes served; 2nd = second epoch only")
     for (part, kib), (dss, count) in small_sets.items():
