@@ -1078,7 +1078,7 @@ impl State {
     /// Takes a finished read in: each record into the shared memory.
     fn accept(&mut self, sh: &Shared, ids: Vec<u32>, c: Completion) {
         let ds = &sh.ds;
-        self.report.bytes_read += c.bytes_read;
+        self.report.bytes_read += c.extent.len;
         self.progress += 1;
         for &id in &ids {
             self.reserved -= footprint(ds.index.raw_len[id as usize] as u64);

@@ -261,7 +261,7 @@ fn sweep_point(engine: &Engine, segments: &[u64], qd: usize, bs: u64, seconds: f
         in_flight -= 1;
         done.result?;
         reads += 1;
-        bytes += done.bytes_read;
+        bytes += done.extent.len;
         if start.elapsed() < deadline {
             engine.submit(next_job(tag))?;
             (tag, in_flight) = (tag + 1, in_flight + 1);

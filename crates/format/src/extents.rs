@@ -53,6 +53,15 @@ pub struct Extent {
 /// The extents that read the records of `chunk` selected by `mask` (bit j =
 /// record j). Records outside the chunk's record count are ignored.
 pub fn extents(index: &Index, chunk: u64, mask: u64, gap: ReadGap) -> Vec<Extent> {
+    let mut out = Vec::new();
+    extents_into(index, chunk, mask, gap, &mut out);
+    out
+}
+
+/// [`extents`], appended to `out`: a caller issuing one read after another
+/// reuses one vector (a 4 KiB sample's read is one extent, and its vector
+/// was an allocation of its own).
+pub fn extents_into(index: &Index, chunk: u64, mask: u64, gap: ReadGap, out: &mut Vec<Extent>) {
     let loc = index.chunks[chunk as usize];
     let first = chunk * index.chunk_size() as u64;
     let count = loc.record_count as u64;
@@ -62,7 +71,7 @@ pub fn extents(index: &Index, chunk: u64, mask: u64, gap: ReadGap) -> Vec<Extent
         mask & ((1u64 << count) - 1)
     };
     if mask == 0 {
-        return Vec::new();
+        return;
     }
     let rec = |slot: u64| {
         let id = first + slot;
@@ -76,21 +85,31 @@ pub fn extents(index: &Index, chunk: u64, mask: u64, gap: ReadGap) -> Vec<Extent
         let (stored, raw) = (index.stored_len[id as usize], index.raw_len[id as usize]);
         gap < crate::ALIGN && stored == raw && stored as u64 >= READ_ALONE_BYTES
     };
-    let slots = (0..count).filter(|s| mask & (1 << s) != 0);
+    // The set bits, lowest first.
+    let mut bits = mask;
+    let slots = std::iter::from_fn(move || {
+        (bits != 0).then(|| {
+            let s = bits.trailing_zeros() as u64;
+            bits &= bits - 1;
+            s
+        })
+    });
     let max_gap = match gap {
         ReadGap::Whole => {
             let records = slots.map(&rec).map(|(id, start, _)| (id, start - loc.offset)).collect();
-            return vec![Extent {
+            out.push(Extent {
                 segment: loc.segment,
                 offset: loc.offset,
                 len: index.chunk_padded_len(chunk),
                 records,
-            }];
+            });
+            return;
         }
         ReadGap::Bytes(g) => g,
     };
     let limit = merged_read_limit(max_gap);
-    let mut out: Vec<Extent> = Vec::new();
+    // Only this call's extents merge.
+    let first_new = out.len();
     // Whether the last extent holds a record read alone.
     let mut last_alone = false;
     for s in slots {
@@ -100,7 +119,7 @@ pub fn extents(index: &Index, chunk: u64, mask: u64, gap: ReadGap) -> Vec<Extent
             align_down(start),
             align_up(start + len).max(align_down(start) + crate::ALIGN),
         );
-        match out.last_mut() {
+        match out[first_new..].last_mut() {
             // Saturating: a gap near u64::MAX means "always merge", not a wrap.
             Some(e)
                 if !last_alone
@@ -120,7 +139,6 @@ pub fn extents(index: &Index, chunk: u64, mask: u64, gap: ReadGap) -> Vec<Extent
         }
         last_alone = this_alone;
     }
-    out
 }
 
 #[cfg(test)]
@@ -151,6 +169,25 @@ mod tests {
             samples,
         )
         .expect("index")
+    }
+
+    /// Appending to a vector that holds another read's extents gives exactly
+    /// what `extents` gives, after them: nothing merges into an extent of
+    /// the earlier read, even one that touches it.
+    #[test]
+    fn extents_into_appends_and_never_merges_into_earlier_extents() {
+        let idx = index();
+        for gap in [ReadGap::Whole, ReadGap::Bytes(0), ReadGap::Bytes(1 << 20)] {
+            for (first, second) in [(0b0001u64, 0b0010u64), (0b0101, 0b1010), (0b1111, 0b1111), (0b0011, 0)] {
+                let mut out = Vec::new();
+                extents_into(&idx, 0, first, gap, &mut out);
+                assert_eq!(out, extents(&idx, 0, first, gap), "{gap:?} {first:#b}");
+                let before = out.clone();
+                extents_into(&idx, 0, second, gap, &mut out);
+                let want: Vec<Extent> = before.into_iter().chain(extents(&idx, 0, second, gap)).collect();
+                assert_eq!(out, want, "{gap:?} {first:#b} then {second:#b}");
+            }
+        }
     }
 
     /// One chunk at 8192 of adjacent records of these stored lengths (raw:

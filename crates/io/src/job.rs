@@ -21,11 +21,12 @@ pub struct Job {
 /// One record's outcome: its decoded bytes, or why it cannot be served.
 pub type RecordResult = Result<AlignedBuf>;
 
-/// A finished job: each record it carried (decoded, or its own error), or
-/// the I/O error that stopped the whole read.
+/// A finished job: its extent, handed back (the caller needs no copy of
+/// its records), and each record it carried (decoded, or its own error),
+/// or the I/O error that stopped the whole read.
 pub struct Completion {
     pub tag: u64,
-    pub bytes_read: u64,
+    pub extent: Extent,
     pub result: Result<Vec<(u64, RecordResult)>>,
 }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use brand_format::dataset::Dataset;
 use brand_format::error::{Error, Result};
-use brand_format::extents::{Extent, ReadGap, extents};
+use brand_format::extents::{Extent, ReadGap, extents, extents_into};
 use brand_format::ids::IdMap;
 
 use crate::config::{EngineConfig, IoBackend, ReadGapSetting};
@@ -68,6 +68,11 @@ impl<T> ReadSession<T> {
     /// session's gap.
     pub fn extents(&self, chunk: u64, mask: u64) -> Vec<Extent> {
         extents(&self.ds.index, chunk, mask, self.gap)
+    }
+
+    /// [`extents`](Self::extents), appended to `out`.
+    pub fn extents_into(&self, chunk: u64, mask: u64, out: &mut Vec<Extent>) {
+        extents_into(&self.ds.index, chunk, mask, self.gap, out)
     }
 
     /// Starts reading `extent`; `payload` comes back with its completion.

@@ -87,7 +87,7 @@ impl Readers {
         };
         Completion {
             tag: job.tag,
-            bytes_read: ext.len,
+            extent: job.extent,
             result,
         }
     }

@@ -284,7 +284,7 @@ impl DecodeTask {
             .decode_extent(&self.ext, ExtentBytes::Borrowed(self.buf.as_slice()), self.verify);
         let _ = self.done.send(Completion {
             tag: self.tag,
-            bytes_read: self.ext.len,
+            extent: self.ext,
             result: Ok(out),
         });
         // The ring may have stopped: the buffer is then freed here.
@@ -553,7 +553,7 @@ impl RingLoop {
             // Never: the loop takes jobs only while a slot is free.
             let _ = self.shared.done.send(Completion {
                 tag: job.tag,
-                bytes_read: job.extent.len,
+                extent: job.extent,
                 result: Err(Error::config("internal: io_uring job without a free slot")),
             });
             return;
@@ -741,7 +741,7 @@ impl RingLoop {
         };
         let _ = self.shared.done.send(Completion {
             tag: slot.tag,
-            bytes_read: slot.ext.len,
+            extent: slot.ext,
             result,
         });
     }
@@ -764,16 +764,19 @@ impl RingLoop {
     fn fail_all(mut self, e: std::io::Error) {
         tracing::error!("io_uring: the ring failed ({e}); failing the reads in flight");
         for slot in self.slots.iter_mut().filter_map(Option::take) {
+            let Slot {
+                tag, ext, dest, file, ..
+            } = slot;
             let error = Error::io(
-                self.shared.ds.segment_path(slot.ext.segment),
+                self.shared.ds.segment_path(ext.segment),
                 std::io::Error::new(e.kind(), format!("io_uring failed: {e}")),
             );
             let _ = self.shared.done.send(Completion {
-                tag: slot.tag,
-                bytes_read: slot.ext.len,
+                tag,
+                extent: ext,
                 result: Err(error),
             });
-            std::mem::forget(slot);
+            std::mem::forget((dest, file));
         }
         std::mem::forget(std::mem::take(&mut self.wake_count));
         if let Some(f) = self.fixed.take() {

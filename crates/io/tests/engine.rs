@@ -51,7 +51,7 @@ fn read_all_with(ds: Arc<Dataset>, gap: ReadGap, cfg: EngineConfig) -> (u64, u64
     let (mut checked, mut bytes) = (0, 0);
     for _ in 0..jobs {
         let done = engine.recv().expect("completion");
-        bytes += done.bytes_read;
+        bytes += done.extent.len;
         for (id, data) in done.result.expect("read ok") {
             let data = data.expect("record ok");
             assert_eq!(ds.index.chunk_of(id), done.tag);

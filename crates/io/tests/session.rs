@@ -53,7 +53,7 @@ fn every_extent_comes_back_once_with_its_payload_and_the_source_bytes() {
                 None => s.recv().expect("recv"),
             };
             assert!(seen.insert(payload), "{backend}: {payload:?} came back twice");
-            bytes -= c.bytes_read;
+            bytes -= c.extent.len;
             assert_eq!(s.in_flight_read_bytes(), bytes, "{backend}");
             for (id, r) in c.result.expect("read") {
                 assert_eq!(ds.index.chunk_of(id), payload.0, "{backend}: sample {id}");

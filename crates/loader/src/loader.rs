@@ -21,9 +21,9 @@ use crate::planning::{EventSource, Next, PlanFeed, plan_events};
 use crate::stats::{Metrics, StallLog};
 use crate::{Batch, LoaderConfig, OnCorrupt, SampleBytes};
 
-/// What a read in flight brings: its samples and their decoded bytes.
+/// What a read in flight brings: its samples' decoded bytes (the samples
+/// are its extent's records, which come back with its completion).
 struct ReadFor {
-    ids: Vec<u64>,
     decoded: u64,
 }
 
@@ -51,6 +51,8 @@ pub struct Loader {
     /// Bytes of the reads issued for events still in `lookahead`, oldest first.
     ahead: VecDeque<u64>,
     ahead_bytes: u64,
+    /// The extents of the read being issued (kept: one vector for every read).
+    extents: Vec<Extent>,
     held: Held,
     /// Samples whose record could not be read or decoded: the error is
     /// reported when the sample is due, not when its read completes.
@@ -170,6 +172,7 @@ impl Loader {
             held_read: None,
             ahead: VecDeque::new(),
             ahead_bytes: 0,
+            extents: Vec::new(),
             held: Held::default(),
             bad: IdMap::default(),
             memory_bound,
@@ -429,11 +432,12 @@ impl Loader {
         let Event::Read { chunk, mask } = ev else {
             return Ok(());
         };
-        let ext = self.reads.extents(chunk, mask);
+        let mut ext = std::mem::take(&mut self.extents);
+        self.reads.extents_into(chunk, mask, &mut ext);
         let bytes: u64 = ext.iter().map(|e| e.len).sum();
-        for e in ext {
-            self.submit(e)?;
-        }
+        let submitted = ext.drain(..).try_for_each(|e| self.submit(e));
+        self.extents = ext;
+        submitted?;
         self.ahead.push_back(bytes);
         self.ahead_bytes += bytes;
         self.metrics.refills += 1;
@@ -441,13 +445,13 @@ impl Loader {
     }
 
     fn submit(&mut self, e: Extent) -> Result<()> {
-        let ids: Vec<u64> = e.records.iter().map(|&(id, _)| id).collect();
-        let decoded: u64 = ids.iter().map(|&id| self.ds.index.raw_len[id as usize] as u64).sum();
-        for &id in &ids {
+        let mut decoded = 0;
+        for &(id, _) in &e.records {
+            decoded += self.ds.index.raw_len[id as usize] as u64;
             self.held.reading(id);
         }
         self.metrics.reads_issued += 1;
-        self.reads.submit(e, ReadFor { ids, decoded })?;
+        self.reads.submit(e, ReadFor { decoded })?;
         self.in_flight_decoded += decoded;
         let in_flight = self.reads.in_flight_read_bytes();
         self.metrics.peak_readahead_bytes = self.metrics.peak_readahead_bytes.max(in_flight);
@@ -458,13 +462,14 @@ impl Loader {
     /// waits for the sample to be due).
     fn accept(&mut self, read: ReadFor, c: Completion) {
         self.in_flight_decoded -= read.decoded;
+        let asked = &c.extent.records;
         match c.result {
             Ok(records) => {
-                if records.len() != read.ids.len() {
+                if records.len() != asked.len() {
                     // Never: the engine returns every record of the read.
                     // Should it not, no sample stays waiting for it.
-                    tracing::error!("a read brought {} of its {} records", records.len(), read.ids.len());
-                    for &id in &read.ids {
+                    tracing::error!("a read brought {} of its {} records", records.len(), asked.len());
+                    for &(id, _) in asked {
                         if !records.iter().any(|&(r, _)| r == id) {
                             self.held.arrived(id, None);
                         }
@@ -483,7 +488,7 @@ impl Loader {
                 self.metrics.peak_resident_samples = self.metrics.peak_resident_samples.max(self.held.len());
             }
             Err(e) => {
-                for id in read.ids {
+                for &(id, _) in asked {
                     self.held.arrived(id, None);
                     self.bad.insert(id, e.duplicate());
                 }

@@ -65,7 +65,7 @@ impl Storage {
         });
         Ok(Done {
             read,
-            bytes_read: c.bytes_read,
+            bytes_read: c.extent.len,
             result,
         })
     }
