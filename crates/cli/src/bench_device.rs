@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use brand_format::extents::Extent;
+use brand_format::extents::{Extent, Records};
 use brand_format::rng::Prng;
 use brand_format::{ALIGN, Dataset, Error, Result};
 use brand_io::engine::{Engine, EngineConfig, IoBackend, Job};
@@ -244,7 +244,7 @@ fn sweep_point(engine: &Engine, segments: &[u64], qd: usize, bs: u64, seconds: f
                 segment,
                 offset: rng.below(slots) * bs,
                 len: bs,
-                records: Vec::new(),
+                records: Records::new(),
             },
         }
     };

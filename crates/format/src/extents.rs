@@ -47,8 +47,12 @@ pub struct Extent {
     /// Aligned length.
     pub len: u64,
     /// `(sample id, byte offset of its record inside this extent)`.
-    pub records: Vec<(u64, u64)>,
+    pub records: Records,
 }
+
+/// An extent's records: inline when there is one (a small sample read
+/// alone), so issuing such a read allocates nothing for them.
+pub type Records = smallvec::SmallVec<[(u64, u64); 1]>;
 
 /// The extents that read the records of `chunk` selected by `mask` (bit j =
 /// record j). Records outside the chunk's record count are ignored.
@@ -134,7 +138,7 @@ pub fn extents_into(index: &Index, chunk: u64, mask: u64, gap: ReadGap, out: &mu
                 segment: loc.segment,
                 offset: lo,
                 len: hi - lo,
-                records: vec![(id, start - lo)],
+                records: smallvec::smallvec![(id, start - lo)],
             }),
         }
         last_alone = this_alone;
@@ -264,7 +268,7 @@ mod tests {
         let e = extents(&index(), 0, 0b0101, ReadGap::Whole);
         assert_eq!(e.len(), 1);
         assert_eq!((e[0].offset, e[0].len), (8192, 12288));
-        assert_eq!(e[0].records, vec![(0, 200), (2, 6200)]);
+        assert_eq!(e[0].records[..], [(0, 200), (2, 6200)]);
     }
 
     #[test]
@@ -276,14 +280,14 @@ mod tests {
             e.iter().map(|x| (x.offset, x.len)).collect::<Vec<_>>(),
             vec![(8192, 4096), (16384, 4096)]
         );
-        assert_eq!(e[1].records, vec![(3, 17392 - 16384)]);
+        assert_eq!(e[1].records[..], [(3, 17392 - 16384)]);
         // A gap of 4096 bytes between them merges with gap ≥ 4096.
         let e = extents(&idx, 0, 0b1001, ReadGap::Bytes(4096));
         assert_eq!(
             e.iter().map(|x| (x.offset, x.len)).collect::<Vec<_>>(),
             vec![(8192, 12288)]
         );
-        assert_eq!(e[0].records, vec![(0, 200), (3, 9200)]);
+        assert_eq!(e[0].records[..], [(0, 200), (3, 9200)]);
         // Touching records share an aligned block: always merged.
         let e = extents(&idx, 0, 0b0011, ReadGap::Bytes(0));
         assert_eq!(e.len(), 1);

@@ -20,7 +20,7 @@ use std::time::Instant;
 use brand_format::ALIGN;
 use brand_format::dataset::Dataset;
 use brand_format::error::{Error, Result};
-use brand_format::extents::{Extent, ReadGap};
+use brand_format::extents::{Extent, ReadGap, Records};
 use brand_format::rng::Prng;
 
 use crate::config::{EngineConfig, ReadGapSetting};
@@ -67,7 +67,7 @@ fn time_reads(engine: &Engine, ds: &Dataset, len: u64, max: usize, queue_depth: 
                 segment: seg as u32,
                 offset,
                 len,
-                records: vec![],
+                records: Records::new(),
             },
         })
     };

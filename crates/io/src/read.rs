@@ -141,6 +141,7 @@ pub(crate) fn reads_in_place(ds: &Dataset, ext: &Extent) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use brand_format::extents::Records;
     use std::path::Path;
 
     use brand_format::buffer::{AlignedBuf, SAMPLE_ALIGN};
@@ -202,7 +203,7 @@ mod tests {
                     segment,
                     offset: 0,
                     len: brand_format::align_up((at + len) as u64),
-                    records: vec![(id, at as u64)],
+                    records: Records::from_slice(&[(id, at as u64)]),
                 };
                 assert!(reads_in_place(&ds, &ext));
                 let mut buf = AlignedBuf::for_extent(ext.len as usize);
@@ -240,7 +241,7 @@ mod tests {
             segment,
             offset: 0,
             len: brand_format::align_up(len as u64) - 4096,
-            records: vec![(id, 0)],
+            records: Records::from_slice(&[(id, 0)]),
         };
         let mut buf = AlignedBuf::for_extent(ext.len as usize);
         buf.set_len(ext.len as usize);
@@ -252,7 +253,7 @@ mod tests {
             segment,
             offset: 0,
             len: 4096,
-            records: vec![(id, 0)],
+            records: Records::from_slice(&[(id, 0)]),
         };
         let t = tempfile::tempdir().expect("tempdir");
         assert!(!reads_in_place(&dataset(t.path(), Some(3)), &ext_of(id)));
