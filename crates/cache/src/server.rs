@@ -361,7 +361,7 @@ impl CacheHandle {
         };
         let planner = Planner::from_layout(Layout::of(&ds.index), &plan)?;
         let engine = cfg.io.engine_config(&ds, cfg.readahead);
-        let session: ReadSession<Vec<u32>> = ReadSession::open(ds.clone(), engine, cfg.io.read_gap)?;
+        let session: ReadSession<()> = ReadSession::open(ds.clone(), engine, cfg.io.read_gap)?;
         let listener = listen(socket)?;
         let state = State {
             samples: vec![
@@ -1075,12 +1075,14 @@ impl State {
         bytes
     }
 
-    /// Takes a finished read in: each record into the shared memory.
-    fn accept(&mut self, sh: &Shared, ids: Vec<u32>, c: Completion) {
+    /// Takes a finished read in: each record into the shared memory (the
+    /// samples it was asked for are its extent's records).
+    fn accept(&mut self, sh: &Shared, c: Completion) {
         let ds = &sh.ds;
         self.report.bytes_read += c.extent.len;
         self.progress += 1;
-        for &id in &ids {
+        let ids = c.extent.records.iter().map(|&(id, _)| id as u32);
+        for id in ids.clone() {
             self.reserved -= footprint(ds.index.raw_len[id as usize] as u64);
         }
         let records = match c.result {
@@ -1138,7 +1140,7 @@ impl State {
     }
 }
 
-fn read_loop(sh: &Shared, mut session: ReadSession<Vec<u32>>, depth: usize, readahead: u64) {
+fn read_loop(sh: &Shared, mut session: ReadSession<()>, depth: usize, readahead: u64) {
     loop {
         {
             let mut s = lock(&sh.state);
@@ -1159,8 +1161,7 @@ fn read_loop(sh: &Shared, mut session: ReadSession<Vec<u32>>, depth: usize, read
                 }
                 s.report.reads_issued += 1;
                 for ext in session.extents(chunk, mask) {
-                    let ids: Vec<u32> = ext.records.iter().map(|&(id, _)| id as u32).collect();
-                    if let Err(e) = session.submit(ext, ids) {
+                    if let Err(e) = session.submit(ext, ()) {
                         s.failed = Some(format!("the cache's reads failed: {e}"));
                         break;
                     }
@@ -1172,9 +1173,9 @@ fn read_loop(sh: &Shared, mut session: ReadSession<Vec<u32>>, depth: usize, read
             }
         }
         match session.recv() {
-            Ok((ids, c)) => {
+            Ok(((), c)) => {
                 let mut s = lock(&sh.state);
-                s.accept(sh, ids, c);
+                s.accept(sh, c);
             }
             Err(e) => {
                 lock(&sh.state).failed = Some(format!("the cache's reads failed: {e}"));

@@ -496,3 +496,34 @@ fn on_corrupt_error_fails_the_job_that_draws_the_corrupt_record() {
     };
     assert!(e.contains(&format!("sample {victim}")) && e.contains("crc32c"), "{e}");
 }
+
+/// A read that fails as a whole (its segment cut short after the dataset was
+/// opened) marks every sample it was to bring, and the job that draws one
+/// fails naming the segment's real end.
+#[test]
+fn a_read_that_fails_whole_fails_the_job_that_draws_one_of_its_samples() {
+    let s = setup();
+    let path = s.ds.segment_path(0);
+    let len = std::fs::metadata(&path).expect("segment").len();
+    let file = std::fs::OpenOptions::new().write(true).open(&path).expect("open");
+    file.set_len(len / 2).expect("truncate");
+    let _c = cache(&s.ds, &s.socket, Memory::Percent(25.0));
+    let mut job = attach(&s.ds, &s.socket, 1);
+    // Samples left unmarked would be waited for forever: bounded here.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let outcome = loop {
+            match job.next_batch() {
+                Ok(Some(_)) => {}
+                Ok(None) => break None,
+                Err(e) => break Some(e.to_string()),
+            }
+        };
+        let _ = tx.send(outcome);
+    });
+    let e = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the job waited 60 s for samples of a failed read")
+        .expect("the cut-short segment went unnoticed");
+    assert!(e.contains("segment ends at byte"), "{e}");
+}

@@ -141,11 +141,11 @@ pub(crate) fn reads_in_place(ds: &Dataset, ext: &Extent) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use brand_format::extents::Records;
     use std::path::Path;
 
     use brand_format::buffer::{AlignedBuf, SAMPLE_ALIGN};
     use brand_format::decode::ExtentBytes;
+    use brand_format::extents::Records;
     use brand_pack::PackOptions;
     use brand_pack::synthetic::{GenOptions, generate_and_pack};
 
