@@ -136,6 +136,12 @@ pub fn device(a: &DeviceArgs) -> Result<()> {
                 backend,
                 decode_threads: 0,
                 io_timeout: Duration::from_secs(60),
+                // A dataset in object storage: qd GETs in flight of bs bytes each.
+                store: brand_io::StoreSettings {
+                    gets_in_flight: qd,
+                    get_bytes: bs,
+                    ..Default::default()
+                },
                 rings,
                 sqpoll,
             };
@@ -191,6 +197,9 @@ pub fn device(a: &DeviceArgs) -> Result<()> {
 
 /// The dataset at `path`, or the probe dataset in it (written once).
 fn probe_dataset(path: &Path, size: &str, seed: u64) -> Result<Dataset> {
+    if let brand_store::Location::Url(_) = brand_store::Location::of_path(path)? {
+        return brand_store::open(path);
+    }
     if path.join(brand_format::MANIFEST_FILE).exists() {
         return Dataset::open(path);
     }

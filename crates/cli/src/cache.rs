@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use brand_cache::{CacheConfig, CacheHandle, CachePolicy};
-use brand_format::{Dataset, Error, Result};
+use brand_format::{Error, Result};
 
 use crate::configure::{Flag, resolve};
 
@@ -69,7 +69,7 @@ pub fn run(a: &CacheArgs) -> Result<()> {
         ],
         false,
     )?;
-    let ds = Arc::new(Dataset::open(&a.dataset)?);
+    let ds = Arc::new(brand_store::open(&a.dataset)?);
     let plan = &cfg.loader.plan;
     let policy = CachePolicy {
         policy: plan.policy,

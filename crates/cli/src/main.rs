@@ -18,7 +18,6 @@ mod simulate;
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use brand_format::Dataset;
 use brand_pack::{PackOptions, Partitioning, files::FileSource, source::Source};
 use brand_plan::Memory;
 
@@ -390,7 +389,7 @@ fn pack_cmd(a: &PackArgs) -> brand_format::Result<ExitCode> {
 }
 
 fn inspect_cmd(a: &InspectArgs) -> brand_format::Result<ExitCode> {
-    let ds = Dataset::open_any(&a.dataset)?;
+    let ds = brand_store::open_any(&a.dataset)?;
     let s = brand_pack::inspect::summary(&ds);
     if a.json {
         println!(
@@ -412,7 +411,7 @@ fn verify_cmd(a: &VerifyArgs) -> brand_format::Result<ExitCode> {
             idx.chunk_count()
         );
     }
-    let ds = Dataset::open_any(&a.dataset)?;
+    let ds = brand_store::open_any(&a.dataset)?;
     let bar = progress_bar(ds.index.chunk_count(), "verify");
     let report = brand_pack::verify::verify(&ds, &|done, _| bar.set_position(done))?;
     bar.finish_and_clear();
@@ -441,7 +440,7 @@ fn verify_cmd(a: &VerifyArgs) -> brand_format::Result<ExitCode> {
 }
 
 fn cat_cmd(a: &CatArgs) -> brand_format::Result<ExitCode> {
-    let ds = Dataset::open_any(&a.dataset)?;
+    let ds = brand_store::open_any(&a.dataset)?;
     let id = match (&a.key, a.id) {
         (Some(k), _) => ds
             .index
@@ -450,7 +449,7 @@ fn cat_cmd(a: &CatArgs) -> brand_format::Result<ExitCode> {
         (None, Some(id)) => id,
         (None, None) => return Err(brand_format::Error::config("give a sample id or --key")),
     };
-    let bytes = ds.read_sample(id)?;
+    let bytes = brand_store::read_sample(&ds, id)?;
     let mut out = std::io::stdout().lock();
     match out.write_all(&bytes).and_then(|_| out.flush()) {
         Ok(()) => Ok(ExitCode::SUCCESS),

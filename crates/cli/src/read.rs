@@ -64,6 +64,12 @@ pub struct ReadArgs {
     /// Attach to the `brand cache` at this socket instead of reading storage.
     #[arg(long)]
     cache: Option<String>,
+    /// A dataset at a URL: most ranged GETs in flight (1..=1024; default 32).
+    #[arg(long)]
+    gets_in_flight: Option<usize>,
+    /// A dataset at a URL: neighbouring reads merge into GETs of at most this ("8MiB").
+    #[arg(long)]
+    get_size: Option<String>,
     /// Milliseconds the consumer spends on each batch before asking for the
     /// next (a training step's compute), to see which reads the loader hides
     /// behind it. 0: the consumer takes batches as fast as they come.
@@ -119,6 +125,8 @@ fn config(a: &ReadArgs) -> brand_format::Result<LoaderConfig> {
             ("io_backend", Flag::Text(&a.io_backend)),
             ("decode_threads", int(a.decode_threads)),
             ("cache", Flag::Text(&a.cache)),
+            ("gets_in_flight", int(a.gets_in_flight)),
+            ("get_size", Flag::Text(&a.get_size)),
         ],
         true,
     )?;
@@ -260,7 +268,7 @@ pub fn run(a: &ReadArgs) -> brand_format::Result<bool> {
     let compute = Duration::try_from_secs_f64(a.compute_ms / 1e3).map_err(|_| {
         brand_format::Error::config(format!("--compute-ms {}: expected milliseconds ≥ 0", a.compute_ms))
     })?;
-    let ds = Arc::new(Dataset::open(&a.dataset)?);
+    let ds = Arc::new(brand_store::open(&a.dataset)?);
     if !a.json {
         match &cfg.cache {
             Some(socket) => println!(

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use brand_format::{Dataset, Error};
+use brand_format::Error;
 use brand_loader::{LoaderState, Metrics};
 use brand_nodes::{Config, NodeLoader};
 
@@ -105,7 +105,7 @@ pub fn run(a: &ServeArgs) -> brand_format::Result<()> {
     let compute = Duration::try_from_secs_f64(a.compute_ms / 1e3)
         .map_err(|_| Error::config(format!("--compute-ms {}: expected milliseconds ≥ 0", a.compute_ms)))?;
     // A partition (`brand pack --partitions`) is this node's share.
-    let ds = Arc::new(Dataset::open_any(&a.dataset)?);
+    let ds = Arc::new(brand_store::open_any(&a.dataset)?);
     let rank = cfg.nodes.rank;
     let mut node = NodeLoader::open(ds, &cfg, LoaderState::default())?;
     if !a.json {

@@ -44,7 +44,7 @@ pub struct SimulateArgs {
 }
 
 pub fn run(args: &SimulateArgs) -> brand_format::Result<()> {
-    let dataset = brand_format::Dataset::open(&args.dataset)?;
+    let dataset = brand_store::open(&args.dataset)?;
     // The plan settings as every command resolves them (rank 0: every
     // rank is simulated).
     let config = resolve(

@@ -9,9 +9,30 @@ use crate::{INDEX_FILE, MANIFEST_FILE};
 
 #[derive(Debug, Clone)]
 pub struct Dataset {
+    /// The directory, or the object-storage URL (`s3://bucket/prefix`) as a
+    /// path: it names every file in errors (`dir/data-00000.brd`).
     dir: PathBuf,
     pub manifest: Manifest,
     pub index: Index,
+    pub origin: Origin,
+}
+
+/// Where a dataset's segments are read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// Files in a local directory.
+    Dir,
+    /// Objects in a store (brand-store opened it): what each segment was
+    /// when the dataset was opened, so a read of an object replaced since
+    /// is refused rather than mixing two datasets.
+    Objects(Vec<ObjectVersion>),
+}
+
+/// A segment object as it was opened: its entity tag (or version) and size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectVersion {
+    pub e_tag: Option<String>,
+    pub size: u64,
 }
 
 impl Dataset {
@@ -49,8 +70,35 @@ impl Dataset {
         let manifest = Manifest::load(&mpath)?;
         let ipath = dir.join(INDEX_FILE);
         let index = Index::load(&ipath)?;
-        Self::check(&ipath, &manifest, &index)?;
-        Ok(Dataset { dir, manifest, index })
+        Self::from_parts(dir, manifest, index, Origin::Dir)
+    }
+
+    /// A dataset from its manifest and index read elsewhere (an object
+    /// store): `dir` names it in errors; the two are checked against each
+    /// other as [`open_any`](Self::open_any) checks files.
+    pub fn from_parts(dir: PathBuf, manifest: Manifest, index: Index, origin: Origin) -> Result<Self> {
+        Self::check(&dir.join(INDEX_FILE), &manifest, &index)?;
+        if let Origin::Objects(v) = &origin
+            && v.len() != manifest.segments.len()
+        {
+            return Err(Error::config(format!(
+                "{}: {} segment objects for {} segments",
+                dir.display(),
+                v.len(),
+                manifest.segments.len()
+            )));
+        }
+        Ok(Dataset {
+            dir,
+            manifest,
+            index,
+            origin,
+        })
+    }
+
+    /// Whether the segments are objects in a store, not local files.
+    pub fn is_remote(&self) -> bool {
+        matches!(self.origin, Origin::Objects(_))
     }
 
     fn check(ipath: &Path, m: &Manifest, idx: &Index) -> Result<()> {
@@ -200,6 +248,12 @@ impl Dataset {
     /// tests). The loader uses the io engine instead.
     pub fn read_sample(&self, id: u64) -> Result<Vec<u8>> {
         use std::os::unix::fs::FileExt;
+        if self.is_remote() {
+            return Err(Error::config(format!(
+                "{}: in object storage; read its samples through brand-store",
+                self.dir.display()
+            )));
+        }
         if id >= self.index.samples() {
             return Err(Error::config(format!(
                 "sample {id} out of range: the dataset has {}",

@@ -99,6 +99,11 @@ impl Manifest {
 
     pub fn load(path: &Path) -> Result<Self> {
         let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        Self::from_bytes(bytes, path)
+    }
+
+    /// A manifest from its bytes (read from `path`, which names it in errors).
+    pub fn from_bytes(bytes: Vec<u8>, path: &Path) -> Result<Self> {
         let text = String::from_utf8(bytes).map_err(|e| {
             let at = e.utf8_error().valid_up_to() as u64;
             Error::format(path, at, "not UTF-8 text")

@@ -61,7 +61,14 @@ impl Engine {
             stats: stats.clone(),
         };
         let (started, backend, uring_refused) = match cfg.backend {
+            _ if shared.ds.is_remote() => (crate::objects::start(shared)?, IoBackend::Objects, false),
             IoBackend::Threads => (crate::threads::start(shared)?, IoBackend::Threads, false),
+            IoBackend::Objects => {
+                return Err(Error::config(format!(
+                    "{}: the objects backend reads datasets at a URL only",
+                    shared.ds.dir().display()
+                )));
+            }
             IoBackend::Uring => match crate::uring::start(shared) {
                 Ok(s) => (s, IoBackend::Uring, false),
                 Err(e) => return Err(e.into_error()),
@@ -74,7 +81,7 @@ impl Engine {
                     shared: Some(shared),
                 }) if crate::uring::refused(&error) => {
                     tracing::warn!("io_uring refused ({call}: {error}); reading with the threads backend");
-                    (crate::threads::start(shared)?, IoBackend::Threads, true)
+                    (crate::threads::start(*shared)?, IoBackend::Threads, true)
                 }
                 Err(e) => return Err(e.into_error()),
             },
@@ -150,6 +157,11 @@ impl Engine {
     /// has seen a read time out).
     pub fn abandon(&mut self) {
         self.io_timeout = Duration::ZERO;
+    }
+
+    /// What the GETs did, for a dataset in object storage.
+    pub fn store_report(&self) -> Option<brand_store::GetReport> {
+        self.stats.store.get().map(|s| s.report())
     }
 
     /// Peak bytes of ordinary read buffers (in use or idle).

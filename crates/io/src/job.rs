@@ -40,6 +40,8 @@ pub(crate) struct EngineStats {
     /// Bytes of ordinary read buffers allocated (in use or pooled), and their peak.
     pub pool_bytes: AtomicU64,
     pub pool_peak_bytes: AtomicU64,
+    /// The object backend's GET counters and limiter (set when it starts).
+    pub store: std::sync::OnceLock<Arc<crate::objects::StoreStats>>,
 }
 
 impl EngineStats {
@@ -65,6 +67,7 @@ pub(crate) enum JobSender {
     /// One sender per ring; jobs go round-robin.
     Uring(Vec<crate::uring::RingSender>, AtomicUsize),
     Threads(crossbeam_channel::Sender<Job>),
+    Objects(tokio::sync::mpsc::UnboundedSender<Job>),
 }
 
 impl JobSender {
@@ -76,6 +79,7 @@ impl JobSender {
                 rings[i].send(job)
             }
             JobSender::Threads(jobs) => jobs.send(job).is_ok(),
+            JobSender::Objects(jobs) => jobs.send(job).is_ok(),
         }
     }
 }

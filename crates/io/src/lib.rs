@@ -14,7 +14,10 @@
 //!   the reads in flight, each with the caller's payload (what the loader
 //!   and multi-node storage do around the engine).
 //!
-//! Inside, the two backends (`uring`, `threads`) share only the vocabulary
+//! A dataset in object storage is read by a third backend, `objects`
+//! (ranged GETs through brand-store), behind the same jobs and completions.
+//!
+//! Inside, the two file backends (`uring`, `threads`) share only the vocabulary
 //! modules: `job` (what passes between the engine and a backend), `read`
 //! (reading one extent completely), `files` (the segment file cache) and
 //! `pool` (the read buffer pool); record decoding is
@@ -24,6 +27,7 @@ pub mod config;
 pub mod engine;
 mod files;
 mod job;
+mod objects;
 mod page_buf;
 mod pool;
 pub mod probe;
@@ -32,5 +36,5 @@ pub mod session;
 mod threads;
 mod uring;
 
-pub use config::{IoBackend, IoConfig, ReadGapSetting};
+pub use config::{IoBackend, IoConfig, ReadGapSetting, StoreSettings};
 pub use session::ReadSession;

@@ -159,13 +159,8 @@ fn store(key: &str, gap: u64) {
     }
 }
 
-/// Gaps measured by this process, by key: a probe runs at most once per
-/// process per key, whatever the file cache does.
-static MEASURED: Mutex<Option<HashMap<String, u64>>> = Mutex::new(None);
-
-/// The auto gap for the device holding `ds`: from the cache, or measured
-/// (and cached) through an engine set up as `io`.
-pub fn auto_gap(ds: Arc<Dataset>, io: &EngineConfig) -> Result<u64> {
+/// The cache key of the device holding `ds`'s first segment, as `io` reads it.
+fn device_key(ds: &Dataset, io: &EngineConfig) -> Result<String> {
     let seg0 = ds.segment_path(0);
     let dev = std::fs::metadata(&seg0).map_err(|e| Error::io(&seg0, e))?.dev();
     // Throttling (cgroup blkio) changes what a request costs: part of the key.
@@ -177,7 +172,26 @@ pub fn auto_gap(ds: Arc<Dataset>, io: &EngineConfig) -> Result<u64> {
         })
         .unwrap_or_default();
     let direct = if io.direct { "" } else { "-buffered" };
-    let key = format!("dev-{dev}-qd-{}{direct}-blkio-{blkio}", io.queue_depth);
+    Ok(format!("dev-{dev}-qd-{}{direct}-blkio-{blkio}", io.queue_depth))
+}
+
+/// Gaps measured by this process, by key: a probe runs at most once per
+/// process per key, whatever the file cache does.
+static MEASURED: Mutex<Option<HashMap<String, u64>>> = Mutex::new(None);
+
+/// The auto gap for the device holding `ds`: from the cache, or measured
+/// (and cached) through an engine set up as `io`.
+pub fn auto_gap(ds: Arc<Dataset>, io: &EngineConfig) -> Result<u64> {
+    let key = if ds.is_remote() {
+        // A store: what a request costs is the store's and the link's; the
+        // bucket stands for both.
+        let url = ds.dir().to_string_lossy().into_owned();
+        let bucket: String = url.splitn(4, '/').take(3).collect::<Vec<_>>().join("/");
+        let endpoint = std::env::var("AWS_ENDPOINT_URL").unwrap_or_default();
+        format!("store-{bucket}-{endpoint}-gets-{}", io.store.gets_in_flight)
+    } else {
+        device_key(&ds, io)?
+    };
     let remembered = |k: &str| MEASURED.lock().ok()?.as_ref()?.get(k).copied();
     let remember = |k: &str, gap: u64| {
         if let Ok(mut m) = MEASURED.lock() {

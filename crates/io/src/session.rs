@@ -163,6 +163,10 @@ impl<T> ReadSession<T> {
     }
 
     /// Peak bytes of ordinary read buffers (in use or idle).
+    pub fn store_report(&self) -> Option<brand_store::GetReport> {
+        self.engine.store_report()
+    }
+
     pub fn peak_pool_bytes(&self) -> u64 {
         self.engine.peak_pool_bytes()
     }

@@ -39,7 +39,8 @@ use crate::read::{ReadLoop, Step, reads_in_place};
 pub(crate) struct NotStarted {
     pub call: &'static str,
     pub error: std::io::Error,
-    pub shared: Option<Shared>,
+    /// Boxed: the error travels by value and the settings are large.
+    pub shared: Option<Box<Shared>>,
 }
 
 impl NotStarted {
@@ -76,7 +77,7 @@ pub(crate) fn start(shared: Shared) -> Result<Started, NotStarted> {
         return Err(NotStarted {
             call,
             error,
-            shared: Some(shared),
+            shared: Some(Box::new(shared)),
         });
     }
     let (exit_tx, exit_rx) = crossbeam_channel::bounded::<()>(0);
@@ -105,7 +106,7 @@ pub(crate) fn start(shared: Shared) -> Result<Started, NotStarted> {
                 return Err(NotStarted {
                     call: "starting an io_uring ring",
                     error,
-                    shared: Some(shared),
+                    shared: Some(Box::new(shared)),
                 });
             }
             Err(e) => {

@@ -28,6 +28,9 @@
 //! decode_threads = 2    # threads decompressing zstd records read by io_uring, 0..=64 (0: on the io thread);
 //!                       # default: the cores the (at most 2) io threads leave, at most 8
 //! io_timeout = 60       # seconds a read may take before it is an error, (0, 86400]
+//! gets_in_flight = 32   # a dataset at a URL: most ranged GETs in flight, 1..=1024 (halved while the store throttles)
+//! get_size = "8MiB"     # a dataset at a URL: neighbouring reads merge into GETs of at most this, 64KiB..=1GiB
+//! stall_timeout = 10    # a dataset at a URL: seconds without a byte before a GET is retried, (0, 3600]
 //! on_corrupt = "error"  # "error" (fail when the sample is due) or "skip" (leave it out, counted)
 //! cache = "/run/brand/imagenet.sock"  # attach to the `brand cache` at this socket instead of reading storage
 //! ```
@@ -114,7 +117,7 @@ impl std::str::FromStr for OnCorrupt {
 pub const DEFAULT_MEMORY: Memory = Memory::Percent(10.0);
 
 /// The loader's keys, in the order the module docs list them.
-pub const KEYS: [&str; 18] = [
+pub const KEYS: [&str; 21] = [
     "batch_size",
     "memory",
     "policy",
@@ -131,6 +134,9 @@ pub const KEYS: [&str; 18] = [
     "io_backend",
     "decode_threads",
     "io_timeout",
+    "gets_in_flight",
+    "get_size",
+    "stall_timeout",
     "on_corrupt",
     "cache",
 ];
@@ -212,6 +218,13 @@ impl LoaderConfig {
                 self.io.io_timeout = Duration::try_from_secs_f64(secs)
                     .map_err(|_| Error::config(format!("io_timeout {secs} outside (0, 86400] seconds")))?;
             }
+            "gets_in_flight" => self.io.store.gets_in_flight = v.whole()?,
+            "get_size" => self.io.store.get_bytes = v.bytes()?,
+            "stall_timeout" => {
+                let secs = v.seconds()?;
+                self.io.store.stall_timeout = Duration::try_from_secs_f64(secs)
+                    .map_err(|_| Error::config(format!("stall_timeout {secs} outside (0, 3600] seconds")))?;
+            }
             "on_corrupt" => self.on_corrupt = v.text()?.parse()?,
             "cache" => {
                 let path = v.text()?;
@@ -264,6 +277,16 @@ impl LoaderConfig {
         if !(timeout > 0.0 && timeout <= MAX_IO_TIMEOUT_SECS) {
             return outside("io_timeout", format!("{timeout}s"), "(0, 86400] seconds");
         }
+        if !(1..=MAX_GETS_IN_FLIGHT).contains(&io.store.gets_in_flight) {
+            return outside("gets_in_flight", io.store.gets_in_flight.to_string(), "1..=1024");
+        }
+        if !(MIN_GET_BYTES..=MAX_GET_BYTES).contains(&io.store.get_bytes) {
+            return outside("get_size", io.store.get_bytes.to_string(), "64KiB..=1GiB");
+        }
+        let stall = io.store.stall_timeout.as_secs_f64();
+        if !(stall > 0.0 && stall <= MAX_STALL_SECS) {
+            return outside("stall_timeout", format!("{stall}s"), "(0, 3600] seconds");
+        }
         if let RunLength::Records(n) = self.run_length
             && !(1..=brand_plan::MAX_RUN_LENGTH).contains(&n)
         {
@@ -285,6 +308,10 @@ const MAX_QUEUE_DEPTH: usize = 4096;
 const MAX_READ_GAP: u64 = 1 << 30;
 const MAX_DECODE_THREADS: usize = 64;
 const MAX_IO_TIMEOUT_SECS: f64 = 86_400.0;
+const MAX_GETS_IN_FLIGHT: usize = 1024;
+const MIN_GET_BYTES: u64 = 64 << 10;
+const MAX_GET_BYTES: u64 = 1 << 30;
+const MAX_STALL_SECS: f64 = 3_600.0;
 
 /// A key's value, read as the type the key takes; errors name the key.
 pub struct Value<'a> {

@@ -69,6 +69,8 @@ pub struct Loader {
     pid: u32,
     stalls: StallLog,
     metrics: Metrics,
+    /// The store's counters when the metrics were last reset.
+    store_base: Option<brand_store::GetReport>,
 }
 
 /// One step of the plan as the loader walks it.
@@ -180,6 +182,7 @@ impl Loader {
             pid: std::process::id(),
             stalls: StallLog::default(),
             metrics,
+            store_base: None,
         })
     }
 
@@ -223,6 +226,9 @@ impl Loader {
         m.uring_refused = reads.uring_refused();
         m.registered_buffer_bytes = reads.registered_bytes();
         m.peak_read_buffer_bytes = reads.peak_pool_bytes();
+        if let Some(now) = reads.store_report() {
+            m.set_store(&now, self.store_base.as_ref());
+        }
         m
     }
 
@@ -237,6 +243,7 @@ impl Loader {
             peak_readahead_bytes: self.reads.in_flight_read_bytes(),
             ..Default::default()
         };
+        self.store_base = self.reads.store_report();
         self.stalls = StallLog::default();
     }
 

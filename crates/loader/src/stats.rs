@@ -76,6 +76,49 @@ pub struct Metrics {
     pub remote_memory_limit: u64,
     /// Most bytes this node held read but not yet pushed.
     pub owner_peak_bytes: u64,
+    /// A dataset in object storage (the rest 0 otherwise): requests sent
+    /// (GETs, their retries, resumes and hedges; HEADs), body bytes
+    /// fetched (`bytes_read` counts the extents the loader asked for),
+    /// retries and their causes (a status such as "503", "reset", "stall",
+    /// "cut"), hedged GETs, GET latency (first request to last byte) and
+    /// time to first byte, and the GETs-in-flight limit now.
+    pub store_requests: u64,
+    pub store_bytes_fetched: u64,
+    pub store_retries: u64,
+    pub store_retries_by_cause: std::collections::BTreeMap<String, u64>,
+    pub store_hedges: u64,
+    pub store_get_p50_ms: f64,
+    pub store_get_p99_ms: f64,
+    pub store_first_byte_p50_ms: f64,
+    pub store_gets_in_flight_limit: u64,
+}
+
+impl Metrics {
+    /// The object-storage fields from `now`, counted since `base` (the
+    /// latencies and the limit are `now`'s: they are not sums).
+    pub fn set_store(&mut self, now: &brand_store::GetReport, base: Option<&brand_store::GetReport>) {
+        let zero = brand_store::GetReport::default();
+        let base = base.unwrap_or(&zero);
+        self.store_requests = now.requests.saturating_sub(base.requests);
+        self.store_bytes_fetched = now.bytes.saturating_sub(base.bytes);
+        self.store_retries = now.retries.saturating_sub(base.retries);
+        self.store_retries_by_cause = now
+            .retries_by_cause
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.clone(),
+                    v.saturating_sub(base.retries_by_cause.get(k).copied().unwrap_or(0)),
+                )
+            })
+            .filter(|(_, v)| *v > 0)
+            .collect();
+        self.store_hedges = now.hedges.saturating_sub(base.hedges);
+        self.store_get_p50_ms = now.latency_p50_ms;
+        self.store_get_p99_ms = now.latency_p99_ms;
+        self.store_first_byte_p50_ms = now.first_byte_p50_ms;
+        self.store_gets_in_flight_limit = now.in_flight_limit;
+    }
 }
 
 impl Metrics {

@@ -106,9 +106,9 @@ impl Node {
 /// (`Dataset::open` refuses a partition).
 fn open_dataset(path: &Path, cfg: &Config) -> Result<Dataset> {
     if cfg.nodes.world() > 1 {
-        Dataset::open_any(path)
+        brand_store::open_any(path)
     } else {
-        Dataset::open(path)
+        brand_store::open(path)
     }
 }
 
@@ -217,7 +217,7 @@ impl Reader {
     /// from the dataset's metadata only: starts no engine, allocates no
     /// buffers, probes no device (tf.data's cardinality).
     pub fn epoch_len_for(path: &Path, cfg: &Config) -> Result<u64> {
-        let ds = Dataset::open_any(path)?;
+        let ds = brand_store::open_any(path)?;
         Ok(Planner::new(&ds.index, &cfg.loader.plan)?.geometry().steps)
     }
 

@@ -1,0 +1,320 @@
+//! The object-storage backend: extents become ranged GETs on an async
+//! runtime this engine owns (brand-store's; made where the engine starts, so
+//! a forked child's engine has its own). What a store wants is few, large
+//! requests, many in flight:
+//!
+//! * Jobs waiting together whose extents touch in one segment become one
+//!   GET of at most
+//!   `get_bytes` (8 MiB by default: AWS's guidance for S3); an extent
+//!   longer than that is fetched in `get_bytes` parts at once.
+//! * GETs in flight are limited by brand-store's `Limiter`: `gets_in_flight`
+//!   at most, halved when the store throttles, grown back as GETs succeed;
+//!   the loader's read-ahead bounds the bytes in flight as for a disk.
+//! * Each GET is retried, resumed, hedged and pinned to the segment's
+//!   entity tag as `brand_store::get` says; the body is copied once, into a
+//!   page-aligned buffer, and records are decoded from it (crc32c, zstd) as
+//!   on a disk, on a blocking thread so the runtime keeps receiving.
+//!
+//! Groups start in the order their first job arrived (plan order), so the
+//! reads the loader needs first are asked for first.
+
+use std::sync::Arc;
+
+use brand_format::buffer::AlignedBuf;
+use brand_format::dataset::{Dataset, Origin};
+use brand_format::decode::ExtentBytes;
+use brand_format::error::{Error, Result};
+use brand_store::get::{self, GetCounters, GetPolicy, Limiter};
+use brand_store::location::Location;
+use brand_store::runtime::IoRuntime;
+use brand_store::{Connection, GetReport};
+
+use crate::job::{Completion, Job, JobSender, Shared, Started};
+use crate::read::reads_in_place;
+
+/// Threads of the engine's runtime: HTTP and copying bodies, not decoding.
+const RUNTIME_THREADS: usize = 2;
+
+/// The counters and the limiter of an object engine, for its metrics.
+#[derive(Debug)]
+pub(crate) struct StoreStats {
+    pub counters: GetCounters,
+    pub limiter: Limiter,
+}
+
+impl StoreStats {
+    pub fn report(&self) -> GetReport {
+        self.counters.report(Some(&self.limiter))
+    }
+}
+
+struct Ctx {
+    shared: Shared,
+    conn: Connection,
+    policy: GetPolicy,
+    stats: Arc<StoreStats>,
+}
+
+/// A run of neighbouring jobs' extents in one segment, read by one GET (or
+/// by `get_bytes` parts of it).
+struct Group {
+    segment: u32,
+    start: u64,
+    end: u64,
+    jobs: Vec<Job>,
+    /// Arrival index of its first job.
+    first: usize,
+}
+
+pub(crate) fn start(shared: Shared) -> Result<Started> {
+    let ds = shared.ds.clone();
+    let Location::Url(url) = Location::parse(&ds.dir().to_string_lossy())? else {
+        return Err(Error::config(format!(
+            "{}: not an object-storage URL",
+            ds.dir().display()
+        )));
+    };
+    let policy = GetPolicy {
+        stall: shared.cfg.store.stall_timeout,
+        retries: shared.cfg.store.retries,
+        ..GetPolicy::default()
+    };
+    let conn = Connection::new(&url, policy.stall)?;
+    let stats = Arc::new(StoreStats {
+        counters: GetCounters::default(),
+        limiter: Limiter::new(shared.cfg.store.gets_in_flight),
+    });
+    let _ = shared.stats.store.set(stats.clone());
+    let rt = IoRuntime::new(RUNTIME_THREADS)?;
+    let (job_tx, job_rx) = tokio::sync::mpsc::unbounded_channel::<Job>();
+    let (exit_tx, exit_rx) = crossbeam_channel::bounded::<()>(0);
+    let ctx = Arc::new(Ctx {
+        shared,
+        conn,
+        policy,
+        stats,
+    });
+    let t = std::thread::Builder::new()
+        .name("brand-objects".into())
+        .spawn(move || {
+            let _exit = exit_tx;
+            rt.block_on(dispatch(job_rx, ctx));
+            drop(rt);
+        })
+        .map_err(|e| Error::io("<brand-objects thread>", e))?;
+    Ok(Started {
+        jobs: JobSender::Objects(job_tx),
+        threads: vec![t],
+        exited: exit_rx,
+    })
+}
+
+/// Takes every job waiting, groups neighbours, starts a task per group;
+/// returns once the job channel closed and every task finished.
+async fn dispatch(mut jobs: tokio::sync::mpsc::UnboundedReceiver<Job>, ctx: Arc<Ctx>) {
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut waiting = Vec::new();
+    loop {
+        tokio::select! {
+            n = jobs.recv_many(&mut waiting, 4096) => {
+                if n == 0 {
+                    break;
+                }
+            }
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
+        }
+        for group in coalesce(std::mem::take(&mut waiting), ctx.shared.cfg.store.get_bytes) {
+            let ctx = ctx.clone();
+            tasks.spawn(async move { ctx.read(group).await });
+        }
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+/// Neighbouring extents of one segment grouped (at most `limit` bytes a
+/// group unless one extent is longer), groups in their first job's order.
+fn coalesce(jobs: Vec<Job>, limit: u64) -> Vec<Group> {
+    let mut order: Vec<(usize, Job)> = jobs.into_iter().enumerate().collect();
+    order.sort_by_key(|(_, j)| (j.extent.segment, j.extent.offset));
+    let mut groups: Vec<Group> = Vec::new();
+    for (i, job) in order {
+        let (seg, off, end) = (
+            job.extent.segment,
+            job.extent.offset,
+            job.extent.offset + job.extent.len,
+        );
+        if let Some(g) = groups.last_mut()
+            && g.segment == seg
+            // Touching only: whole chunks are contiguous in a segment, and
+            // the bytes between records of one chunk were weighed against a
+            // request by the read gap already (merging across a 1 MiB gap
+            // fetched 2× the bytes asked for on a 1.2 MB probed gap).
+            && off == g.end
+            && end - g.start <= limit
+        {
+            g.end = end;
+            g.first = g.first.min(i);
+            g.jobs.push(job);
+            continue;
+        }
+        groups.push(Group {
+            segment: seg,
+            start: off,
+            end,
+            jobs: vec![job],
+            first: i,
+        });
+    }
+    groups.sort_by_key(|g| g.first);
+    groups
+}
+
+impl Ctx {
+    async fn read(self: Arc<Self>, group: Group) {
+        let ds = &self.shared.ds;
+        let len = (group.end - group.start) as usize;
+        let mut buf = AlignedBuf::for_extent(len);
+        self.shared.stats.pool_grew(buf.capacity() as u64);
+        let fetched = self.fetch(&group, &mut buf.spare_mut()[..len]).await;
+        let this = self.clone();
+        // Decoding (crc32c, zstd) is CPU work: off the runtime's threads.
+        let decoded = tokio::task::spawn_blocking(move || {
+            let cap = buf.capacity() as u64;
+            let completions = match fetched {
+                Ok(()) => {
+                    buf.set_len(len);
+                    this.decode(group, buf)
+                }
+                Err(e) => group
+                    .jobs
+                    .into_iter()
+                    .map(|job| Completion {
+                        tag: job.tag,
+                        extent: job.extent,
+                        result: Err(e.duplicate()),
+                    })
+                    .collect(),
+            };
+            this.shared.stats.pool_shrank(cap);
+            for c in completions {
+                if this.shared.done.send(c).is_err() {
+                    break;
+                }
+            }
+        })
+        .await;
+        if let Err(e) = decoded {
+            tracing::error!("{}: decoding a GET's records failed: {e}", ds.dir().display());
+        }
+    }
+
+    /// The group's bytes into `dst`: one GET, or `get_bytes` parts at once.
+    async fn fetch(&self, g: &Group, dst: &mut [u8]) -> Result<()> {
+        let ds = &self.shared.ds;
+        let name = &ds.manifest.segments[g.segment as usize].name;
+        let e_tag = match &ds.origin {
+            Origin::Objects(v) => v.get(g.segment as usize).and_then(|v| v.e_tag.as_deref()),
+            Origin::Dir => None,
+        };
+        let part = self.shared.cfg.store.get_bytes.max(brand_format::ALIGN) as usize;
+        let (c, p, l) = (&self.stats.counters, &self.policy, &self.stats.limiter);
+        let parts = dst.chunks_mut(part).enumerate().map(|(i, d)| {
+            let from = g.start + (i * part) as u64;
+            let range = from..from + d.len() as u64;
+            get::get_into(&self.conn, name, range, e_tag, d, p, c, l)
+        });
+        futures_util::future::try_join_all(parts).await.map(|_| ())
+    }
+
+    /// Each job's records from the group's buffer.
+    fn decode(&self, g: Group, buf: AlignedBuf) -> Vec<Completion> {
+        let ds: &Dataset = &self.shared.ds;
+        let verify = self.shared.cfg.verify;
+        if let [job] = &g.jobs[..]
+            && reads_in_place(ds, &job.extent)
+            && job.extent.offset == g.start
+        {
+            let job = g.jobs.into_iter().next().map(|j| (j.tag, j.extent));
+            return job
+                .map(|(tag, extent)| {
+                    let records = ds.decode_extent(&extent, ExtentBytes::Owned(buf), verify);
+                    Completion {
+                        tag,
+                        extent,
+                        result: Ok(records),
+                    }
+                })
+                .into_iter()
+                .collect();
+        }
+        g.jobs
+            .into_iter()
+            .map(|job| {
+                let at = (job.extent.offset - g.start) as usize;
+                let bytes = &buf.as_slice()[at..at + job.extent.len as usize];
+                let records = ds.decode_extent(&job.extent, ExtentBytes::Borrowed(bytes), verify);
+                Completion {
+                    tag: job.tag,
+                    extent: job.extent,
+                    result: Ok(records),
+                }
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use brand_format::extents::{Extent, Records};
+
+    fn job(tag: u64, segment: u32, offset: u64, len: u64) -> Job {
+        Job {
+            tag,
+            extent: Extent {
+                segment,
+                offset,
+                len,
+                records: Records::new(),
+            },
+        }
+    }
+
+    fn shape(groups: &[Group]) -> Vec<(u32, u64, u64, Vec<u64>)> {
+        groups
+            .iter()
+            .map(|g| (g.segment, g.start, g.end, g.jobs.iter().map(|j| j.tag).collect()))
+            .collect()
+    }
+
+    #[test]
+    fn neighbours_in_a_segment_coalesce_up_to_the_limit_in_arrival_order() {
+        let mb = 1 << 20;
+        let jobs = vec![
+            job(0, 1, 10 * mb, mb),
+            job(1, 0, 0, 4 * mb),
+            job(2, 0, 4 * mb, 4 * mb),
+            job(3, 0, 8 * mb, 4 * mb), // would pass 8 MiB: a new group
+            job(4, 1, 0, mb),
+            job(5, 1, mb, mb),            // touching: merged
+            job(6, 1, 2 * mb + 4096, mb), // a gap: its own
+        ];
+        let g = coalesce(jobs, 8 * mb);
+        assert_eq!(
+            shape(&g),
+            vec![
+                (1, 10 * mb, 11 * mb, vec![0]),
+                (0, 0, 8 * mb, vec![1, 2]),
+                (0, 8 * mb, 12 * mb, vec![3]),
+                (1, 0, 2 * mb, vec![4, 5]),
+                (1, 2 * mb + 4096, 3 * mb + 4096, vec![6]),
+            ]
+        );
+    }
+
+    #[test]
+    fn overlapping_extents_are_not_merged() {
+        let g = coalesce(vec![job(0, 0, 0, 8192), job(1, 0, 4096, 8192)], 1 << 30);
+        assert_eq!(g.len(), 2);
+    }
+}

@@ -1,0 +1,281 @@
+//! A client for an object-storage URL, configured the way users already
+//! configure their cloud's tools:
+//!
+//! * S3: `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`,
+//!   `AWS_REGION`/`AWS_DEFAULT_REGION`, web identity
+//!   (`AWS_WEB_IDENTITY_TOKEN_FILE` + `AWS_ROLE_ARN`), ECS/EKS container
+//!   credentials and instance metadata (object_store's chain), and, where
+//!   the environment gives no keys, the static keys and region of
+//!   `AWS_PROFILE` (default `default`) in `~/.aws/credentials` and
+//!   `~/.aws/config` (`AWS_SHARED_CREDENTIALS_FILE`, `AWS_CONFIG_FILE`).
+//!   SSO and assume-role profiles are not read. `AWS_ENDPOINT_URL` (or the
+//!   profile's `endpoint_url`) names an S3-compatible server (MinIO, Ceph,
+//!   R2, s3s): requests are path-style; a plain-HTTP endpoint needs
+//!   `AWS_ALLOW_HTTP=true`.
+//! * GCS: `GOOGLE_SERVICE_ACCOUNT`/`GOOGLE_APPLICATION_CREDENTIALS`, else the
+//!   metadata server. Azure: `AZURE_STORAGE_ACCOUNT_NAME` with a key, SAS,
+//!   client secret, workload or managed identity.
+//!
+//! object_store's own retries are off (brand's [`get`](crate::get) retries,
+//! resumes and counts), and so is its 30 s total timeout, which cut healthy
+//! large GETs elsewhere: a GET is bounded by its stall timeout instead.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use brand_format::error::{Error, Result};
+use object_store::ObjectStore;
+use object_store::{ClientConfigKey, RetryConfig};
+
+use crate::location::{ObjectUrl, Scheme};
+
+/// A connected store and the URL it serves.
+#[derive(Clone)]
+pub struct Connection {
+    pub url: ObjectUrl,
+    pub store: Arc<dyn ObjectStore>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the store's own Debug: its builder holds the credentials.
+        write!(f, "Connection({})", self.url)
+    }
+}
+
+/// How long a connection may take to open.
+const CONNECT_TIMEOUT: &str = "10s";
+
+impl Connection {
+    /// A client for `url` from the environment. Nothing is sent yet: a
+    /// missing bucket or refused credentials show at the first request.
+    pub fn new(url: &ObjectUrl, stall: Duration) -> Result<Connection> {
+        let store = build(url, stall).map_err(|why| Error::config(format!("{url}: {why}")))?;
+        Ok(Connection {
+            url: url.clone(),
+            store,
+        })
+    }
+}
+
+fn no_retries() -> RetryConfig {
+    RetryConfig {
+        max_retries: 0,
+        ..Default::default()
+    }
+}
+
+fn build(url: &ObjectUrl, stall: Duration) -> std::result::Result<Arc<dyn ObjectStore>, String> {
+    let read_timeout = format!("{}ms", stall.as_millis().max(1));
+    let client = [
+        (ClientConfigKey::ConnectTimeout, CONNECT_TIMEOUT.to_string()),
+        // The whole request: long, because a GET is bounded by its stall
+        // timeout (read_timeout here, and get.rs's per frame) instead.
+        (ClientConfigKey::Timeout, "1h".to_string()),
+        (ClientConfigKey::ReadTimeout, read_timeout),
+        (ClientConfigKey::PoolIdleTimeout, "30s".to_string()),
+    ];
+    let clean = |e: object_store::Error| redact(&e.to_string());
+    let store: Arc<dyn ObjectStore> = match url.scheme {
+        Scheme::S3 => {
+            use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey as K};
+            let mut b = AmazonS3Builder::from_env();
+            let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+            if env("AWS_ACCESS_KEY_ID").is_none()
+                && env("AWS_WEB_IDENTITY_TOKEN_FILE").is_none()
+                && env("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI").is_none()
+                && env("AWS_CONTAINER_CREDENTIALS_FULL_URI").is_none()
+            {
+                let p = aws_profile();
+                if let (Some(id), Some(secret)) = (p.get("aws_access_key_id"), p.get("aws_secret_access_key")) {
+                    b = b.with_access_key_id(id).with_secret_access_key(secret);
+                    if let Some(t) = p.get("aws_session_token") {
+                        b = b.with_token(t);
+                    }
+                }
+                if env("AWS_REGION").is_none()
+                    && env("AWS_DEFAULT_REGION").is_none()
+                    && let Some(r) = p.get("region")
+                {
+                    b = b.with_region(r);
+                }
+                if env("AWS_ENDPOINT_URL").is_none()
+                    && env("AWS_ENDPOINT").is_none()
+                    && let Some(e) = p.get("endpoint_url")
+                {
+                    b = b.with_endpoint(e);
+                }
+            }
+            if let Some(region) = env("AWS_DEFAULT_REGION").filter(|_| env("AWS_REGION").is_none()) {
+                b = b.with_region(region);
+            }
+            let endpoint = b.get_config_value(&K::Endpoint).unwrap_or_default();
+            let allow_http = b
+                .get_config_value(&K::Client(ClientConfigKey::AllowHttp))
+                .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+            if endpoint.to_ascii_lowercase().starts_with("http://") && !allow_http {
+                return Err(format!(
+                    "the endpoint {} is plain HTTP; set AWS_ALLOW_HTTP=true to allow it",
+                    redact(&endpoint)
+                ));
+            }
+            for (k, v) in client {
+                b = b.with_config(K::Client(k), v);
+            }
+            Arc::new(
+                b.with_url(url.root.clone())
+                    .with_bucket_name(url.bucket())
+                    .with_retry(no_retries())
+                    .build()
+                    .map_err(clean)?,
+            )
+        }
+        Scheme::Gcs => {
+            use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey as K};
+            let mut b = GoogleCloudStorageBuilder::from_env();
+            for (k, v) in client {
+                b = b.with_config(K::Client(k), v);
+            }
+            Arc::new(
+                b.with_url(url.root.clone())
+                    .with_retry(no_retries())
+                    .build()
+                    .map_err(clean)?,
+            )
+        }
+        Scheme::Azure => {
+            use object_store::azure::{AzureConfigKey as K, MicrosoftAzureBuilder};
+            let mut b = MicrosoftAzureBuilder::from_env();
+            for (k, v) in client {
+                b = b.with_config(K::Client(k), v);
+            }
+            Arc::new(
+                b.with_url(url.root.clone())
+                    .with_retry(no_retries())
+                    .build()
+                    .map_err(clean)?,
+            )
+        }
+        Scheme::Http => {
+            let mut opts = object_store::ClientOptions::new();
+            for (k, v) in client {
+                opts = opts.with_config(k, v);
+            }
+            if url.root.starts_with("http://") {
+                opts = opts.with_allow_http(true);
+            }
+            Arc::new(
+                object_store::http::HttpBuilder::new()
+                    .with_url(url.root.clone())
+                    .with_client_options(opts)
+                    .with_retry(no_retries())
+                    .build()
+                    .map_err(clean)?,
+            )
+        }
+    };
+    Ok(store)
+}
+
+/// The keys of the profile `AWS_PROFILE` (default `default`): the
+/// credentials file's section over the config file's (`[profile NAME]`
+/// there, `[default]` for the default). Unreadable files give nothing.
+fn aws_profile() -> HashMap<String, String> {
+    let name = std::env::var("AWS_PROFILE").unwrap_or_else(|_| "default".to_string());
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
+    let file = |var: &str, default: &str| std::env::var_os(var).map(PathBuf::from).unwrap_or(home.join(default));
+    let config_section = if name == "default" {
+        "default".to_string()
+    } else {
+        format!("profile {name}")
+    };
+    let mut keys = ini_section(&file("AWS_CONFIG_FILE", ".aws/config"), &config_section);
+    keys.extend(ini_section(
+        &file("AWS_SHARED_CREDENTIALS_FILE", ".aws/credentials"),
+        &name,
+    ));
+    keys
+}
+
+/// `key = value` lines of `[section]` in an INI file.
+fn ini_section(path: &std::path::Path, section: &str) -> HashMap<String, String> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return HashMap::new();
+    };
+    parse_ini_section(&text, section)
+}
+
+fn parse_ini_section(text: &str, section: &str) -> HashMap<String, String> {
+    let mut out = HashMap::new();
+    let mut inside = false;
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
+            continue;
+        }
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            inside = name.trim() == section;
+            continue;
+        }
+        if inside && let Some((k, v)) = line.split_once('=') {
+            out.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
+        }
+    }
+    out
+}
+
+/// `text` with the query string of every URL in it replaced: a signed or
+/// SAS URL carries its secret there. Messages from the HTTP client name
+/// the request's URL.
+pub fn redact(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let (head, tail) = rest.split_at(at);
+        out.push_str(head);
+        let end = tail
+            .find(|c: char| c.is_whitespace() || c == '"' || c == '\'' || c == ')')
+            .unwrap_or(tail.len());
+        let url = &tail[..end];
+        match url.split_once('?') {
+            Some((base, _)) => {
+                out.push_str(base);
+                out.push_str("?<redacted>");
+            }
+            None => out.push_str(url),
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profiles_are_read_by_section() {
+        let text = "[default]\naws_access_key_id = A\n# c\n[profile other]\nregion=eu-west-1\n[other]\naws_secret_access_key = S\n";
+        let d = parse_ini_section(text, "default");
+        assert_eq!(d.get("aws_access_key_id").map(String::as_str), Some("A"));
+        assert_eq!(d.len(), 1);
+        assert_eq!(
+            parse_ini_section(text, "profile other")
+                .get("region")
+                .map(String::as_str),
+            Some("eu-west-1")
+        );
+        assert_eq!(parse_ini_section(text, "other").len(), 1);
+    }
+
+    #[test]
+    fn query_strings_are_redacted() {
+        let s = redact("error sending request for url (https://a.blob/x?sig=SECRET&se=1): reset");
+        assert_eq!(s, "error sending request for url (https://a.blob/x?<redacted>): reset");
+        assert_eq!(redact("no url here"), "no url here");
+        assert_eq!(redact("http://h/p and s3://b/k"), "http://h/p and s3://b/k");
+    }
+}

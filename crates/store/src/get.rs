@@ -1,0 +1,675 @@
+//! One ranged GET, made to survive object storage: every attempt bounded by
+//! a stall timeout (no byte for that long, not a total), retried with
+//! jittered exponential backoff on 5xx, 429, broken connections and stalls,
+//! a cut body resumed from the byte it stopped at (never started over), a
+//! hedged second GET when the first byte is slower than nearly all GETs so
+//! far, and every request pinned with `If-Match` to the entity tag the
+//! object had when the dataset was opened, so a replaced object is an
+//! error rather than a mix of two datasets. After the retries, the error
+//! names the object, the byte range and the last status.
+//!
+//! [`Limiter`] holds the GETs in flight to a limit that halves when the
+//! store throttles (503 SlowDown, 429) and grows back by one per limit's
+//! worth of successes; [`GetCounters`] counts requests, bytes, retries by
+//! cause, hedges and latencies for the loader's metrics.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use brand_format::error::{Error, Result};
+use futures_util::StreamExt;
+use object_store::{GetOptions, GetRange, ObjectMeta, ObjectStoreExt};
+
+use crate::connect::{Connection, redact};
+
+/// How GETs are retried and bounded.
+#[derive(Debug, Clone)]
+pub struct GetPolicy {
+    /// An attempt that receives nothing (headers or body bytes) for this long fails.
+    pub stall: Duration,
+    /// Attempts after the first, per GET.
+    pub retries: u32,
+    /// The first backoff; each retry doubles it (jittered), up to `backoff_max`.
+    pub backoff: Duration,
+    pub backoff_max: Duration,
+    /// Hedge: a second GET when the first byte is slower than this at
+    /// least, and than the slowest 1 % of first bytes so far.
+    pub hedge_min: Duration,
+}
+
+impl Default for GetPolicy {
+    fn default() -> Self {
+        GetPolicy {
+            stall: Duration::from_secs(10),
+            retries: 10,
+            backoff: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(5),
+            hedge_min: Duration::from_millis(50),
+        }
+    }
+}
+
+/// What the GETs of a reader did, counted as they happen.
+#[derive(Debug, Default)]
+pub struct GetCounters {
+    /// Requests sent: GETs, their retries, resumes and hedges, and HEADs.
+    requests: AtomicU64,
+    /// Body bytes received.
+    bytes: AtomicU64,
+    retries: AtomicU64,
+    hedges: AtomicU64,
+    hedges_won: AtomicU64,
+    /// Retries by cause: a status ("503"), "reset", "stall", "cut".
+    causes: Mutex<BTreeMap<String, u64>>,
+    /// Whole GETs (first request to last byte) and first bytes, in µs.
+    latency: Histogram,
+    first_byte: Histogram,
+}
+
+/// A snapshot of [`GetCounters`] and the limiter.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct GetReport {
+    pub requests: u64,
+    pub bytes: u64,
+    pub retries: u64,
+    pub retries_by_cause: BTreeMap<String, u64>,
+    pub hedges: u64,
+    pub hedges_won: u64,
+    pub latency_p50_ms: f64,
+    pub latency_p99_ms: f64,
+    pub first_byte_p50_ms: f64,
+    pub in_flight_limit: u64,
+}
+
+impl GetCounters {
+    pub fn report(&self, limiter: Option<&Limiter>) -> GetReport {
+        GetReport {
+            requests: self.requests.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+            retries: self.retries.load(Ordering::Relaxed),
+            retries_by_cause: self.causes.lock().map(|c| c.clone()).unwrap_or_default(),
+            hedges: self.hedges.load(Ordering::Relaxed),
+            hedges_won: self.hedges_won.load(Ordering::Relaxed),
+            latency_p50_ms: self.latency.quantile(0.5) / 1e3,
+            latency_p99_ms: self.latency.quantile(0.99) / 1e3,
+            first_byte_p50_ms: self.first_byte.quantile(0.5) / 1e3,
+            in_flight_limit: limiter.map_or(0, |l| l.limit() as u64),
+        }
+    }
+
+    fn retried(&self, cause: &str) {
+        self.retries.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut c) = self.causes.lock() {
+            *c.entry(cause.to_string()).or_default() += 1;
+        }
+    }
+
+    /// How long a first byte may take before a hedge: the slowest 1 % so
+    /// far (and at least `min`), once 50 have been seen.
+    fn hedge_after(&self, min: Duration) -> Option<Duration> {
+        if self.first_byte.count() < 50 {
+            return None;
+        }
+        let p99 = Duration::from_micros(self.first_byte.quantile(0.99) as u64);
+        Some(p99.max(min))
+    }
+}
+
+/// A log-linear histogram of µs: 8 buckets per power of two.
+#[derive(Debug)]
+struct Histogram {
+    buckets: Vec<AtomicU64>,
+}
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram {
+            buckets: (0..Self::BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+}
+
+impl Histogram {
+    const BUCKETS: usize = 16 + 40 * 8;
+
+    fn index(us: u64) -> usize {
+        if us < 16 {
+            return us as usize;
+        }
+        let e = 63 - us.leading_zeros() as usize; // ≥ 4
+        let sub = ((us >> (e - 3)) & 7) as usize;
+        (16 + (e - 4) * 8 + sub).min(Self::BUCKETS - 1)
+    }
+
+    /// The smallest value of bucket `i`.
+    fn low(i: usize) -> f64 {
+        if i < 16 {
+            return i as f64;
+        }
+        let (e, sub) = ((i - 16) / 8 + 4, (i - 16) % 8);
+        ((8 + sub) as f64) * (1u64 << (e - 3)) as f64
+    }
+
+    fn record(&self, d: Duration) {
+        let us = d.as_micros().min(u64::MAX as u128) as u64;
+        self.buckets[Self::index(us)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn count(&self) -> u64 {
+        self.buckets.iter().map(|b| b.load(Ordering::Relaxed)).sum()
+    }
+
+    /// The `q` quantile in µs (the middle of its bucket); 0 when empty.
+    fn quantile(&self, q: f64) -> f64 {
+        let counts: Vec<u64> = self.buckets.iter().map(|b| b.load(Ordering::Relaxed)).collect();
+        let total: u64 = counts.iter().sum();
+        if total == 0 {
+            return 0.0;
+        }
+        let rank = ((q * total as f64).ceil() as u64).clamp(1, total);
+        let mut seen = 0;
+        for (i, c) in counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                return (Self::low(i) + Self::low(i + 1)) / 2.0;
+            }
+        }
+        Self::low(Self::BUCKETS - 1)
+    }
+}
+
+/// The GETs in flight, limited: the limit starts at `max`, halves when the
+/// store throttles (at most once per limit's worth of completions, so one
+/// burst of 503s is one cut) and grows by one per limit's worth of
+/// successes back to `max`.
+#[derive(Debug)]
+pub struct Limiter {
+    state: Mutex<LimiterState>,
+    freed: tokio::sync::Notify,
+    max: usize,
+}
+
+#[derive(Debug)]
+struct LimiterState {
+    limit: usize,
+    in_flight: usize,
+    /// Completions since the last change of the limit.
+    since_change: usize,
+}
+
+/// One GET's place in flight; dropped, it frees the place.
+pub struct Permit<'a>(&'a Limiter);
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.0.state.lock() {
+            s.in_flight -= 1;
+        }
+        self.0.freed.notify_one();
+    }
+}
+
+impl Limiter {
+    pub fn new(max: usize) -> Limiter {
+        let max = max.max(1);
+        Limiter {
+            state: Mutex::new(LimiterState {
+                limit: max,
+                in_flight: 0,
+                since_change: 0,
+            }),
+            freed: tokio::sync::Notify::new(),
+            max,
+        }
+    }
+
+    pub fn limit(&self) -> usize {
+        self.state.lock().map_or(self.max, |s| s.limit)
+    }
+
+    pub async fn acquire(&self) -> Permit<'_> {
+        loop {
+            let freed = self.freed.notified();
+            {
+                let Ok(mut s) = self.state.lock() else {
+                    return Permit(self);
+                };
+                if s.in_flight < s.limit {
+                    s.in_flight += 1;
+                    return Permit(self);
+                }
+            }
+            freed.await;
+        }
+    }
+
+    fn succeeded(&self) {
+        let grew = match self.state.lock() {
+            Ok(mut s) => {
+                s.since_change += 1;
+                if s.since_change >= s.limit && s.limit < self.max {
+                    s.limit += 1;
+                    s.since_change = 0;
+                    true
+                } else {
+                    false
+                }
+            }
+            Err(_) => false,
+        };
+        if grew {
+            self.freed.notify_one();
+        }
+    }
+
+    fn throttled(&self) {
+        if let Ok(mut s) = self.state.lock()
+            && (s.since_change >= s.limit / 2 || s.limit == self.max)
+        {
+            let before = s.limit;
+            s.limit = (s.limit / 2).max(1);
+            s.since_change = 0;
+            if s.limit != before {
+                tracing::info!("object store throttled: GETs in flight {before} → {}", s.limit);
+            }
+        }
+    }
+}
+
+/// Why one attempt failed.
+#[derive(Debug)]
+struct Failure {
+    /// For the counters: a status ("503"), "reset", "stall", "cut".
+    cause: String,
+    retryable: bool,
+    kind: std::io::ErrorKind,
+    what: String,
+}
+
+impl Failure {
+    fn new(cause: impl Into<String>, retryable: bool, kind: std::io::ErrorKind, what: impl Into<String>) -> Self {
+        Failure {
+            cause: cause.into(),
+            retryable,
+            kind,
+            what: what.into(),
+        }
+    }
+
+    fn throttle(&self) -> bool {
+        self.cause == "503" || self.cause == "429"
+    }
+}
+
+/// What an object_store error means here. Its text names the request (no
+/// credentials: they travel in headers, and query strings are redacted).
+fn classify(e: &object_store::Error) -> Failure {
+    use std::io::ErrorKind as K;
+    let text = redact(&e.to_string());
+    let code = s3_code(&text);
+    let with_code = |what: &str| match &code {
+        Some(c) => format!("{what} ({c})"),
+        None => what.to_string(),
+    };
+    match e {
+        object_store::Error::NotFound { .. } => {
+            let what = if text.contains("NoSuchBucket") {
+                "the bucket does not exist"
+            } else {
+                "no such object"
+            };
+            Failure::new("404", false, K::NotFound, with_code(what))
+        }
+        object_store::Error::Precondition { .. } => Failure::new(
+            "412",
+            false,
+            K::InvalidData,
+            "the object changed since the dataset was opened (its entity tag differs)",
+        ),
+        object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. } => Failure::new(
+            "403",
+            false,
+            K::PermissionDenied,
+            with_code("access refused: check the credentials (AWS_ACCESS_KEY_ID, AWS_PROFILE, …)"),
+        ),
+        _ => {
+            let status = http_status(&text).or_else(|| {
+                if text.contains("SlowDown") {
+                    Some(503)
+                } else if text.contains("InternalError") {
+                    Some(500)
+                } else {
+                    None
+                }
+            });
+            match status {
+                Some(s) => {
+                    let retryable = s >= 500 || s == 429 || s == 408;
+                    Failure::new(
+                        s.to_string(),
+                        retryable,
+                        K::Other,
+                        with_code(&format!("the store answered {s}")),
+                    )
+                }
+                None => Failure::new("reset", true, K::ConnectionReset, text),
+            }
+        }
+    }
+}
+
+/// The HTTP status in object_store's "status code: 503 …" text.
+fn http_status(text: &str) -> Option<u16> {
+    let at = text.find("status code: ")? + "status code: ".len();
+    text.get(at..at + 3)?.parse().ok()
+}
+
+/// An S3 error code (`<Code>SlowDown</Code>`) in a message.
+fn s3_code(text: &str) -> Option<String> {
+    let start = text.find("<Code>")? + "<Code>".len();
+    let end = text[start..].find("</Code>")? + start;
+    Some(text[start..end].to_string())
+}
+
+/// A jittered backoff: uniform in [d/2, d] with d = first · 2^attempt ≤ max.
+fn backoff(p: &GetPolicy, attempt: u32) -> Duration {
+    let d = p
+        .backoff
+        .saturating_mul(1u32.checked_shl(attempt.min(20)).unwrap_or(u32::MAX))
+        .min(p.backoff_max);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |t| t.subsec_nanos());
+    let frac = (nanos.wrapping_mul(2654435761) % 1000) as f64 / 1000.0;
+    d.mul_f64(0.5 + frac / 2.0)
+}
+
+/// The object's size and entity tag (HEAD), retried as a GET is.
+pub async fn head(conn: &Connection, name: &str, p: &GetPolicy, counters: &GetCounters) -> Result<ObjectMeta> {
+    let path = conn.url.object(name);
+    let mut attempt = 0;
+    loop {
+        counters.requests.fetch_add(1, Ordering::Relaxed);
+        let r = tokio::time::timeout(p.stall, conn.store.head(&path)).await;
+        let failure = match r {
+            Ok(Ok(meta)) => return Ok(meta),
+            Ok(Err(e)) => classify(&e),
+            Err(_) => Failure::new(
+                "stall",
+                true,
+                std::io::ErrorKind::TimedOut,
+                format!("no answer in {:?}", p.stall),
+            ),
+        };
+        if !failure.retryable || attempt >= p.retries {
+            return Err(object_error(&conn.url.object_url(name), None, &failure, attempt));
+        }
+        counters.retried(&failure.cause);
+        tokio::time::sleep(backoff(p, attempt)).await;
+        attempt += 1;
+    }
+}
+
+/// The whole object `name` (HEAD, then GETs pinned to its entity tag).
+pub async fn get_whole(
+    conn: &Connection,
+    name: &str,
+    p: &GetPolicy,
+    counters: &GetCounters,
+    limiter: &Limiter,
+) -> Result<(Vec<u8>, ObjectMeta)> {
+    let meta = head(conn, name, p, counters).await?;
+    let mut buf = vec![0u8; meta.size as usize];
+    get_into(
+        conn,
+        name,
+        0..meta.size,
+        meta.e_tag.as_deref(),
+        &mut buf,
+        p,
+        counters,
+        limiter,
+    )
+    .await?;
+    Ok((buf, meta))
+}
+
+/// Bytes `range` of object `name` into `dst` (exactly their length),
+/// pinned to `e_tag` when given. One place in flight from `limiter` for the
+/// whole GET (its retries included).
+#[allow(clippy::too_many_arguments)]
+pub async fn get_into(
+    conn: &Connection,
+    name: &str,
+    range: Range<u64>,
+    e_tag: Option<&str>,
+    dst: &mut [u8],
+    p: &GetPolicy,
+    counters: &GetCounters,
+    limiter: &Limiter,
+) -> Result<()> {
+    assert_eq!(
+        dst.len() as u64,
+        range.end - range.start,
+        "GET of {range:?} into a buffer of {}",
+        dst.len()
+    );
+    let _permit = limiter.acquire().await;
+    let path = conn.url.object(name);
+    let started = Instant::now();
+    let (mut done, mut attempt) = (0usize, 0u32);
+    while done < dst.len() {
+        let from = range.start + done as u64;
+        let (got, failure) = attempt_once(conn, &path, from..range.end, e_tag, &mut dst[done..], p, counters).await;
+        done += got;
+        let Some(failure) = failure else { continue };
+        if failure.throttle() {
+            limiter.throttled();
+        }
+        if !failure.retryable || attempt >= p.retries {
+            return Err(object_error(
+                &conn.url.object_url(name),
+                Some(&range),
+                &failure,
+                attempt,
+            ));
+        }
+        counters.retried(&failure.cause);
+        // Progress made: the store is answering, so resume at once.
+        if got == 0 {
+            tokio::time::sleep(backoff(p, attempt)).await;
+        }
+        attempt += 1;
+    }
+    counters.latency.record(started.elapsed());
+    limiter.succeeded();
+    Ok(())
+}
+
+/// One request for `range` into `dst`: how many bytes it brought, and why it
+/// stopped short if it did.
+async fn attempt_once(
+    conn: &Connection,
+    path: &object_store::path::Path,
+    range: Range<u64>,
+    e_tag: Option<&str>,
+    dst: &mut [u8],
+    p: &GetPolicy,
+    counters: &GetCounters,
+) -> (usize, Option<Failure>) {
+    use std::io::ErrorKind as K;
+    let opts = GetOptions {
+        range: Some(GetRange::Bounded(range.clone())),
+        if_match: e_tag.map(str::to_string),
+        ..Default::default()
+    };
+    let request = || {
+        counters.requests.fetch_add(1, Ordering::Relaxed);
+        conn.store.get_opts(path, opts.clone())
+    };
+    let asked = Instant::now();
+    let first = request();
+    let headers = async {
+        let Some(after) = counters.hedge_after(p.hedge_min) else {
+            return first.await;
+        };
+        let mut first = std::pin::pin!(first);
+        match tokio::time::timeout(after, &mut first).await {
+            Ok(r) => r,
+            Err(_) => {
+                counters.hedges.fetch_add(1, Ordering::Relaxed);
+                let second = std::pin::pin!(request());
+                match futures_util::future::select(first, second).await {
+                    futures_util::future::Either::Left((r, _)) => r,
+                    futures_util::future::Either::Right((r, _)) => {
+                        counters.hedges_won.fetch_add(1, Ordering::Relaxed);
+                        r
+                    }
+                }
+            }
+        }
+    };
+    let result = match tokio::time::timeout(p.stall, headers).await {
+        Err(_) => {
+            let what = format!("no answer in {:?}", p.stall);
+            return (0, Some(Failure::new("stall", true, K::TimedOut, what)));
+        }
+        Ok(Err(e)) => return (0, Some(classify(&e))),
+        Ok(Ok(r)) => r,
+    };
+    counters.first_byte.record(asked.elapsed());
+    if let (Some(want), Some(got)) = (e_tag, result.meta.e_tag.as_deref())
+        && want != got
+    {
+        let what = "the object changed since the dataset was opened (its entity tag differs)";
+        return (0, Some(Failure::new("412", false, K::InvalidData, what)));
+    }
+    if result.range.start != range.start {
+        let what = format!(
+            "the store answered bytes from {} for a GET from {}",
+            result.range.start, range.start
+        );
+        return (0, Some(Failure::new("range", false, K::InvalidData, what)));
+    }
+    let mut body = result.into_stream();
+    let mut got = 0usize;
+    loop {
+        match tokio::time::timeout(p.stall, body.next()).await {
+            Err(_) => {
+                let what = format!(
+                    "the body stalled for {:?} at byte {}",
+                    p.stall,
+                    range.start + got as u64
+                );
+                return (got, Some(Failure::new("stall", true, K::TimedOut, what)));
+            }
+            Ok(None) => break,
+            Ok(Some(Err(e))) => {
+                let what = format!(
+                    "the body broke at byte {}: {}",
+                    range.start + got as u64,
+                    redact(&e.to_string())
+                );
+                return (got, Some(Failure::new("cut", true, K::UnexpectedEof, what)));
+            }
+            Ok(Some(Ok(bytes))) => {
+                let Some(into) = dst.get_mut(got..got + bytes.len()) else {
+                    let what = format!("the store sent more than the {} bytes asked for", dst.len());
+                    return (got, Some(Failure::new("range", false, K::InvalidData, what)));
+                };
+                into.copy_from_slice(&bytes);
+                got += bytes.len();
+                counters.bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            }
+        }
+    }
+    if got < dst.len() {
+        let what = format!("the body ended at byte {} of {}", range.start + got as u64, range.end);
+        return (got, Some(Failure::new("cut", true, K::UnexpectedEof, what)));
+    }
+    (got, None)
+}
+
+fn object_error(url: &str, range: Option<&Range<u64>>, f: &Failure, retries: u32) -> Error {
+    let range = range
+        .map(|r| format!("bytes {}..{}: ", r.start, r.end))
+        .unwrap_or_default();
+    let tail = if retries > 0 {
+        format!(" (after {retries} retries; last cause: {})", f.cause)
+    } else {
+        String::new()
+    };
+    Error::io(url, std::io::Error::new(f.kind, format!("{range}{}{tail}", f.what)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_quantiles_fall_in_their_bucket() {
+        let h = Histogram::default();
+        for us in [10u64, 1_000, 1_000, 1_000, 50_000] {
+            h.record(Duration::from_micros(us));
+        }
+        assert_eq!(h.count(), 5);
+        let p50 = h.quantile(0.5);
+        assert!((900.0..1_200.0).contains(&p50), "{p50}");
+        let p99 = h.quantile(0.99);
+        assert!((45_000.0..56_000.0).contains(&p99), "{p99}");
+        for i in 0..Histogram::BUCKETS - 1 {
+            assert!(Histogram::low(i) < Histogram::low(i + 1));
+            assert_eq!(Histogram::index(Histogram::low(i) as u64), i);
+        }
+    }
+
+    #[test]
+    fn statuses_and_codes_are_found_in_messages() {
+        assert_eq!(
+            http_status(
+                "Error performing GET x in 1ms - Server returned non-2xx status code: 503 Service Unavailable: "
+            ),
+            Some(503)
+        );
+        assert_eq!(http_status("connection reset"), None);
+        assert_eq!(
+            s3_code("<Error><Code>SlowDown</Code></Error>").as_deref(),
+            Some("SlowDown")
+        );
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_limiter_halves_on_throttling_and_grows_back() {
+        let l = Limiter::new(8);
+        assert_eq!(l.limit(), 8);
+        l.throttled();
+        assert_eq!(l.limit(), 4);
+        // A burst of 503s right after is the same congestion: one cut.
+        l.throttled();
+        assert_eq!(l.limit(), 4);
+        for _ in 0..4 {
+            l.succeeded();
+        }
+        assert_eq!(l.limit(), 5);
+        let permits: Vec<_> = futures_util::future::join_all((0..5).map(|_| l.acquire())).await;
+        assert_eq!(permits.len(), 5);
+        // A sixth waits until one is dropped.
+        let sixth = tokio::time::timeout(Duration::from_millis(20), l.acquire()).await;
+        assert!(sixth.is_err());
+        drop(permits);
+        assert!(tokio::time::timeout(Duration::from_secs(1), l.acquire()).await.is_ok());
+    }
+
+    #[test]
+    fn backoff_grows_within_bounds() {
+        let p = GetPolicy::default();
+        for a in 0..30 {
+            let d = backoff(&p, a);
+            assert!(d <= p.backoff_max, "{a}: {d:?}");
+            assert!(d >= p.backoff.min(p.backoff_max) / 2, "{a}: {d:?}");
+        }
+    }
+}

@@ -1,0 +1,31 @@
+//! brand-store: datasets in object storage (DESIGN.md §4, "Object
+//! storage"). A dataset is a directory or a URL — `s3://bucket/prefix`,
+//! `gs://…`, `az://…`, `https://…` (read only) — and this crate is what
+//! turns a URL into bytes:
+//!
+//! * [`location`]: [`Location`], a path or a URL, parsed once; URLs name
+//!   objects in errors without credentials or query strings.
+//! * [`connect`]: an `object_store` client for a URL, with the credentials
+//!   and endpoint the user's environment gives (as the cloud's own tools
+//!   read them; `~/.aws` profiles with static keys too).
+//! * [`runtime`]: the async runtime a reader owns (made where it reads, so
+//!   a `fork()`ed child that opens a reader makes its own).
+//! * [`get`]: one ranged GET into a caller's buffer: a stall timeout per
+//!   GET, retries with backoff on 5xx, 429 and broken connections, bodies
+//!   resumed where they were cut, a hedged second GET for a slow first
+//!   byte, the object pinned to the entity tag it was opened with;
+//!   [`get::Limiter`] adapts the GETs in flight (halved on throttling);
+//!   [`get::GetCounters`] counts what happened.
+//! * [`open`]: a dataset from a URL: manifest and index fetched, every
+//!   segment's entity tag and size pinned.
+
+pub mod connect;
+pub mod get;
+pub mod location;
+pub mod open;
+pub mod runtime;
+
+pub use connect::Connection;
+pub use get::{GetCounters, GetPolicy, GetReport, Limiter};
+pub use location::{Location, ObjectUrl};
+pub use open::{open, open_any, read_sample};

@@ -1,0 +1,156 @@
+//! A dataset from a path or a URL. A URL's dataset is its `manifest.toml`
+//! and `index.bin` fetched, and every segment object's entity tag and size
+//! taken (HEAD) and checked against the manifest: reads are pinned to them.
+
+use std::path::{Path, PathBuf};
+
+use brand_format::dataset::{Dataset, ObjectVersion, Origin};
+use brand_format::error::{Error, Result};
+use brand_format::index::Index;
+use brand_format::manifest::Manifest;
+use brand_format::{INDEX_FILE, MANIFEST_FILE};
+
+use crate::connect::Connection;
+use crate::get::{self, GetCounters, GetPolicy, Limiter};
+use crate::location::{Location, ObjectUrl};
+use crate::runtime::IoRuntime;
+
+/// Opens the whole dataset at `location` (a path or a URL); a partition is
+/// refused as [`Dataset::open`] refuses it.
+pub fn open(location: impl AsRef<Path>) -> Result<Dataset> {
+    match Location::of_path(location.as_ref())? {
+        Location::Dir(d) => Dataset::open(d),
+        Location::Url(u) => {
+            let ds = open_url(&u, &GetPolicy::default())?;
+            if ds.manifest.partition.is_some() {
+                return Err(Error::config(format!(
+                    "{u}: a partition (brand pack --partitions): serve it with `brand serve`"
+                )));
+            }
+            Ok(ds)
+        }
+    }
+}
+
+/// Opens a whole dataset or one partition (as [`Dataset::open_any`]).
+pub fn open_any(location: impl AsRef<Path>) -> Result<Dataset> {
+    match Location::of_path(location.as_ref())? {
+        Location::Dir(d) => Dataset::open_any(d),
+        Location::Url(u) => open_url(&u, &GetPolicy::default()),
+    }
+}
+
+/// Most HEADs of segment objects in flight at open.
+const HEADS_IN_FLIGHT: usize = 16;
+
+/// The dataset under `url`: manifest, index and every segment's version.
+pub fn open_url(url: &ObjectUrl, policy: &GetPolicy) -> Result<Dataset> {
+    let rt = IoRuntime::new(1)?;
+    let conn = Connection::new(url, policy.stall)?;
+    let counters = GetCounters::default();
+    let limiter = Limiter::new(HEADS_IN_FLIGHT);
+    rt.block_on(async {
+        let manifest_url = PathBuf::from(url.object_url(MANIFEST_FILE));
+        let bytes = match get::get_whole(&conn, MANIFEST_FILE, policy, &counters, &limiter).await {
+            Ok((bytes, _)) => bytes,
+            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                return Err(missing(&conn).await);
+            }
+            Err(e) => return Err(e),
+        };
+        let manifest = Manifest::from_bytes(bytes, &manifest_url)?;
+        let index_url = PathBuf::from(url.object_url(INDEX_FILE));
+        let (bytes, _) = get::get_whole(&conn, INDEX_FILE, policy, &counters, &limiter).await?;
+        let index = Index::from_bytes(&bytes, &index_url)?;
+        drop(bytes);
+        let heads = manifest
+            .segments
+            .iter()
+            .map(|s| get::head(&conn, &s.name, policy, &counters));
+        let metas = futures_util::future::join_all(heads).await;
+        let mut versions = Vec::with_capacity(metas.len());
+        for (seg, meta) in manifest.segments.iter().zip(metas) {
+            let meta = match meta {
+                Ok(m) => m,
+                // A partition's store holds only its own segments.
+                Err(Error::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound && manifest.partition.is_some() =>
+                {
+                    versions.push(ObjectVersion { e_tag: None, size: 0 });
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if meta.size != seg.bytes {
+                return Err(Error::format(
+                    url.object_url(&seg.name),
+                    meta.size,
+                    format!(
+                        "the object has {} bytes, {MANIFEST_FILE} says {}: truncated or from another dataset",
+                        meta.size, seg.bytes
+                    ),
+                ));
+            }
+            versions.push(ObjectVersion {
+                e_tag: meta.e_tag,
+                size: meta.size,
+            });
+        }
+        Dataset::from_parts(PathBuf::from(url.url()), manifest, index, Origin::Objects(versions))
+    })
+}
+
+/// Why there is no manifest under the URL: no bucket, nothing under the
+/// prefix, or objects that are not a dataset (a HEAD's 404 has no body to
+/// tell which; a listing does).
+async fn missing(conn: &Connection) -> Error {
+    use std::io::ErrorKind::NotFound;
+    let url = &conn.url;
+    let prefix = (!url.prefix.is_empty()).then(|| object_store::path::Path::from(url.prefix.as_str()));
+    let what = match conn.store.list_with_delimiter(prefix.as_ref()).await {
+        Err(e) if e.to_string().contains("NoSuchBucket") => format!("the bucket {} does not exist", url.bucket()),
+        Err(e) => format!(
+            "no {MANIFEST_FILE} here, and listing the prefix failed: {}",
+            crate::connect::redact(&e.to_string())
+        ),
+        Ok(l) if l.objects.is_empty() && l.common_prefixes.is_empty() => {
+            "nothing under this prefix (no such dataset)".to_string()
+        }
+        Ok(l) => format!(
+            "not a dataset: no {MANIFEST_FILE} under this prefix ({} objects and {} prefixes there)",
+            l.objects.len(),
+            l.common_prefixes.len()
+        ),
+    };
+    Error::io(url.url(), std::io::Error::new(NotFound, what))
+}
+
+/// One sample of a dataset in object storage, fetched (one ranged GET of
+/// its record, pinned to the segment's version) and decoded: `brand cat`.
+pub fn read_sample(ds: &Dataset, id: u64) -> Result<Vec<u8>> {
+    let Origin::Objects(versions) = &ds.origin else {
+        return ds.read_sample(id);
+    };
+    if id >= ds.index.samples() {
+        return Err(Error::config(format!(
+            "sample {id} out of range: the dataset has {}",
+            ds.index.samples()
+        )));
+    }
+    let Location::Url(url) = Location::of_path(ds.dir())? else {
+        return ds.read_sample(id);
+    };
+    let policy = GetPolicy::default();
+    let (segment, offset, len) = ds.index.record_location(id);
+    let name = &ds.manifest.segments[segment as usize].name;
+    let e_tag = versions.get(segment as usize).and_then(|v| v.e_tag.as_deref());
+    let rt = IoRuntime::new(1)?;
+    let conn = Connection::new(&url, policy.stall)?;
+    let (counters, limiter) = (GetCounters::default(), Limiter::new(1));
+    let mut buf = vec![0u8; len as usize];
+    let range = offset..offset + len as u64;
+    rt.block_on(get::get_into(
+        &conn, name, range, e_tag, &mut buf, &policy, &counters, &limiter,
+    ))?;
+    ds.decode(id, &buf, true).map(|b| b.to_vec())
+}
