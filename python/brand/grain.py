@@ -30,9 +30,21 @@ inside a batch is that position (``Loader.state_dict(taken=)``); one saved
 inside a batch by a loader alone raises ``InvalidStateError`` in ``set_state``
 of an attached one.
 
-Each iterator opens its own ``brand.Loader`` in the process that iterates;
-it is not meant for Grain's multiprocess prefetch (brand reads and decodes
-on its own threads already).
+Each iterator opens its own ``brand.Loader`` in the process that iterates
+(brand reads and decodes on its own threads already). Under Grain's
+multiprocess prefetch (``ds.mp_prefetch(grain.MultiprocessingOptions(
+num_workers=k))``), Grain gives worker ``i`` of ``k`` its slice of the
+dataset (``set_slice``): that worker is brand rank ``rank × k + i`` of ``world
+× k``, and ``memory`` is the process's, shared by its ``k`` workers: each has
+``⌊M / k⌋`` of the ``M`` slots ``memory`` gives (the rest, fewer than ``k``
+samples, unused), so the workers hold at most ``memory`` (plus each one's
+``readahead``) together, and the global order is the same for every ``k``
+that divides ``M``. A budget that cannot give every worker two batches (and
+one chunk) raises ``ConfigError`` naming ``k`` and the least memory that
+would. Grain's interleaving of the ``k`` workers' items then follows brand's
+global order, one item from each worker in turn; ``sequential_slice`` makes
+no difference (brand's order is its own). Not for a node of a multi-node job
+(``nodes``): one process is one node.
 """
 
 from __future__ import annotations
@@ -73,12 +85,39 @@ class BrandIterDataset(grain.IterDataset):
         self.first_epoch = int(first_epoch)
         self.num_epochs = num_epochs
         self.config = config
+        # This copy's slice of the dataset (set_slice): worker `_worker` of
+        # `_workers` (0 of 1: all of it).
+        self._worker, self._workers = 0, 1
+
+    def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
+        """Makes this dataset (a copy in one of Grain's worker processes)
+        worker ``sl.start`` of ``sl.step``: a brand rank of its own with its
+        share of ``memory`` (see ``help(brand.grain)``). A slice of a slice
+        is one of ``step × step`` workers. ``sequential_slice`` makes no
+        difference."""
+        start, stop, step = sl.start or 0, sl.stop, sl.step or 1
+        if stop is not None or step < 1 or not 0 <= start < step:
+            raise brand.ConfigError(
+                f"BrandIterDataset can be sliced into workers only (slice(i, None, k) with 0 <= i < k), not {sl}"
+            )
+        self._worker, self._workers = self._worker + self._workers * start, self._workers * step
+
+    def _loader_config(self) -> dict:
+        """brand.Loader's keywords for this worker: its rank, world and share
+        of memory (the configuration as given without workers)."""
+        k = self._workers
+        if k == 1:
+            return self.config
+        share = brand._brand._worker_memory(self.path, k, **self.config)
+        return dict(self.config, rank=share["rank"] * k + self._worker, world=share["world"] * k,
+                    memory=f"{share['worker_slots']} slots")
 
     def __iter__(self) -> "BrandDatasetIterator":
         return BrandDatasetIterator(self)
 
     def __str__(self) -> str:
-        return f"BrandIterDataset({self.path!r}, batched={self.batched})"
+        worker = f", worker {self._worker} of {self._workers}" if self._workers > 1 else ""
+        return f"BrandIterDataset({self.path!r}, batched={self.batched}{worker})"
 
 
 class BrandDatasetIterator(grain.DatasetIterator):
@@ -88,7 +127,7 @@ class BrandDatasetIterator(grain.DatasetIterator):
     def __init__(self, dataset: BrandIterDataset) -> None:
         super().__init__()
         self._dataset = dataset
-        self._loader = brand.Loader(dataset.path, **dataset.config)
+        self._loader = brand.Loader(dataset.path, **dataset._loader_config())
         if dataset.first_epoch:
             self._loader.start_epoch(dataset.first_epoch)
         self._end = None if dataset.num_epochs is None else dataset.first_epoch + dataset.num_epochs
@@ -143,7 +182,9 @@ class BrandDatasetIterator(grain.DatasetIterator):
         self._skip = int(state["skip"])
 
     def close(self) -> None:
-        self._loader.close()
+        loader = getattr(self, "_loader", None)  # None: its opening failed
+        if loader is not None:
+            loader.close()
         super().close()
 
     def __str__(self) -> str:

@@ -27,7 +27,21 @@ is initialised, else from ``RANK`` / ``WORLD_SIZE`` (else 0 and 1); a
 ``rank``/``world`` keyword overrides them. With ``num_workers=k`` every worker
 is a brand rank of its own: world ``world × k``, rank ``rank × k +
 worker_id``. Every sample is served exactly once per epoch across all ranks
-and workers. ``memory`` is per brand rank, so per worker.
+and workers.
+
+Memory: ``memory`` is what this process may hold, however many workers it
+has. Its ``k`` workers share it: each worker's brand rank has ``⌊M / k⌋`` of
+the ``M`` slots ``memory`` gives (slots: samples' worth, DESIGN.md §3); the
+``M mod k`` left over (fewer than ``k`` samples) are unused, so the workers
+together hold at most ``memory`` (plus each worker's ``readahead``). Because
+brand's global order depends on the total slots, not on the number of ranks,
+it is the same for every ``num_workers`` that divides ``M`` (``"10%"`` of
+20,000 samples is 2,000 slots: 1, 2, 4, 5, 8, 10, ... workers). A budget
+that cannot give every worker two batches (and one chunk) raises
+``ConfigError`` naming ``k`` and the least memory that would. A budget that
+holds the whole dataset reads it once only when each worker's share holds
+it (``k`` × the dataset): shared by workers, every worker reads its part of
+the dataset each epoch.
 
 Epochs: iterating the dataset again in the same process continues with the
 next epoch (``num_workers=0``, or ``persistent_workers=True``). DataLoader
@@ -53,11 +67,19 @@ gather them from all ranks (``torch.distributed.all_gather_object``), and give
 the full list to ``BrandDataset.load_world_state(states)`` of the new run,
 whose DataLoader starts fresh (no ``load_state_dict``). brand then continues
 the same epoch's global order on the new ``world × k`` ranks, every sample
-once. Two conditions, both checked: the total memory (``world × k ×
-memory``) must be the saved run's (give ``memory`` in slots, or scale it),
-and the states must be of one global step: every brand rank saved after the
-same number of brand batches, i.e. ``batched=True`` and a DataLoader step
-count that is a multiple of ``num_workers``.
+once. The total memory is kept by construction: the new workers share the
+saved run's total slots equally (within ``memory``), so the same ``memory``
+resumes on any ``num_workers``; ``StateMismatchError`` names the cases where
+it cannot: a saved total more than ``memory`` gives (it names the
+``memory`` to pass), or one that the new number of ranks does not divide
+(equal slots per rank). The states must be of one global step: every brand
+rank saved after the same number of brand batches, i.e. ``batched=True``
+and a DataLoader step count that is a multiple of ``num_workers``.
+
+States saved before ``memory`` was the process's (``BrandDataset`` state
+version 1, when each worker had all of ``memory``) still resume when the
+slots per worker agree; otherwise ``StateMismatchError`` says which
+``memory`` resumes them (``k`` × what each worker had).
 
 Tensors view brand's buffers without a copy and must not be written to
 (brand may hand the same buffer out again next epoch): ``clone()`` first.
@@ -76,7 +98,10 @@ import brand
 
 __all__ = ["BrandDataset", "worker_states"]
 
-_STATE_VERSION = 1
+# 2: ``memory`` is the process's, shared by its DataLoader workers (issue
+# 37). 1: each worker had all of ``memory``; still read (see load_state_dict).
+_STATE_VERSION = 2
+_STATE_VERSIONS = (1, 2)
 
 
 def _rank_and_world() -> tuple[int, int]:
@@ -126,6 +151,8 @@ class BrandDataset(torch.utils.data.IterableDataset):
         # Per process: (pid, rank, world) -> the loader this worker iterates.
         self._loader: Optional[brand.Loader] = None
         self._loader_key: Optional[tuple] = None
+        # This worker's share of ``memory`` (see _open).
+        self._share: Optional[dict] = None
         # Where the worker is: the brand state before the batch in hand and
         # how many of its samples were yielded (None: between batches).
         self._before: Optional[dict] = None
@@ -134,23 +161,32 @@ class BrandDataset(torch.utils.data.IterableDataset):
 
     # -- where this worker is ------------------------------------------------
 
-    def _brand_rank(self) -> tuple[int, int]:
-        """This worker's brand rank and world: rank × k + worker id of world × k."""
+    def _process_rank(self) -> tuple[int, int, int, int]:
+        """This process's rank and world, and this worker's id and the
+        number of workers (0 and 0 without workers)."""
         rank, world = _rank_and_world()
         rank = self.config.get("rank", rank)
         world = self.config.get("world", world)
         info = torch.utils.data.get_worker_info()
         if info is None:
-            return rank, world
-        return rank * info.num_workers + info.id, world * info.num_workers
+            return rank, world, 0, 0
+        return rank, world, info.id, info.num_workers
 
     def _open(self) -> brand.Loader:
-        rank, world = self._brand_rank()
-        key = (os.getpid(), rank, world)
-        if self._loader is None or self._loader_key != key:
+        rank, world, worker, workers = self._process_rank()
+        k = max(workers, 1)
+        # This worker's brand rank: rank × k + worker id of world × k.
+        brand_rank, brand_world = rank * k + worker, world * k
+        key = (os.getpid(), brand_rank, brand_world)
+        if self._loader is None or self._loader_key != key or self._world_states is not None:
             # A loader inherited from another process is left alone (it
-            # belongs to its parent); each worker opens its own.
-            config = dict(self.config, rank=rank, world=world)
+            # belongs to its parent); each worker opens its own. An elastic
+            # resume opens one with the saved run's total memory.
+            config = dict(self.config, rank=brand_rank, world=brand_world)
+            self._share = None
+            if k > 1 or self._world_states is not None:
+                self._share = _share(self.path, dict(self.config, rank=rank, world=world), k, self._world_states)
+                config["memory"] = f"{self._share['worker_slots']} slots"
             self._loader = brand.Loader(self.path, **config)
             self._loader_key = key
             self._before = None
@@ -176,6 +212,7 @@ class BrandDataset(torch.utils.data.IterableDataset):
                 loader.start_epoch(self._epoch)
             else:
                 brand._refuse_inside_an_attached_batch(pending, bool(self.config.get("cache")), "batched=True")
+                self._check_memory(pending)
                 loader.load_state_dict(pending["brand"])
                 skip = pending["skip"]
         elif pending is not None:
@@ -221,6 +258,29 @@ class BrandDataset(torch.utils.data.IterableDataset):
                     yield self.transform(item) if self.transform else item
             skip = 0
 
+    def _check_memory(self, state: dict) -> None:
+        """Refuses, saying which ``memory`` resumes it, a state saved with
+        other slots per worker than this worker has (brand's own check would
+        speak of slots per rank)."""
+        if self._share is None:
+            # A process alone has all of memory: brand's check says it.
+            return
+        k = max(self._process_rank()[3], 1)
+        saved, now = brand._brand._saved_slots(state["brand"]), self._share["worker_slots"]
+        if saved == now:
+            return
+        old = (
+            " (a state of version 1, saved when each DataLoader worker had all of memory)"
+            if state.get("version") == 1
+            else ""
+        )
+        raise brand.StateMismatchError(
+            f"this state was saved with {saved} slots per DataLoader worker{old}; memory={self.config.get('memory')!r} "
+            f"is {self._share['process_slots']} slots for this process, {now} for each of its {k} workers: pass "
+            f"memory=\"{saved * k} slots\" to resume it (or resume on another number of workers with "
+            "worker_states and load_world_state)"
+        )
+
     # -- checkpoints ------------------------------------------------------------
 
     def state_dict(self) -> dict:
@@ -243,7 +303,7 @@ class BrandDataset(torch.utils.data.IterableDataset):
     def load_state_dict(self, state: dict) -> None:
         """Resumes the next iteration where ``state`` (from ``state_dict``)
         was taken."""
-        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION or "brand" not in state:
+        if not isinstance(state, dict) or state.get("version") not in _STATE_VERSIONS or "brand" not in state:
             raise brand.InvalidStateError(f"not a BrandDataset state: {state!r:.200}")
         self._pending = dict(state)
         self._world_states = None
@@ -266,6 +326,38 @@ class BrandDataset(torch.utils.data.IterableDataset):
             brand_states.append(s["brand"])
         self._world_states = brand_states
         self._pending = None
+
+
+def _share(path: str, config: dict, workers: int, world_states: Optional[list]) -> dict:
+    """This process's ``memory`` in slots (``process_slots``) and each of
+    its ``workers``' share (``worker_slots``), ``config`` being the
+    process's (its rank and world). An elastic resume (``world_states``, the
+    saved brand states) keeps the saved run's total slots, shared equally by
+    the ``world × workers`` new ranks, if ``memory`` holds it."""
+    share = brand._brand._worker_memory(path, workers, **config)
+    if not world_states:
+        return share
+    saved_world = {int(s.get("world", -1)) for s in world_states}
+    slots = {brand._brand._saved_slots(s) for s in world_states}
+    if len(saved_world) != 1 or len(slots) != 1:
+        return share  # brand's own check names what differs
+    total = saved_world.pop() * slots.pop()
+    ranks = share["world"] * workers
+    if ranks * share["worker_slots"] == total:
+        return share
+    saved = f"the saved run held {total} slots in total ({len(world_states)} brand ranks)"
+    if total > share["world"] * share["process_slots"]:
+        raise brand.StateMismatchError(
+            f"{saved}, more than memory={config.get('memory')!r} gives {share['world']} process(es) "
+            f"({share['process_slots']} slots each): pass memory=\"{-(-total // share['world'])} slots\" to continue "
+            "its order (an elastic resume keeps the total memory)"
+        )
+    if total % ranks:
+        raise brand.StateMismatchError(
+            f"{saved}, which {share['world']} process(es) × {workers} workers = {ranks} brand ranks cannot share "
+            f"equally (ranks of one world hold equal slots): resume on a number of ranks that divides {total}"
+        )
+    return dict(share, worker_slots=total // ranks)
 
 
 def worker_states(dataloader_state: dict) -> list[dict]:

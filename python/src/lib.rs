@@ -1,12 +1,14 @@
 //! brand._brand, the extension module of the `brand` Python package: the
-//! loader ([`loader::Loader`]), its batches ([`batch::Batch`]) and brand's
-//! errors as exceptions ([`errors`]). The package's pure-Python modules
+//! loader ([`loader::Loader`]), its batches ([`batch::Batch`]), brand's
+//! errors as exceptions ([`errors`]) and the memory of a process's workers
+//! ([`workers`], for brand.torch and brand.grain). The package's pure-Python modules
 //! (brand/__init__.py, brand/torch.py, brand/grain.py) build on it.
 
 mod batch;
 mod errors;
 mod keywords;
 mod loader;
+mod workers;
 
 use pyo3::prelude::*;
 
@@ -20,6 +22,8 @@ fn _brand(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<loader::Loader>()?;
     m.add_class::<batch::Batch>()?;
     m.add_class::<batch::SampleBuffer>()?;
+    m.add_function(wrap_pyfunction!(workers::_worker_memory, m)?)?;
+    m.add_function(wrap_pyfunction!(workers::_saved_slots, m)?)?;
     m.add("BrandError", py.get_type::<errors::BrandError>())?;
     m.add("ConfigError", py.get_type::<errors::ConfigError>())?;
     m.add("NotFoundError", py.get_type::<errors::NotFoundError>())?;

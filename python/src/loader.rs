@@ -502,7 +502,7 @@ impl Drop for Loader {
 }
 
 /// The checkpoint of one `state_dict()`.
-fn checkpoint_of(d: &Bound<'_, PyDict>) -> Result<Checkpoint, String> {
+pub fn checkpoint_of(d: &Bound<'_, PyDict>) -> Result<Checkpoint, String> {
     let text: String = d
         .get_item("checkpoint")
         .map_err(|e| e.to_string())?

@@ -1,6 +1,7 @@
 """brand.grain.BrandIterDataset against the real Grain: every sample once per
-epoch with its bytes, zero copy, and get_state/set_state resuming exactly
-(also through Grain transformations chained after it)."""
+epoch with its bytes, zero copy, get_state/set_state resuming exactly (also
+through Grain transformations chained after it), and Grain's worker
+processes sharing the process's memory."""
 
 import json
 
@@ -14,6 +15,8 @@ from brand.grain import BrandIterDataset
 from conftest import SAMPLES, source_bytes
 
 CFG = dict(batch_size=16, memory="20%", seed=11, io_backend="threads")
+# 64 slots: 32 for each of 2 workers (two batches and two chunks).
+MP_CFG = dict(batch_size=8, memory="64 slots", seed=11, io_backend="threads")
 
 
 def test_is_a_grain_iter_dataset_serving_every_sample_once_per_epoch(dataset):
@@ -78,3 +81,46 @@ def test_a_state_that_is_not_brands_is_refused(dataset):
     it = iter(BrandIterDataset(ds_path, **CFG))
     with pytest.raises(brand.InvalidStateError):
         it.set_state({"something": 1})
+
+
+def mp(ds, workers):
+    return ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
+
+
+def test_worker_processes_share_memory_and_serve_brands_global_order(dataset):
+    """Two Grain worker processes: brand ranks 0 and 1 of 2 with 32 slots
+    each, interleaved by Grain into the order one process serves."""
+    _, ds_path = dataset
+    alone = ids(BrandIterDataset(ds_path, **MP_CFG))
+    pipeline = mp(BrandIterDataset(ds_path, **MP_CFG).map(lambda item: (item["id"], item["data"].size)), 2)
+    it = iter(pipeline)
+    try:
+        got = [i for i, _ in it]
+    finally:
+        it.close()
+    assert sorted(got) == list(range(SAMPLES))
+    assert got == alone
+
+
+def test_a_worker_is_a_brand_rank_with_its_share(dataset):
+    _, ds_path = dataset
+    ds = BrandIterDataset(ds_path, **MP_CFG)
+    ds.set_slice(slice(1, None, 2))
+    it = iter(ds)
+    assert (it._loader.rank, it._loader.world) == (1, 2)
+    state = it.get_state()
+    assert brand._brand._saved_slots(state["brand"]) == 32
+    assert ids(it) == ids(BrandIterDataset(ds_path, **MP_CFG))[1::2]
+    # A slice of a slice: worker 1 of 2 within worker 1 of 2 is 3 of 4.
+    ds.set_slice(slice(1, None, 2))
+    assert (iter(ds)._loader.rank, iter(ds)._loader.world) == (3, 4)
+    with pytest.raises(brand.ConfigError, match="sliced into workers only"):
+        ds.set_slice(slice(0, 10, 2))
+
+
+def test_a_budget_too_small_for_the_workers_is_refused(dataset):
+    _, ds_path = dataset
+    ds = BrandIterDataset(ds_path, **dict(MP_CFG, memory="40 slots"))
+    ds.set_slice(slice(0, None, 4))
+    with pytest.raises(brand.ConfigError, match=r"its 4 workers: 10 each.*\"64 slots\""):
+        iter(ds)

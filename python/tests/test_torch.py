@@ -1,6 +1,7 @@
 """brand.torch.BrandDataset against the real torch and torchdata: exactly once,
 bytes, StatefulDataLoader resume with 0 and 2 workers, DDP-style ranks ×
-workers, elastic resume over a different number of workers."""
+workers, elastic resume over a different number of workers, and memory that
+the process's workers share (issue 37)."""
 
 import copy
 import json
@@ -22,7 +23,9 @@ from brand.torch import BrandDataset, worker_states
 
 from conftest import SAMPLES, make_dataset, source_bytes
 
-CFG = dict(batch_size=8, memory="20%", seed=5, io_backend="threads")
+# 40 % of 150 samples: 60 slots, 30 for each of 2 workers (two batches and a
+# chunk of 16 each).
+CFG = dict(batch_size=8, memory="40%", seed=5, io_backend="threads")
 
 
 def as_list(items):
@@ -183,10 +186,11 @@ def test_rank_and_world_from_the_environment(even_dataset, monkeypatch):
 
 
 def test_elastic_resume_on_another_number_of_workers(even_dataset):
-    """2 workers × 48 slots save after 4 steps (2 batches each); 3 workers ×
-    32 slots (the same total memory) serve the rest of the epoch."""
+    """2 workers (48 slots each) save after 4 steps (2 batches each); 3
+    workers with the same memory (32 slots each: the same total) serve the
+    rest of the epoch."""
     _, ds_path = even_dataset
-    cfg = dict(CFG, memory="48 slots")
+    cfg = dict(CFG, memory="96 slots")
     ds = BrandDataset(ds_path, batched=True, **cfg)
     dl = StatefulDataLoader(ds, batch_size=None, num_workers=2)
     it = iter(dl)
@@ -194,7 +198,7 @@ def test_elastic_resume_on_another_number_of_workers(even_dataset):
     states = worker_states(dl.state_dict())
     assert len(states) == 2 and all(s["skip"] == 0 for s in states)
     del it, dl
-    ds3 = BrandDataset(ds_path, batched=True, **dict(cfg, memory="32 slots"))
+    ds3 = BrandDataset(ds_path, batched=True, **cfg)
     ds3.load_world_state(json.loads(json.dumps(states)))
     dl3 = DataLoader(ds3, batch_size=None, num_workers=3)
     rest = [i for step in dl3 for i in step["id"].tolist()]
@@ -230,3 +234,167 @@ def test_set_epoch_after_a_saved_epoch_starts_that_epoch(dataset):
         ds.set_epoch(epoch)
         assert [ids_of(s) for s in dl] == expected
     assert first == whole[0][:3]
+
+
+# -- memory is the process's, shared by its workers (issue 37) ----------------
+
+# 4 and 8 workers on a 2-core machine: torch warns that they may be slow.
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
+
+MEM_SAMPLES = 640  # 4 KiB on average: 2.5 MiB
+
+
+@pytest.fixture(scope="module")
+def mem_dataset(tmp_path_factory):
+    files, ds = make_dataset(tmp_path_factory.mktemp("brand-mem"), samples=MEM_SAMPLES, seed=3)
+    sizes = {p.relative_to(files).as_posix(): p.stat().st_size for p in files.rglob("*") if p.is_file()}
+    return ds, sizes
+
+
+class Tag:
+    """A transform that tags each brand batch with the worker that served it
+    and that worker's brand metrics."""
+
+    def __init__(self, ds):
+        self.ds = ds
+
+    def __call__(self, item):
+        info = torch.utils.data.get_worker_info()
+        ds = info.dataset if info is not None else self.ds
+        item["worker"] = info.id if info is not None else 0
+        item["world"] = ds._loader.world
+        item["metrics"] = ds._loader.metrics()
+        return item
+
+
+# 320 slots (50 %), batches of 8, 64 KiB in flight per worker.
+MEM_CFG = dict(batched=True, batch_size=8, memory="50%", seed=7, io_backend="threads", readahead="64KiB")
+
+
+def global_order(ds_path, workers, **overrides):
+    """One epoch: the ids ordered by brand's global position (worker w of k
+    serves positions w, w + k, ...), and each worker's last metrics."""
+    ds = BrandDataset(ds_path, **dict(MEM_CFG, **overrides))
+    ds.transform = Tag(ds)
+    k = max(workers, 1)
+    by_position, metrics, steps = {}, {}, {}
+    for item in DataLoader(ds, batch_size=None, num_workers=workers):
+        assert item["world"] == k
+        w = item["worker"]
+        for i in item["id"].tolist():
+            step = steps.get(w, 0)
+            by_position[step * k + w] = i
+            steps[w] = step + 1
+        metrics[w] = item["metrics"]
+    return [by_position[p] for p in sorted(by_position)], metrics
+
+
+@pytest.mark.parametrize("workers", [0, 2, 4])
+def test_workers_share_the_memory_of_their_process(mem_dataset, workers):
+    """The workers' resident samples together stay within the process's
+    budget plus each one's read-ahead (and the one read a rank may start
+    beyond it); before, each worker held a budget of its own."""
+    ds_path, sizes = mem_dataset
+    order, metrics = global_order(ds_path, workers)
+    assert sorted(order) == list(range(MEM_SAMPLES))
+    k = max(workers, 1)
+    assert len(metrics) == k
+    total = sum(sizes.values())
+    budget = -(-total * (MEM_SAMPLES // 2) // MEM_SAMPLES)  # 50 %: 320 slots of the mean size
+    chunk = 16 * max(sizes.values())  # the largest read (a whole chunk)
+    held = sum(m["peak_resident_bytes"] for m in metrics.values())
+    assert held <= budget + k * (64 * 1024 + chunk), (held, budget, [m["peak_resident_bytes"] for m in metrics.values()])
+    if workers:
+        # Each worker's share is its budget: a quarter, not all of it, with 4.
+        assert max(m["peak_resident_bytes"] for m in metrics.values()) <= budget // k + 64 * 1024 + chunk
+
+
+def test_the_global_order_does_not_depend_on_the_number_of_workers(mem_dataset):
+    """320 slots shared by 1, 2 or 4 workers: the same total, so the same
+    sequence of samples in brand's global order."""
+    ds_path, _ = mem_dataset
+    orders = {k: global_order(ds_path, k)[0] for k in (0, 2, 4)}
+    assert sorted(orders[2]) == sorted(orders[4]) == list(range(MEM_SAMPLES))
+    assert orders[2] == orders[4] == orders[0]
+    # Another seed is another order (the comparison can fail).
+    assert global_order(ds_path, 2, seed=8)[0] != orders[2]
+
+
+def test_resume_on_four_workers_from_two_serves_the_rest_exactly_once(mem_dataset):
+    """A StatefulDataLoader state of 2 workers (after 6 steps: 3 brand batches
+    each), resumed on 4 workers with the same memory: the rest of the epoch,
+    every sample once."""
+    ds_path, _ = mem_dataset
+    cfg = dict(MEM_CFG, readahead=None)
+    ds = BrandDataset(ds_path, **cfg)
+    dl = StatefulDataLoader(ds, batch_size=None, num_workers=2)
+    it = iter(dl)
+    served = [i for _ in range(6) for i in next(it)["id"].tolist()]
+    saved = pickle.loads(pickle.dumps(dl.state_dict()))
+    del it, dl
+    ds4 = BrandDataset(ds_path, **cfg)
+    ds4.load_world_state(worker_states(saved))
+    rest = [i for step in DataLoader(ds4, batch_size=None, num_workers=4) for i in step["id"].tolist()]
+    assert len(served) == 48
+    assert sorted(served + rest) == list(range(MEM_SAMPLES))
+    # The first 48 positions of the global order that 0 workers serve, then the rest.
+    whole = global_order(ds_path, 0)[0]
+    assert sorted(served) == sorted(whole[:48])
+
+
+def test_a_budget_too_small_for_the_workers_names_them_and_the_least(mem_dataset):
+    """64 slots on 8 workers is 8 each, less than a chunk (16) or two batches."""
+    ds_path, _ = mem_dataset
+    ds = BrandDataset(ds_path, **dict(MEM_CFG, memory="10%"))
+    with pytest.raises(brand.ConfigError, match=r"its 8 workers: 8 each.*\"128 slots\""):
+        next(iter(DataLoader(ds, batch_size=None, num_workers=8)))
+    # The same budget is enough for 4 workers (16 each).
+    assert len(list(DataLoader(BrandDataset(ds_path, **dict(MEM_CFG, memory="10%")), batch_size=None,
+                               num_workers=4))) == MEM_SAMPLES // 8
+
+
+def test_a_state_of_per_worker_memory_is_refused_naming_the_memory_that_resumes_it(mem_dataset):
+    """A state whose workers had other slots (as version 1 states, saved when
+    each worker had all of memory, have): StateMismatchError names the
+    memory that resumes it, and that memory does, exactly."""
+    ds_path, _ = mem_dataset
+    whole_ds = BrandDataset(ds_path, **MEM_CFG)
+    whole = [s["id"].tolist() for s in StatefulDataLoader(whole_ds, batch_size=None, num_workers=2)]
+    ds = BrandDataset(ds_path, **MEM_CFG)
+    dl = StatefulDataLoader(ds, batch_size=None, num_workers=2)
+    it = iter(dl)
+    got = [next(it)["id"].tolist() for _ in range(5)]
+    saved = dl.state_dict()
+    del it, dl
+    # As a version-1 state of 2 workers with memory="80 slots" each would be.
+    old = copy.deepcopy(saved)
+    for w in worker_states(old):
+        w["version"] = 1
+    ds = BrandDataset(ds_path, **dict(MEM_CFG, memory="80 slots"))
+    dl = StatefulDataLoader(ds, batch_size=None, num_workers=2)
+    dl.load_state_dict(old)
+    with pytest.raises(brand.StateMismatchError, match=r"160 slots per DataLoader worker \(a state of version 1.*memory=\"320 slots\""):
+        next(iter(dl))
+    ds = BrandDataset(ds_path, **dict(MEM_CFG, memory="320 slots"))
+    dl = StatefulDataLoader(ds, batch_size=None, num_workers=2)
+    dl.load_state_dict(old)
+    assert got + [s["id"].tolist() for s in dl] == whole
+
+
+def test_an_elastic_resume_that_cannot_keep_the_total_memory_says_why(mem_dataset):
+    """320 slots saved by 2 workers: 3 workers cannot share them equally, and
+    memory="160 slots" does not hold them (the error names the memory that does)."""
+    ds_path, _ = mem_dataset
+    ds = BrandDataset(ds_path, **MEM_CFG)
+    dl = StatefulDataLoader(ds, batch_size=None, num_workers=2)
+    it = iter(dl)
+    for _ in range(2):
+        next(it)
+    states = worker_states(dl.state_dict())
+    del it, dl
+    for workers, memory, why in [(3, "320 slots", r"320 slots in total.*3 brand ranks cannot share"),
+                                 (4, "160 slots", r"320 slots in total.*pass memory=\"320 slots\"")]:
+        ds = BrandDataset(ds_path, **dict(MEM_CFG, memory=memory))
+        ds.load_world_state(states)
+        with pytest.raises(brand.StateMismatchError, match=why):
+            next(iter(DataLoader(ds, batch_size=None, num_workers=workers)))
