@@ -104,13 +104,13 @@ class BrandIterDataset(grain.IterDataset):
 
     def _loader_config(self) -> dict:
         """brand.Loader's keywords for this worker: its rank, world and share
-        of memory (the configuration as given without workers)."""
+        of memory and of readahead (the configuration as given without workers)."""
         k = self._workers
         if k == 1:
             return self.config
         share = brand._brand._worker_memory(self.path, k, **self.config)
         return dict(self.config, rank=share["rank"] * k + self._worker, world=share["world"] * k,
-                    memory=f"{share['worker_slots']} slots")
+                    memory=f"{share['worker_slots']} slots", readahead=share["worker_readahead"])
 
     def __iter__(self) -> "BrandDatasetIterator":
         return BrandDatasetIterator(self)

@@ -32,8 +32,9 @@ and workers.
 Memory: ``memory`` is what this process may hold, however many workers it
 has. Its ``k`` workers share it: each worker's brand rank has ``⌊M / k⌋`` of
 the ``M`` slots ``memory`` gives (slots: samples' worth, DESIGN.md §3); the
-``M mod k`` left over (fewer than ``k`` samples) are unused, so the workers
-together hold at most ``memory`` (plus each worker's ``readahead``). Because
+``M mod k`` left over (fewer than ``k`` samples) are unused, and each has
+``readahead / k`` of reads in flight, so the workers together hold at most
+``memory + readahead`` (each rank may start one read beyond its share). Because
 brand's global order depends on the total slots, not on the number of ranks,
 it is the same for every ``num_workers`` that divides ``M`` (``"10%"`` of
 20,000 samples is 2,000 slots: 1, 2, 4, 5, 8, 10, ... workers). A budget
@@ -187,6 +188,7 @@ class BrandDataset(torch.utils.data.IterableDataset):
             if k > 1 or self._world_states is not None:
                 self._share = _share(self.path, dict(self.config, rank=rank, world=world), k, self._world_states)
                 config["memory"] = f"{self._share['worker_slots']} slots"
+                config["readahead"] = self._share["worker_readahead"]
             self._loader = brand.Loader(self.path, **config)
             self._loader_key = key
             self._before = None

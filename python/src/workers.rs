@@ -6,7 +6,6 @@
 
 use std::path::PathBuf;
 
-use brand_format::Dataset;
 use brand_format::error::Error;
 use brand_loader::workers::split_memory_of;
 use brand_nodes::Config;
@@ -45,13 +44,14 @@ pub fn _worker_memory<'py>(
     // The index is read without the GIL (a large dataset's takes a while).
     let split = py.detach(|| {
         guarded(|| {
-            let ds = Dataset::open(&path)?;
+            let ds = brand_store::open(&path)?;
             split_memory_of(&ds.index, plan, batch_size, workers)
         })
     })?;
     let d = PyDict::new(py);
     d.set_item("process_slots", split.process_slots)?;
     d.set_item("worker_slots", split.worker_slots)?;
+    d.set_item("worker_readahead", config.loader.readahead_bytes / u64::from(workers.max(1)))?;
     d.set_item("rank", plan.rank)?;
     d.set_item("world", plan.world)?;
     Ok(d)

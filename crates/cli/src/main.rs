@@ -404,6 +404,11 @@ fn inspect_cmd(a: &InspectArgs) -> brand_format::Result<ExitCode> {
 
 fn verify_cmd(a: &VerifyArgs) -> brand_format::Result<ExitCode> {
     if a.rebuild_index {
+        if let brand_store::Location::Url(u) = brand_store::Location::of_path(&a.dataset)? {
+            return Err(brand_format::Error::config(format!(
+                "{u}: --rebuild-index writes index.bin beside the segments: run it on a local copy, then upload index.bin"
+            )));
+        }
         let idx = brand_pack::verify::rebuild_index(&a.dataset)?;
         eprintln!(
             "rebuilt index.bin: {} samples in {} chunks",

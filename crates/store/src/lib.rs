@@ -28,4 +28,4 @@ pub mod runtime;
 pub use connect::Connection;
 pub use get::{GetCounters, GetPolicy, GetReport, Limiter};
 pub use location::{Location, ObjectUrl};
-pub use open::{open, open_any, read_sample};
+pub use open::{for_each_chunk, open, open_any, read_sample};

@@ -154,3 +154,39 @@ pub fn read_sample(ds: &Dataset, id: u64) -> Result<Vec<u8>> {
     ))?;
     ds.decode(id, &buf, true).map(|b| b.to_vec())
 }
+
+/// Chunks fetched at once by [`for_each_chunk`].
+const CHUNKS_IN_FLIGHT: usize = 16;
+
+/// Each chunk of `chunks` of a dataset in object storage, whole (its padded
+/// length, one ranged GET pinned to the segment's version), handed to
+/// `each` as it arrives, many in flight: `brand verify`.
+pub fn for_each_chunk(ds: &Dataset, chunks: &[u64], each: &mut dyn FnMut(u64, Result<Vec<u8>>)) -> Result<()> {
+    use futures_util::StreamExt;
+    let (Origin::Objects(versions), Location::Url(url)) = (&ds.origin, Location::of_path(ds.dir())?) else {
+        return Err(Error::config(format!("{}: not in object storage", ds.dir().display())));
+    };
+    let policy = GetPolicy::default();
+    let rt = IoRuntime::new(2)?;
+    let conn = Connection::new(&url, policy.stall)?;
+    let (counters, limiter) = (GetCounters::default(), Limiter::new(CHUNKS_IN_FLIGHT));
+    let fetch = |c: u64| {
+        let loc = ds.index.chunks[c as usize];
+        let name = &ds.manifest.segments[loc.segment as usize].name;
+        let e_tag = versions.get(loc.segment as usize).and_then(|v| v.e_tag.as_deref());
+        let range = loc.offset..loc.offset + ds.index.chunk_padded_len(c);
+        let (conn, policy, counters, limiter) = (&conn, &policy, &counters, &limiter);
+        async move {
+            let mut buf = vec![0u8; (range.end - range.start) as usize];
+            let r = get::get_into(conn, name, range, e_tag, &mut buf, policy, counters, limiter).await;
+            (c, r.map(|()| buf))
+        }
+    };
+    rt.block_on(async {
+        let mut arrivals = futures_util::stream::iter(chunks.iter().map(|&c| fetch(c))).buffer_unordered(CHUNKS_IN_FLIGHT);
+        while let Some((c, r)) = arrivals.next().await {
+            each(c, r);
+        }
+    });
+    Ok(())
+}
