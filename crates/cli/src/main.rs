@@ -108,9 +108,14 @@ struct PackArgs {
     /// The input (several files for --from tfrecord).
     #[arg(required = true, num_args = 1..)]
     inputs: Vec<PathBuf>,
-    /// The dataset directory to create.
+    /// The dataset directory to create, or a URL (s3://bucket/prefix, gs://…,
+    /// az://…): packed in --staging, then uploaded, manifest.toml last.
     #[arg(short, long)]
     out: PathBuf,
+    /// A pack to a URL: the local directory it is packed in before the
+    /// upload (default: the system's temporary directory); removed after.
+    #[arg(long, value_name = "DIR")]
+    staging: Option<PathBuf>,
     #[arg(long, value_enum, default_value = "dir")]
     from: From,
     /// Samples per chunk (1..=64).
@@ -360,9 +365,37 @@ fn pack_cmd(a: &PackArgs) -> brand_format::Result<ExitCode> {
         force: a.force,
         inputs: a.inputs.iter().map(|p| p.display().to_string()).collect(),
     };
+    let url = match brand_store::Location::of_path(&a.out)? {
+        brand_store::Location::Url(u) => Some(u),
+        brand_store::Location::Dir(_) => None,
+    };
+    if let (Some(u), Some(_)) = (&url, partitions) {
+        return Err(brand_format::Error::config(format!(
+            "{u}: --partitions writes one directory per node's local disk, not to object storage (every node can read the whole dataset from the store)"
+        )));
+    }
+    // A pack to a URL is made in a staging directory, then uploaded.
+    let staging = match &url {
+        Some(_) => {
+            let base = a.staging.clone().unwrap_or_else(std::env::temp_dir);
+            Some(
+                tempfile::Builder::new()
+                    .prefix("brand-pack-")
+                    .tempdir_in(&base)
+                    .map_err(|e| brand_format::Error::io(&base, e))?,
+            )
+        }
+        None => None,
+    };
+    let local = staging.as_ref().map_or(a.out.clone(), |t| t.path().join("ds"));
     let bar = progress_bar(source.entries().len() as u64, "pack");
-    let m = brand_pack::pack(source.as_ref(), &a.out, &opts, &|done, _, _| bar.set_position(done))?;
+    let m = brand_pack::pack(source.as_ref(), &local, &opts, &|done, _, _| bar.set_position(done))?;
     bar.finish_and_clear();
+    if let Some(u) = &url {
+        let bar = progress_bar(m.data_bytes, "upload");
+        brand_store::upload::upload_dataset(&local, u, a.force, &|done, _| bar.set_position(done))?;
+        bar.finish_and_clear();
+    }
     eprintln!(
         "packed {} samples into {} chunks, {} segment(s), {:.1} MiB, in {}",
         m.samples,

@@ -52,7 +52,20 @@ impl Connection {
     /// A client for `url` from the environment. Nothing is sent yet: a
     /// missing bucket or refused credentials show at the first request.
     pub fn new(url: &ObjectUrl, stall: Duration) -> Result<Connection> {
-        let store = build(url, stall).map_err(|why| Error::config(format!("{url}: {why}")))?;
+        Self::with_retries(url, stall, RetryConfig {
+            max_retries: 0,
+            ..Default::default()
+        })
+    }
+
+    /// A client that retries by itself (object_store's backoff: 10 times
+    /// within 3 minutes): for uploads, whose parts brand does not resume.
+    pub fn for_upload(url: &ObjectUrl, stall: Duration) -> Result<Connection> {
+        Self::with_retries(url, stall, RetryConfig::default())
+    }
+
+    fn with_retries(url: &ObjectUrl, stall: Duration, retries: RetryConfig) -> Result<Connection> {
+        let store = build(url, stall, retries).map_err(|why| Error::config(format!("{url}: {why}")))?;
         Ok(Connection {
             url: url.clone(),
             store,
@@ -60,14 +73,7 @@ impl Connection {
     }
 }
 
-fn no_retries() -> RetryConfig {
-    RetryConfig {
-        max_retries: 0,
-        ..Default::default()
-    }
-}
-
-fn build(url: &ObjectUrl, stall: Duration) -> std::result::Result<Arc<dyn ObjectStore>, String> {
+fn build(url: &ObjectUrl, stall: Duration, retries: RetryConfig) -> std::result::Result<Arc<dyn ObjectStore>, String> {
     let read_timeout = format!("{}ms", stall.as_millis().max(1));
     let client = [
         (ClientConfigKey::ConnectTimeout, CONNECT_TIMEOUT.to_string()),
@@ -127,7 +133,7 @@ fn build(url: &ObjectUrl, stall: Duration) -> std::result::Result<Arc<dyn Object
             Arc::new(
                 b.with_url(url.root.clone())
                     .with_bucket_name(url.bucket())
-                    .with_retry(no_retries())
+                    .with_retry(retries.clone())
                     .build()
                     .map_err(clean)?,
             )
@@ -140,7 +146,7 @@ fn build(url: &ObjectUrl, stall: Duration) -> std::result::Result<Arc<dyn Object
             }
             Arc::new(
                 b.with_url(url.root.clone())
-                    .with_retry(no_retries())
+                    .with_retry(retries.clone())
                     .build()
                     .map_err(clean)?,
             )
@@ -153,7 +159,7 @@ fn build(url: &ObjectUrl, stall: Duration) -> std::result::Result<Arc<dyn Object
             }
             Arc::new(
                 b.with_url(url.root.clone())
-                    .with_retry(no_retries())
+                    .with_retry(retries.clone())
                     .build()
                     .map_err(clean)?,
             )
@@ -170,7 +176,7 @@ fn build(url: &ObjectUrl, stall: Duration) -> std::result::Result<Arc<dyn Object
                 object_store::http::HttpBuilder::new()
                     .with_url(url.root.clone())
                     .with_client_options(opts)
-                    .with_retry(no_retries())
+                    .with_retry(retries.clone())
                     .build()
                     .map_err(clean)?,
             )

@@ -18,12 +18,14 @@
 //!   [`get::GetCounters`] counts what happened.
 //! * [`open`]: a dataset from a URL: manifest and index fetched, every
 //!   segment's entity tag and size pinned.
+//! * [`upload`]: a packed dataset written to a store, manifest last.
 
 pub mod connect;
 pub mod get;
 pub mod location;
 pub mod open;
 pub mod runtime;
+pub mod upload;
 
 pub use connect::Connection;
 pub use get::{GetCounters, GetPolicy, GetReport, Limiter};
