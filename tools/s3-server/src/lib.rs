@@ -307,7 +307,12 @@ impl Server {
             counters: Counters::default(),
         });
         let service = {
-            let mut b = S3ServiceBuilder::new(store::Store::new(store, Arc::clone(&shared), opts.region));
+            let mut b = S3ServiceBuilder::new(store::Store::new(
+                store,
+                dir.canonicalize()?,
+                Arc::clone(&shared),
+                opts.region,
+            ));
             b.set_auth(SimpleAuth::from_single(opts.access_key, opts.secret_key));
             b.build()
         };

@@ -2,6 +2,7 @@
 //! counted, and `GetObject` intercepted for `If-Match` and the faults.
 
 use std::future::Future;
+use std::path::{Component, Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,18 +12,42 @@ use s3s::dto::*;
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
 use s3s_fs::FileSystem;
 
-use crate::body::FaultBody;
+use crate::body::{FaultBody, FileBody};
 use crate::{Plan, Shared};
 
 pub(crate) struct Store {
     inner: FileSystem,
+    /// The directory `inner` serves (canonical).
+    root: PathBuf,
     shared: Arc<Shared>,
     region: String,
 }
 
 impl Store {
-    pub(crate) fn new(inner: FileSystem, shared: Arc<Shared>, region: String) -> Self {
-        Store { inner, shared, region }
+    pub(crate) fn new(inner: FileSystem, root: PathBuf, shared: Arc<Shared>, region: String) -> Self {
+        Store {
+            inner,
+            root,
+            shared,
+            region,
+        }
+    }
+
+    /// The object's file, opened, and where its body starts in it, to read
+    /// it faster than s3s-fs does; `None` (keep s3s-fs's body) for a key
+    /// that is not a plain relative path.
+    async fn open_body(&self, bucket: &str, key: &str, out: &GetObjectOutput) -> Option<(std::fs::File, u64)> {
+        let plain = |p: &str| !p.is_empty() && Path::new(p).components().all(|c| matches!(c, Component::Normal(_)));
+        if !plain(bucket) || !plain(key) {
+            return None;
+        }
+        // `bytes FIRST-LAST/SIZE` for a range; the whole object otherwise.
+        let start = match &out.content_range {
+            None => 0,
+            Some(r) => r.strip_prefix("bytes ")?.split_once('-')?.0.parse().ok()?,
+        };
+        let file = tokio::fs::File::open(self.root.join(bucket).join(key)).await.ok()?;
+        Some((file.into_std().await, start))
     }
 
     /// As S3 does, refuse a request signed for another region.
@@ -138,7 +163,14 @@ impl S3 for Store {
                 return Err(S3Error::new(S3ErrorCode::PreconditionFailed));
             }
         }
-        let resp = self.inner.get_object(req).await?;
+        let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
+        let mut resp = self.inner.get_object(req).await?;
+        let len = resp.output.content_length.and_then(|n| u64::try_from(n).ok());
+        if let Some(len) = len
+            && let Some((file, start)) = self.open_body(&bucket, &key, &resp.output).await
+        {
+            resp.output.body = Some(StreamingBlob::new(FileBody::new(file, start, len)));
+        }
         let plan = if matched { faults.take_body() } else { Plan::Serve };
         Ok(self.wrap(resp, plan, release))
     }
