@@ -39,7 +39,7 @@ const RUNTIME_THREADS: usize = 2;
 #[derive(Debug)]
 pub(crate) struct StoreStats {
     pub counters: GetCounters,
-    pub limiter: Limiter,
+    pub limiter: Arc<Limiter>,
 }
 
 impl StoreStats {
@@ -82,7 +82,7 @@ pub(crate) fn start(shared: Shared) -> Result<Started> {
     let conn = Connection::new(&url, policy.stall)?;
     let stats = Arc::new(StoreStats {
         counters: GetCounters::default(),
-        limiter: Limiter::new(shared.cfg.store.gets_in_flight),
+        limiter: Arc::new(Limiter::new(shared.cfg.store.gets_in_flight)),
     });
     let _ = shared.stats.store.set(stats.clone());
     let rt = IoRuntime::new(RUNTIME_THREADS)?;
@@ -124,8 +124,15 @@ async fn dispatch(mut jobs: tokio::sync::mpsc::UnboundedReceiver<Job>, ctx: Arc<
             Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
         }
         for group in coalesce(std::mem::take(&mut waiting), ctx.shared.cfg.store.get_bytes) {
+            // Places in flight are taken here, in the plan's order: a task
+            // taking its own would start in the scheduler's (last spawned
+            // first), and the reads needed first would wait behind later ones.
+            let mut permits = Vec::new();
+            for _ in 0..ctx.parts(&group) {
+                permits.push(ctx.stats.limiter.acquire().await);
+            }
             let ctx = ctx.clone();
-            tasks.spawn(async move { ctx.read(group).await });
+            tasks.spawn(async move { ctx.read(group, permits).await });
         }
     }
     while tasks.join_next().await.is_some() {}
@@ -170,12 +177,19 @@ fn coalesce(jobs: Vec<Job>, limit: u64) -> Vec<Group> {
 }
 
 impl Ctx {
-    async fn read(self: Arc<Self>, group: Group) {
+    /// GETs the group is fetched in.
+    fn parts(&self, g: &Group) -> usize {
+        let part = self.shared.cfg.store.get_bytes.max(brand_format::ALIGN);
+        (g.end - g.start).div_ceil(part).max(1) as usize
+    }
+
+    async fn read(self: Arc<Self>, group: Group, permits: Vec<get::Permit>) {
         let ds = &self.shared.ds;
         let len = (group.end - group.start) as usize;
         let mut buf = AlignedBuf::for_extent(len);
         self.shared.stats.pool_grew(buf.capacity() as u64);
         let fetched = self.fetch(&group, &mut buf.spare_mut()[..len]).await;
+        drop(permits);
         let this = self.clone();
         // Decoding (crc32c, zstd) is CPU work: off the runtime's threads.
         let decoded = tokio::task::spawn_blocking(move || {

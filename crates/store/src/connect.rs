@@ -52,10 +52,14 @@ impl Connection {
     /// A client for `url` from the environment. Nothing is sent yet: a
     /// missing bucket or refused credentials show at the first request.
     pub fn new(url: &ObjectUrl, stall: Duration) -> Result<Connection> {
-        Self::with_retries(url, stall, RetryConfig {
-            max_retries: 0,
-            ..Default::default()
-        })
+        Self::with_retries(
+            url,
+            stall,
+            RetryConfig {
+                max_retries: 0,
+                ..Default::default()
+            },
+        )
     }
 
     /// A client that retries by itself (object_store's backoff: 10 times
@@ -74,7 +78,8 @@ impl Connection {
 }
 
 fn build(url: &ObjectUrl, stall: Duration, retries: RetryConfig) -> std::result::Result<Arc<dyn ObjectStore>, String> {
-    let read_timeout = format!("{}ms", stall.as_millis().max(1));
+    // Twice the stall timeout: get.rs's own stall timeout fires first and names it.
+    let read_timeout = format!("{}ms", stall.as_millis().saturating_mul(2).max(1));
     let client = [
         (ClientConfigKey::ConnectTimeout, CONNECT_TIMEOUT.to_string()),
         // The whole request: long, because a GET is bounded by its stall

@@ -201,9 +201,9 @@ struct LimiterState {
 }
 
 /// One GET's place in flight; dropped, it frees the place.
-pub struct Permit<'a>(&'a Limiter);
+pub struct Permit(std::sync::Arc<Limiter>);
 
-impl Drop for Permit<'_> {
+impl Drop for Permit {
     fn drop(&mut self) {
         if let Ok(mut s) = self.0.state.lock() {
             s.in_flight -= 1;
@@ -230,16 +230,19 @@ impl Limiter {
         self.state.lock().map_or(self.max, |s| s.limit)
     }
 
-    pub async fn acquire(&self) -> Permit<'_> {
+    /// A place in flight, waiting for one. Callers take places in the
+    /// order GETs should start (the plan's), then start them: a task that
+    /// waited for its place itself would start in the scheduler's order.
+    pub async fn acquire(self: &std::sync::Arc<Self>) -> Permit {
         loop {
             let freed = self.freed.notified();
             {
                 let Ok(mut s) = self.state.lock() else {
-                    return Permit(self);
+                    return Permit(self.clone());
                 };
                 if s.in_flight < s.limit {
                     s.in_flight += 1;
-                    return Permit(self);
+                    return Permit(self.clone());
                 }
             }
             freed.await;
@@ -346,6 +349,12 @@ fn classify(e: &object_store::Error) -> Failure {
                 }
             });
             match status {
+                Some(401 | 403) => Failure::new(
+                    "403",
+                    false,
+                    K::PermissionDenied,
+                    with_code("access refused: check the credentials (AWS_ACCESS_KEY_ID, AWS_PROFILE, …)"),
+                ),
                 Some(s) => {
                     let retryable = s >= 500 || s == 429 || s == 408;
                     Failure::new(
@@ -419,9 +428,10 @@ pub async fn get_whole(
     name: &str,
     p: &GetPolicy,
     counters: &GetCounters,
-    limiter: &Limiter,
+    limiter: &std::sync::Arc<Limiter>,
 ) -> Result<(Vec<u8>, ObjectMeta)> {
     let meta = head(conn, name, p, counters).await?;
+    let _permit = limiter.acquire().await;
     let mut buf = vec![0u8; meta.size as usize];
     get_into(
         conn,
@@ -438,8 +448,9 @@ pub async fn get_whole(
 }
 
 /// Bytes `range` of object `name` into `dst` (exactly their length),
-/// pinned to `e_tag` when given. One place in flight from `limiter` for the
-/// whole GET (its retries included).
+/// pinned to `e_tag` when given. The caller holds the GET's place in
+/// flight ([`Limiter::acquire`]) for the whole GET, its retries included;
+/// `limiter` hears how it went (throttled, succeeded).
 #[allow(clippy::too_many_arguments)]
 pub async fn get_into(
     conn: &Connection,
@@ -457,7 +468,6 @@ pub async fn get_into(
         "GET of {range:?} into a buffer of {}",
         dst.len()
     );
-    let _permit = limiter.acquire().await;
     let path = conn.url.object(name);
     let started = Instant::now();
     let (mut done, mut attempt) = (0usize, 0u32);
@@ -643,7 +653,7 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread")]
     async fn the_limiter_halves_on_throttling_and_grows_back() {
-        let l = Limiter::new(8);
+        let l = std::sync::Arc::new(Limiter::new(8));
         assert_eq!(l.limit(), 8);
         l.throttled();
         assert_eq!(l.limit(), 4);

@@ -48,7 +48,7 @@ pub fn open_url(url: &ObjectUrl, policy: &GetPolicy) -> Result<Dataset> {
     let rt = IoRuntime::new(1)?;
     let conn = Connection::new(url, policy.stall)?;
     let counters = GetCounters::default();
-    let limiter = Limiter::new(HEADS_IN_FLIGHT);
+    let limiter = std::sync::Arc::new(Limiter::new(HEADS_IN_FLIGHT));
     rt.block_on(async {
         let manifest_url = PathBuf::from(url.object_url(MANIFEST_FILE));
         let bytes = match get::get_whole(&conn, MANIFEST_FILE, policy, &counters, &limiter).await {
@@ -176,6 +176,7 @@ pub fn for_each_chunk(ds: &Dataset, chunks: &[u64], each: &mut dyn FnMut(u64, Re
         let e_tag = versions.get(loc.segment as usize).and_then(|v| v.e_tag.as_deref());
         let range = loc.offset..loc.offset + ds.index.chunk_padded_len(c);
         let (conn, policy, counters, limiter) = (&conn, &policy, &counters, &limiter);
+        // buffer_unordered below bounds the GETs in flight.
         async move {
             let mut buf = vec![0u8; (range.end - range.start) as usize];
             let r = get::get_into(conn, name, range, e_tag, &mut buf, policy, counters, limiter).await;
@@ -183,7 +184,8 @@ pub fn for_each_chunk(ds: &Dataset, chunks: &[u64], each: &mut dyn FnMut(u64, Re
         }
     };
     rt.block_on(async {
-        let mut arrivals = futures_util::stream::iter(chunks.iter().map(|&c| fetch(c))).buffer_unordered(CHUNKS_IN_FLIGHT);
+        let mut arrivals =
+            futures_util::stream::iter(chunks.iter().map(|&c| fetch(c))).buffer_unordered(CHUNKS_IN_FLIGHT);
         while let Some((c, r)) = arrivals.next().await {
             each(c, r);
         }

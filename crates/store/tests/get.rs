@@ -1,0 +1,178 @@
+//! brand-store's GETs against a real S3 server (tools/s3-server, in
+//! process) with faults injected at the server: each fault is retried as
+//! the module says, counted by cause, and a cut body is resumed where it
+//! stopped, not fetched again.
+
+use std::time::{Duration, Instant};
+
+use brand_s3_server::{Options, Server};
+use brand_store::Connection;
+use brand_store::get::{self, GetCounters, GetPolicy, Limiter};
+use brand_store::location::Location;
+use brand_store::runtime::IoRuntime;
+
+const SIZE: usize = 3 << 20;
+
+struct Fixture {
+    _tmp: tempfile::TempDir,
+    server: Server,
+    rt: IoRuntime,
+    conn: Connection,
+    data: Vec<u8>,
+    e_tag: Option<String>,
+}
+
+/// A server with one object `bkt/obj/data-0` of SIZE bytes, uploaded
+/// through the S3 API, and a connection configured directly (the
+/// environment is the process's, shared by parallel tests).
+fn fixture() -> Fixture {
+    use object_store::ObjectStoreExt;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(&tmp.path().join("s3"), Options::default()).expect("server");
+    std::fs::create_dir_all(tmp.path().join("s3/bkt")).expect("bucket");
+    let store = object_store::aws::AmazonS3Builder::new()
+        .with_endpoint(server.endpoint())
+        .with_allow_http(true)
+        .with_bucket_name("bkt")
+        .with_region("us-east-1")
+        .with_access_key_id("brand-test-ak")
+        .with_secret_access_key("brand-test-sk")
+        .with_retry(object_store::RetryConfig {
+            max_retries: 0,
+            ..Default::default()
+        })
+        .build()
+        .expect("client");
+    let rt = IoRuntime::new(2).expect("runtime");
+    let data: Vec<u8> = (0..SIZE).map(|i| (i * 7 + i / 4096) as u8).collect();
+    let path = object_store::path::Path::from("obj/data-0");
+    let put = rt.block_on(store.put(&path, data.clone().into())).expect("put");
+    let Location::Url(url) = Location::parse("s3://bkt/obj").expect("url") else {
+        panic!("not a url")
+    };
+    let conn = Connection {
+        url,
+        store: std::sync::Arc::new(store),
+    };
+    Fixture {
+        _tmp: tmp,
+        server,
+        rt,
+        conn,
+        data,
+        e_tag: put.e_tag,
+    }
+}
+
+fn policy() -> GetPolicy {
+    GetPolicy {
+        stall: Duration::from_millis(400),
+        retries: 5,
+        backoff: Duration::from_millis(10),
+        backoff_max: Duration::from_millis(50),
+        ..GetPolicy::default()
+    }
+}
+
+fn get(f: &Fixture, range: std::ops::Range<u64>, c: &GetCounters, p: &GetPolicy) -> brand_format::Result<Vec<u8>> {
+    let mut buf = vec![0u8; (range.end - range.start) as usize];
+    let l = std::sync::Arc::new(Limiter::new(4));
+    f.rt.block_on(get::get_into(
+        &f.conn,
+        "data-0",
+        range,
+        f.e_tag.as_deref(),
+        &mut buf,
+        p,
+        c,
+        &l,
+    ))?;
+    Ok(buf)
+}
+
+#[test]
+fn a_cut_body_is_resumed_from_where_it_stopped() {
+    let f = fixture();
+    f.server.faults().cut_bodies(3, 100_000);
+    let c = GetCounters::default();
+    let got = get(&f, 0..SIZE as u64, &c, &policy()).expect("get");
+    assert!(got == f.data, "bytes differ");
+    let r = c.report(None);
+    assert_eq!(r.retries_by_cause.get("cut"), Some(&3), "{r:?}");
+    // Each resume asked only for the rest: every byte came once.
+    assert_eq!(r.bytes, SIZE as u64, "{r:?}");
+    assert_eq!(f.server.stats().get_requests, 4);
+}
+
+#[test]
+fn statuses_are_retried_with_backoff_and_counted_by_status() {
+    let f = fixture();
+    f.server.faults().fail_gets(2, 503);
+    let c = GetCounters::default();
+    let got = get(&f, 4096..8192 + 4096, &c, &policy()).expect("get");
+    assert!(got[..] == f.data[4096..8192 + 4096]);
+    f.server.faults().fail_gets(1, 500);
+    get(&f, 0..4096, &c, &policy()).expect("get");
+    let r = c.report(None);
+    assert_eq!(r.retries_by_cause.get("503"), Some(&2), "{r:?}");
+    assert_eq!(r.retries_by_cause.get("500"), Some(&1), "{r:?}");
+    // More failures than retries: an error naming the object, the range and the last status.
+    f.server.faults().fail_gets(10, 503);
+    let p = GetPolicy { retries: 2, ..policy() };
+    let e = get(&f, 0..4096, &c, &p).expect_err("gives up").to_string();
+    assert!(
+        e.contains("s3://bkt/obj/data-0") && e.contains("bytes 0..4096") && e.contains("503"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_stalled_body_is_retried_after_the_stall_timeout_and_a_dead_server_is_an_error() {
+    let f = fixture();
+    f.server.faults().stall_gets(1, 50_000);
+    let c = GetCounters::default();
+    let got = get(&f, 0..SIZE as u64, &c, &policy()).expect("get");
+    assert!(got == f.data);
+    assert_eq!(c.report(None).retries_by_cause.get("stall"), Some(&1));
+    f.server.faults().stall_all(true);
+    let start = Instant::now();
+    let p = GetPolicy { retries: 2, ..policy() };
+    let e = get(&f, 0..4096, &c, &p).expect_err("no answer").to_string();
+    assert!(start.elapsed() < Duration::from_secs(5), "{:?}", start.elapsed());
+    assert!(e.contains("no answer"), "{e}");
+    f.server.faults().clear();
+}
+
+#[test]
+fn an_object_replaced_after_its_version_was_taken_is_refused() {
+    let f = fixture();
+    use object_store::ObjectStoreExt;
+    let path = object_store::path::Path::from("obj/data-0");
+    let mut other = f.data.clone();
+    other[0] ^= 1;
+    f.rt.block_on(f.conn.store.put(&path, other.into())).expect("replace");
+    let c = GetCounters::default();
+    let e = get(&f, 0..4096, &c, &policy()).expect_err("changed").to_string();
+    assert!(e.contains("changed since the dataset was opened"), "{e}");
+}
+
+#[test]
+fn the_limiter_is_cut_by_throttling() {
+    let f = fixture();
+    let c = GetCounters::default();
+    let l = std::sync::Arc::new(Limiter::new(16));
+    f.server.faults().fail_gets(1, 503);
+    let mut buf = vec![0u8; 4096];
+    f.rt.block_on(get::get_into(
+        &f.conn,
+        "data-0",
+        0..4096,
+        None,
+        &mut buf,
+        &policy(),
+        &c,
+        &l,
+    ))
+    .expect("get");
+    assert_eq!(l.limit(), 8);
+}
