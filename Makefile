@@ -27,7 +27,7 @@ tools:
 	fi
 
 build:
-	cargo build --release --locked
+	cargo build --release --locked -p brand-cli -p brand-capi
 
 # Generate an ImageNet-like set (110 KiB mean, 10-300 KiB), pack it, inspect and verify it,
 # plan it at a 10 % memory budget, then read two epochs through the io engine.
@@ -56,7 +56,8 @@ rust-test:
 # One pytest process: each imports TensorFlow.
 python-test: build
 	venv=$$(scripts/tf-venv.sh)
-	BRAND_BIN=$(BRAND) tf-op/test.sh "$$venv/bin/python"
+	cargo build --locked -p brand-s3-server
+	BRAND_BIN=$(BRAND) BRAND_S3_SERVER=$(TARGET)/debug/brand-s3-server tf-op/test.sh "$$venv/bin/python"
 
 # brand's Python package (python/, its own cargo workspace): fmt and clippy of its extension
 # crate, its abi3 wheel built by maturin and installed into the test venv (scripts/py-venv.sh:
@@ -66,16 +67,18 @@ PY_WHEELS := $(TARGET)/wheels
 py-test:
 	venv=$$(scripts/py-venv.sh)
 	cargo build --release --locked -p brand-cli
+	cargo build --locked -p brand-s3-server
 	cargo fmt --manifest-path python/Cargo.toml --check
 	cargo clippy --locked --manifest-path python/Cargo.toml --all-targets -- -D warnings
 	rm -f $(PY_WHEELS)/brand-*.whl
 	"$$venv/bin/maturin" build --release --locked --manifest-path python/Cargo.toml -o $(PY_WHEELS)
 	"$$venv/bin/python" -m uv pip install --quiet --python "$$venv/bin/python" --no-deps --reinstall $(PY_WHEELS)/brand-*.whl
-	BRAND_BIN=$(BRAND) "$$venv/bin/python" -m pytest -q -p no:cacheprovider python/tests
+	BRAND_BIN=$(BRAND) BRAND_S3_SERVER=$(TARGET)/debug/brand-s3-server "$$venv/bin/python" -m pytest -q -p no:cacheprovider python/tests
 
 # The C ABI (capi/): libbrand.a and libbrand.so, and the brand CLI that makes test data.
 capi-build:
 	cargo build --release --locked -p brand-cli -p brand-capi
+	cargo build --locked -p brand-s3-server
 
 # capi/tests/c/abi_test.c as C11 and as C++17, linked statically and
 # dynamically, under valgrind, and with ASan+UBSan, on a small dataset made
@@ -113,6 +116,12 @@ capi-test: capi-build tools
 	for t in abi_c_static abi_cxx_shared; do
 		echo "== valgrind $$t"; $(VALGRIND) $(CAPI_OUT)/$$t $$args || { rc=$$?; echo "valgrind $$t failed (rc $$rc; 124: hung 300 s)"; exit 1; }
 	done
+	# The same test over a dataset in object storage: packed to a real S3 server on 127.0.0.1
+	# (tools/s3-server via scripts/s3server.py, which gives the command its AWS_* environment).
+	echo "== abi_c_shared over s3://"
+	python3 scripts/s3server.py $(TARGET)/debug/brand-s3-server -- bash -c \
+		'$(BRAND) pack $(CAPI_OUT)/files -o s3://bkt/ds --chunk-size 16 --seed 2 --staging $(CAPI_OUT) && \
+		$(CAPI_OUT)/abi_c_shared s3://bkt/ds $(CAPI_OUT)/files $(CAPI_SAMPLES)'
 
 # cpp-examples/ (CMake): the RAII wrapper, train_loop and brand_throughput, tested with ctest.
 CPP_BUILD := $(TARGET)/cpp-examples

@@ -35,14 +35,17 @@ type Outcome = Result<Option<brand_loader::Batch>, Failure>;
 /// The version of the dict `state_dict` returns.
 const STATE_DICT_VERSION: i64 = 1;
 
-/// A brand loader over the dataset directory ``path`` (made by ``brand
-/// pack``).
+/// A brand loader over the dataset ``path`` (made by ``brand pack``): a
+/// directory, or a URL in object storage (``s3://bucket/prefix``, ``gs://…``,
+/// ``az://…``, ``https://…``; credentials and endpoint from the
+/// environment, as the cloud's tools read them).
 ///
 /// ``Loader(path, **config)``: every key of brand's configuration as a
 /// keyword (``batch_size``, ``memory``, ``policy``, ``seed``, ``rank``,
 /// ``world``, ``drop_last``, ``readahead``, ``queue_depth``, ``read_gap``,
 /// ``run_length``, ``verify``, ``direct``, ``io_backend``,
-/// ``decode_threads``, ``io_timeout``, ``on_corrupt``, ``cache`` (the
+/// ``decode_threads``, ``io_timeout``, for a URL ``gets_in_flight``,
+/// ``get_size`` and ``stall_timeout``, ``on_corrupt``, ``cache`` (the
 /// socket of a ``brand cache`` to attach to), and for a multi-node job ``nodes``,
 /// ``remote_memory``, ``peer_timeout``, ``job``, ``tf_port_offset``), checked
 /// as a TOML config file's keys are; a keyword given as None is not given.

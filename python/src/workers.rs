@@ -51,7 +51,10 @@ pub fn _worker_memory<'py>(
     let d = PyDict::new(py);
     d.set_item("process_slots", split.process_slots)?;
     d.set_item("worker_slots", split.worker_slots)?;
-    d.set_item("worker_readahead", config.loader.readahead_bytes / u64::from(workers.max(1)))?;
+    d.set_item(
+        "worker_readahead",
+        config.loader.readahead_bytes / u64::from(workers.max(1)),
+    )?;
     d.set_item("rank", plan.rank)?;
     d.set_item("world", plan.world)?;
     Ok(d)

@@ -64,6 +64,10 @@ struct Point {
     iops: f64,
     cpu_seconds_per_gb: f64,
     cpu_micros_per_read: f64,
+    /// A store's (objects backend): time to first byte, median, and GET
+    /// latency P99, in ms (0 for a device).
+    first_byte_p50_ms: f64,
+    get_p99_ms: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -150,6 +154,9 @@ pub fn device(a: &DeviceArgs) -> Result<()> {
             let mut rng = Prng::stream(a.seed, &[0xde71ce, qd as u64, bs]);
             let mut point = sweep_point(&engine, &segments, qd, bs, a.seconds, &mut rng)?;
             (point.rings, point.sqpoll) = (rings, sqpoll);
+            if let Some(r) = engine.store_report() {
+                (point.first_byte_p50_ms, point.get_p99_ms) = (r.first_byte_p50_ms, r.latency_p99_ms);
+            }
             points.push(point);
             if !a.json {
                 eprint!(".");
@@ -188,7 +195,12 @@ pub fn device(a: &DeviceArgs) -> Result<()> {
                 .filter(|p| (p.rings, p.sqpoll) == (rings, sqpoll))
                 .collect();
             let sq = if sqpoll { "on" } else { "off" };
-            print_table(&report, &mine, &format!("{rings} ring(s), SQPOLL {sq}"), &a.qd, &blocks);
+            let setting = if report.backend == "objects" {
+                "QD = GETs in flight, block = GET size".to_string()
+            } else {
+                format!("{rings} ring(s), SQPOLL {sq}")
+            };
+            print_table(&report, &mine, &setting, &a.qd, &blocks);
         }
         println!("wrote {} and {}", json_path.display(), svg_path.display());
     }
@@ -290,6 +302,8 @@ fn sweep_point(engine: &Engine, segments: &[u64], qd: usize, bs: u64, seconds: f
         iops: reads as f64 / secs,
         cpu_seconds_per_gb: if bytes > 0 { cpu / (bytes as f64 / 1e9) } else { 0.0 },
         cpu_micros_per_read: if reads > 0 { cpu * 1e6 / reads as f64 } else { 0.0 },
+        first_byte_p50_ms: 0.0,
+        get_p99_ms: 0.0,
     })
 }
 
@@ -302,17 +316,21 @@ fn size_label(b: u64) -> String {
 
 fn print_table(r: &DeviceReport, points: &[&Point], setting: &str, qds: &[usize], blocks: &[u64]) {
     println!(
-        "{} ({} backend, {setting}, {:.1} GiB read range): random O_DIRECT reads",
+        "{} ({} backend, {setting}, {:.1} GiB read range): random aligned reads",
         r.path.display(),
         r.backend,
         r.file_bytes as f64 / (1u64 << 30) as f64
     );
     type Figure = fn(&Point) -> f64;
-    let figures: [(&str, Figure); 3] = [
+    let mut figures: Vec<(&str, Figure)> = vec![
         ("MB/s", |p| p.mb_per_sec),
         ("k IOPS", |p| p.iops / 1e3),
         ("CPU µs/read", |p| p.cpu_micros_per_read),
     ];
+    if r.backend == "objects" {
+        figures.push(("1st byte ms", |p| p.first_byte_p50_ms));
+        figures.push(("GET P99 ms", |p| p.get_p99_ms));
+    }
     for (name, figure) in figures {
         print!("{name:>12}");
         for q in qds {

@@ -371,3 +371,65 @@ fn put_object(f: &Fixture, key: &str, bytes: Vec<u8>) {
     rt.block_on(store.put(&object_store::path::Path::from(key), bytes.into()))
         .expect("put");
 }
+
+#[test]
+fn three_serve_processes_read_each_chunk_of_a_url_once_between_them() {
+    let f = Fixture::new();
+    let listeners: Vec<std::net::TcpListener> = (0..3)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"))
+        .collect();
+    let nodes: Vec<String> = listeners
+        .iter()
+        .map(|l| l.local_addr().expect("addr").to_string())
+        .collect();
+    drop(listeners);
+    f.server.reset_stats();
+    let children: Vec<std::process::Child> = (0..3)
+        .map(|rank| {
+            f.command(&[
+                "serve",
+                &f.url,
+                "--nodes",
+                &nodes.join(","),
+                "--rank",
+                &rank.to_string(),
+                "--memory",
+                "32 slots",
+                "--read-gap",
+                "whole",
+                "--batch",
+                "8",
+                "--epochs",
+                "2",
+                "--json",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn brand serve")
+        })
+        .collect();
+    let (mut read, mut reads) = (0u64, 0u64);
+    for (rank, c) in children.into_iter().enumerate() {
+        let out = c.wait_with_output().expect("serve");
+        assert!(out.status.success(), "rank {rank}: {}", stderr(&out));
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        for e in report["epochs"].as_array().expect("epochs") {
+            assert_eq!(e["samples"].as_u64(), Some(SAMPLES / 3), "rank {rank}");
+        }
+        read += report["closed"]["bytes_read"].as_u64().expect("bytes_read");
+        reads += report["closed"]["reads_issued"].as_u64().expect("reads_issued");
+    }
+    // Each chunk the world's plan reads is fetched by its owner only.
+    let ds = brand_format::Dataset::open(&f.local).expect("open");
+    let mut plan = brand_plan::PlanConfig::new(brand_plan::Memory::Slots(32));
+    plan.world = 3;
+    let planner = brand_plan::Planner::new(&ds.index, &plan).expect("planner");
+    let world: u64 = (0..2)
+        .flat_map(|e| planner.global_epoch(e).reads().to_vec())
+        .map(|r| ds.index.chunk_padded_len(r.chunk as u64))
+        .sum();
+    assert_eq!(read, world, "bytes read across the nodes");
+    let gets = f.server.stats().get_requests;
+    assert!(gets <= reads, "{gets} GETs for {reads} chunk reads");
+}

@@ -33,7 +33,7 @@ use crate::job::{EngineStats, JobSender, Shared};
 use crate::uring::NotStarted;
 
 pub struct Engine {
-    jobs: Option<JobSender>,
+    jobs: Option<Box<dyn JobSender>>,
     done: crossbeam_channel::Receiver<Completion>,
     threads: Vec<std::thread::JoinHandle<()>>,
     exited: crossbeam_channel::Receiver<()>,

@@ -3,7 +3,7 @@
 //! backend's handles.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use brand_format::buffer::AlignedBuf;
 use brand_format::dataset::Dataset;
@@ -41,7 +41,7 @@ pub(crate) struct EngineStats {
     pub pool_bytes: AtomicU64,
     pub pool_peak_bytes: AtomicU64,
     /// The object backend's GET counters and limiter (set when it starts).
-    pub store: std::sync::OnceLock<Arc<crate::objects::StoreStats>>,
+    pub store: std::sync::OnceLock<Arc<StoreStats>>,
 }
 
 impl EngineStats {
@@ -63,31 +63,42 @@ pub(crate) struct Shared {
     pub stats: Arc<EngineStats>,
 }
 
-pub(crate) enum JobSender {
-    /// One sender per ring; jobs go round-robin.
-    Uring(Vec<crate::uring::RingSender>, AtomicUsize),
-    Threads(crossbeam_channel::Sender<Job>),
-    Objects(tokio::sync::mpsc::UnboundedSender<Job>),
+/// Where a started backend takes jobs. Each backend implements it for its
+/// own sender, so this vocabulary module imports no backend (no circle).
+pub(crate) trait JobSender: Send + Sync {
+    /// Hands `job` to the backend; false if it has stopped.
+    fn send(&self, job: Job) -> bool;
 }
 
-impl JobSender {
-    /// Hands `job` to the backend; false if it has stopped.
-    pub fn send(&self, job: Job) -> bool {
-        match self {
-            JobSender::Uring(rings, next) => {
-                let i = next.fetch_add(1, Ordering::Relaxed) % rings.len();
-                rings[i].send(job)
-            }
-            JobSender::Threads(jobs) => jobs.send(job).is_ok(),
-            JobSender::Objects(jobs) => jobs.send(job).is_ok(),
-        }
+impl JobSender for crossbeam_channel::Sender<Job> {
+    fn send(&self, job: Job) -> bool {
+        crossbeam_channel::Sender::send(self, job).is_ok()
+    }
+}
+
+impl JobSender for tokio::sync::mpsc::UnboundedSender<Job> {
+    fn send(&self, job: Job) -> bool {
+        tokio::sync::mpsc::UnboundedSender::send(self, job).is_ok()
+    }
+}
+
+/// The object backend's GET counters and limiter (for the metrics).
+#[derive(Debug)]
+pub(crate) struct StoreStats {
+    pub counters: brand_store::GetCounters,
+    pub limiter: Arc<brand_store::Limiter>,
+}
+
+impl StoreStats {
+    pub fn report(&self) -> brand_store::GetReport {
+        self.counters.report(Some(&self.limiter))
     }
 }
 
 /// A started backend: where jobs go, its threads, and a channel that
 /// disconnects when every one of them has finished.
 pub(crate) struct Started {
-    pub jobs: JobSender,
+    pub jobs: Box<dyn JobSender>,
     pub threads: Vec<std::thread::JoinHandle<()>>,
     pub exited: crossbeam_channel::Receiver<()>,
 }

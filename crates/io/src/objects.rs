@@ -24,29 +24,16 @@ use brand_format::buffer::AlignedBuf;
 use brand_format::dataset::{Dataset, Origin};
 use brand_format::decode::ExtentBytes;
 use brand_format::error::{Error, Result};
+use brand_store::Connection;
 use brand_store::get::{self, GetCounters, GetPolicy, Limiter};
 use brand_store::location::Location;
 use brand_store::runtime::IoRuntime;
-use brand_store::{Connection, GetReport};
 
-use crate::job::{Completion, Job, JobSender, Shared, Started};
+use crate::job::{Completion, Job, Shared, Started, StoreStats};
 use crate::read::reads_in_place;
 
 /// Threads of the engine's runtime: HTTP and copying bodies, not decoding.
 const RUNTIME_THREADS: usize = 2;
-
-/// The counters and the limiter of an object engine, for its metrics.
-#[derive(Debug)]
-pub(crate) struct StoreStats {
-    pub counters: GetCounters,
-    pub limiter: Arc<Limiter>,
-}
-
-impl StoreStats {
-    pub fn report(&self) -> GetReport {
-        self.counters.report(Some(&self.limiter))
-    }
-}
 
 struct Ctx {
     shared: Shared,
@@ -103,18 +90,21 @@ pub(crate) fn start(shared: Shared) -> Result<Started> {
         })
         .map_err(|e| Error::io("<brand-objects thread>", e))?;
     Ok(Started {
-        jobs: JobSender::Objects(job_tx),
+        jobs: Box::new(job_tx),
         threads: vec![t],
         exited: exit_rx,
     })
 }
 
 /// Takes every job waiting, groups neighbours, starts a task per group;
-/// returns once the job channel closed and every task finished.
+/// returns once the job channel closed. A closed channel is a reader gone
+/// (the engine dropped): nobody takes completions any more, so jobs not
+/// started are dropped and GETs in flight are aborted, not finished (they
+/// were the next epoch's read-ahead of a closed loader, still fetching).
 async fn dispatch(mut jobs: tokio::sync::mpsc::UnboundedReceiver<Job>, ctx: Arc<Ctx>) {
     let mut tasks = tokio::task::JoinSet::new();
     let mut waiting = Vec::new();
-    loop {
+    'taking: loop {
         tokio::select! {
             n = jobs.recv_many(&mut waiting, 4096) => {
                 if n == 0 {
@@ -131,10 +121,14 @@ async fn dispatch(mut jobs: tokio::sync::mpsc::UnboundedReceiver<Job>, ctx: Arc<
             for _ in 0..ctx.parts(&group) {
                 permits.push(ctx.stats.limiter.acquire().await);
             }
+            if jobs.is_closed() {
+                break 'taking;
+            }
             let ctx = ctx.clone();
             tasks.spawn(async move { ctx.read(group, permits).await });
         }
     }
+    tasks.abort_all();
     while tasks.join_next().await.is_some() {}
 }
 

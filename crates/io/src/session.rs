@@ -217,8 +217,11 @@ impl<T> ReadSession<T> {
 impl<T> Drop for ReadSession<T> {
     fn drop(&mut self) {
         // Buffers go back before the engine does; reads stuck on hung
-        // storage are not waited for again (the engine leaves them).
-        if !self.hung {
+        // storage are not waited for again (the engine leaves them). GETs
+        // hold no buffer of the engine's that outlives it: the objects
+        // backend aborts them when the engine goes, rather than fetching a
+        // closed reader's read-ahead first.
+        if !self.hung && self.engine.backend() != IoBackend::Objects {
             let _ = self.drain();
         }
         if self.hung {

@@ -13,7 +13,7 @@ use brand_format::error::Result;
 use brand_format::extents::Extent;
 
 use crate::files::FileCache;
-use crate::job::{Completion, Job, JobSender, Shared, Started};
+use crate::job::{Completion, Job, Shared, Started};
 use crate::pool::BufferPool;
 use crate::read::{ReadLoop, Step, reads_in_place};
 
@@ -56,7 +56,7 @@ pub(crate) fn start(shared: Shared) -> Result<Started> {
         threads.push(t);
     }
     Ok(Started {
-        jobs: JobSender::Threads(job_tx),
+        jobs: Box::new(job_tx),
         threads,
         exited: exit_rx,
     })

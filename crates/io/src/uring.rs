@@ -134,7 +134,10 @@ pub(crate) fn start(shared: Shared) -> Result<Started, NotStarted> {
         threads.push(t);
     }
     Ok(Started {
-        jobs: JobSender::Uring(senders, Default::default()),
+        jobs: Box::new(Rings {
+            senders,
+            next: Default::default(),
+        }),
         threads,
         exited: exit_rx,
     })
@@ -185,6 +188,19 @@ impl Wake {
 }
 
 /// Where one ring's jobs go.
+/// The rings' senders: jobs go round-robin.
+struct Rings {
+    senders: Vec<RingSender>,
+    next: std::sync::atomic::AtomicUsize,
+}
+
+impl JobSender for Rings {
+    fn send(&self, job: Job) -> bool {
+        let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % self.senders.len();
+        self.senders[i].send(job)
+    }
+}
+
 pub(crate) struct RingSender {
     jobs: Option<crossbeam_channel::Sender<Job>>,
     wake: Arc<Wake>,

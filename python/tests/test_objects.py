@@ -1,0 +1,129 @@
+"""Datasets in object storage from Python: a real S3 server (tools/s3-server,
+BRAND_S3_SERVER, started per module by scripts/s3server.py), the dataset
+packed to it by `brand pack -o s3://…`, read back by brand.Loader and by
+brand.torch under DataLoader worker processes (forked after the parent opened
+the dataset), resumed from a state, and refused with typed errors."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+import brand
+
+from conftest import SAMPLES, brand_bin, source_bytes
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "scripts"))
+import s3server  # noqa: E402
+
+CFG = dict(batch_size=16, memory="20%", seed=7)
+
+
+def server_bin() -> str:
+    path = os.environ.get("BRAND_S3_SERVER")
+    if not path or not os.access(path, os.X_OK):
+        pytest.fail("BRAND_S3_SERVER must name tools/s3-server's binary (make py-test sets it)")
+    return path
+
+
+@pytest.fixture(scope="module")
+def s3(dataset):
+    """(server, URL of the dataset packed to it, local source files, local dataset);
+    the process's environment points at the server while the module runs."""
+    files, ds = dataset
+    saved = dict(os.environ)
+    with s3server.serve(server_bin()) as server:
+        os.environ.update(server.env)
+        bucket = server.bucket("bkt")
+        url = f"{bucket}/sets/ds"
+        subprocess.run(
+            [brand_bin(), "pack", str(files), "-o", url, "--chunk-size", "16", "--seed", "2"],
+            check=True, capture_output=True,
+        )
+        try:
+            yield server, url, files, ds
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+
+
+def test_a_url_reads_every_sample_once_per_epoch_with_its_bytes(s3):
+    server, url, files, ds = s3
+    with brand.Loader(url, **CFG) as loader, brand.Loader(ds, **CFG) as local:
+        for epoch in range(2):
+            seen = []
+            for batch in loader:
+                same = next(local)
+                assert batch.ids.tolist() == same.ids.tolist(), "the order does not depend on where the bytes are"
+                for arr, key in zip(batch.samples, batch.keys):
+                    assert arr.tobytes() == source_bytes(files, key), key
+                seen += batch.ids.tolist()
+            assert next(local, None) is None, "the local copy's epoch ends there too"
+            assert sorted(seen) == list(range(SAMPLES)), f"epoch {epoch}"
+        m = loader.metrics()
+        assert m["store_requests"] > 0 and m["store_bytes_fetched"] > 0, m
+
+
+def test_a_url_resumes_from_a_state(s3):
+    _, url, _, _ = s3
+    with brand.Loader(url, **CFG) as loader:
+        whole = [b.ids.tolist() for b in loader]
+    with brand.Loader(url, **CFG) as first:
+        got = [next(first).ids.tolist() for _ in range(3)]
+        state = json.loads(json.dumps(first.state_dict()))
+    with brand.Loader(url, **CFG) as second:
+        second.load_state_dict(state)
+        got += [b.ids.tolist() for b in second]
+    assert got == whole
+
+
+def test_503_bursts_are_retried_and_reported_in_metrics(s3):
+    server, url, _, _ = s3
+    # The next 4 GETs of segments answer 503 (no other reader of this
+    # module's is left running to take them: each is closed).
+    server.admin("faults", fail=4, status=503, key_filter="data-")
+    with brand.Loader(url, **dict(CFG, readahead="1MiB", read_gap="whole")) as loader:
+        try:
+            ids = [i for b in loader for i in b.ids.tolist()]
+            assert sorted(ids) == list(range(SAMPLES))
+            assert loader.metrics()["store_retries_by_cause"].get("503") == 4, loader.metrics()
+        finally:
+            server.admin("clear")
+
+
+def test_torch_workers_forked_after_the_parent_opened_the_dataset_read_it(s3):
+    torch = pytest.importorskip("torch")
+    import brand.torch
+
+    _, url, _, _ = s3
+    # The parent has a reader of the store running (its runtime, its
+    # connections) when the workers fork: each worker makes its own.
+    parent = brand.Loader(url, **CFG)
+    first = next(parent).ids.tolist()
+    ds = brand.torch.BrandDataset(url, batched=True, batch_size=8, memory="40%", seed=3)
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2,
+                                         multiprocessing_context="fork")
+    ids = [i for step in loader for i in step["id"].tolist()]
+    assert sorted(ids) == list(range(SAMPLES))
+    # And the parent's reader goes on after the fork.
+    rest = [i for b in parent for i in b.ids.tolist()]
+    parent.close()
+    assert sorted(first + rest) == list(range(SAMPLES))
+
+
+def test_missing_buckets_and_refused_credentials_are_typed_errors_without_the_secret(s3):
+    server, url, _, _ = s3
+    with pytest.raises(brand.NotFoundError, match="bucket nobkt does not exist"):
+        brand.Loader("s3://nobkt/ds", **CFG)
+    with pytest.raises(brand.NotFoundError, match="nothing under this prefix"):
+        brand.Loader("s3://bkt/nope", **CFG)
+    os.environ["AWS_SECRET_ACCESS_KEY"] = "wrong-PLUGH"
+    try:
+        with pytest.raises(brand.BrandError) as e:
+            brand.Loader(url, **CFG)
+        assert "access refused" in str(e.value) and "PLUGH" not in str(e.value)
+    finally:
+        os.environ["AWS_SECRET_ACCESS_KEY"] = server.env["AWS_SECRET_ACCESS_KEY"]
