@@ -320,6 +320,22 @@ typedef struct brand_metrics {
    * Most bytes this node held read but not yet pushed.
    */
   uint64_t owner_peak_bytes;
+  /**
+   * A dataset in object storage (0 otherwise; appended without an ABI
+   * bump, like `threads_backend`): requests sent (GETs with their
+   * retries, resumes and hedges; HEADs), body bytes fetched, retries
+   * (all causes: 5xx, 429, resets, stalls, cut bodies), hedged GETs,
+   * GET latency P50 and P99 and time to first byte P50 in milliseconds,
+   * and the GETs-in-flight limit now (halved while the store throttles).
+   */
+  uint64_t store_requests;
+  uint64_t store_bytes_fetched;
+  uint64_t store_retries;
+  uint64_t store_hedges;
+  double store_get_p50_ms;
+  double store_get_p99_ms;
+  double store_first_byte_p50_ms;
+  uint64_t store_gets_in_flight_limit;
 } brand_metrics;
 
 #ifdef __cplusplus

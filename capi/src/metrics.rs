@@ -91,6 +91,20 @@ pub struct brand_metrics {
     pub remote_memory_limit: u64,
     /// Most bytes this node held read but not yet pushed.
     pub owner_peak_bytes: u64,
+    /// A dataset in object storage (0 otherwise; appended without an ABI
+    /// bump, like `threads_backend`): requests sent (GETs with their
+    /// retries, resumes and hedges; HEADs), body bytes fetched, retries
+    /// (all causes: 5xx, 429, resets, stalls, cut bodies), hedged GETs,
+    /// GET latency P50 and P99 and time to first byte P50 in milliseconds,
+    /// and the GETs-in-flight limit now (halved while the store throttles).
+    pub store_requests: u64,
+    pub store_bytes_fetched: u64,
+    pub store_retries: u64,
+    pub store_hedges: u64,
+    pub store_get_p50_ms: f64,
+    pub store_get_p99_ms: f64,
+    pub store_first_byte_p50_ms: f64,
+    pub store_gets_in_flight_limit: u64,
 }
 
 /// Fills `*out` with the loader's counters. The caller sets
@@ -146,6 +160,14 @@ pub extern "C" fn brand_get_metrics(loader: *const brand_loader, out: *mut brand
             remote_memory_peak: m.remote_memory_peak,
             remote_memory_limit: m.remote_memory_limit,
             owner_peak_bytes: m.owner_peak_bytes,
+            store_requests: m.store_requests,
+            store_bytes_fetched: m.store_bytes_fetched,
+            store_retries: m.store_retries,
+            store_hedges: m.store_hedges,
+            store_get_p50_ms: m.store_get_p50_ms,
+            store_get_p99_ms: m.store_get_p99_ms,
+            store_first_byte_p50_ms: m.store_first_byte_p50_ms,
+            store_gets_in_flight_limit: m.store_gets_in_flight_limit,
         };
         // SAFETY: out points to at least `caller` >= n writable bytes
         // (contract: struct_size is the size of the caller's struct);

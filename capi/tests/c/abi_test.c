@@ -249,6 +249,13 @@ static void test_epochs(size_t n) {
     CHECK(m.samples_served == 2 * n, "samples_served %" PRIu64, m.samples_served);
     CHECK(m.bytes_read >= m.bytes_served && m.bytes_served > 0 && m.reads_issued > 0, "byte counters");
     CHECK(m.read_gap == 0, "read gap %" PRIu64, m.read_gap);
+    /* A dataset in object storage reports its GETs; a directory none. */
+    if (strncmp(dataset, "s3://", 5) == 0) {
+        CHECK(m.store_requests > 0 && m.store_bytes_fetched >= m.bytes_read / 2 && m.store_gets_in_flight_limit > 0,
+              "store metrics: %" PRIu64 " requests, %" PRIu64 " bytes", m.store_requests, m.store_bytes_fetched);
+    } else {
+        CHECK(m.store_requests == 0 && m.store_bytes_fetched == 0, "no store metrics for a directory");
+    }
     /* An older caller whose struct ends before samples_served. */
     unsigned char raw[sizeof(brand_metrics) + 8];
     memset(raw, 0xAB, sizeof raw);

@@ -350,6 +350,19 @@ fn pack_to_a_url_refuses_to_replace_a_dataset_without_force_and_replaces_it_whol
         .filter(|e| e.file_name().to_string_lossy().starts_with("brand-pack-"))
         .collect();
     assert!(left.is_empty(), "{left:?}");
+    assert!(common::hidden_entries(&f.root).is_empty());
+    // Partitions are for nodes' local disks, not a store.
+    let err = common::fails(&[
+        "pack",
+        s(&files),
+        "-o",
+        "s3://bkt/parts",
+        "--partitions",
+        "2",
+        "--memory",
+        "10%",
+    ]);
+    assert!(err.contains("--partitions") && err.contains("s3://bkt/parts"), "{err}");
 }
 
 /// Replaces object `key` of bucket `bkt` through the S3 API (a new ETag).

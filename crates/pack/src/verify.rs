@@ -130,36 +130,33 @@ pub fn verify(ds: &Dataset, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<Veri
 }
 
 fn check_chunk(ds: &Dataset, file: &File, file_len: u64, c: u64) -> (u64, Vec<Problem>) {
-    let idx = &ds.index;
-    let loc = idx.chunks[c as usize];
-    let segment = ds.segment_path(loc.segment);
-    let mut problems = Vec::new();
-    let mut problem = |sample: Option<u64>, offset: u64, what: String| {
-        problems.push(Problem {
-            segment: segment.clone(),
-            offset,
-            chunk: Some(c),
-            sample,
-            what,
-        })
-    };
-    let len = idx.chunk_padded_len(c);
+    let loc = ds.index.chunks[c as usize];
+    let len = ds.index.chunk_padded_len(c);
     // Checked before allocating: the length comes from the index.
     if loc.offset.saturating_add(len) > file_len {
-        problem(
-            None,
-            loc.offset,
-            format!("chunk's {len} bytes run past the end of the segment (truncated at byte {file_len})"),
-        );
-        return (0, problems);
+        let what = format!("chunk's {len} bytes run past the end of the segment (truncated at byte {file_len})");
+        return (0, vec![chunk_problem(ds, c, what)]);
     }
     let mut buf = vec![0u8; len as usize];
     if let Err(e) = read_full_at(file, &mut buf, loc.offset) {
-        problem(None, loc.offset, format!("cannot read the chunk's {len} bytes: {e}"));
-        return (0, problems);
+        let what = format!("cannot read the chunk's {len} bytes: {e}");
+        return (0, vec![chunk_problem(ds, c, what)]);
     }
+    let mut problems = Vec::new();
     check_chunk_bytes(ds, c, &buf, &mut problems);
     (len, problems)
+}
+
+/// A problem with chunk `c` as a whole, at its offset.
+fn chunk_problem(ds: &Dataset, c: u64, what: String) -> Problem {
+    let loc = ds.index.chunks[c as usize];
+    Problem {
+        segment: ds.segment_path(loc.segment),
+        offset: loc.offset,
+        chunk: Some(c),
+        sample: None,
+        what,
+    }
 }
 
 /// Every check of chunk `c` on its bytes `buf` (the index's padded length of it).
@@ -177,7 +174,7 @@ fn check_chunk_bytes(ds: &Dataset, c: u64, buf: &[u8], problems: &mut Vec<Proble
             what,
         })
     };
-    let header = match chunk::parse_header(&buf) {
+    let header = match chunk::parse_header(buf) {
         Ok(h) => h,
         Err(e) => {
             problem(None, loc.offset, format!("bad chunk header: {e}"));
@@ -282,16 +279,7 @@ fn verify_objects(ds: &Dataset, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<
                 bytes_read += buf.len() as u64;
                 check_chunk_bytes(ds, c, &buf, &mut problems);
             }
-            Err(e) => {
-                let loc = idx.chunks[c as usize];
-                problems.push(Problem {
-                    segment: ds.segment_path(loc.segment),
-                    offset: loc.offset,
-                    chunk: Some(c),
-                    sample: None,
-                    what: format!("cannot fetch the chunk: {e}"),
-                });
-            }
+            Err(e) => problems.push(chunk_problem(ds, c, format!("cannot fetch the chunk: {e}"))),
         }
     })?;
     let samples = held.iter().map(|&c| idx.chunk_records(c) as u64).sum();

@@ -89,6 +89,20 @@ fn build(url: &ObjectUrl, stall: Duration, retries: RetryConfig) -> std::result:
         (ClientConfigKey::PoolIdleTimeout, "30s".to_string()),
     ];
     let clean = |e: object_store::Error| redact(&e.to_string());
+    macro_rules! from_env {
+        ($builder:ty, $key:ty) => {{
+            let mut b = <$builder>::from_env();
+            for (k, v) in client {
+                b = b.with_config(<$key>::Client(k), v);
+            }
+            Arc::new(
+                b.with_url(url.root.clone())
+                    .with_retry(retries.clone())
+                    .build()
+                    .map_err(clean)?,
+            )
+        }};
+    }
     let store: Arc<dyn ObjectStore> = match url.scheme {
         Scheme::S3 => {
             use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey as K};
@@ -143,32 +157,16 @@ fn build(url: &ObjectUrl, stall: Duration, retries: RetryConfig) -> std::result:
                     .map_err(clean)?,
             )
         }
-        Scheme::Gcs => {
-            use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey as K};
-            let mut b = GoogleCloudStorageBuilder::from_env();
-            for (k, v) in client {
-                b = b.with_config(K::Client(k), v);
-            }
-            Arc::new(
-                b.with_url(url.root.clone())
-                    .with_retry(retries.clone())
-                    .build()
-                    .map_err(clean)?,
-            )
-        }
-        Scheme::Azure => {
-            use object_store::azure::{AzureConfigKey as K, MicrosoftAzureBuilder};
-            let mut b = MicrosoftAzureBuilder::from_env();
-            for (k, v) in client {
-                b = b.with_config(K::Client(k), v);
-            }
-            Arc::new(
-                b.with_url(url.root.clone())
-                    .with_retry(retries.clone())
-                    .build()
-                    .map_err(clean)?,
-            )
-        }
+        // The same for GCS and Azure: their builders from the environment,
+        // the client settings over them (the builders share no trait).
+        Scheme::Gcs => from_env!(
+            object_store::gcp::GoogleCloudStorageBuilder,
+            object_store::gcp::GoogleConfigKey
+        ),
+        Scheme::Azure => from_env!(
+            object_store::azure::MicrosoftAzureBuilder,
+            object_store::azure::AzureConfigKey
+        ),
         Scheme::Http => {
             let mut opts = object_store::ClientOptions::new();
             for (k, v) in client {

@@ -176,3 +176,26 @@ fn the_limiter_is_cut_by_throttling() {
     .expect("get");
     assert_eq!(l.limit(), 8);
 }
+
+#[test]
+fn a_first_byte_slower_than_nearly_all_before_it_gets_a_hedged_second_get() {
+    let f = fixture();
+    let c = GetCounters::default();
+    let p = GetPolicy {
+        hedge_min: Duration::from_millis(20),
+        ..policy()
+    };
+    // Fifty quick GETs make the history the hedge is measured against.
+    for _ in 0..60 {
+        get(&f, 0..4096, &c, &p).expect("get");
+    }
+    assert_eq!(c.report(None).hedges, 0);
+    f.server.faults().delay_gets(Duration::from_millis(300));
+    let got = get(&f, 8192..16384, &c, &p).expect("get");
+    assert!(got[..] == f.data[8192..16384]);
+    f.server.faults().clear();
+    f.server.faults().delay_gets(Duration::ZERO);
+    let r = c.report(None);
+    assert_eq!(r.hedges, 1, "{r:?}");
+    assert_eq!(f.server.stats().get_requests, 62);
+}
