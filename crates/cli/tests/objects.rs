@@ -181,6 +181,21 @@ fn bursts_of_503_and_cut_bodies_are_retried_and_counted_without_a_wrong_byte() {
     let epochs = f.read(&["--memory", "10%", "--read-gap", "whole"]);
     assert_exactly_once(&epochs, 1);
     assert_eq!(retries_of(&epochs, "cut"), 4, "{}", epochs[0]["metrics"]);
+    // Chunks of more GET parts than GETs allowed in flight (192 KiB in
+    // 64 KiB parts, 2 at a time): they take turns, never wait for each
+    // other (this deadlocked: the bench's 2 × 1 MiB sweep point).
+    f.server.faults().clear();
+    let epochs = f.read(&[
+        "--memory",
+        "10%",
+        "--read-gap",
+        "whole",
+        "--gets-in-flight",
+        "2",
+        "--get-size",
+        "64KiB",
+    ]);
+    assert_exactly_once(&epochs, 1);
     // (That a cut body is resumed, not fetched again, is brand-store's
     // tests/get.rs: here reads run ahead into the next epoch, which blurs
     // the count of bytes.)

@@ -117,9 +117,17 @@ async fn dispatch(mut jobs: tokio::sync::mpsc::UnboundedReceiver<Job>, ctx: Arc<
             // Places in flight are taken here, in the plan's order: a task
             // taking its own would start in the scheduler's (last spawned
             // first), and the reads needed first would wait behind later ones.
-            let mut permits = Vec::new();
-            for _ in 0..ctx.parts(&group) {
-                permits.push(ctx.stats.limiter.acquire().await);
+            // One place is waited for; the group's other parts take only
+            // places free now. Waiting for a place per part deadlocked once
+            // a group had more parts than the limit (2 GETs in flight of
+            // 1 MiB parts and a 7 MiB chunk: the bench's sweep).
+            let limiter = &ctx.stats.limiter;
+            let mut permits = vec![limiter.acquire().await];
+            while permits.len() < ctx.parts(&group) {
+                match limiter.try_acquire() {
+                    Some(p) => permits.push(p),
+                    None => break,
+                }
             }
             if jobs.is_closed() {
                 break 'taking;
@@ -182,7 +190,7 @@ impl Ctx {
         let len = (group.end - group.start) as usize;
         let mut buf = AlignedBuf::for_extent(len);
         self.shared.stats.pool_grew(buf.capacity() as u64);
-        let fetched = self.fetch(&group, &mut buf.spare_mut()[..len]).await;
+        let fetched = self.fetch(&group, &mut buf.spare_mut()[..len], permits.len()).await;
         drop(permits);
         let this = self.clone();
         // Decoding (crc32c, zstd) is CPU work: off the runtime's threads.
@@ -216,8 +224,9 @@ impl Ctx {
         }
     }
 
-    /// The group's bytes into `dst`: one GET, or `get_bytes` parts at once.
-    async fn fetch(&self, g: &Group, dst: &mut [u8]) -> Result<()> {
+    /// The group's bytes into `dst`: one GET, or `get_bytes` parts, `places` at once.
+    async fn fetch(&self, g: &Group, dst: &mut [u8], places: usize) -> Result<()> {
+        use futures_util::StreamExt;
         let ds = &self.shared.ds;
         let name = &ds.manifest.segments[g.segment as usize].name;
         let e_tag = match &ds.origin {
@@ -226,12 +235,18 @@ impl Ctx {
         };
         let part = self.shared.cfg.store.get_bytes.max(brand_format::ALIGN) as usize;
         let (c, p, l) = (&self.stats.counters, &self.policy, &self.stats.limiter);
-        let parts = dst.chunks_mut(part).enumerate().map(|(i, d)| {
+        let mut parts = Vec::new();
+        for (i, d) in dst.chunks_mut(part).enumerate() {
             let from = g.start + (i * part) as u64;
             let range = from..from + d.len() as u64;
-            get::get_into(&self.conn, name, range, e_tag, d, p, c, l)
-        });
-        futures_util::future::try_join_all(parts).await.map(|_| ())
+            parts.push(get::get_into(&self.conn, name, range, e_tag, d, p, c, l));
+        }
+        // As many parts at once as places the group holds.
+        let mut fetched = futures_util::stream::iter(parts).buffer_unordered(places.max(1));
+        while let Some(r) = fetched.next().await {
+            r?;
+        }
+        Ok(())
     }
 
     /// Each job's records from the group's buffer.

@@ -249,6 +249,17 @@ impl Limiter {
         }
     }
 
+    /// A place in flight if one is free now (never waits).
+    pub fn try_acquire(self: &std::sync::Arc<Self>) -> Option<Permit> {
+        let mut s = self.state.lock().ok()?;
+        if s.in_flight < s.limit {
+            s.in_flight += 1;
+            Some(Permit(self.clone()))
+        } else {
+            None
+        }
+    }
+
     fn succeeded(&self) {
         let grew = match self.state.lock() {
             Ok(mut s) => {
@@ -669,6 +680,7 @@ mod tests {
         // A sixth waits until one is dropped.
         let sixth = tokio::time::timeout(Duration::from_millis(20), l.acquire()).await;
         assert!(sixth.is_err());
+        assert!(l.try_acquire().is_none());
         drop(permits);
         assert!(tokio::time::timeout(Duration::from_secs(1), l.acquire()).await.is_ok());
     }
