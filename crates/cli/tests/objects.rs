@@ -461,3 +461,62 @@ fn three_serve_processes_read_each_chunk_of_a_url_once_between_them() {
     let gets = f.server.stats().get_requests;
     assert!(gets <= reads, "{gets} GETs for {reads} chunk reads");
 }
+
+#[test]
+fn a_cache_reads_a_url_once_for_the_jobs_attached_to_it() {
+    let f = Fixture::new();
+    let socket = f.root.join("cache.sock");
+    let mut cache = f
+        .command(&[
+            "cache",
+            &f.url,
+            "--memory",
+            "25%",
+            "--read-gap",
+            "whole",
+            "--json",
+            "--socket",
+        ])
+        .arg(&socket)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn brand cache");
+    let start = Instant::now();
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        assert!(start.elapsed() < Duration::from_secs(30), "the cache did not listen");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let jobs: Vec<std::process::Child> = (1..=2)
+        .map(|seed| {
+            f.command(&[
+                "read",
+                &f.url,
+                "--json",
+                "--batch",
+                "10",
+                "--seed",
+                &seed.to_string(),
+                "--cache",
+            ])
+            .arg(&socket)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn job")
+        })
+        .collect();
+    for j in jobs {
+        let out = j.wait_with_output().expect("job");
+        assert!(out.status.success(), "{}", stderr(&out));
+        let epochs: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("json");
+        assert_exactly_once(&epochs, 1);
+        // An attached job reads no storage: the cache's GETs fed it.
+        assert_eq!(metric(&epochs[0], "store_requests"), 0, "{}", epochs[0]);
+    }
+    assert!(f.server.stats().get_requests > 0);
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(cache.id() as i32, libc::SIGINT) };
+    let status = cache.wait().expect("cache");
+    assert!(status.success(), "{status}");
+}
