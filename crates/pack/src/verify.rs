@@ -99,7 +99,7 @@ pub fn verify(ds: &Dataset, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<Veri
         }
     }
     let done = std::sync::atomic::AtomicU64::new(0);
-    let held: Vec<u64> = (0..idx.chunk_count()).filter(|&c| ds.holds_chunk(c)).collect();
+    let held = held_chunks(ds);
     let total = held.len() as u64;
     let per_chunk: Vec<(u64, Vec<Problem>)> = crate::parallel::try_map(held.len(), |i| {
         let c = held[i];
@@ -120,13 +120,7 @@ pub fn verify(ds: &Dataset, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<Veri
         bytes_read += b;
         problems.extend(p);
     }
-    let samples = held.iter().map(|&c| idx.chunk_records(c) as u64).sum();
-    Ok(VerifyReport {
-        chunks: total,
-        samples,
-        bytes_read,
-        problems,
-    })
+    Ok(report(ds, &held, bytes_read, problems))
 }
 
 fn check_chunk(ds: &Dataset, file: &File, file_len: u64, c: u64) -> (u64, Vec<Problem>) {
@@ -261,12 +255,27 @@ fn check_chunk_bytes(ds: &Dataset, c: u64, buf: &[u8], problems: &mut Vec<Proble
     }
 }
 
+/// The chunks `ds`'s directory (or store prefix) holds: all of a whole
+/// dataset's, a partition's own.
+fn held_chunks(ds: &Dataset) -> Vec<u64> {
+    (0..ds.index.chunk_count()).filter(|&c| ds.holds_chunk(c)).collect()
+}
+
+/// The report of checking the chunks `held`.
+fn report(ds: &Dataset, held: &[u64], bytes_read: u64, problems: Vec<Problem>) -> VerifyReport {
+    VerifyReport {
+        chunks: held.len() as u64,
+        samples: held.iter().map(|&c| ds.index.chunk_records(c) as u64).sum(),
+        bytes_read,
+        problems,
+    }
+}
+
 /// [`verify`] of a dataset in object storage: every chunk fetched (ranged
 /// GETs, many in flight, pinned to the versions opened; the objects' sizes
 /// were checked against the manifest at open) and checked as from a file.
 fn verify_objects(ds: &Dataset, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<VerifyReport> {
-    let idx = &ds.index;
-    let held: Vec<u64> = (0..idx.chunk_count()).filter(|&c| ds.holds_chunk(c)).collect();
+    let held = held_chunks(ds);
     let total = held.len() as u64;
     let (mut problems, mut bytes_read, mut done) = (Vec::new(), 0u64, 0u64);
     brand_store::for_each_chunk(ds, &held, &mut |c, bytes| {
@@ -282,13 +291,7 @@ fn verify_objects(ds: &Dataset, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<
             Err(e) => problems.push(chunk_problem(ds, c, format!("cannot fetch the chunk: {e}"))),
         }
     })?;
-    let samples = held.iter().map(|&c| idx.chunk_records(c) as u64).sum();
-    Ok(VerifyReport {
-        chunks: total,
-        samples,
-        bytes_read,
-        problems,
-    })
+    Ok(report(ds, &held, bytes_read, problems))
 }
 
 /// `read_exact_at` with a message that says how far the file got.
