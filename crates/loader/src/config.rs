@@ -384,6 +384,9 @@ mod tests {
                io_backend = "threads"
                decode_threads = 0
                io_timeout = 2.5
+               gets_in_flight = 8
+               get_size = "16MiB"
+               stall_timeout = 0.5
                on_corrupt = "skip"
                cache = "/run/brand/ds.sock""#,
         )
@@ -404,6 +407,14 @@ mod tests {
         assert_eq!(c.io.backend, crate::IoBackend::Threads);
         assert_eq!(c.io.decode_threads, 0);
         assert_eq!(c.io.io_timeout, Duration::from_millis(2500));
+        assert_eq!(
+            (
+                c.io.store.gets_in_flight,
+                c.io.store.get_bytes,
+                c.io.store.stall_timeout
+            ),
+            (8, 16 << 20, Duration::from_millis(500))
+        );
         assert_eq!(c.on_corrupt, OnCorrupt::Skip);
         let d = LoaderConfig::from_toml("").expect("empty is all defaults");
         assert_eq!(d.plan.memory, DEFAULT_MEMORY);
@@ -470,6 +481,13 @@ mod tests {
             ("io_timeout = -1", "io_timeout"),
             ("io_timeout = 86401", "io_timeout"),
             ("io_timeout = \"1s\"", "io_timeout"),
+            ("gets_in_flight = 0", "gets_in_flight"),
+            ("gets_in_flight = 1025", "gets_in_flight"),
+            ("get_size = \"32KiB\"", "get_size"),
+            ("get_size = \"2GiB\"", "get_size"),
+            ("stall_timeout = 0", "stall_timeout"),
+            ("stall_timeout = -1", "stall_timeout"),
+            ("stall_timeout = 3601", "stall_timeout"),
             ("on_corrupt = \"ignore\"", "on_corrupt"),
             ("batch_size = \"8\"", "batch_size"),
             ("verify = 1", "verify"),
