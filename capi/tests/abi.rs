@@ -430,7 +430,7 @@ fn batches_are_the_datasets_bytes_each_sample_once_per_epoch() {
     let e0 = epoch(l);
     for g in &e0 {
         assert_eq!(g.data, ds.read_sample(g.id).expect("buffered read"), "sample {}", g.id);
-        assert_eq!(g.label, ds.index.label[g.id as usize]);
+        assert_eq!(g.label, ds.index.label(g.id));
         assert_eq!(g.key, ds.index.key(g.id));
         assert_eq!(g.epoch, 0);
     }
@@ -676,7 +676,7 @@ fn a_corrupt_record_is_data_loss_named_by_chunk_and_offset() {
     let path = make_dataset(t.path(), "ds", 80, 1);
     let ds = Dataset::open(path.to_str().expect("utf-8")).expect("open");
     let victim = (0..80)
-        .find(|&i| ds.index.stored_len[i as usize] > 0)
+        .find(|&i| ds.index.stored_len(i) > 0)
         .expect("a non-empty sample");
     let (_, offset, _) = ds.index.record_location(victim);
     let seg = ds.segment_path(0);

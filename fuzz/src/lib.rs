@@ -93,6 +93,7 @@ fn scratch() -> PathBuf {
 pub fn index(data: &[u8]) {
     index_bytes(data);
     if data.len() >= 12 {
+        // Version 1: one crc32c over everything before the trailer.
         let mut fixed = data.to_vec();
         let body = fixed.len() - 12;
         let crc = crc32c::crc32c(&fixed[..body]);
@@ -100,6 +101,31 @@ pub fn index(data: &[u8]) {
         fixed[body + 4..].copy_from_slice(&brand_format::index::INDEX_END);
         index_bytes(&fixed);
     }
+    if let Some(fixed) = with_valid_v2_crcs(data) {
+        index_bytes(&fixed);
+    }
+}
+
+/// `data` with a version-2 trailer made valid: the crc32c of the header,
+/// chunks and columns, and the crc32c of the keys, where the header places
+/// them inside the input.
+fn with_valid_v2_crcs(data: &[u8]) -> Option<Vec<u8>> {
+    let u64_at = |at: usize| Some(u64::from_le_bytes(data.get(at..at + 8)?.try_into().ok()?));
+    let (n, chunks) = (u64_at(16)?, u64_at(24)?);
+    let widths = data.get(36..40)?;
+    let per_sample = 12 + 4 * u64::from(widths[1] == 1) + u64::from(widths[0]);
+    let key_end = 64u64
+        .checked_add(chunks.checked_mul(16)?)?
+        .checked_add(n.checked_mul(per_sample)?)?;
+    let body = data.len().checked_sub(16)?;
+    let key_end = usize::try_from(key_end).ok().filter(|&k| k <= body)?;
+    let mut fixed = data.to_vec();
+    let meta = crc32c::crc32c(&fixed[..key_end]);
+    let keys = crc32c::crc32c(&fixed[key_end..body]);
+    fixed[body..body + 4].copy_from_slice(&meta.to_le_bytes());
+    fixed[body + 4..body + 8].copy_from_slice(&keys.to_le_bytes());
+    fixed[body + 8..].copy_from_slice(&brand_format::index::INDEX_END);
+    Some(fixed)
 }
 
 fn index_bytes(data: &[u8]) {
@@ -112,10 +138,12 @@ fn index_bytes(data: &[u8]) {
         }
         for id in 0..idx.samples().min(1000) {
             let _ = idx.record_location(id);
-            let _ = idx.key(id);
+            let _ = (idx.key(id), idx.label(id), idx.raw_len(id), idx.crc(id));
         }
+        let _ = idx.check_keys();
+        let _ = idx.content_digest();
         assert_eq!(
-            Index::from_bytes(&idx.to_bytes(), Path::new("index.bin")).ok(),
+            Index::from_bytes(idx.as_bytes(), Path::new("index.bin")).ok(),
             Some(idx)
         );
     }

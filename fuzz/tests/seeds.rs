@@ -56,7 +56,7 @@ fn write_seed_corpus() {
         );
         let seg = std::fs::read(ds.join("data-00000.brd")).expect("segment");
         let opened = brand_format::Dataset::open(&ds).expect("open");
-        let end = opened.index.chunks[0].offset + opened.index.chunk_padded_len(0);
+        let end = opened.index.chunk(0).offset + opened.index.chunk_padded_len(0);
         put("chunk_header", name, &seg[..end as usize]);
         if name == "plain" {
             let path = CString::new(ds.to_str().expect("utf-8")).expect("no NUL");

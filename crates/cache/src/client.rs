@@ -190,7 +190,7 @@ impl Attached {
         }
         for p in &samples {
             let ok = (p.id as u64) < n
-                && p.len == self.ds.index.raw_len[p.id as usize]
+                && p.len == self.ds.index.raw_len(p.id as u64)
                 && self.memory.ptr_at(p.offset, p.len as usize).is_some()
                 && p.offset.is_multiple_of(crate::arena::ALIGN);
             if !ok {

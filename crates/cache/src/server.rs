@@ -285,20 +285,14 @@ fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
 /// slots of the mean decoded sample.
 pub fn budget_bytes(ds: &Dataset, memory: Memory) -> Result<u64> {
     memory.check()?;
-    let total: u64 = ds.index.raw_len.iter().map(|&l| footprint(l as u64)).sum();
+    let total: u64 = ds.index.raw_lens().map(|l| footprint(l as u64)).sum();
     let n = ds.index.samples().max(1);
     let b = match memory {
         Memory::Bytes(b) => b,
         Memory::Percent(p) => (total as f64 * p / 100.0) as u64,
         Memory::Slots(s) => s.saturating_mul(total / n),
     };
-    let largest = ds
-        .index
-        .raw_len
-        .iter()
-        .map(|&l| footprint(l as u64))
-        .max()
-        .unwrap_or(64);
+    let largest = ds.index.raw_lens().map(|l| footprint(l as u64)).max().unwrap_or(64);
     if b < largest {
         return Err(Error::config(format!(
             "cache memory {memory} is {b} bytes, less than the largest sample ({largest} bytes)"
@@ -579,7 +573,7 @@ fn check_hello(sh: &Shared, h: &Hello) -> std::result::Result<IdBits, String> {
 /// About what a batch of `size` samples takes in the shared memory.
 fn batch_bytes(ds: &Dataset, size: u64) -> u64 {
     let n = ds.index.samples();
-    let mean = ds.index.raw_len.iter().map(|&l| footprint(l as u64)).sum::<u64>() / n.max(1);
+    let mean = ds.index.raw_lens().map(|l| footprint(l as u64)).sum::<u64>() / n.max(1);
     size.min(n).saturating_mul(mean)
 }
 
@@ -792,7 +786,7 @@ impl State {
                 self.samples[i as usize].leases -= 1;
                 job.held_bytes = job
                     .held_bytes
-                    .saturating_sub(footprint(ds.index.raw_len[i as usize] as u64));
+                    .saturating_sub(footprint(ds.index.raw_len(i as u64) as u64));
             }
         }
         job.live_batches = job.live_batches.saturating_sub(1);
@@ -810,7 +804,7 @@ impl State {
             placed.push(Placed {
                 id: i,
                 offset,
-                len: ds.index.raw_len[i as usize],
+                len: ds.index.raw_len(i as u64),
             });
             self.samples[i as usize].leases += 1;
             self.need_less(i);
@@ -855,7 +849,7 @@ impl State {
         self.present
             .iter()
             .filter(|&&i| self.samples[i as usize].leases > 0)
-            .map(|&i| footprint(ds.index.raw_len[i as usize] as u64))
+            .map(|&i| footprint(ds.index.raw_len(i as u64) as u64))
             .sum()
     }
 
@@ -897,7 +891,7 @@ impl State {
     fn make_absent(&mut self, ds: &Dataset, id: u32) {
         let s = self.samples[id as usize];
         if let Where::Resident(at) = s.at {
-            self.arena.free(at, ds.index.raw_len[id as usize] as u64);
+            self.arena.free(at, ds.index.raw_len(id as u64) as u64);
         }
         if matches!(s.at, Where::Resident(_) | Where::Bad) {
             let slot = s.slot as usize;
@@ -985,7 +979,7 @@ impl State {
     /// waiting job gets what little room is left, rather than nothing).
     fn room_for(&mut self, ds: &Dataset, chunk: u64, mask: u64, force: bool) -> Option<u64> {
         let first = chunk * ds.index.chunk_size() as u64;
-        let size = |r: u32| footprint(ds.index.raw_len[(first + r as u64) as usize] as u64);
+        let size = |r: u32| footprint(ds.index.raw_len(first + r as u64) as u64);
         let mut bytes = 0;
         let mut m = mask;
         while m != 0 {
@@ -1069,7 +1063,7 @@ impl State {
                 self.wanted -= 1;
             }
             self.samples[id as usize].at = Where::Pending;
-            bytes += footprint(ds.index.raw_len[id as usize] as u64);
+            bytes += footprint(ds.index.raw_len(id as u64) as u64);
         }
         self.reserved += bytes;
         bytes
@@ -1083,7 +1077,7 @@ impl State {
         self.progress += 1;
         let ids = c.extent.records.iter().map(|&(id, _)| id as u32);
         for id in ids.clone() {
-            self.reserved -= footprint(ds.index.raw_len[id as usize] as u64);
+            self.reserved -= footprint(ds.index.raw_len(id as u64) as u64);
         }
         let records = match c.result {
             Ok(r) => r,

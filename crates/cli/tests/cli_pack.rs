@@ -51,7 +51,7 @@ fn pack_round_trips_every_sample_and_inspect_counts_them() {
         let want = std::fs::read(src.join(&key)).expect("source file");
         assert_eq!(d.read_sample(id).expect("read"), want, "sample {id} ({key})");
         let class: i64 = key[6..10].parse().expect("class-NNNN");
-        assert_eq!(d.index.label[id as usize], class, "label of {key}");
+        assert_eq!(d.index.label(id), class, "label of {key}");
         assert!(seen.insert(key));
     }
     assert_eq!(seen.len(), 2000);
@@ -151,7 +151,7 @@ fn list_input_packs_with_labels() {
     let d = Dataset::open(&ds).expect("open");
     for i in 0..20usize {
         let id = d.index.find_key(format!("files/{i}.bin").as_bytes()).expect("key");
-        assert_eq!(d.index.label[id as usize], i as i64 * 10);
+        assert_eq!(d.index.label(id), i as i64 * 10);
         assert_eq!(d.read_sample(id).expect("read"), vec![i as u8; 100 + i]);
     }
 }
@@ -200,7 +200,7 @@ fn a_flipped_header_byte_and_a_truncated_segment_are_named() {
     ok(&["pack", s(&src), "-o", s(&ds), "--chunk-size", "16"]);
     let seg = ds.join("data-00000.brd");
     let d = Dataset::open(&ds).expect("open");
-    let chunk2 = d.index.chunks[2].offset as usize;
+    let chunk2 = d.index.chunk(2).offset as usize;
     let mut bytes = std::fs::read(&seg).expect("read");
     bytes[chunk2 + 60] ^= 1; // inside chunk 2's record table
     std::fs::write(&seg, &bytes).expect("write");
@@ -209,14 +209,14 @@ fn a_flipped_header_byte_and_a_truncated_segment_are_named() {
     bytes[chunk2 + 60] ^= 1;
 
     // Truncate in the middle of the last chunk.
-    let last = d.index.chunks[d.index.chunks.len() - 1].offset as usize;
+    let last = d.index.chunk(d.index.chunk_count() - 1).offset as usize;
     std::fs::write(&seg, &bytes[..last + 100]).expect("truncate");
     let out = brand(&["verify", s(&ds)]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1));
     assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
     assert!(
-        text.contains("truncated") && text.contains(&format!("chunk {} ", d.index.chunks.len() - 1)),
+        text.contains("truncated") && text.contains(&format!("chunk {} ", d.index.chunk_count() - 1)),
         "{text}"
     );
     let last_id = d.index.samples() - 1;

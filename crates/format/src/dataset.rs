@@ -124,7 +124,7 @@ impl Dataset {
         // Every chunk inside its segment as the manifest sizes it, so no read
         // planned from the index runs past a segment's end.
         let mut per_segment = vec![0u64; m.segments.len()];
-        for (c, loc) in idx.chunks.iter().enumerate() {
+        for (c, loc) in idx.chunk_locs().enumerate() {
             let seg = &m.segments[loc.segment as usize];
             per_segment[loc.segment as usize] += 1;
             let end = loc.offset.saturating_add(idx.chunk_padded_len(c as u64));
@@ -143,7 +143,7 @@ impl Dataset {
         // whether a segment is present follows from its chunks' owner.
         if let Some(p) = m.partition {
             let mut owner: Vec<Option<u32>> = vec![None; m.segments.len()];
-            for (c, loc) in idx.chunks.iter().enumerate() {
+            for (c, loc) in idx.chunk_locs().enumerate() {
                 let o = p.owner_of_chunk(c as u64);
                 if let Some(prev) = owner[loc.segment as usize].replace(o)
                     && prev != o
@@ -174,14 +174,15 @@ impl Dataset {
         // Uncompressed records are stored as they are: a difference means the
         // records are compressed and manifest.toml's `compression` is wrong.
         if m.compression == "none"
-            && let Some(id) = (0..idx.samples() as usize).find(|&i| idx.raw_len[i] != idx.stored_len[i])
+            && let Some(id) = (0..idx.samples()).find(|&i| idx.raw_len(i) != idx.stored_len(i))
         {
             return Err(Error::format(
                 ipath,
                 0,
                 format!(
                     "sample {id} is stored in {} bytes for {} raw bytes, but manifest.toml says compression = \"none\"",
-                    idx.stored_len[id], idx.raw_len[id]
+                    idx.stored_len(id),
+                    idx.raw_len(id)
                 ),
             ));
         }
@@ -194,7 +195,7 @@ impl Dataset {
     /// bytes); the header crc is not checked, so this is cheap enough for
     /// every whole-chunk read.
     pub fn check_chunk_compression(&self, chunk: u64, head: &[u8]) -> Result<()> {
-        let loc = self.index.chunks.get(chunk as usize).copied();
+        let loc = (chunk < self.index.chunk_count()).then(|| self.index.chunk(chunk));
         let (segment, offset) = loc.map(|l| (l.segment, l.offset)).unwrap_or((0, 0));
         let path = match self.manifest.segments.get(segment as usize) {
             Some(s) => self.dir.join(&s.name),
@@ -231,7 +232,7 @@ impl Dataset {
     /// Whether segment `segment`'s file belongs in this directory.
     pub fn holds_segment(&self, segment: u32) -> bool {
         self.manifest.partition.is_none_or(|p| {
-            let first = self.index.chunks.iter().position(|l| l.segment == segment);
+            let first = self.index.chunk_locs().position(|l| l.segment == segment);
             first.is_some_and(|c| p.owner_of_chunk(c as u64) == p.index)
         })
     }

@@ -62,7 +62,7 @@ impl Dataset {
             .iter()
             .map(|&(id, at)| {
                 let result = self.record_inside(ext, id, at, bytes.len()).and_then(|at| {
-                    let end = at + self.index.stored_len[id as usize] as usize;
+                    let end = at + self.index.stored_len(id) as usize;
                     self.decode_stored(id, Stored::Slice(&bytes[at..end]), check_crc)
                 });
                 (id, result)
@@ -73,7 +73,7 @@ impl Dataset {
     /// Where record `id` starts among the `read` bytes of `ext`, if it ends
     /// inside them.
     fn record_inside(&self, ext: &Extent, id: u64, at: u64, read: usize) -> Result<usize> {
-        let stored_len = self.index.stored_len[id as usize] as u64;
+        let stored_len = self.index.stored_len(id) as u64;
         match at.checked_add(stored_len) {
             Some(end) if end <= read as u64 => Ok(at as usize),
             _ => Err(Error::Corrupt {
@@ -92,7 +92,7 @@ impl Dataset {
     /// then decompressed.
     fn decode_stored(&self, id: u64, stored: Stored<'_>, check_crc: bool) -> Result<AlignedBuf> {
         let i = id as usize;
-        let want = self.index.stored_len[i] as usize;
+        let want = self.index.stored_len(i as u64) as usize;
         let wrong_length = |len: usize| self.corrupt(id, format!("record is {len} bytes, index says {want}"));
         let (sample, crc) = match stored {
             Stored::Slice(s) if s.len() != want => return Err(wrong_length(s.len())),
@@ -100,7 +100,7 @@ impl Dataset {
                 if check_crc {
                     self.check_crc(id, crc32c::crc32c(s))?;
                 }
-                let raw_len = self.index.raw_len[i] as usize;
+                let raw_len = self.index.raw_len(i as u64) as usize;
                 return AlignedBuf::zstd_decompressed(s, raw_len).map_err(|what| self.corrupt(id, what));
             }
             Stored::Slice(s) if check_crc => AlignedBuf::copy_of_with_crc32c(s),
@@ -117,7 +117,7 @@ impl Dataset {
     }
 
     fn check_crc(&self, id: u64, computed: u32) -> Result<()> {
-        let stored = self.index.crc[id as usize];
+        let stored = self.index.crc(id);
         if computed != stored {
             return Err(self.corrupt(
                 id,

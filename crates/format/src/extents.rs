@@ -66,7 +66,7 @@ pub fn extents(index: &Index, chunk: u64, mask: u64, gap: ReadGap) -> Vec<Extent
 /// reuses one vector (a 4 KiB sample's read is one extent, and its vector
 /// was an allocation of its own).
 pub fn extents_into(index: &Index, chunk: u64, mask: u64, gap: ReadGap, out: &mut Vec<Extent>) {
-    let loc = index.chunks[chunk as usize];
+    let loc = index.chunk(chunk);
     let first = chunk * index.chunk_size() as u64;
     let count = loc.record_count as u64;
     let mask = if count >= 64 {
@@ -81,12 +81,12 @@ pub fn extents_into(index: &Index, chunk: u64, mask: u64, gap: ReadGap, out: &mu
         let id = first + slot;
         (
             id,
-            loc.offset + index.rel_offset[id as usize] as u64,
-            index.stored_len[id as usize] as u64,
+            loc.offset + index.rel_offset(id) as u64,
+            index.stored_len(id) as u64,
         )
     };
     let alone = |id: u64, gap: u64| {
-        let (stored, raw) = (index.stored_len[id as usize], index.raw_len[id as usize]);
+        let (stored, raw) = (index.stored_len(id), index.raw_len(id));
         gap < crate::ALIGN && stored == raw && stored as u64 >= READ_ALONE_BYTES
     };
     // The set bits, lowest first.

@@ -1,4 +1,4 @@
-//! brand-format: the dataset on disk (DESIGN.md §2), version 2, and what every
+//! brand-format: the dataset on disk (DESIGN.md §2), version 3, and what every
 //! later stage shares: the opened [`Dataset`] and its record decoder
 //! ([`decode`]: length, crc32c, zstd), the index, read extents, aligned
 //! buffers, the pinned PRNG, byte counts and the one [`Error`] type.
@@ -42,10 +42,12 @@
 //! is one 4 KiB read, not two), for padding of less than one block and
 //! less than the record (`brand inspect` shows it).
 //!
-//! Versions: 1 (no blocks flag; unflagged or aligned64 chunks) and 2
-//! (blocks chunks). This build reads both and writes 2; a build that reads
-//! only 1 refuses a version-2 dataset when opening it, naming the version,
-//! rather than at its first chunk ("unknown chunk flags").
+//! Versions: 1 (no blocks flag; unflagged or aligned64 chunks), 2 (blocks
+//! chunks) and 3 (index version 2: columns as narrow as their values, keys
+//! checked apart, see [`index`]). This build reads all three and writes 3;
+//! a build that reads only older versions refuses a newer dataset when
+//! opening it, naming the version, rather than at its first chunk or its
+//! index.
 //!
 //! The per-record crc32c covers the bytes as stored (compressed if zstd), so
 //! a record is verified before it is decompressed and whether or not the rest
@@ -60,6 +62,7 @@ pub mod extents;
 pub mod ids;
 pub mod index;
 pub mod manifest;
+pub mod mapped;
 pub mod rng;
 pub mod units;
 
@@ -70,7 +73,7 @@ pub use error::{Error, Result};
 pub const ALIGN: u64 = 4096;
 
 /// The format version written by this build.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 
 /// The format versions this build reads.
 pub const READ_FORMAT_VERSIONS: std::ops::RangeInclusive<u32> = 1..=FORMAT_VERSION;

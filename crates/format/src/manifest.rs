@@ -294,19 +294,19 @@ packer = "brand 0.1.0"
     }
 
     #[test]
-    fn versions_1_and_2_are_read_and_others_refused_by_number() {
-        for v in [1, 2] {
+    fn versions_1_to_3_are_read_and_others_refused_by_number() {
+        for v in [1, 2, 3] {
             let m = load(&good().replace("format_version = 1", &format!("format_version = {v}"))).expect("readable");
             assert_eq!(m.format_version, v);
         }
-        for (v, newer) in [(0, false), (3, true), (99, true)] {
+        for (v, newer) in [(0, false), (4, true), (99, true)] {
             let msg = load(&good().replace("format_version = 1", &format!("format_version = {v}")))
                 .err()
                 .map(|e| e.to_string())
                 .unwrap_or_default();
             assert!(
                 msg.contains("manifest.toml")
-                    && msg.contains(&format!("format version {v} (this build reads versions 1 to 2")),
+                    && msg.contains(&format!("format version {v} (this build reads versions 1 to 3")),
                 "{v}: {msg:?}"
             );
             assert_eq!(msg.contains("packed by a newer brand"), newer, "{msg}");

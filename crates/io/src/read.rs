@@ -131,10 +131,10 @@ pub(crate) fn reads_in_place(ds: &Dataset, ext: &Extent) -> bool {
     let [(id, _)] = ext.records.as_slice() else {
         return false;
     };
-    let Some(&stored) = ds.index.stored_len.get(*id as usize) else {
+    if *id >= ds.index.samples() {
         return false;
-    };
-    let stored = stored as u64;
+    }
+    let stored = ds.index.stored_len(*id) as u64;
     !ds.zstd() && (stored >= IN_PLACE_MIN as u64 || ext.len.saturating_sub(stored) <= stored / 8)
 }
 
@@ -191,7 +191,7 @@ mod tests {
         let t = tempfile::tempdir().expect("tempdir");
         let ds = dataset(t.path(), None);
         let id = (0..ds.index.samples())
-            .find(|&i| ds.index.stored_len[i as usize] as usize >= IN_PLACE_MIN)
+            .find(|&i| ds.index.stored_len(i) as usize >= IN_PLACE_MIN)
             .expect("a record of at least IN_PLACE_MIN bytes");
         let segment = ds.index.record_location(id).0;
         let record = stored_bytes(&ds, id);

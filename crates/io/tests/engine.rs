@@ -417,15 +417,16 @@ fn format_1_datasets_read_identically() {
     ] {
         let t = tempfile::tempdir().expect("tempdir");
         let ds = large_dataset(t.path());
-        assert_eq!(ds.manifest.format_version, 2);
+        assert_eq!(ds.manifest.format_version, brand_format::FORMAT_VERSION);
         let packed_now = Arc::new(ds.clone());
         let want = served(&packed_now);
-        let mut index = ds.index.clone();
+        let index = ds.index.clone();
+        let mut rel_offsets: Vec<u32> = (0..index.samples()).map(|i| index.rel_offset(i)).collect();
         let seg_path = ds.segment_path(0);
         let mut seg = std::fs::read(&seg_path).expect("segment");
         let (mut unaligned, mut straddling) = (0, 0);
         for c in 0..index.chunk_count() {
-            let loc = index.chunks[c as usize];
+            let loc = index.chunk(c);
             let (at, len) = (loc.offset as usize, index.chunk_padded_len(c) as usize);
             let h = chunk::parse_header(&seg[at..at + len]).expect("header");
             assert!(
@@ -446,7 +447,7 @@ fn format_1_datasets_read_identically() {
             assert!(bytes.len() <= len);
             let first = (c * index.chunk_size() as u64) as usize;
             for (i, e) in table.iter().enumerate() {
-                index.rel_offset[first + i] = e.offset;
+                rel_offsets[first + i] = e.offset;
                 unaligned += usize::from(e.offset % 64 != 0);
                 straddling += usize::from(chunk::extra_block(e.offset as u64, e.stored_len as u64));
             }
@@ -461,14 +462,35 @@ fn format_1_datasets_read_identically() {
         }
         assert!(straddling > 10, "{layout}: many rewritten records span an extra block");
         std::fs::write(&seg_path, &seg).expect("write segment");
-        std::fs::write(ds.dir().join(brand_format::INDEX_FILE), index.to_bytes()).expect("write index");
+        let metas = (0..index.samples())
+            .map(|i| brand_format::index::SampleMeta {
+                rel_offset: rel_offsets[i as usize],
+                stored_len: index.stored_len(i),
+                raw_len: index.raw_len(i),
+                crc: index.crc(i),
+                label: index.label(i),
+                key: index.key(i).to_vec(),
+            })
+            .collect();
+        let index = brand_format::index::Index::new(
+            index.chunk_size(),
+            index.segment_count(),
+            index.chunk_locs().collect(),
+            metas,
+        )
+        .expect("index");
+        std::fs::write(ds.dir().join(brand_format::INDEX_FILE), index.as_bytes()).expect("write index");
         let manifest = ds.dir().join(brand_format::MANIFEST_FILE);
         let text = std::fs::read_to_string(&manifest).expect("manifest");
-        let text = text.replacen("format_version = 2", "format_version = 1", 1);
+        let text = text.replacen(
+            &format!("format_version = {}", brand_format::FORMAT_VERSION),
+            "format_version = 1",
+            1,
+        );
         std::fs::write(&manifest, text).expect("write manifest");
         let v1 = Arc::new(Dataset::open(ds.dir()).expect("open v1"));
         assert_eq!(v1.manifest.format_version, 1);
-        assert_eq!(v1.index.rel_offset, index.rel_offset);
+        assert_eq!(v1.index, index);
         assert_eq!(v1.index.block_padding(), 0, "{layout}");
         assert_eq!(served(&v1), want, "{layout}");
         let report = brand_pack::verify::verify(&v1, &|_, _| {}).expect("verify");

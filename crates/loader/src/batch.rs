@@ -47,7 +47,7 @@ impl Batch {
         let id = *self.ids.get(i)?;
         Some(SampleRef {
             id,
-            label: self.ds.index.label[id as usize],
+            label: self.ds.index.label(id),
             data: &self.data[i],
             key: self.ds.index.key(id),
         })

@@ -98,7 +98,7 @@ pub fn resolve_run_length(ds: &Arc<Dataset>, cfg: &LoaderConfig) -> Result<u32> 
             let engine = cfg.io.engine_config(ds, cfg.readahead_bytes);
             let gap = brand_io::session::resolve_gap(ds, &engine, cfg.io.read_gap)?;
             let index = &ds.index;
-            let mean = index.stored_len.iter().map(|&l| l as f64).sum::<f64>() / index.samples().max(1) as f64;
+            let mean = index.stored_lens().map(|l| l as f64).sum::<f64>() / index.samples().max(1) as f64;
             let runs = brand_io::probe::run_length(gap, mean, index.chunk_size());
             tracing::info!("run_length auto: {runs} (read gap {gap:?}, mean stored sample {mean:.0} bytes)");
             Ok(runs)
@@ -454,7 +454,7 @@ impl Loader {
     fn submit(&mut self, e: Extent) -> Result<()> {
         let mut decoded = 0;
         for &(id, _) in &e.records {
-            decoded += self.ds.index.raw_len[id as usize] as u64;
+            decoded += self.ds.index.raw_len(id) as u64;
             self.held.reading(id);
         }
         self.metrics.reads_issued += 1;
@@ -508,7 +508,7 @@ impl Loader {
         match t {
             Taken::Served(ev, id, bytes) => {
                 self.metrics.samples_served -= 1;
-                self.metrics.bytes_served -= self.ds.index.stored_len[id as usize] as u64;
+                self.metrics.bytes_served -= self.ds.index.stored_len(id) as u64;
                 if let Event::Serve { frees: true, .. } = ev {
                     self.held.hold(id, bytes);
                 }
@@ -579,7 +579,7 @@ impl Loader {
         };
         self.served += 1;
         self.metrics.samples_served += 1;
-        self.metrics.bytes_served += self.ds.index.stored_len[sample as usize] as u64;
+        self.metrics.bytes_served += self.ds.index.stored_len(sample) as u64;
         Ok(Taken::Served(ev, sample, bytes))
     }
 

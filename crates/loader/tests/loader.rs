@@ -76,7 +76,7 @@ fn collect_epoch(loader: &mut Loader, ds: &Dataset) -> Vec<u64> {
         for s in batch.iter() {
             assert_eq!(s.data, &ds.read_sample(s.id).expect("buffered")[..], "sample {}", s.id);
             assert_eq!(s.data.as_ptr() as usize % 64, 0, "64-byte aligned");
-            assert_eq!(s.label, ds.index.label[s.id as usize]);
+            assert_eq!(s.label, ds.index.label(s.id));
             assert_eq!(s.key, ds.index.key(s.id));
             ids.push(s.id);
         }

@@ -596,8 +596,8 @@ fn zstd_dataset(root: &Path, samples: u64, ratio: u32) -> Arc<Dataset> {
 fn memory_bounds_decoded_bytes_of_a_compressed_dataset() {
     let t = tempfile::tempdir().expect("tempdir");
     let ds = zstd_dataset(t.path(), 600, 4);
-    let stored: u64 = ds.index.stored_len.iter().map(|&l| l as u64).sum();
-    let raw: u64 = ds.index.raw_len.iter().map(|&l| l as u64).sum();
+    let stored: u64 = ds.index.stored_lens().map(|l| l as u64).sum();
+    let raw: u64 = ds.index.raw_lens().map(|l| l as u64).sum();
     assert!(raw > 3 * stored, "compressible: {raw} raw vs {stored} stored");
     let (memory, readahead) = (raw / 10, 256 << 10);
     let c = config(Memory::Bytes(memory), 0, 1, readahead);
@@ -708,7 +708,7 @@ fn the_memory_bound_is_the_plans_resident_bound_in_decoded_bytes() {
     // 40 samples in chunks of 16: 1 % is less than one sample, which the
     // plan rounds up to one chunk (16 slots).
     let ds = zstd_dataset(t.path(), 40, 4);
-    let raw: u64 = ds.index.raw_len.iter().map(|&l| l as u64).sum();
+    let raw: u64 = ds.index.raw_lens().map(|l| l as u64).sum();
     let one_chunk = (16 * raw).div_ceil(40);
     for (memory, slots) in [
         (Memory::Percent(1.0), 16),
@@ -765,7 +765,7 @@ fn the_next_epochs_first_reads_are_issued_before_this_epoch_ends() {
         first_read += read_of(&ev).1;
         if let brand_plan::Event::Read { chunk, mask } = ev {
             for j in (0..16).filter(|j| mask & (1 << j) != 0) {
-                first_bytes += ds.index.raw_len[(chunk * 16 + j) as usize] as u64;
+                first_bytes += ds.index.raw_len(chunk * 16 + j) as u64;
             }
         }
         if matches!(ev, brand_plan::Event::Serve { .. }) {

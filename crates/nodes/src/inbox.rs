@@ -153,9 +153,9 @@ pub struct Inbox {
 /// Decoded length of `sample`: what its pushed bytes must measure.
 pub fn sample_len(ds: &Dataset, sample: u64) -> u64 {
     if ds.zstd() {
-        ds.index.raw_len[sample as usize] as u64
+        ds.index.raw_len(sample) as u64
     } else {
-        ds.index.stored_len[sample as usize] as u64
+        ds.index.stored_len(sample) as u64
     }
 }
 

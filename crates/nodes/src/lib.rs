@@ -89,7 +89,8 @@ pub fn job_digest(ds: &Dataset, loader: &LoaderConfig, peers: &NodeConfig, at: G
         p.index = 0;
     }
     let manifest = crc32c::crc32c(logical.to_toml().as_bytes()) as u64;
-    let index = crc32c::crc32c(&ds.index.to_bytes()) as u64;
+    // Every record's crc32c (not the whole index: its keys stay unread).
+    let index = ds.index.content_digest() as u64;
     let p = &loader.plan;
     wire::JobDigest {
         protocol: wire::PROTOCOL,
@@ -407,10 +408,7 @@ impl NodeLoader {
         }
         self.served += ids.len() as u64;
         self.samples_served += ids.len() as u64;
-        self.bytes_served += ids
-            .iter()
-            .map(|&id| self.ds.index.stored_len[id as usize] as u64)
-            .sum::<u64>();
+        self.bytes_served += ids.iter().map(|&id| self.ds.index.stored_len(id) as u64).sum::<u64>();
         Ok(Some(Batch::new(self.epoch, self.ds.clone(), ids, data)))
     }
 }

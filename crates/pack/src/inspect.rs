@@ -51,11 +51,9 @@ pub struct PartitionSummary {
 
 pub fn summary(ds: &Dataset) -> Summary {
     let idx = &ds.index;
-    let raw: u64 = idx.raw_len.iter().map(|&x| x as u64).sum();
-    let stored: u64 = idx.stored_len.iter().map(|&x| x as u64).sum();
-    let mut labels = idx.label.clone();
-    labels.sort_unstable();
-    labels.dedup();
+    let raw: u64 = idx.raw_lens().map(|x| x as u64).sum();
+    let stored: u64 = idx.stored_lens().map(|x| x as u64).sum();
+    let labels: std::collections::BTreeSet<i64> = idx.labels().collect();
     let m = &ds.manifest;
     let compression = match m.zstd_level {
         Some(l) if m.compression == "zstd" => format!("zstd (level {l})"),
@@ -80,8 +78,8 @@ pub fn summary(ds: &Dataset) -> Summary {
         block_padding_bytes: idx.block_padding(),
         header_bytes: (0..idx.chunk_count()).map(|c| idx.chunk_header_len(c)).sum(),
         mean_sample_bytes: raw as f64 / idx.samples().max(1) as f64,
-        min_sample_bytes: idx.raw_len.iter().copied().min().unwrap_or(0) as u64,
-        max_sample_bytes: idx.raw_len.iter().copied().max().unwrap_or(0) as u64,
+        min_sample_bytes: idx.raw_lens().min().unwrap_or(0) as u64,
+        max_sample_bytes: idx.raw_lens().max().unwrap_or(0) as u64,
         compression,
         labels: labels.len() as u64,
         pack_seed: m.pack_seed,

@@ -26,7 +26,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use brand_format::chunk::{self, FLAG_ALIGNED64, FLAG_BLOCKS, FLAG_ZSTD, RecordIn};
 use brand_format::error::{Error, IoContext, Result};
-use brand_format::index::{ChunkLoc, Index, SampleMeta};
+use brand_format::index::{ChunkLoc, Index, IndexWriter};
 use brand_format::manifest::{Manifest, Partition, Provenance, SegmentInfo};
 use brand_format::rng::{Prng, domain};
 use brand_format::{self as format, align_up};
@@ -311,8 +311,9 @@ pub fn pack(source: &dyn Source, out: &Path, opts: &PackOptions, progress: Progr
     // chunks of one partition (all of them when whole).
     let mut segments: Vec<SegmentInfo> = Vec::new();
     let mut writers: Vec<Option<SegmentWriter>> = (0..parts).map(|_| None).collect();
-    let mut chunk_locs = Vec::with_capacity(n.div_ceil(k as usize));
-    let mut metas = Vec::with_capacity(n);
+    // The index goes to files as chunks are written, not to memory.
+    let mut index = IndexWriter::spilled(k, &tmp.path)?;
+    let mut labels = std::collections::BTreeSet::new();
     let (mut raw_bytes, mut stored_bytes) = (0u64, 0u64);
     let (mut min_len, mut max_len) = (u64::MAX, 0u64);
     let (mut data_bytes, mut block_padding_bytes) = (0u64, 0u64);
@@ -402,11 +403,13 @@ pub fn pack(source: &dyn Source, out: &Path, opts: &PackOptions, progress: Progr
             }
             let s = seg.as_mut().ok_or_else(|| Error::config("internal: no open segment"))?;
             s.file.write_all(&bytes).at(&s.path)?;
-            chunk_locs.push(ChunkLoc {
-                segment: s.number,
-                record_count: (hi - lo) as u32,
-                offset: s.offset,
-            });
+            index
+                .push_chunk(ChunkLoc {
+                    segment: s.number,
+                    record_count: (hi - lo) as u32,
+                    offset: s.offset,
+                })
+                .at(&tmp.path)?;
             s.offset += len;
             s.chunks += 1;
             data_bytes += len;
@@ -415,14 +418,10 @@ pub fn pack(source: &dyn Source, out: &Path, opts: &PackOptions, progress: Progr
                 stored_bytes += e.stored_len as u64;
                 min_len = min_len.min(e.raw_len as u64);
                 max_len = max_len.max(e.raw_len as u64);
-                metas.push(SampleMeta {
-                    rel_offset: e.offset,
-                    stored_len: e.stored_len,
-                    raw_len: e.raw_len,
-                    crc: e.crc,
-                    label: e.label,
-                    key: e.key,
-                });
+                labels.insert(e.label);
+                index
+                    .push_sample(e.offset, e.stored_len, e.raw_len, e.crc, e.label, &e.key)
+                    .at(&tmp.path)?;
             }
         }
         progress(last as u64, n as u64, data_bytes);
@@ -431,12 +430,19 @@ pub fn pack(source: &dyn Source, out: &Path, opts: &PackOptions, progress: Progr
         finish_segment(s, &mut segments)?;
     }
 
-    let mut labels: Vec<i64> = metas.iter().map(|m| m.label).collect();
-    labels.sort_unstable();
-    labels.dedup();
-    let index = Index::new(k, segments.len() as u32, chunk_locs, metas)
-        .map_err(|e| Error::config(format!("internal: packed index is inconsistent: {e}")))?;
-    let index_bytes = index.to_bytes();
+    // Written once, checked as a reader will open it, then copied into
+    // every partition.
+    let index_path = tmp.path.join(format::INDEX_FILE);
+    {
+        let mut f = std::io::BufWriter::with_capacity(1 << 20, File::create(&index_path).at(&index_path)?);
+        index.finish(segments.len() as u32, &mut f).at(&index_path)?;
+        f.into_inner()
+            .map_err(|e| e.into_error())
+            .at(&index_path)?
+            .sync_all()
+            .at(&index_path)?;
+    }
+    Index::load(&index_path).map_err(|e| Error::config(format!("internal: the packed index is inconsistent: {e}")))?;
     let mut manifest = Manifest {
         format_version: format::FORMAT_VERSION,
         samples: n as u64,
@@ -472,9 +478,16 @@ pub fn pack(source: &dyn Source, out: &Path, opts: &PackOptions, progress: Progr
             count: p.count,
             group_chunks: p.group_chunks,
         });
-        write_synced(&dir.join(format::INDEX_FILE), &index_bytes)?;
+        if *dir != tmp.path {
+            let to = dir.join(format::INDEX_FILE);
+            std::fs::copy(&index_path, &to).at(&to)?;
+            File::open(&to).at(&to)?.sync_all().at(&to)?;
+        }
         write_synced(&dir.join(format::MANIFEST_FILE), manifest.to_toml().as_bytes())?;
         sync_dir(dir)?;
+    }
+    if opts.partitions.is_some() {
+        std::fs::remove_file(&index_path).at(&index_path)?;
     }
     sync_dir(&tmp.path)?;
     install(tmp, out, opts.force)?;

@@ -103,7 +103,7 @@ pub fn verify(ds: &Dataset, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<Veri
     let total = held.len() as u64;
     let per_chunk: Vec<(u64, Vec<Problem>)> = crate::parallel::try_map(held.len(), |i| {
         let c = held[i];
-        let loc = idx.chunks[c as usize];
+        let loc = idx.chunk(c);
         let r = match &files[loc.segment as usize] {
             Some((f, file_len)) => check_chunk(ds, f, *file_len, c),
             None => (0, Vec::new()), // already reported as unopenable
@@ -124,7 +124,7 @@ pub fn verify(ds: &Dataset, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<Veri
 }
 
 fn check_chunk(ds: &Dataset, file: &File, file_len: u64, c: u64) -> (u64, Vec<Problem>) {
-    let loc = ds.index.chunks[c as usize];
+    let loc = ds.index.chunk(c);
     let len = ds.index.chunk_padded_len(c);
     // Checked before allocating: the length comes from the index.
     if loc.offset.saturating_add(len) > file_len {
@@ -143,7 +143,7 @@ fn check_chunk(ds: &Dataset, file: &File, file_len: u64, c: u64) -> (u64, Vec<Pr
 
 /// A problem with chunk `c` as a whole, at its offset.
 fn chunk_problem(ds: &Dataset, c: u64, what: String) -> Problem {
-    let loc = ds.index.chunks[c as usize];
+    let loc = ds.index.chunk(c);
     Problem {
         segment: ds.segment_path(loc.segment),
         offset: loc.offset,
@@ -156,7 +156,7 @@ fn chunk_problem(ds: &Dataset, c: u64, what: String) -> Problem {
 /// Every check of chunk `c` on its bytes `buf` (the index's padded length of it).
 fn check_chunk_bytes(ds: &Dataset, c: u64, buf: &[u8], problems: &mut Vec<Problem>) {
     let idx = &ds.index;
-    let loc = idx.chunks[c as usize];
+    let loc = idx.chunk(c);
     let segment = ds.segment_path(loc.segment);
     let len = buf.len();
     let mut problem = |sample: Option<u64>, offset: u64, what: String| {
@@ -205,24 +205,28 @@ fn check_chunk_bytes(ds: &Dataset, c: u64, buf: &[u8], problems: &mut Vec<Proble
                 format!("{field}: chunk header has {chunk_has}, index.bin has {index_has}"),
             )
         };
-        if rec.offset != idx.rel_offset[i] {
-            mismatch("offset", rec.offset.to_string(), idx.rel_offset[i].to_string());
+        if rec.offset != idx.rel_offset(i as u64) {
+            mismatch("offset", rec.offset.to_string(), idx.rel_offset(i as u64).to_string());
         }
-        if rec.stored_len != idx.stored_len[i] {
+        if rec.stored_len != idx.stored_len(i as u64) {
             mismatch(
                 "stored length",
                 rec.stored_len.to_string(),
-                idx.stored_len[i].to_string(),
+                idx.stored_len(i as u64).to_string(),
             );
         }
-        if rec.raw_len != idx.raw_len[i] {
-            mismatch("raw length", rec.raw_len.to_string(), idx.raw_len[i].to_string());
+        if rec.raw_len != idx.raw_len(i as u64) {
+            mismatch("raw length", rec.raw_len.to_string(), idx.raw_len(i as u64).to_string());
         }
-        if rec.crc != idx.crc[i] {
-            mismatch("crc32c", format!("{:#010x}", rec.crc), format!("{:#010x}", idx.crc[i]));
+        if rec.crc != idx.crc(i as u64) {
+            mismatch(
+                "crc32c",
+                format!("{:#010x}", rec.crc),
+                format!("{:#010x}", idx.crc(i as u64)),
+            );
         }
-        if rec.label != idx.label[i] {
-            mismatch("label", rec.label.to_string(), idx.label[i].to_string());
+        if rec.label != idx.label(i as u64) {
+            mismatch("label", rec.label.to_string(), idx.label(i as u64).to_string());
         }
         if rec.key != idx.key(id) {
             mismatch(
@@ -262,7 +266,18 @@ fn held_chunks(ds: &Dataset) -> Vec<u64> {
 }
 
 /// The report of checking the chunks `held`.
-fn report(ds: &Dataset, held: &[u64], bytes_read: u64, problems: Vec<Problem>) -> VerifyReport {
+fn report(ds: &Dataset, held: &[u64], bytes_read: u64, mut problems: Vec<Problem>) -> VerifyReport {
+    // The index's keys are not checked when it is opened (readers need not
+    // touch them): here they are.
+    if let Err(what) = ds.index.check_keys() {
+        problems.push(Problem {
+            segment: ds.dir().join(brand_format::INDEX_FILE),
+            offset: 0,
+            chunk: None,
+            sample: None,
+            what,
+        });
+    }
     VerifyReport {
         chunks: held.len() as u64,
         samples: held.iter().map(|&c| ds.index.chunk_records(c) as u64).sum(),
@@ -376,7 +391,7 @@ pub fn rebuild_index(dir: &Path) -> Result<Index> {
     let index = Index::new(manifest.chunk_size, manifest.segments.len() as u32, chunks, samples)
         .map_err(|e| Error::format(&ipath, 0, format!("rebuilt index is inconsistent: {e}")))?;
     let tmp = dir.join(".index.bin.rebuild");
-    crate::write_synced(&tmp, &index.to_bytes())?;
+    crate::write_synced(&tmp, index.as_bytes())?;
     std::fs::rename(&tmp, &ipath).at(&ipath)?;
     Ok(index)
 }

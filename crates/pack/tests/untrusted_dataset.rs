@@ -170,8 +170,8 @@ fn verify_reports_a_chunk_header_longer_than_the_index_says() {
             key: vec![],
         });
     }
-    let idx = brand_format::index::Index::new(16, 1, ds.index.chunks.clone(), samples).expect("index");
-    std::fs::write(a.join("index.bin"), idx.to_bytes()).expect("write index");
+    let idx = brand_format::index::Index::new(16, 1, ds.index.chunk_locs().collect(), samples).expect("index");
+    std::fs::write(a.join("index.bin"), idx.as_bytes()).expect("write index");
     let ds = Dataset::open(&a).expect("a shorter index still opens");
     let report = verify(&ds, &|_, _| {}).expect("verify runs");
     assert!(!report.ok());
@@ -205,7 +205,7 @@ fn chunk_compression_helper_catches_a_relabelled_dataset() {
     let a = make(t.path(), "a", 32, 8, None);
     let ds = Dataset::open(&a).expect("open");
     let seg = std::fs::read(a.join("data-00000.brd")).expect("segment");
-    let at = ds.index.chunks[1].offset as usize;
+    let at = ds.index.chunk(1).offset as usize;
     ds.check_chunk_compression(1, &seg[at..]).expect("consistent");
     edit_manifest(&a, "compression = \"none\"", "compression = \"zstd\"");
     let ds = Dataset::open(&a).expect("opens: the index cannot tell");
@@ -238,4 +238,33 @@ fn segment_names_outside_the_dataset_are_refused() {
     edit_manifest(&a, "\"../outside.brd\"", &format!("{abs:?}"));
     let msg = open_err(&a);
     assert!(msg.contains("manifest.toml") && msg.contains("`name`"), "{msg}");
+}
+
+/// The keys are not read at open (a reader need not touch them): a damaged
+/// key opens, reads every record right, and `verify` names the index.
+#[test]
+fn a_damaged_key_is_reported_by_verify_and_never_serves_a_wrong_record() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let dir = make(t.path(), "a", 40, 8, None);
+    let ipath = dir.join("index.bin");
+    let mut bytes = std::fs::read(&ipath).expect("index");
+    // The last key's last byte: just before the 16-byte trailer.
+    let at = bytes.len() - 17;
+    bytes[at] ^= 0x20;
+    std::fs::write(&ipath, &bytes).expect("write index");
+    let ds = Dataset::open(&dir).expect("keys are checked by verify, not at open");
+    for id in 0..ds.index.samples() {
+        let data = ds.read_sample(id).expect("every record reads");
+        assert_eq!(data.len(), ds.index.raw_len(id) as usize);
+    }
+    let report = verify(&ds, &|_, _| {}).expect("verify runs");
+    // The chunk header holds the key too: both disagreements are named.
+    let msgs: Vec<String> = report.problems.iter().map(|p| p.to_string()).collect();
+    assert_eq!(msgs.len(), 2, "{msgs:?}");
+    assert!(
+        msgs.iter()
+            .any(|m| m.contains("index.bin") && m.contains("keys checksum")),
+        "{msgs:?}"
+    );
+    assert!(msgs.iter().any(|m| m.contains("chunk header has")), "{msgs:?}");
 }

@@ -78,7 +78,7 @@ impl Layout {
         Layout {
             samples: index.samples(),
             chunk_size: index.chunk_size(),
-            sample_bytes: index.raw_len.iter().map(|&l| l as u64).sum(),
+            sample_bytes: index.raw_lens().map(|l| l as u64).sum(),
         }
     }
 }

@@ -28,7 +28,7 @@ pub struct OrderQuality {
 /// ([`batch`](Self::batch)), then [`end_epoch`](Self::end_epoch).
 pub struct OrderMeter<'a> {
     chunk_size: usize,
-    labels: &'a [i64],
+    index: &'a Index,
     expectation: LabelExpectation,
     position: Vec<u32>,
     previous: Option<Vec<u32>>,
@@ -45,8 +45,8 @@ impl<'a> OrderMeter<'a> {
         let n = index.samples();
         OrderMeter {
             chunk_size: index.chunk_size() as usize,
-            labels: &index.label,
-            expectation: LabelExpectation::new(&index.label, n),
+            index,
+            expectation: LabelExpectation::new(index.labels(), n),
             position: vec![UNSERVED; n as usize],
             previous: None,
             distinct: 0.0,
@@ -71,8 +71,12 @@ impl<'a> OrderMeter<'a> {
             return;
         }
         self.scratch.clear();
-        self.scratch
-            .extend(samples.iter().filter_map(|&s| self.labels.get(s as usize).copied()));
+        self.scratch.extend(
+            samples
+                .iter()
+                .filter(|&&s| s < self.index.samples())
+                .map(|&s| self.index.label(s)),
+        );
         self.scratch.sort_unstable();
         self.scratch.dedup();
         self.distinct += self.scratch.len() as f64;
@@ -151,9 +155,9 @@ struct LabelExpectation {
 }
 
 impl LabelExpectation {
-    fn new(labels: &[i64], samples: u64) -> Self {
+    fn new(labels: impl Iterator<Item = i64>, samples: u64) -> Self {
         let mut per_label: HashMap<i64, u64> = HashMap::new();
-        for &l in labels {
+        for l in labels {
             *per_label.entry(l).or_default() += 1;
         }
         let mut by_count: HashMap<u64, u64> = HashMap::new();
@@ -199,12 +203,12 @@ mod tests {
     fn label_expectation_matches_small_cases() {
         // Two labels of 2 in N = 4, batches of 2: P(label absent) =
         // C(2,2)/C(4,2) = 1/6, so E = 2 · 5/6.
-        let mut e = LabelExpectation::new(&[0, 0, 1, 1], 4);
+        let mut e = LabelExpectation::new([0, 0, 1, 1].into_iter(), 4);
         assert!((e.distinct(2) - 10.0 / 6.0).abs() < 1e-12);
         // A batch of the whole dataset sees every label; a batch of one, one.
         assert!((e.distinct(4) - 2.0).abs() < 1e-12);
         assert!((e.distinct(1) - 1.0).abs() < 1e-12);
-        let mut unique = LabelExpectation::new(&[5, 6, 7, 8, 9], 5);
+        let mut unique = LabelExpectation::new([5, 6, 7, 8, 9].into_iter(), 5);
         assert!((unique.distinct(3) - 3.0).abs() < 1e-12);
     }
 

@@ -195,7 +195,7 @@ pub fn simulate_with(index: &Index, config: &PlanConfig, options: &SimOptions) -
                     } => {
                         let id = sample as usize;
                         r.requests += 1;
-                        r.useful_bytes += index.stored_len[id] as u64;
+                        r.useful_bytes += index.stored_len(id as u64) as u64;
                         if !held.contains(sample) {
                             r.reads_cover_serves = false;
                         }
@@ -242,7 +242,7 @@ pub fn simulate_with(index: &Index, config: &PlanConfig, options: &SimOptions) -
         drop_last: config.drop_last,
         run_length: config.run_length,
         batch,
-        mean_sample_bytes: index.stored_len.iter().map(|&l| l as f64).sum::<f64>() / n as f64,
+        mean_sample_bytes: index.stored_lens().map(|l| l as f64).sum::<f64>() / n as f64,
         geometry: geo,
         epochs,
     })

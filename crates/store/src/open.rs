@@ -171,7 +171,7 @@ pub fn for_each_chunk(ds: &Dataset, chunks: &[u64], each: &mut dyn FnMut(u64, Re
     let conn = Connection::new(&url, policy.stall)?;
     let (counters, limiter) = (GetCounters::default(), Limiter::new(CHUNKS_IN_FLIGHT));
     let fetch = |c: u64| {
-        let loc = ds.index.chunks[c as usize];
+        let loc = ds.index.chunk(c);
         let name = &ds.manifest.segments[loc.segment as usize].name;
         let e_tag = versions.get(loc.segment as usize).and_then(|v| v.e_tag.as_deref());
         let range = loc.offset..loc.offset + ds.index.chunk_padded_len(c);
