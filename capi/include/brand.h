@@ -336,6 +336,16 @@ typedef struct brand_metrics {
   double store_get_p99_ms;
   double store_first_byte_p50_ms;
   uint64_t store_gets_in_flight_limit;
+  /**
+   * Metadata outside the sample budget: `index.bin`'s size (mapped and
+   * shared by every process reading the dataset on this machine), the
+   * index's bytes on this process's heap, and the plan's per-sample
+   * state on the heap now and at most.
+   */
+  uint64_t index_file_bytes;
+  uint64_t index_heap_bytes;
+  uint64_t plan_bytes;
+  uint64_t plan_peak_bytes;
 } brand_metrics;
 
 #ifdef __cplusplus

@@ -105,6 +105,14 @@ pub struct brand_metrics {
     pub store_get_p99_ms: f64,
     pub store_first_byte_p50_ms: f64,
     pub store_gets_in_flight_limit: u64,
+    /// Metadata outside the sample budget: `index.bin`'s size (mapped and
+    /// shared by every process reading the dataset on this machine), the
+    /// index's bytes on this process's heap, and the plan's per-sample
+    /// state on the heap now and at most.
+    pub index_file_bytes: u64,
+    pub index_heap_bytes: u64,
+    pub plan_bytes: u64,
+    pub plan_peak_bytes: u64,
 }
 
 /// Fills `*out` with the loader's counters. The caller sets
@@ -168,6 +176,10 @@ pub extern "C" fn brand_get_metrics(loader: *const brand_loader, out: *mut brand
             store_get_p99_ms: m.store_get_p99_ms,
             store_first_byte_p50_ms: m.store_first_byte_p50_ms,
             store_gets_in_flight_limit: m.store_gets_in_flight_limit,
+            index_file_bytes: m.index_file_bytes,
+            index_heap_bytes: m.index_heap_bytes,
+            plan_bytes: m.plan_bytes,
+            plan_peak_bytes: m.plan_peak_bytes,
         };
         // SAFETY: out points to at least `caller` >= n writable bytes
         // (contract: struct_size is the size of the caller's struct);

@@ -739,6 +739,12 @@ fn metrics_fill_only_what_the_caller_has_room_for() {
     assert!(m.bytes_read >= m.bytes_served && m.reads_issued > 0);
     assert_eq!(m.read_gap, 0);
     assert!((m.read_amplification - m.bytes_read as f64 / m.bytes_served as f64).abs() < 1e-9);
+    // Metadata: the index mapped (8 bytes a chunk on the heap), the plan's
+    // order of 100 samples (4 bytes each) at least.
+    let index_len = std::fs::metadata(t.path().join("ds/index.bin")).expect("index").len();
+    assert_eq!(m.index_file_bytes, index_len);
+    assert_eq!(m.index_heap_bytes, 8 * 100u64.div_ceil(16));
+    assert!(m.plan_peak_bytes >= 400 && m.plan_peak_bytes >= m.plan_bytes, "{m:?}");
 
     // An older, shorter struct: bytes past its end are not touched.
     let old = std::mem::offset_of!(brand_metrics, samples_served);

@@ -21,6 +21,15 @@ pub fn peak_rss() -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// Anonymous memory of this process now (Linux `smaps_rollup`), in bytes:
+/// its heap and stacks, not the files it maps (the index, libraries).
+pub fn anon_bytes() -> Option<u64> {
+    let rollup = std::fs::read_to_string("/proc/self/smaps_rollup").ok()?;
+    let line = rollup.lines().find(|l| l.starts_with("Anonymous:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -43,5 +52,13 @@ mod tests {
         );
         let rss = super::peak_rss().expect("VmHWM in /proc/self/status");
         assert!(rss > 1 << 20, "peak RSS {rss} bytes");
+        let before = super::anon_bytes().expect("Anonymous in smaps_rollup");
+        let held = std::hint::black_box(vec![1u8; 64 << 20]);
+        let after = super::anon_bytes().expect("Anonymous in smaps_rollup");
+        assert!(
+            after >= before + (60 << 20),
+            "64 MiB touched: {before} -> {after} bytes"
+        );
+        drop(held);
     }
 }

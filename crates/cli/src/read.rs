@@ -91,6 +91,12 @@ pub struct EpochReport {
     /// Every sample of the dataset served exactly once (single rank only).
     pub exactly_once: Option<bool>,
     pub peak_rss_bytes: Option<u64>,
+    /// The process's anonymous memory at the epoch's end (its heap: not the
+    /// mapped index or libraries), and how much of it is this command's own
+    /// measuring (a served count and two epochs' positions per sample for
+    /// `exactly_once` and `order`), which a training job does not hold.
+    pub anon_bytes: Option<u64>,
+    pub meter_bytes: u64,
     /// Seconds the consumer waited for the epoch's first batch.
     pub first_batch_wait_secs: f64,
     /// P99 and max of the waits for the epoch's other batches.
@@ -250,6 +256,8 @@ pub fn run_epochs(
             read_amplification: m.read_amplification(),
             exactly_once: (cfg.plan.world == 1).then(|| seen.iter().all(|&c| c == 1)),
             peak_rss_bytes: crate::process_stats::peak_rss(),
+            anon_bytes: crate::process_stats::anon_bytes(),
+            meter_bytes: seen.capacity() as u64 + order.heap_bytes(),
             first_batch_wait_secs,
             batch_wait_p99_secs,
             batch_wait_max_secs: rest.last().copied().unwrap_or(0.0),

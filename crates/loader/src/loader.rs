@@ -13,7 +13,7 @@ use brand_format::extents::{Extent, ReadGap, extents};
 use brand_format::ids::IdMap;
 use brand_io::engine::Completion;
 use brand_io::{IoBackend, ReadSession};
-use brand_plan::{Event, Planner};
+use brand_plan::{Event, PlanMemory, Planner};
 
 use crate::checkpoint::{Checkpoint, Fingerprint, LoaderState, Resume};
 use crate::held::Held;
@@ -71,6 +71,8 @@ pub struct Loader {
     metrics: Metrics,
     /// The store's counters when the metrics were last reset.
     store_base: Option<brand_store::GetReport>,
+    /// What the plan holds (None for a loader made from an event source).
+    plan_memory: Option<PlanMemory>,
 }
 
 /// One step of the plan as the loader walks it.
@@ -131,8 +133,10 @@ impl Loader {
         let fingerprint = Fingerprint::of(&ds, &planner);
         let start = resume.start(&ds, &planner, &fingerprint)?;
         let memory_bound = planner.geometry().rank_memory_bytes;
+        let plan_memory = planner.memory();
         let mut l = Self::start(ds, cfg.clone(), plan_events(planner), start.state, Some(memory_bound))?;
         l.fingerprint = Some(fingerprint);
+        l.plan_memory = Some(plan_memory);
         Ok(l)
     }
 
@@ -183,6 +187,7 @@ impl Loader {
             stalls: StallLog::default(),
             metrics,
             store_base: None,
+            plan_memory: None,
         })
     }
 
@@ -228,6 +233,11 @@ impl Loader {
         m.peak_read_buffer_bytes = reads.peak_pool_bytes();
         if let Some(now) = reads.store_report() {
             m.set_store(&now, self.store_base.as_ref());
+        }
+        m.index_file_bytes = self.ds.index.file_bytes();
+        m.index_heap_bytes = self.ds.index.heap_bytes();
+        if let Some(p) = &self.plan_memory {
+            (m.plan_bytes, m.plan_peak_bytes) = (p.bytes(), p.peak_bytes());
         }
         m
     }

@@ -91,6 +91,20 @@ pub struct Metrics {
     pub store_get_p99_ms: f64,
     pub store_first_byte_p50_ms: f64,
     pub store_gets_in_flight_limit: u64,
+    /// Metadata, outside the sample budget. `index.bin`'s size: mapped
+    /// read-only, so every process on the machine that reads the dataset
+    /// shares one copy in the page cache (held on the heap instead when
+    /// `index_heap_bytes` says so: an index fetched from a store that could
+    /// not be cached on disk).
+    pub index_file_bytes: u64,
+    /// The index's bytes on this process's heap: 8 a chunk, plus the whole
+    /// file when it is held rather than mapped.
+    pub index_heap_bytes: u64,
+    /// The plan's per-sample state on this process's heap now (this
+    /// epoch's order and reads, the next epoch's planned ahead), and the
+    /// most it held at once.
+    pub plan_bytes: u64,
+    pub plan_peak_bytes: u64,
 }
 
 impl Metrics {

@@ -12,7 +12,8 @@ use brand_format::rng::{Prng, domain};
 /// before the serve at global position `time`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GlobalRead {
-    pub time: u64,
+    /// A global position `< N`, so 32 bits (a read is 16 bytes).
+    pub time: u32,
     pub chunk: u32,
     pub mask: u64,
 }
@@ -55,7 +56,7 @@ impl GlobalEpoch {
                     .iter()
                     .enumerate()
                     .map(|(p, &x)| GlobalRead {
-                        time: p as u64,
+                        time: p as u32,
                         chunk: x / k,
                         mask: 1u64 << (x % k),
                     })
@@ -67,7 +68,7 @@ impl GlobalEpoch {
                 let served = (0..n as u32).collect();
                 let reads = (0..g.chunks)
                     .map(|c| GlobalRead {
-                        time: c * k as u64,
+                        time: (c * k as u64) as u32,
                         chunk: c as u32,
                         mask: low_bits(chunk_records(n, k, c)),
                     })
@@ -75,7 +76,9 @@ impl GlobalEpoch {
                 (served, reads)
             }
         };
-        let reads = if g.holds_all { Vec::new() } else { reads };
+        let mut reads = if g.holds_all { Vec::new() } else { reads };
+        reads.shrink_to_fit();
+        shared.memory.add(heap_bytes(&served, &reads));
         GlobalEpoch {
             shared,
             epoch,
@@ -106,6 +109,7 @@ impl GlobalEpoch {
             for (p, &y) in self.served.iter().enumerate() {
                 pos[y as usize] = p as u32;
             }
+            self.shared.memory.add(pos.capacity() as u64 * 4);
             pos
         })
     }
@@ -117,7 +121,7 @@ impl GlobalEpoch {
         let (mut resident, mut peak) = (0u64, 0u64);
         let mut reads = self.reads.iter().peekable();
         for p in 0..self.served.len() as u64 {
-            while let Some(r) = reads.next_if(|r| r.time <= p) {
+            while let Some(r) = reads.next_if(|r| u64::from(r.time) <= p) {
                 resident += r.mask.count_ones() as u64;
             }
             peak = peak.max(resident);
@@ -125,6 +129,18 @@ impl GlobalEpoch {
         }
         peak
     }
+}
+
+impl Drop for GlobalEpoch {
+    fn drop(&mut self) {
+        let inverse = self.serve_pos.get().map_or(0, |p| p.capacity() as u64 * 4);
+        self.shared.memory.sub(heap_bytes(&self.served, &self.reads) + inverse);
+    }
+}
+
+/// Heap bytes of an epoch's served order and reads.
+fn heap_bytes(served: &[u32], reads: &Vec<GlobalRead>) -> u64 {
+    (std::mem::size_of_val(served) + reads.capacity() * std::mem::size_of::<GlobalRead>()) as u64
 }
 
 /// Records in chunk `c` of `n` samples in chunks of `k`.
@@ -174,7 +190,7 @@ pub(super) fn brand_epoch(
         let (y, refill) = state.request(*slot, &mut pick);
         if let Some(r) = refill {
             reads.push(GlobalRead {
-                time: p as u64,
+                time: p as u32,
                 chunk: r.chunk,
                 mask: r.mask,
             });
@@ -205,7 +221,7 @@ fn chunk_shuffle_epoch(seed: u64, epoch: u64, n: u64, k: u32, slots: u64) -> (Ve
             }
             held += records as u64;
             reads.push(GlobalRead {
-                time: start as u64,
+                time: start as u32,
                 chunk: c,
                 mask: low_bits(records),
             });

@@ -123,6 +123,38 @@ impl Geometry {
 pub(crate) struct PlanSpec {
     config: PlanConfig,
     geometry: Geometry,
+    memory: PlanMemory,
+}
+
+/// Bytes of per-sample plan state (epochs' served orders, reads, inverse
+/// orders) that a planner and its copies hold now, and the most they held:
+/// metadata outside the sample budget, reported beside it.
+#[derive(Debug, Clone, Default)]
+pub struct PlanMemory(Arc<PlanMemoryCounts>);
+
+#[derive(Debug, Default)]
+struct PlanMemoryCounts {
+    now: std::sync::atomic::AtomicU64,
+    peak: std::sync::atomic::AtomicU64,
+}
+
+impl PlanMemory {
+    pub(crate) fn add(&self, bytes: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let now = self.0.now.fetch_add(bytes, Relaxed) + bytes;
+        self.0.peak.fetch_max(now, Relaxed);
+    }
+    pub(crate) fn sub(&self, bytes: u64) {
+        self.0.now.fetch_sub(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+    /// Bytes held now.
+    pub fn bytes(&self) -> u64 {
+        self.0.now.load(std::sync::atomic::Ordering::Relaxed)
+    }
+    /// The most bytes held at once.
+    pub fn peak_bytes(&self) -> u64 {
+        self.0.peak.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 /// One step of a rank's plan.
@@ -202,6 +234,7 @@ impl Planner {
             shared: Arc::new(PlanSpec {
                 config: config.clone(),
                 geometry,
+                memory: PlanMemory::default(),
             }),
             cold: true,
         })
@@ -213,6 +246,11 @@ impl Planner {
 
     pub fn geometry(&self) -> &Geometry {
         &self.shared.geometry
+    }
+
+    /// What this planner's plans hold (shared with its copies).
+    pub fn memory(&self) -> PlanMemory {
+        self.shared.memory.clone()
     }
 
     /// Runs the protocol over all of `epoch`'s global positions.

@@ -65,6 +65,12 @@ impl<'a> OrderMeter<'a> {
         }
     }
 
+    /// Bytes the meter holds (two epochs' positions).
+    pub fn heap_bytes(&self) -> u64 {
+        let prev = self.previous.as_ref().map_or(0, Vec::capacity);
+        ((self.position.capacity() + prev) * 4 + self.scratch.capacity() * 8) as u64
+    }
+
     /// One batch's samples, for label diversity.
     pub fn batch(&mut self, samples: &[u64]) {
         if samples.is_empty() {

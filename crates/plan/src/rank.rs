@@ -95,7 +95,7 @@ impl EpochPlan {
             }
         } else {
             let reads = plan.global.reads();
-            plan.cursor = reads.partition_point(|r| r.time < from);
+            plan.cursor = reads.partition_point(|r| u64::from(r.time) < from);
             if from > 0 {
                 plan.restore(from);
             }
@@ -173,7 +173,8 @@ impl EpochPlan {
                 let mask = if per_record { bit } else { full(c as u64) & !loaded[c] };
                 loaded[c] |= mask;
                 reads.push(GlobalRead {
-                    time: t,
+                    // Past 2^32 - 1 (padding of a dataset that large): at the end.
+                    time: u32::try_from(t).unwrap_or(u32::MAX),
                     chunk: c as u32,
                     mask,
                 });
@@ -183,7 +184,7 @@ impl EpochPlan {
             let missing = full(c as u64) & !have;
             if missing != 0 {
                 reads.push(GlobalRead {
-                    time: u64::MAX,
+                    time: u32::MAX,
                     chunk: c as u32,
                     mask: missing,
                 });
@@ -232,7 +233,7 @@ impl Iterator for EpochPlan {
         let next = (self.next_step < self.steps).then(|| self.rank + self.next_step * self.world);
         while let Some(read) = self.read_at(self.cursor) {
             match next {
-                Some(q) if read.time > q => break,
+                Some(q) if u64::from(read.time) > q => break,
                 // Reads after this rank's last serve hold nothing for it,
                 // except the resident warm-up, which every rank makes.
                 None if !self.holds_all => break,
