@@ -167,6 +167,29 @@ fn a_dataset_packed_to_s3_reads_back_exactly_once_with_every_byte_equal() {
     for (a, b) in epochs.iter().zip(&local) {
         assert_eq!(a["order"], b["order"]);
     }
+    // The index is kept in the user's cache, mapped, and fetched once per
+    // version: a later open GETs the manifest alone.
+    let cache = f.root.join("cache/brand/index");
+    let kept: Vec<PathBuf> = std::fs::read_dir(&cache)
+        .expect("index cache")
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    let index = std::fs::read(f.local.join("index.bin")).expect("index");
+    assert!(std::fs::read(&kept[0]).expect("kept") == index);
+    let opens = |want_gets: u64| {
+        f.server.reset_stats();
+        let out = f.run(&["inspect", &f.url]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert_eq!(f.server.stats().get_requests, want_gets, "{:?}", f.server.stats());
+    };
+    opens(1);
+    // A damaged cached copy is fetched again, never used.
+    std::fs::write(&kept[0], &index[..100]).expect("damage");
+    opens(2);
+    assert!(std::fs::read(&kept[0]).expect("kept") == index);
+    opens(1);
 }
 
 #[test]

@@ -442,6 +442,20 @@ pub async fn get_whole(
     limiter: &std::sync::Arc<Limiter>,
 ) -> Result<(Vec<u8>, ObjectMeta)> {
     let meta = head(conn, name, p, counters).await?;
+    let buf = get_version(conn, name, &meta, p, counters, limiter).await?;
+    Ok((buf, meta))
+}
+
+/// The whole object `name` as `meta` (from a HEAD) describes it, pinned to
+/// its entity tag.
+pub async fn get_version(
+    conn: &Connection,
+    name: &str,
+    meta: &ObjectMeta,
+    p: &GetPolicy,
+    counters: &GetCounters,
+    limiter: &std::sync::Arc<Limiter>,
+) -> Result<Vec<u8>> {
     let _permit = limiter.acquire().await;
     let mut buf = vec![0u8; meta.size as usize];
     get_into(
@@ -455,7 +469,7 @@ pub async fn get_whole(
         limiter,
     )
     .await?;
-    Ok((buf, meta))
+    Ok(buf)
 }
 
 /// Bytes `range` of object `name` into `dst` (exactly their length),

@@ -18,10 +18,13 @@
 //!   [`get::GetCounters`] counts what happened.
 //! * [`open`]: a dataset from a URL: manifest and index fetched, every
 //!   segment's entity tag and size pinned.
+//! * [`index_cache`]: a fetched index kept in a local file and mapped
+//!   (shared by the machine's processes; fetched once per version).
 //! * [`upload`]: a packed dataset written to a store, manifest last.
 
 pub mod connect;
 pub mod get;
+pub mod index_cache;
 pub mod location;
 pub mod open;
 pub mod runtime;

@@ -4,11 +4,10 @@
 
 use std::path::{Path, PathBuf};
 
+use brand_format::MANIFEST_FILE;
 use brand_format::dataset::{Dataset, ObjectVersion, Origin};
 use brand_format::error::{Error, Result};
-use brand_format::index::Index;
 use brand_format::manifest::Manifest;
-use brand_format::{INDEX_FILE, MANIFEST_FILE};
 
 use crate::connect::Connection;
 use crate::get::{self, GetCounters, GetPolicy, Limiter};
@@ -59,10 +58,7 @@ pub fn open_url(url: &ObjectUrl, policy: &GetPolicy) -> Result<Dataset> {
             Err(e) => return Err(e),
         };
         let manifest = Manifest::from_bytes(bytes, &manifest_url)?;
-        let index_url = PathBuf::from(url.object_url(INDEX_FILE));
-        let (bytes, _) = get::get_whole(&conn, INDEX_FILE, policy, &counters, &limiter).await?;
-        let index = Index::from_bytes(&bytes, &index_url)?;
-        drop(bytes);
+        let index = crate::index_cache::index(&conn, policy, &counters, &limiter).await?;
         let heads = manifest
             .segments
             .iter()

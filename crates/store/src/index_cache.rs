@@ -1,0 +1,100 @@
+//! A dataset's index from a store, kept in a local file and mapped: every
+//! process on the machine that opens the dataset shares one copy in the
+//! page cache (as it does a local dataset's `index.bin`), and a later open
+//! of the same version fetches nothing but a HEAD.
+//!
+//! The file is named by the URL and the index object's entity tag and size,
+//! so a replaced index is a new file, never a stale one. It goes to
+//! `$BRAND_INDEX_CACHE`, else `$XDG_CACHE_HOME/brand/index`, else
+//! `~/.cache/brand/index`; written to a temporary name and renamed, so a
+//! reader never maps half a file. Where none can be written, the index is
+//! held on the heap (and `index_heap_bytes` says so).
+
+use std::path::{Path, PathBuf};
+
+use brand_format::INDEX_FILE;
+use brand_format::error::Result;
+use brand_format::index::Index;
+
+use crate::connect::Connection;
+use crate::get::{self, GetCounters, GetPolicy, Limiter};
+
+/// Where fetched indexes are kept (None: nowhere writable is known).
+pub fn cache_dir() -> Option<PathBuf> {
+    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    env("BRAND_INDEX_CACHE")
+        .or_else(|| env("XDG_CACHE_HOME").map(|d| d.join("brand/index")))
+        .or_else(|| env("HOME").map(|h| h.join(".cache/brand/index")))
+}
+
+/// The file name of one version of one dataset's index.
+fn file_name(url: &str, e_tag: Option<&str>, size: u64) -> String {
+    let a = crc32c::crc32c(url.as_bytes());
+    let b = crc32c::crc32c_append(a ^ 0x5bd1_e995, e_tag.unwrap_or("").as_bytes());
+    format!("{a:08x}{b:08x}-{size}.index")
+}
+
+/// The index of the dataset `conn` points at: mapped from the cache when
+/// this version is there, else fetched (pinned to the version the HEAD
+/// saw), stored and mapped.
+pub async fn index(
+    conn: &Connection,
+    p: &GetPolicy,
+    counters: &GetCounters,
+    limiter: &std::sync::Arc<Limiter>,
+) -> Result<Index> {
+    let index_url = PathBuf::from(conn.url.object_url(INDEX_FILE));
+    let meta = get::head(conn, INDEX_FILE, p, counters).await?;
+    let cached = cache_dir().map(|d| d.join(file_name(&conn.url.url(), meta.e_tag.as_deref(), meta.size)));
+    if let Some(path) = &cached
+        && let Ok(idx) = Index::load(path)
+        && idx.file_bytes() == meta.size
+    {
+        return Ok(idx);
+    }
+    let bytes = get::get_version(conn, INDEX_FILE, &meta, p, counters, limiter).await?;
+    // Checked before it is kept: a damaged fetch is an error naming the URL.
+    let fetched = Index::from_bytes(&bytes, &index_url)?;
+    let Some(path) = cached else {
+        return Ok(fetched);
+    };
+    match store(&path, &bytes).and_then(|()| Index::load(&path).map_err(std::io::Error::other)) {
+        Ok(mapped) => Ok(mapped),
+        Err(e) => {
+            tracing::warn!(
+                "{}: cannot keep the index in {} ({e}); holding it in memory",
+                index_url.display(),
+                path.display()
+            );
+            Ok(fetched)
+        }
+    }
+}
+
+/// Writes `bytes` to `path` through a temporary name in the same directory.
+fn store(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default(),
+        std::process::id()
+    ));
+    let written = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn versions_and_datasets_get_their_own_files() {
+        let a = super::file_name("s3://b/ds", Some("\"e1\""), 100);
+        assert_ne!(a, super::file_name("s3://b/ds", Some("\"e2\""), 100));
+        assert_ne!(a, super::file_name("s3://b/ds2", Some("\"e1\""), 100));
+        assert_ne!(a, super::file_name("s3://b/ds", Some("\"e1\""), 101));
+        assert_eq!(a, super::file_name("s3://b/ds", Some("\"e1\""), 100));
+    }
+}
