@@ -75,6 +75,10 @@ pub struct ReadArgs {
     /// behind it. 0: the consumer takes batches as fast as they come.
     #[arg(long, default_value_t = 0.0)]
     compute_ms: f64,
+    /// Skip the order-quality metrics: they keep two epochs' positions,
+    /// 8 bytes a sample, which a memory measurement should not count.
+    #[arg(long)]
+    no_order: bool,
     #[arg(long)]
     json: bool,
 }
@@ -93,10 +97,16 @@ pub struct EpochReport {
     pub peak_rss_bytes: Option<u64>,
     /// The process's anonymous memory at the epoch's end (its heap: not the
     /// mapped index or libraries), and how much of it is this command's own
-    /// measuring (a served count and two epochs' positions per sample for
-    /// `exactly_once` and `order`), which a training job does not hold.
+    /// measuring (a bit a sample for `exactly_once`, and two epochs'
+    /// positions, 8 bytes a sample, for `order` unless `--no-order`), which
+    /// a training job does not hold.
     pub anon_bytes: Option<u64>,
     pub meter_bytes: u64,
+    /// Of the first epoch read: seconds from the start of opening the
+    /// dataset (index mapped and checked, manifest read) to a loader ready
+    /// to be asked (its first plan made); the first batch came
+    /// `first_batch_wait_secs` later.
+    pub open_secs: Option<f64>,
     /// Seconds the consumer waited for the epoch's first batch.
     pub first_batch_wait_secs: f64,
     /// P99 and max of the waits for the epoch's other batches.
@@ -106,7 +116,7 @@ pub struct EpochReport {
     /// the consumer's, the engine's and the planning threads'.
     pub cpu_seconds: f64,
     /// How random the epoch's served order was (`brand simulate`'s
-    /// metrics, measured on the batches as they came).
+    /// metrics, measured on the batches as they came; none with `--no-order`).
     pub order: OrderQuality,
     pub metrics: Metrics,
 }
@@ -194,11 +204,14 @@ pub fn run_epochs(
     epochs: u64,
     compute: Duration,
     progress: bool,
+    measure_order: bool,
+    opening: Instant,
     mut report: impl FnMut(&EpochReport),
 ) -> brand_format::Result<Vec<EpochReport>> {
     let n = ds.index.samples();
     let mut loader = Source::open(ds.clone(), cfg, start_epoch)?;
-    let mut order = OrderMeter::new(&ds.index);
+    let mut open_secs = Some(opening.elapsed().as_secs_f64());
+    let mut order = measure_order.then(|| OrderMeter::new(&ds.index));
     let mut batch_ids = Vec::new();
     let mut out = Vec::new();
     for epoch in start_epoch..start_epoch + epochs {
@@ -208,7 +221,8 @@ pub fn run_epochs(
         } else {
             indicatif::ProgressBar::hidden()
         };
-        let mut seen = vec![0u8; n as usize];
+        // Served once each: every id inserted, none twice.
+        let (mut seen, mut twice) = (brand_format::ids::IdBits::new(n), false);
         let mut samples = 0u64;
         let start = Instant::now();
         let cpu_start = crate::process_stats::cpu_seconds();
@@ -221,13 +235,17 @@ pub fn run_epochs(
             // Ids and bytes only: a sample's label and key (`Batch::get`) are
             // two more index lookups per sample that a measurement should not pay.
             for (&id, data) in batch.ids().iter().zip(batch.buffers()) {
-                seen[id as usize] = seen[id as usize].saturating_add(1);
-                order.served(id, samples + batch_ids.len() as u64);
+                twice |= !seen.insert(id);
+                if let Some(o) = &mut order {
+                    o.served(id, samples + batch_ids.len() as u64);
+                }
                 batch_ids.push(id);
                 // Touch the data so it is really delivered.
                 std::hint::black_box(data.first());
             }
-            order.batch(&batch_ids);
+            if let Some(o) = &mut order {
+                o.batch(&batch_ids);
+            }
             samples += batch.len() as u64;
             bar.set_position(samples);
             drop(batch);
@@ -254,15 +272,16 @@ pub fn run_epochs(
             useful_mb_per_sec: m.bytes_served as f64 / secs / 1e6,
             read_mb_per_sec: m.bytes_read as f64 / secs / 1e6,
             read_amplification: m.read_amplification(),
-            exactly_once: (cfg.plan.world == 1).then(|| seen.iter().all(|&c| c == 1)),
+            exactly_once: (cfg.plan.world == 1).then(|| !twice && seen.len() == n),
             peak_rss_bytes: crate::process_stats::peak_rss(),
+            open_secs: open_secs.take(),
             anon_bytes: crate::process_stats::anon_bytes(),
-            meter_bytes: seen.capacity() as u64 + order.heap_bytes(),
+            meter_bytes: seen.words().len() as u64 * 8 + order.as_ref().map_or(0, OrderMeter::heap_bytes),
             first_batch_wait_secs,
             batch_wait_p99_secs,
             batch_wait_max_secs: rest.last().copied().unwrap_or(0.0),
             cpu_seconds,
-            order: order.end_epoch(),
+            order: order.as_mut().map(OrderMeter::end_epoch).unwrap_or_default(),
             metrics: m,
         };
         report(&r);
@@ -276,6 +295,7 @@ pub fn run(a: &ReadArgs) -> brand_format::Result<bool> {
     let compute = Duration::try_from_secs_f64(a.compute_ms / 1e3).map_err(|_| {
         brand_format::Error::config(format!("--compute-ms {}: expected milliseconds ≥ 0", a.compute_ms))
     })?;
+    let opening = Instant::now();
     let ds = Arc::new(brand_store::open(&a.dataset)?);
     if !a.json {
         match &cfg.cache {
@@ -324,6 +344,8 @@ pub fn run(a: &ReadArgs) -> brand_format::Result<bool> {
         a.epochs,
         compute,
         std::io::stderr().is_terminal(),
+        !a.no_order,
+        opening,
         |r| {
             if !json {
                 let m = &r.metrics;
