@@ -195,19 +195,34 @@ impl Source {
     }
 }
 
-/// Reads `epochs` epochs, spending `compute` on each batch; calls `report`
-/// after each epoch.
+/// How [`run_epochs`] reads and measures.
+pub struct EpochRun {
+    pub start_epoch: u64,
+    pub epochs: u64,
+    /// Spent on each batch before the next is asked for.
+    pub compute: Duration,
+    pub progress: bool,
+    pub measure_order: bool,
+    /// When opening the dataset began (for `open_secs`).
+    pub opening: Instant,
+}
+
+/// Reads `run.epochs` epochs, spending `run.compute` on each batch; calls
+/// `report` after each epoch.
 pub fn run_epochs(
     ds: Arc<Dataset>,
     cfg: &LoaderConfig,
-    start_epoch: u64,
-    epochs: u64,
-    compute: Duration,
-    progress: bool,
-    measure_order: bool,
-    opening: Instant,
+    run: EpochRun,
     mut report: impl FnMut(&EpochReport),
 ) -> brand_format::Result<Vec<EpochReport>> {
+    let EpochRun {
+        start_epoch,
+        epochs,
+        compute,
+        progress,
+        measure_order,
+        opening,
+    } = run;
     let n = ds.index.samples();
     let mut loader = Source::open(ds.clone(), cfg, start_epoch)?;
     let mut open_secs = Some(opening.elapsed().as_secs_f64());
@@ -340,12 +355,14 @@ pub fn run(a: &ReadArgs) -> brand_format::Result<bool> {
     let reports = run_epochs(
         ds,
         &cfg,
-        a.start_epoch,
-        a.epochs,
-        compute,
-        std::io::stderr().is_terminal(),
-        !a.no_order,
-        opening,
+        EpochRun {
+            start_epoch: a.start_epoch,
+            epochs: a.epochs,
+            compute,
+            progress: std::io::stderr().is_terminal(),
+            measure_order: !a.no_order,
+            opening,
+        },
         |r| {
             if !json {
                 let m = &r.metrics;
