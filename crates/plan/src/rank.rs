@@ -7,6 +7,7 @@ use super::brand::low_bits;
 use super::global::{GlobalEpoch, GlobalRead, chunk_records};
 use super::{Event, Policy};
 use brand_format::error::{Error, Result};
+use brand_format::ids::IdBits;
 
 /// What memory holds when a rank plan starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,7 +31,11 @@ pub enum Start {
 /// or after the read's global position). Since ranks advance in lock step,
 /// a rank holds about `1/world` of the world's resident samples.
 pub struct EpochPlan {
-    global: Arc<GlobalEpoch>,
+    /// The world's epoch, until this rank's share is cut out of it
+    /// ([`Own`]): then dropped, so a rank of many keeps `1/world` of it.
+    global: Option<Arc<GlobalEpoch>>,
+    own: Option<Own>,
+    epoch: u64,
     rank: u64,
     world: u64,
     samples: u64,
@@ -49,6 +54,30 @@ pub struct EpochPlan {
     cursor: usize,
     queue: VecDeque<Event>,
     restore_reads: usize,
+}
+
+/// A rank's share of an epoch where reads are cut down to its serves
+/// (several ranks, or `drop_last`): its samples by step and its reads, from
+/// where the plan starts on.
+struct Own {
+    /// The sample of each step from `first_step` on.
+    served: Vec<u32>,
+    first_step: u64,
+    /// This rank's reads (masks cut down), in time order.
+    reads: Vec<GlobalRead>,
+    memory: crate::PlanMemory,
+}
+
+impl Own {
+    fn heap_bytes(&self) -> u64 {
+        (self.served.capacity() * 4 + self.reads.capacity() * std::mem::size_of::<GlobalRead>()) as u64
+    }
+}
+
+impl Drop for Own {
+    fn drop(&mut self) {
+        self.memory.sub(self.heap_bytes());
+    }
 }
 
 impl EpochPlan {
@@ -87,24 +116,66 @@ impl EpochPlan {
             cursor: 0,
             queue: VecDeque::new(),
             restore_reads: 0,
-            global,
+            epoch: global.epoch(),
+            own: None,
+            global: Some(global),
         };
         if plan.holds_all {
             if let Start::Cold { position } = start {
                 plan.warm_reads = plan.warm_up_reads(position);
             }
         } else {
-            let reads = plan.global.reads();
+            let reads = plan.global_epoch().reads();
             plan.cursor = reads.partition_point(|r| u64::from(r.time) < from);
             if from > 0 {
                 plan.restore(from);
+            }
+            if plan.project {
+                plan.cut_out_own();
             }
         }
         Ok(plan)
     }
 
+    fn global_epoch(&self) -> &GlobalEpoch {
+        match &self.global {
+            Some(g) => g,
+            None => unreachable!("the global epoch is dropped only once this rank's share is cut out"),
+        }
+    }
+
+    /// Keeps only this rank's samples and reads, and lets the world's epoch
+    /// go (freed unless another rank of this process plans from it).
+    fn cut_out_own(&mut self) {
+        let g = self.global_epoch();
+        let served = g.served();
+        let steps: Vec<u32> = (self.next_step..self.steps)
+            .map(|i| served[((self.rank + i * self.world) % self.samples) as usize])
+            .collect();
+        let mine = self.mine(0);
+        let mut reads: Vec<GlobalRead> = g.reads()[self.cursor..]
+            .iter()
+            .filter_map(|r| {
+                let mask = self.mask_for_rank(r, &mine);
+                (mask != 0).then_some(GlobalRead { mask, ..*r })
+            })
+            .collect();
+        reads.shrink_to_fit();
+        let memory = g.shared.memory.clone();
+        let own = Own {
+            served: steps,
+            first_step: self.next_step,
+            reads,
+            memory,
+        };
+        own.memory.add(own.heap_bytes());
+        self.own = Some(own);
+        self.cursor = 0;
+        self.global = None;
+    }
+
     pub fn epoch(&self) -> u64 {
-        self.global.epoch()
+        self.epoch
     }
 
     pub fn rank(&self) -> u32 {
@@ -122,19 +193,15 @@ impl EpochPlan {
         self.restore_reads
     }
 
-    /// The global epoch this plan is cut from.
-    pub fn global(&self) -> &Arc<GlobalEpoch> {
-        &self.global
-    }
-
     /// Samples a rank holds at global position `from` after an uninterrupted
     /// run: read before `from`, served by this rank at or after it. After a
     /// restart they are read again, merged by chunk.
     fn restore(&mut self, from: u64) {
-        let mut pending: Vec<(u32, u64)> = self.global.reads()[..self.cursor]
+        let mine = self.mine(from);
+        let mut pending: Vec<(u32, u64)> = self.global_epoch().reads()[..self.cursor]
             .iter()
             .filter_map(|r| {
-                let mask = self.mask_for_rank(r, from);
+                let mask = self.mask_for_rank(r, &mine);
                 (mask != 0).then_some((r.chunk, mask))
             })
             .collect();
@@ -159,12 +226,12 @@ impl EpochPlan {
     /// at the end of the epoch whatever the rest of the epoch did not touch.
     fn warm_up_reads(&self, from: u64) -> Vec<GlobalRead> {
         let (n, k) = (self.samples, self.k);
-        let per_record = self.global.shared.config.policy == Policy::Direct;
+        let per_record = self.global_epoch().shared.config.policy == Policy::Direct;
         let chunks = n.div_ceil(k as u64);
         let full = |c: u64| low_bits(chunk_records(n, k, c));
         let mut loaded = vec![0u64; chunks as usize];
         let mut reads = Vec::new();
-        let served = self.global.served();
+        let served = self.global_epoch().served();
         let end = self.world * self.steps;
         for t in from..end.max(n) {
             let y = served[(t % n) as usize];
@@ -193,21 +260,32 @@ impl EpochPlan {
         reads
     }
 
-    /// The records of `read` this rank serves at a global position at or
-    /// after `from`.
-    fn mask_for_rank(&self, read: &GlobalRead, from: u64) -> u64 {
-        if !self.project && from == 0 {
-            return read.mask;
+    /// The samples this rank serves at a global position at or after
+    /// `from`: a bit a sample (not the inverse order, 4 bytes a sample),
+    /// for cutting reads down to this rank.
+    fn mine(&self, from: u64) -> IdBits {
+        let served = self.global_epoch().served();
+        let mut mine = IdBits::new(self.samples);
+        let first = if from <= self.rank {
+            self.rank
+        } else {
+            self.rank + (from - self.rank).div_ceil(self.world) * self.world
+        };
+        for p in (first..self.served_limit).step_by(self.world as usize) {
+            mine.insert(served[p as usize] as u64);
         }
-        let pos = self.global.serve_positions();
+        mine
+    }
+
+    /// The records of `read` in `mine`.
+    fn mask_for_rank(&self, read: &GlobalRead, mine: &IdBits) -> u64 {
         let first = read.chunk as u64 * self.k as u64;
         let mut out = 0;
         let mut m = read.mask;
         while m != 0 {
             let j = m.trailing_zeros();
             m &= m - 1;
-            let p = pos[(first + j as u64) as usize] as u64;
-            if p >= from && p < self.served_limit && p % self.world == self.rank {
+            if mine.contains(first + j as u64) {
                 out |= 1u64 << j;
             }
         }
@@ -217,8 +295,18 @@ impl EpochPlan {
     fn read_at(&self, i: usize) -> Option<GlobalRead> {
         if self.holds_all {
             self.warm_reads.get(i).copied()
+        } else if let Some(own) = &self.own {
+            own.reads.get(i).copied()
         } else {
-            self.global.reads().get(i).copied()
+            self.global_epoch().reads().get(i).copied()
+        }
+    }
+
+    /// The sample this rank serves at global position `q`.
+    fn sample_at(&self, q: u64) -> u32 {
+        match &self.own {
+            Some(own) => own.served[((q - self.rank) / self.world - own.first_step) as usize],
+            None => self.global_epoch().served()[(q % self.samples) as usize],
         }
     }
 }
@@ -240,11 +328,8 @@ impl Iterator for EpochPlan {
                 _ => {}
             }
             self.cursor += 1;
-            let mask = if self.holds_all {
-                read.mask
-            } else {
-                self.mask_for_rank(&read, 0)
-            };
+            // Own reads are cut down already; without them, nothing is cut.
+            let mask = read.mask;
             if mask != 0 {
                 return Some(Event::Read {
                     chunk: read.chunk as u64,
@@ -255,7 +340,7 @@ impl Iterator for EpochPlan {
         let q = next?;
         self.next_step += 1;
         let padding = q >= self.samples;
-        let sample = self.global.served()[(q % self.samples) as usize];
+        let sample = self.sample_at(q);
         let serve = Event::Serve {
             position: q,
             sample: sample as u64,
