@@ -5,9 +5,26 @@
 //! fails here. The bounds are generous (debug build, noisy machine); the
 //! figures at ten million are bench/scale.py's.
 
-mod common;
-
 use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn ok(args: &[&str]) -> Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_brand"))
+        .args(args)
+        .output()
+        .expect("run the brand binary");
+    assert!(
+        out.status.success(),
+        "brand {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 temp path")
+}
 
 const SAMPLES: u64 = 1_000_000;
 
@@ -17,7 +34,7 @@ fn masked_crc(bytes: &[u8]) -> u32 {
 }
 
 /// `SAMPLES` records of 48 to 175 bytes, framed as TFRecordWriter frames them.
-fn write_tfrecord(path: &std::path::Path) {
+fn write_tfrecord(path: &Path) {
     let mut out = std::io::BufWriter::new(std::fs::File::create(path).expect("create"));
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     for i in 0..SAMPLES {
@@ -50,7 +67,7 @@ fn a_million_samples_cost_a_few_bytes_each_beyond_the_budget() {
     let input = t.path().join("records.tfrecord");
     write_tfrecord(&input);
     let ds = t.path().join("ds");
-    common::ok(&["pack", "--from", "tfrecord", common::s(&input), "-o", common::s(&ds)]);
+    ok(&["pack", "--from", "tfrecord", s(&input), "-o", s(&ds)]);
     // The pack: keys, labels and its own bookkeeping only (it held ~350
     // bytes a sample before the index was spilled and ~190 after).
     let pack_peak = children_peak_rss();
@@ -60,9 +77,9 @@ fn a_million_samples_cost_a_few_bytes_each_beyond_the_budget() {
         pack_peak >> 20
     );
 
-    let out = common::ok(&[
+    let out = ok(&[
         "read",
-        common::s(&ds),
+        s(&ds),
         "--memory",
         "1%",
         "--readahead",
