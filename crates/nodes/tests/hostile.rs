@@ -224,8 +224,9 @@ impl Node for Played {
 
 /// Node 0 honest, node 1 played by the test: node 1's server answers with
 /// `credits`, its push stream to node 0 says hello and then `then`. Node
-/// 0's error (opening or serving), which must come within the bound.
-fn node0_against_played(ds: &Arc<Dataset>, credits: Vec<Credit>, then: Vec<Push>) -> String {
+/// 0's error (opening or serving), which must come within the bound, and
+/// how it names node 1.
+fn node0_against_played(ds: &Arc<Dataset>, credits: Vec<Credit>, then: Vec<Push>) -> (String, String) {
     let nodes = addresses(2);
     let cfg0 = config(&nodes, 0, "played");
     let ours = digest(ds, &config(&nodes, 1, "played"));
@@ -265,8 +266,7 @@ fn node0_against_played(ds: &Arc<Dataset>, credits: Vec<Credit>, then: Vec<Push>
     };
     let _ = stop.send(());
     assert!(started.elapsed() < BOUND, "took {:?}: {e}", started.elapsed());
-    assert!(e.contains(&format!("node 1 ({}): ", nodes[1])), "{e}");
-    e
+    (e, format!("node 1 ({}): ", nodes[1]))
 }
 
 #[test]
@@ -336,11 +336,14 @@ fn a_member_that_sends_what_no_node_sends_is_named_while_another_job_finishes() 
     ];
     std::thread::scope(|scope| {
         let other = scope.spawn(|| honest_job(&ds, "beside", |_| {}));
-        for (credits, then, want) in cases {
-            let e = node0_against_played(&ds, credits, then);
-            assert!(e.contains(want), "wanted {want:?} in {e}");
-            assert!(e.len() < 4096, "the error is clipped: {} bytes", e.len());
-        }
+        // Every case runs; the assertion lists those that went wrong.
+        let wrong: Vec<String> = cases
+            .into_iter()
+            .map(|(credits, then, want)| (node0_against_played(&ds, credits, then), want))
+            .filter(|((e, node1), want)| !e.contains(want) || !e.contains(node1.as_str()) || e.len() > 4096)
+            .map(|((e, node1), want)| format!("wanted {node1:?} and {want:?} in {:.300}", e))
+            .collect();
+        assert!(wrong.is_empty(), "{wrong:#?}");
         other.join().expect("the other job");
     });
 }
