@@ -16,7 +16,7 @@ use brand_format::manifest::Manifest;
 pub type Target = fn(&[u8]);
 
 /// Every target, by the name of its corpus directory.
-pub const TARGETS: [(&str, Target); 7] = [
+pub const TARGETS: [(&str, Target); 9] = [
     ("index", index),
     ("chunk_header", chunk_header),
     ("manifest", manifest),
@@ -24,6 +24,8 @@ pub const TARGETS: [(&str, Target); 7] = [
     ("loader_toml", loader_toml),
     ("tfrecord", tfrecord),
     ("lmdb", lmdb),
+    ("nodes", nodes),
+    ("cache_wire", cache_wire),
 ];
 
 /// A thread's scratch directory, removed when the thread ends.
@@ -258,5 +260,222 @@ pub fn lmdb(data: &[u8]) {
         for i in 0..src.entries().len().min(1000) {
             let _ = src.read(i);
         }
+    }
+}
+
+/// The job every `nodes` input is a node of: what a hello must carry to be
+/// accepted (the seeds say it; `tests/seeds.rs`).
+pub fn nodes_digest() -> brand_nodes::wire::JobDigest {
+    brand_nodes::wire::JobDigest {
+        protocol: brand_nodes::wire::PROTOCOL,
+        job: "fuzz".into(),
+        dataset: 0x0123_4567_89ab_cdef,
+        samples: 97,
+        policy: "brand".into(),
+        memory: "8 slots".into(),
+        seed: 7,
+        world: 3,
+        drop_last: false,
+        nodes: NODES.join(","),
+        start_epoch: 0,
+        start_position: 0,
+    }
+}
+
+/// The `nodes` target's world.
+pub const NODES: [&str; 3] = ["127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"];
+/// Steps of the `nodes` target's consumer plan per epoch.
+pub const NODES_STEPS: u64 = 40;
+
+/// A `nodes` input: one byte, this node's rank (mod 3); then records of a
+/// tag byte (even: a message on an owner's push stream to this node; odd: a
+/// credit on this node's push stream to a consumer), a `u16` length (LE)
+/// and that many bytes of protobuf.
+pub fn nodes_record(tag: u8, message: &[u8]) -> Vec<u8> {
+    let len = u16::try_from(message.len()).unwrap_or(u16::MAX);
+    let mut out = vec![tag];
+    out.extend(len.to_le_bytes());
+    out.extend(&message[..len as usize]);
+    out
+}
+
+/// The multi-node messages (`brand_nodes::wire`), as a node takes them:
+/// every message type decoded alone (what decodes re-encodes to the same
+/// message); then a push stream through `check::hello`, `check::next` and,
+/// for samples, `check::sample` against a consumer plan (in order, within
+/// the credit, the index's lengths, as the inbox applies it), and credits
+/// through `check::CreditCheck`, asserting what an accepted message
+/// promises.
+pub fn nodes(data: &[u8]) {
+    use brand_nodes::check::{self, CreditCheck, Next};
+    use brand_nodes::routes::ConsumerPlan;
+    use brand_nodes::wire::{Credit, Failure, Goodbye, Hello, JobDigest, Push, Sample};
+    use prost::Message;
+
+    fn again<M: Message + Default + PartialEq + std::fmt::Debug>(data: &[u8]) {
+        if let Ok(m) = M::decode(data) {
+            assert_eq!(M::decode(m.encode_to_vec().as_slice()).as_ref(), Ok(&m));
+        }
+    }
+    again::<Push>(data);
+    again::<Hello>(data);
+    again::<JobDigest>(data);
+    again::<Sample>(data);
+    again::<Credit>(data);
+    again::<Failure>(data);
+    again::<Goodbye>(data);
+
+    let Some((&rank, mut rest)) = data.split_first() else {
+        return;
+    };
+    let world = NODES.len() as u32;
+    let me = rank as u32 % world;
+    let cfg = brand_nodes::NodeConfig {
+        nodes: NODES.iter().map(|s| s.to_string()).collect(),
+        rank: me,
+        remote_memory: 1 << 20,
+        peer_timeout: std::time::Duration::from_secs(1),
+        job: "fuzz".into(),
+        last_epoch: None,
+    };
+    let ours = nodes_digest();
+    // Step i serves sample (7i + me) mod 97, sent by node i mod 3; a
+    // sample's bytes measure its id mod 50.
+    let plan = ConsumerPlan {
+        epoch: 0,
+        samples: (0..NODES_STEPS).map(|i| ((7 * i + me as u64) % 97) as u32).collect(),
+        owners: (0..NODES_STEPS).map(|i| (i % 3) as u32).collect(),
+    };
+    let window = 32;
+    let mut next_from = [0u64; 3];
+    let mut from: Option<u32> = None;
+    let mut ended = false;
+    let mut credits = CreditCheck::new(0, NODES_STEPS);
+    while rest.len() >= 3 {
+        let (tag, len) = (rest[0], u16::from_le_bytes([rest[1], rest[2]]) as usize);
+        let body = &rest[3..(3 + len).min(rest.len())];
+        rest = &rest[3 + body.len()..];
+        if tag & 1 == 1 {
+            if let Ok(c) = Credit::decode(body)
+                && credits.take(c).is_ok()
+            {
+                assert!(c.window <= NODES_STEPS, "{c:?}");
+            }
+            continue;
+        }
+        if ended {
+            continue;
+        }
+        let Ok(m) = Push::decode(body) else {
+            // The stream breaks (tonic's Internal status): it ends.
+            ended = true;
+            continue;
+        };
+        let Some(owner) = from else {
+            match check::hello(Some(m), &cfg, &ours) {
+                Ok(h) => {
+                    assert!(h.from < world && h.from != me && h.to == me, "{h:?}");
+                    assert_eq!(h.job.as_ref(), Some(&ours));
+                    from = Some(h.from);
+                }
+                Err(_) => ended = true,
+            }
+            continue;
+        };
+        match check::next(m, owner, &cfg) {
+            Next::Sample(s) => {
+                let i = owner as usize;
+                match check::sample(&s, owner, &plan, next_from[i], window, |y| y % 50) {
+                    Ok(()) => {
+                        let step = s.step as usize;
+                        assert_eq!(plan.samples[step] as u64, s.sample);
+                        assert_eq!(plan.owners[step], owner);
+                        assert!(s.step >= next_from[i] && s.step < window);
+                        assert_eq!(s.data.len() as u64, s.sample % 50);
+                        next_from[i] = s.step + 1;
+                    }
+                    Err(why) => {
+                        assert!(why.starts_with("sent a bad push"), "{why}");
+                        ended = true;
+                    }
+                }
+            }
+            Next::Failed { node, why } => {
+                assert!(node < world);
+                assert!(why.len() <= check::MAX_WHY + 200, "{} bytes", why.len());
+                ended = true;
+            }
+            Next::Goodbye => ended = true,
+            Next::Wrong(why) => {
+                assert!(why.starts_with("sent "), "{why}");
+                ended = true;
+            }
+        }
+    }
+}
+
+/// The `cache_wire` target's dataset, as a job's hello must name it.
+pub fn cache_digest() -> brand_cache::wire::Digest {
+    brand_cache::wire::Digest {
+        samples: 600,
+        chunk_size: 16,
+        content: 0x89ab_cdef,
+        pack_seed: 1,
+    }
+}
+
+/// The cache's socket protocol (`brand_cache::wire`), both ways: the bytes
+/// as frames a cache reads from a job (its first within the hello's bound,
+/// the rest within an attached job's) and decodes as `ToCache`, the hello
+/// through `Hello::check`; and as frames a job reads from the cache,
+/// decoded as `ToJob`. What decodes re-encodes to the same message.
+pub fn cache_wire(data: &[u8]) {
+    use brand_cache::wire::{
+        Hello, ToCache, ToJob, attached_frame_max, hello_frame_max, read_frame, read_frame_within,
+    };
+
+    let digest = cache_digest();
+    let n = digest.samples;
+    // The batch size of the hello taken, once one is.
+    let mut attached: Option<u32> = None;
+    let mut r = data;
+    loop {
+        let max = move |kind| match attached {
+            None => Ok(hello_frame_max(n)),
+            Some(batch) => attached_frame_max(n, batch, kind),
+        };
+        let Ok(Some((kind, body))) = read_frame_within(&mut r, max) else {
+            break;
+        };
+        assert!(max(kind).is_ok_and(|m| body.len() < m));
+        let Ok(m) = ToCache::decode(kind, &body) else {
+            break;
+        };
+        let frame = m.encode();
+        let (k, b) = match read_frame(&mut frame.as_slice()) {
+            Ok(Some(f)) => f,
+            other => panic!("{m:?} encodes to no frame: {other:?}"),
+        };
+        assert_eq!(ToCache::decode(k, &b).as_ref(), Ok(&m));
+        if let ToCache::Hello(h) = &m {
+            let checked: Result<_, String> = Hello::check(h, &digest, "the cache", 1 << 20, |size| size * 1000);
+            if let Ok(served) = checked {
+                assert_eq!(served.samples(), digest.samples);
+                assert!(h.epoch < u64::MAX);
+            }
+            attached = Some(h.batch_size);
+        }
+    }
+    let mut r = data;
+    while let Ok(Some((kind, body))) = read_frame(&mut r) {
+        let Ok(m) = ToJob::decode(kind, &body) else {
+            break;
+        };
+        let frame = m.encode();
+        let (k, b) = match read_frame(&mut frame.as_slice()) {
+            Ok(Some(f)) => f,
+            other => panic!("{m:?} encodes to no frame: {other:?}"),
+        };
+        assert_eq!(ToJob::decode(k, &b).as_ref(), Ok(&m));
     }
 }

@@ -1,7 +1,8 @@
 //! Writes the seed corpus (`fuzz/corpus/<target>/seed-*`) from real files:
 //! a packed dataset's index, chunk and manifest (uncompressed and zstd), a
-//! saved loader state, loader configs, a TFRecord file and an LMDB
-//! environment. Run by hand when the formats change:
+//! saved loader state, loader configs, a TFRecord file, an LMDB
+//! environment, the multi-node messages and the cache's frames, encoded by
+//! brand's own encoders. Run by hand when the formats change:
 //! `cargo test --manifest-path fuzz/Cargo.toml --test seeds -- --ignored`.
 
 use std::ffi::CString;
@@ -126,4 +127,106 @@ fn write_seed_corpus() {
         &std::fs::read(env_dir.join("data.mdb")).expect("data.mdb"),
     );
     let _ = std::fs::remove_dir_all(&t);
+    write_nodes_seeds();
+    write_cache_wire_seeds();
+}
+
+/// Push streams to node 0 and 1 of the `nodes` target's job as its owners
+/// send them (hello, the plan's samples in order, a failure, a goodbye, a
+/// second hello) with credits between, encoded by prost.
+fn write_nodes_seeds() {
+    use brand_fuzz::{nodes_digest, nodes_record};
+    use brand_nodes::wire::{Credit, Failure, Goodbye, Hello, Push, Sample, push};
+    use prost::Message;
+
+    let hello = |from, to| Push {
+        body: Some(push::Body::Hello(Hello {
+            from,
+            to,
+            job: Some(nodes_digest()),
+            attempt: 1,
+        })),
+    };
+    let push = |body| nodes_record(0, &Push { body: Some(body) }.encode_to_vec());
+    let credit = |epoch, window| nodes_record(1, &Credit { epoch, window }.encode_to_vec());
+    // Node 0 serves sample 7i mod 97 at step i, sent by node i mod 3.
+    let mut session = vec![0u8];
+    session.extend(credit(0, 16));
+    session.extend(nodes_record(0, &hello(1, 0).encode_to_vec()));
+    for step in (1..brand_fuzz::NODES_STEPS).step_by(3).take(8) {
+        let sample = (7 * step) % 97;
+        session.extend(push(push::Body::Sample(Sample {
+            epoch: 0,
+            step,
+            sample,
+            data: vec![b'x'; (sample % 50) as usize],
+        })));
+        if step == 10 {
+            session.extend(credit(0, 32));
+            session.extend(credit(1, 4));
+        }
+    }
+    session.extend(push(push::Body::Goodbye(Goodbye {})));
+    put("nodes", "session", &session);
+    let mut failure = vec![1u8];
+    failure.extend(nodes_record(0, &hello(2, 1).encode_to_vec()));
+    failure.extend(push(push::Body::Failed(Failure {
+        node: 0,
+        why: "could not read: disk".into(),
+    })));
+    put("nodes", "failure", &failure);
+    let mut twice = vec![2u8];
+    twice.extend(nodes_record(0, &hello(0, 2).encode_to_vec()));
+    twice.extend(nodes_record(0, &hello(0, 2).encode_to_vec()));
+    put("nodes", "second-hello", &twice);
+}
+
+/// A job's side of the cache's socket (hello, requests, releases; a
+/// resume's hello with a bitmap) and the cache's (welcome, a batch, a
+/// failure), encoded by `brand_cache::wire`.
+fn write_cache_wire_seeds() {
+    use brand_cache::wire::{Hello, Placed, ToCache, ToJob};
+
+    let hello = |served: Vec<u64>| {
+        ToCache::Hello(Hello {
+            digest: brand_fuzz::cache_digest(),
+            seed: 5,
+            batch_size: 10,
+            epoch: 2,
+            served,
+        })
+        .encode()
+    };
+    let mut job = hello(Vec::new());
+    job.extend(ToCache::Next.encode());
+    job.extend(ToCache::Release(vec![3, 1, 599]).encode());
+    job.extend(ToCache::Next.encode());
+    put("cache_wire", "job", &job);
+    let mut words = vec![0u64; 10];
+    words[0] = 0b1011;
+    words[9] = 1 << 23;
+    put("cache_wire", "job-resume", &hello(words));
+    let mut cache = ToJob::Welcome { memory_len: 1 << 20 }.encode();
+    cache.extend(
+        ToJob::Batch {
+            epoch: 2,
+            samples: vec![
+                Placed {
+                    id: 3,
+                    offset: 64,
+                    len: 100,
+                },
+                Placed {
+                    id: 599,
+                    offset: 4096,
+                    len: 7,
+                },
+            ],
+            skipped: vec![8],
+        }
+        .encode(),
+    );
+    cache.extend(ToJob::Refused("the cache at c.sock serves another dataset".into()).encode());
+    cache.extend(ToJob::Failed("the cache at c.sock stopped".into()).encode());
+    put("cache_wire", "cache", &cache);
 }

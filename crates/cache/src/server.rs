@@ -29,7 +29,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -47,7 +47,7 @@ use brand_plan::{Layout, Memory, PlanConfig, Planner, Policy};
 
 use crate::arena::{Arena, footprint};
 use crate::shm::{Mapping, send_all, send_with_fd};
-use crate::wire::{Digest, Hello, Placed, ToCache, ToJob, read_frame};
+use crate::wire::{Digest, Hello, Placed, ToCache, ToJob, attached_frame_max, hello_frame_max, read_frame_within};
 
 /// How the cache is set up: its memory and how it reads.
 #[derive(Debug, Clone)]
@@ -115,8 +115,12 @@ pub struct CacheReport {
 /// A job waits at most this long for a batch without any read or release
 /// in between before the cache gives up on it (everything held by batches).
 const STUCK_AFTER: Duration = Duration::from_secs(120);
-/// A job must introduce itself within this.
+/// A job must introduce itself within this (its whole hello, however
+/// slowly its bytes come).
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections whose hello is awaited at once, each on its own thread (so
+/// one that says nothing holds up no other); more are refused at once.
+const MAX_INTRODUCING: usize = 64;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Where {
@@ -252,6 +256,8 @@ struct Shared {
     socket: PathBuf,
     stop: AtomicBool,
     links: Mutex<Vec<Attachment>>,
+    /// Connections whose hello is being awaited.
+    introducing: AtomicUsize,
 }
 
 /// A job's connection and its two threads.
@@ -261,6 +267,10 @@ type Attachment = (Arc<Link>, Vec<JoinHandle<()>>);
 struct Link {
     stream: UnixStream,
     write: Mutex<()>,
+    /// A `Next` not yet answered: a job asks for its next batch once it
+    /// has the answer to the last (so a flood of requests is refused, not
+    /// served into memory nobody reads).
+    asking: AtomicBool,
 }
 
 impl Link {
@@ -396,6 +406,7 @@ impl CacheHandle {
             socket: socket.to_path_buf(),
             stop: AtomicBool::new(false),
             links: Mutex::new(Vec::new()),
+            introducing: AtomicUsize::new(0),
         });
         let depth = cfg.io.queue_depth.max(1);
         let readahead = cfg.readahead.max(1);
@@ -466,11 +477,7 @@ impl Drop for CacheHandle {
 fn accept_loop(sh: &Arc<Shared>, listener: UnixListener) {
     while !sh.stop.load(Ordering::SeqCst) {
         match listener.accept() {
-            Ok((stream, _)) => {
-                if let Err(e) = attach(sh, stream) {
-                    tracing::warn!("a job could not attach: {e}");
-                }
-            }
+            Ok((stream, _)) => introduce(sh, stream),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(20)),
             Err(e) => {
                 tracing::warn!("accept on {}: {e}", sh.socket.display());
@@ -480,26 +487,90 @@ fn accept_loop(sh: &Arc<Shared>, listener: UnixListener) {
     }
 }
 
-/// Takes a job's hello and, if it fits, attaches it: its threads start.
-fn attach(sh: &Arc<Shared>, stream: UnixStream) -> io::Result<()> {
-    stream.set_nonblocking(false)?;
-    stream.set_read_timeout(Some(HELLO_TIMEOUT))?;
+/// Awaits a new connection's hello on a thread of its own: a connection
+/// that says nothing, or says it slowly, holds up no other job's attach.
+fn introduce(sh: &Arc<Shared>, stream: UnixStream) {
     let link = Arc::new(Link {
         stream,
         write: Mutex::new(()),
+        asking: AtomicBool::new(false),
     });
-    let hello = match read_frame(&mut &link.stream)? {
-        Some((kind, body)) => match ToCache::decode(kind, &body) {
+    if sh.introducing.fetch_add(1, Ordering::SeqCst) >= MAX_INTRODUCING {
+        sh.introducing.fetch_sub(1, Ordering::SeqCst);
+        let why = format!("{MAX_INTRODUCING} connections are introducing themselves already: try again");
+        let _ = link.stream.set_nonblocking(false);
+        let _ = refuse(sh, &link, why);
+        return;
+    }
+    let s = sh.clone();
+    let spawned = std::thread::Builder::new()
+        .name("brand-cache-hello".into())
+        .spawn(move || {
+            if let Err(e) = attach(&s, link) {
+                tracing::warn!("a job could not attach: {e}");
+            }
+            s.introducing.fetch_sub(1, Ordering::SeqCst);
+        });
+    if let Err(e) = spawned {
+        sh.introducing.fetch_sub(1, Ordering::SeqCst);
+        tracing::warn!("a job could not attach: no thread for its hello: {e}");
+    }
+}
+
+/// Reads from a stream until `until`, however the bytes are spread out.
+struct Until<'a> {
+    stream: &'a UnixStream,
+    until: Instant,
+}
+
+impl io::Read for Until<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no whole hello within {} s", HELLO_TIMEOUT.as_secs()),
+            ));
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        io::Read::read(&mut &*self.stream, buf)
+    }
+}
+
+/// Takes a job's hello and, if it fits, attaches it: its threads start.
+fn attach(sh: &Arc<Shared>, link: Arc<Link>) -> io::Result<()> {
+    link.stream.set_nonblocking(false)?;
+    let mut hello_bytes = Until {
+        stream: &link.stream,
+        until: Instant::now() + HELLO_TIMEOUT,
+    };
+    let hello_max = hello_frame_max(sh.ds.index.samples());
+    let hello = match read_frame_within(&mut hello_bytes, |_| Ok(hello_max)) {
+        Ok(Some((kind, body))) => match ToCache::decode(kind, &body) {
             Ok(ToCache::Hello(h)) => h,
             Ok(_) => return refuse(sh, &link, "expected a hello first".into()),
-            Err(why) => return refuse(sh, &link, why),
+            Err(why) => return refuse(sh, &link, format!("a malformed hello: {why}")),
         },
-        None => return Ok(()),
+        Ok(None) => return Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+            return refuse(sh, &link, format!("a malformed hello: {e}"));
+        }
+        Err(e) if matches!(e.kind(), io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock) => {
+            return refuse(
+                sh,
+                &link,
+                format!("no whole hello within {} s", HELLO_TIMEOUT.as_secs()),
+            );
+        }
+        Err(e) => return Err(e),
     };
     let served = match check_hello(sh, &hello) {
         Ok(served) => served,
         Err(why) => return refuse(sh, &link, why),
     };
+    if sh.stop.load(Ordering::SeqCst) {
+        return refuse(sh, &link, format!("the cache at {} is stopping", sh.socket.display()));
+    }
     let id = {
         let mut s = lock(&sh.state);
         let id = s.next_job;
@@ -519,9 +590,11 @@ fn attach(sh: &Arc<Shared>, stream: UnixStream) -> io::Result<()> {
     link.stream.set_read_timeout(None)?;
     let (tx, rx) = mpsc::channel::<()>();
     let (s1, l1) = (sh.clone(), link.clone());
+    let (samples, batch_size) = (sh.ds.index.samples(), hello.batch_size);
+    let frame_max = move |kind| attached_frame_max(samples, batch_size, kind);
     let taker = std::thread::Builder::new()
         .name(format!("brand-cache-job{id}"))
-        .spawn(move || take_messages(&s1, &l1, id, tx))?;
+        .spawn(move || take_messages(&s1, &l1, id, frame_max, tx))?;
     let (s2, l2) = (sh.clone(), link.clone());
     let server = std::thread::Builder::new()
         .name(format!("brand-cache-serve{id}"))
@@ -543,31 +616,10 @@ fn refuse(sh: &Shared, link: &Link, why: String) -> io::Result<()> {
 
 /// The samples the job served already, or why it cannot attach.
 fn check_hello(sh: &Shared, h: &Hello) -> std::result::Result<IdBits, String> {
-    let diffs = h.digest.differences(&sh.digest);
-    if !diffs.is_empty() {
-        return Err(format!(
-            "the cache at {} serves another dataset ({}): {}",
-            sh.socket.display(),
-            sh.ds.dir().display(),
-            diffs.join("; ")
-        ));
-    }
-    // No words: none served.
-    let n = sh.ds.index.samples();
-    let served = if h.served.is_empty() {
-        IdBits::new(n)
-    } else {
-        IdBits::from_words(h.served.clone(), n).map_err(|e| format!("the served bitmap {e}"))?
-    };
-    let batch = batch_bytes(&sh.ds, h.batch_size as u64);
-    let memory = sh.memory.size() as u64;
-    if batch.saturating_mul(2) > memory {
-        return Err(format!(
-            "the cache's memory ({memory} bytes) holds fewer than 2 batches of {} samples (about {batch} bytes each): start the cache with more --memory or use a smaller batch_size",
-            h.batch_size
-        ));
-    }
-    Ok(served)
+    let name = format!("the cache at {} ({})", sh.socket.display(), sh.ds.dir().display());
+    h.check(&sh.digest, &name, sh.memory.size() as u64, |size| {
+        batch_bytes(&sh.ds, size)
+    })
 }
 
 /// About what a batch of `size` samples takes in the shared memory.
@@ -577,27 +629,50 @@ fn batch_bytes(ds: &Dataset, size: u64) -> u64 {
     size.min(n).saturating_mul(mean)
 }
 
-/// A job's messages: releases are applied at once, requests go to its
-/// server thread. The end of the stream (the job closed, exited or was
-/// killed) detaches it.
-fn take_messages(sh: &Shared, link: &Link, id: u64, requests: mpsc::Sender<()>) {
-    while let Ok(Some(frame)) = read_frame(&mut &link.stream) {
-        match ToCache::decode(frame.0, &frame.1) {
+/// A job's messages (frames of at most `frame_max` bytes): releases are
+/// applied at once, requests go to its server thread. The end of the
+/// stream (the job closed, exited or was killed) detaches it; so does a
+/// message that is wrong, after a `Failed` answer naming what was wrong.
+fn take_messages(
+    sh: &Shared,
+    link: &Link,
+    id: u64,
+    frame_max: impl Fn(u8) -> std::result::Result<usize, String>,
+    requests: mpsc::Sender<()>,
+) {
+    loop {
+        let frame = match read_frame_within(&mut &link.stream, &frame_max) {
+            Ok(Some(frame)) => frame,
+            Ok(None) => break,
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                let _ = link.send(&ToJob::Failed(format!("the job sent {e}")));
+                break;
+            }
+            Err(_) => break,
+        };
+        let wrong = match ToCache::decode(frame.0, &frame.1) {
+            Ok(ToCache::Next) if link.asking.swap(true, Ordering::SeqCst) => {
+                Some("the job sent a request before it had the answer to its last".into())
+            }
             Ok(ToCache::Next) => {
                 if requests.send(()).is_err() {
                     break;
                 }
+                None
             }
             Ok(ToCache::Release(ids)) => {
                 let mut s = lock(&sh.state);
-                s.release(&sh.ds, id, &ids);
+                let r = s.release(&sh.ds, id, &ids);
                 drop(s);
                 sh.changed.notify_all();
+                r.err()
             }
-            Ok(ToCache::Hello(_)) | Err(_) => {
-                let _ = link.send(&ToJob::Failed("unexpected message from the job".into()));
-                break;
-            }
+            Ok(ToCache::Hello(_)) => Some("the job sent a second hello (it is attached already)".into()),
+            Err(why) => Some(format!("the job sent a malformed message: {why}")),
+        };
+        if let Some(why) = wrong {
+            let _ = link.send(&ToJob::Failed(why));
+            break;
         }
     }
     let _ = link.stream.shutdown(std::net::Shutdown::Both);
@@ -608,6 +683,8 @@ fn take_messages(sh: &Shared, link: &Link, id: u64, requests: mpsc::Sender<()>) 
 fn serve_requests(sh: &Shared, link: &Link, id: u64, requests: mpsc::Receiver<()>) {
     for () in requests {
         let reply = next_batch(sh, id);
+        // Answered: the job may ask again once it has this.
+        link.asking.store(false, Ordering::SeqCst);
         let end = matches!(reply, None | Some(ToJob::Failed(_)));
         if let Some(r) = reply
             && link.send(&r).is_err()
@@ -772,11 +849,24 @@ impl State {
         self.progress += 1;
     }
 
-    /// The job let go of these samples (one batch).
-    fn release(&mut self, ds: &Dataset, id: u64, ids: &[u32]) {
+    /// The job let go of these samples (one batch). Every one must be
+    /// held by the job (else nothing is let go, and the error names the
+    /// first that is not): a job releases only what it was handed.
+    fn release(&mut self, ds: &Dataset, id: u64, ids: &[u32]) -> std::result::Result<(), String> {
         let Some(job) = self.jobs.get_mut(&id) else {
-            return;
+            return Ok(());
         };
+        let mut count: HashMap<u32, u32> = HashMap::new();
+        for &i in ids {
+            let k = count.entry(i).or_insert(0);
+            *k += 1;
+            if job.leases.get(&i).copied().unwrap_or(0) < *k {
+                return Err(format!(
+                    "the job sent a release of sample {i}, which it does not hold{}",
+                    if *k > 1 { " that many times" } else { "" }
+                ));
+            }
+        }
         for &i in ids {
             if let Some(k) = job.leases.get_mut(&i) {
                 *k -= 1;
@@ -791,6 +881,7 @@ impl State {
         }
         job.live_batches = job.live_batches.saturating_sub(1);
         self.progress += 1;
+        Ok(())
     }
 
     /// Hands `ids` (in memory, unserved by the job) to job `id`, and marks

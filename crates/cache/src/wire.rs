@@ -8,6 +8,7 @@
 use std::io::{self, Read};
 
 use brand_format::Dataset;
+use brand_format::ids::IdBits;
 
 pub const MAGIC: [u8; 8] = *b"BRDCACHE";
 pub const VERSION: u32 = 2;
@@ -66,6 +67,47 @@ pub struct Hello {
     pub served: Vec<u64>,
 }
 
+impl Hello {
+    /// The samples the job served already, or why it cannot attach to a
+    /// cache of `cache`'s dataset (`cache_name`: which cache, for the
+    /// message) whose shared memory is `memory` bytes, a batch of `size`
+    /// samples taking about `batch_bytes(size)` of it.
+    pub fn check(
+        &self,
+        cache: &Digest,
+        cache_name: &str,
+        memory: u64,
+        batch_bytes: impl Fn(u64) -> u64,
+    ) -> Result<IdBits, String> {
+        let diffs = self.digest.differences(cache);
+        if !diffs.is_empty() {
+            return Err(format!("{cache_name} serves another dataset: {}", diffs.join("; ")));
+        }
+        // A job counts on to the next epoch at every epoch's end.
+        if self.epoch == u64::MAX {
+            return Err(format!(
+                "epoch {}: the last a count can hold, the job could not start the next",
+                self.epoch
+            ));
+        }
+        // No words: none served.
+        let n = cache.samples;
+        let served = if self.served.is_empty() {
+            IdBits::new(n)
+        } else {
+            IdBits::from_words(self.served.clone(), n).map_err(|e| format!("the served bitmap {e}"))?
+        };
+        let batch = batch_bytes(self.batch_size as u64);
+        if batch.saturating_mul(2) > memory {
+            return Err(format!(
+                "the cache's memory ({memory} bytes) holds fewer than 2 batches of {} samples (about {batch} bytes each): start the cache with more --memory or use a smaller batch_size",
+                self.batch_size
+            ));
+        }
+        Ok(served)
+    }
+}
+
 /// One sample of a batch: where its bytes are in the shared memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Placed {
@@ -111,6 +153,37 @@ const FAILED: u8 = 13;
 
 /// The largest frame accepted: a hello with a bitmap of 2^32 samples.
 const MAX_FRAME: usize = (1 << 29) + 4096;
+
+/// A hello's fields before its bitmap (magic to the bitmap's word count).
+const HELLO_FIXED: usize = 8 + 4 + 8 + 4 + 4 + 8 + 8 + 4 + 8 + 8;
+
+/// The largest frame a cache of a dataset of `samples` samples reads
+/// first: a hello with a bitmap of every sample, with room to spare (twice
+/// the bitmap and 1 KiB), so that a bitmap of the wrong size is refused
+/// saying so, and one far past it by its length alone.
+pub fn hello_frame_max(samples: u64) -> usize {
+    let words = usize::try_from(samples.div_ceil(64)).unwrap_or(usize::MAX);
+    words
+        .saturating_mul(16)
+        .saturating_add(1 + HELLO_FIXED + 1024)
+        .min(MAX_FRAME)
+}
+
+/// The largest frame of `kind` a job attached with `batch_size` sends
+/// afterwards, or what is wrong with a frame of that kind: a request is its
+/// kind alone, a release the ids of one batch (at most `batch_size`
+/// samples, and at most the dataset's `samples`); a job says hello once.
+pub fn attached_frame_max(samples: u64, batch_size: u32, kind: u8) -> Result<usize, String> {
+    match kind {
+        NEXT => Ok(1),
+        RELEASE => {
+            let ids = usize::try_from((batch_size.max(1) as u64).min(samples)).unwrap_or(usize::MAX);
+            Ok(ids.saturating_mul(4).saturating_add(1).min(MAX_FRAME))
+        }
+        HELLO => Err("a second hello (it is attached already)".into()),
+        k => Err(format!("a message of unknown kind {k}")),
+    }
+}
 
 fn frame(kind: u8, body: &[u8]) -> Vec<u8> {
     let mut f = Vec::with_capacity(5 + body.len());
@@ -269,6 +342,18 @@ impl ToJob {
 /// Reads one frame: its kind and body. `Ok(None)` at a clean end of stream
 /// (the peer closed between frames).
 pub fn read_frame(r: &mut impl Read) -> io::Result<Option<(u8, Vec<u8>)>> {
+    read_frame_within(r, |_| Ok(MAX_FRAME))
+}
+
+/// [`read_frame`] of a frame at most `max(kind)` bytes long (the length
+/// field not counted), or none of a kind for which `max` says why: an
+/// `InvalidData` error saying so (or naming both lengths), before anything
+/// is allocated for the body. The body is allocated as it arrives, so a
+/// length that promises more than comes costs nothing.
+pub fn read_frame_within(
+    r: &mut impl Read,
+    max: impl Fn(u8) -> Result<usize, String>,
+) -> io::Result<Option<(u8, Vec<u8>)>> {
     let mut len = [0u8; 4];
     match r.read_exact(&mut len) {
         Ok(()) => {}
@@ -276,16 +361,36 @@ pub fn read_frame(r: &mut impl Read) -> io::Result<Option<(u8, Vec<u8>)>> {
         Err(e) => return Err(e),
     }
     let len = u32::from_le_bytes(len) as usize;
-    if !(1..=MAX_FRAME).contains(&len) {
+    if len == 0 {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            format!("a frame of {len} bytes"),
+            "a frame of 0 bytes (no kind)",
         ));
     }
-    let mut body = vec![0u8; len];
-    r.read_exact(&mut body)?;
-    let kind = body.remove(0);
-    Ok(Some((kind, body)))
+    let invalid = |why: String| io::Error::new(io::ErrorKind::InvalidData, why);
+    if len > MAX_FRAME {
+        return Err(invalid(format!(
+            "a frame of {len} bytes, longer than any message ({MAX_FRAME})"
+        )));
+    }
+    let mut kind = [0u8; 1];
+    r.read_exact(&mut kind)?;
+    let bound = max(kind[0]).map_err(invalid)?.min(MAX_FRAME);
+    if len > bound {
+        return Err(invalid(format!(
+            "a frame of {len} bytes, longer than the {bound} a message of kind {} can be here",
+            kind[0]
+        )));
+    }
+    let mut body = Vec::with_capacity((len - 1).min(1 << 16));
+    r.take((len - 1) as u64).read_to_end(&mut body)?;
+    if body.len() != len - 1 {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("a frame of {len} bytes cut short after {}", body.len() + 1),
+        ));
+    }
+    Ok(Some((kind[0], body)))
 }
 
 /// A body being read field by field.
@@ -361,5 +466,117 @@ mod tests {
         assert!(ToJob::decode(99, &[]).is_err());
         assert!(read_frame(&mut &[255u8, 255, 255, 255][..]).is_err());
         assert!(read_frame(&mut &[][..]).expect("clean end").is_none());
+    }
+
+    #[test]
+    fn a_frame_past_its_bound_is_refused_naming_both_before_its_body_is_allocated() {
+        let max = hello_frame_max(600);
+        assert_eq!(max, 1 + 64 + 1024 + 16 * 10);
+        let hello = ToCache::Hello(Hello {
+            digest: Digest {
+                samples: 600,
+                chunk_size: 4,
+                content: 7,
+                pack_seed: 3,
+            },
+            seed: 5,
+            batch_size: 2,
+            epoch: 1,
+            served: vec![0; 10],
+        })
+        .encode();
+        let first = |_| Ok(max);
+        assert!(read_frame_within(&mut &hello[..], first).is_ok_and(|f| f.is_some()));
+        let mut long = ((max + 1) as u32).to_le_bytes().to_vec();
+        long.extend(vec![HELLO; max + 1]);
+        let e = read_frame_within(&mut &long[..], first).expect_err("one byte past");
+        assert_eq!(
+            e.to_string(),
+            "a frame of 1250 bytes, longer than the 1249 a message of kind 1 can be here"
+        );
+        // A length of 4 GiB - 1 with nothing behind it: refused by its
+        // length, not by running out of memory or waiting for the bytes.
+        let e = read_frame_within(&mut &[255u8, 255, 255, 255][..], first).expect_err("too long");
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        assert_eq!(
+            e.to_string(),
+            "a frame of 4294967295 bytes, longer than any message (536875008)"
+        );
+        let e = read_frame_within(&mut &[0u8, 0, 0, 0][..], first).expect_err("empty");
+        assert_eq!(e.to_string(), "a frame of 0 bytes (no kind)");
+        // A length that promises more than comes: an error, and only what
+        // came was allocated.
+        let e = read_frame_within(&mut &[100u8, 0, 0, 0, NEXT, 1, 2][..], first).expect_err("cut short");
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+        assert_eq!(e.to_string(), "a frame of 100 bytes cut short after 3");
+        let attached = |kind| attached_frame_max(600, 10, kind);
+        assert_eq!(attached(RELEASE), Ok(41));
+        assert_eq!(attached(NEXT), Ok(1));
+        assert_eq!(attached(HELLO), Err("a second hello (it is attached already)".into()));
+        assert_eq!(attached(99), Err("a message of unknown kind 99".into()));
+        assert_eq!(
+            attached_frame_max(3, 10, RELEASE),
+            Ok(13),
+            "a batch is at most the dataset"
+        );
+        assert_eq!(
+            attached_frame_max(600, 0, RELEASE),
+            Ok(5),
+            "batch_size 0 is served as 1"
+        );
+        let e = read_frame_within(&mut &ToCache::Release(vec![1; 11]).encode()[..], attached).expect_err("11 ids");
+        assert_eq!(
+            e.to_string(),
+            "a frame of 45 bytes, longer than the 41 a message of kind 3 can be here"
+        );
+    }
+
+    #[test]
+    fn a_hello_is_checked_against_the_cache_naming_what_is_wrong() {
+        let digest = Digest {
+            samples: 100,
+            chunk_size: 4,
+            content: 7,
+            pack_seed: 3,
+        };
+        let hello = Hello {
+            digest,
+            seed: 1,
+            batch_size: 10,
+            epoch: 0,
+            served: Vec::new(),
+        };
+        let check = |h: &Hello| h.check(&digest, "the cache at c.sock", 1000, |size| size * 10);
+        assert_eq!(check(&hello).map(|s| s.len()), Ok(0));
+        let other = Hello {
+            digest: Digest { samples: 99, ..digest },
+            ..hello.clone()
+        };
+        assert_eq!(
+            check(&other),
+            Err("the cache at c.sock serves another dataset: samples 99 in the job's, 100 in the cache's".into())
+        );
+        let last = Hello {
+            epoch: u64::MAX,
+            served: vec![u64::MAX, (1 << 36) - 1],
+            ..hello.clone()
+        };
+        assert_eq!(
+            check(&last),
+            Err("epoch 18446744073709551615: the last a count can hold, the job could not start the next".into())
+        );
+        let bitmap = Hello {
+            served: vec![0; 3],
+            ..hello.clone()
+        };
+        assert_eq!(
+            check(&bitmap),
+            Err("the served bitmap has 3 words for 100 samples (needs 2)".into())
+        );
+        let big = Hello {
+            batch_size: 51,
+            ..hello
+        };
+        assert!(check(&big).is_err_and(|e| e.contains("fewer than 2 batches of 51 samples")));
     }
 }

@@ -386,27 +386,10 @@ impl Inbox {
         let Some(ep) = s.epoch_mut(m.epoch) else {
             return Err(bad(format!("this node is in epoch {serving}")));
         };
-        let i = m.step as usize;
-        match (ep.plan.samples.get(i), ep.plan.owners.get(i)) {
-            (Some(&y), Some(&o)) if y as u64 == m.sample && o == owner => {}
-            (Some(&y), Some(&o)) => {
-                return Err(bad(format!("the plan serves sample {y} from node {o} at that step")));
-            }
-            _ => return Err(bad(format!("the epoch has {} steps", ep.plan.steps()))),
-        }
         let expected_from = ep.next_from.get(owner as usize).copied().unwrap_or(u64::MAX);
-        if m.step < expected_from {
-            return Err(bad(format!(
-                "out of order or repeated (expected step {expected_from} or later)"
-            )));
-        }
-        if m.step >= ep.window {
-            return Err(bad(format!("beyond the credit granted (steps below {})", ep.window)));
-        }
-        let want = sample_len(&self.ds, m.sample);
-        if m.data.len() as u64 != want {
-            return Err(bad(format!("{} bytes, the index says {want}", m.data.len())));
-        }
+        crate::check::sample(&m, owner, &ep.plan, expected_from, ep.window, |y| {
+            sample_len(&self.ds, y)
+        })?;
         ep.next_from[owner as usize] = m.step + 1;
         let bytes = Arc::new(brand_format::buffer::AlignedBuf::copy_of(&m.data));
         s.delivered[owner as usize] = true;

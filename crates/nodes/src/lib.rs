@@ -8,12 +8,14 @@
 //! plan gives it (`Planner::rank_plan` for its rank in a world of W): the
 //! order is the plan's, I/O and the network only change how fast it comes.
 //!
-//! Modules: `routes` (who reads and who serves what: pure), `owner` (reads
+//! Modules: `routes` (who reads and who serves what: pure), `check` (what
+//! a peer sends, checked before it is acted on: pure), `owner` (reads
 //! and pushes), `control` (what the owner is told), `inbox` (a consumer's
 //! held samples and credit), `net` (gRPC), `storage` (the one use of the io
 //! engine), `wire` (the messages), `config` (the one configuration path)
 //! and `reader` (a loader alone or a node: what interfaces open).
 
+pub mod check;
 pub mod config;
 mod control;
 mod inbox;
@@ -264,6 +266,7 @@ impl NodeLoader {
                 inbox: inbox.clone(),
                 control,
                 max_message: largest as usize + (64 << 10),
+                steps: geo.steps,
             }) {
                 Ok(n) => this.net = Some(n),
                 Err(e) => {

@@ -13,6 +13,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use brand_format::error::{Error, Result};
 
+use crate::check::{self, CreditCheck, Next, Refusal};
 use crate::config::NodeConfig;
 use crate::control::{Control, PushSink};
 use crate::inbox::{CreditSink, Inbox};
@@ -50,6 +51,8 @@ pub struct Ctx {
     pub control: crossbeam_channel::Sender<Control>,
     /// Largest message (a sample plus framing).
     pub max_message: usize,
+    /// Steps of every consumer's epoch (what a credit may grant).
+    pub steps: u64,
 }
 
 /// Blocks SIGPIPE in the calling (network) thread: a write to a peer that
@@ -241,9 +244,17 @@ async fn push_stream_until_gone(ctx: &Arc<Ctx>, peer: u32) {
     // Ends when the consumer says goodbye (it needs nothing more: it read
     // all of our stream, or it closed or failed) or dies: its own stream to
     // us tells our consumer if it died. Drained until then: dropping it
-    // early could cut off samples still queued.
+    // early could cut off samples still queued. Only news reaches the
+    // owner; a credit no consumer sends fails the job, naming the peer.
+    let mut check = CreditCheck::new(ctx.digest.start_epoch, ctx.steps);
     while let Ok(Some(credit)) = credits.message().await {
-        let _ = ctx.control.send(Control::Credit { consumer: peer, credit });
+        match check.take(credit) {
+            Ok(true) => {
+                let _ = ctx.control.send(Control::Credit { consumer: peer, credit });
+            }
+            Ok(false) => {}
+            Err(why) => return ctx.inbox.fail(peer, why),
+        }
     }
 }
 
@@ -272,89 +283,69 @@ impl Node for Service {
         let cfg = &ctx.cfg;
         let mut stream = request.into_inner();
         let first = tokio::time::timeout(cfg.peer_timeout, stream.message()).await;
-        let hello = match first {
-            Ok(Ok(Some(Push {
-                body: Some(push::Body::Hello(h)),
-            }))) => h,
-            Ok(Ok(_)) => return Err(Status::invalid_argument("a push stream must start with a hello")),
+        let first = match first {
+            Ok(Ok(m)) => m,
             Ok(Err(s)) => return Err(s),
             Err(_) => return Err(Status::deadline_exceeded("no hello")),
         };
         let me = cfg.rank;
-        if hello.from >= cfg.world() || hello.from == me || hello.to != me {
-            return Err(Status::invalid_argument(format!(
-                "{} got a hello from node {} to node {} (world {})",
-                cfg.name(me),
-                hello.from,
-                hello.to,
-                cfg.world()
-            )));
-        }
-        let from = hello.from;
-        let theirs = hello.job.unwrap_or_default();
-        let diffs = ctx.digest.differences(&theirs, &cfg.name(from));
-        if !diffs.is_empty() {
-            let what = diffs.join("; ");
-            // A push for the same job from a misconfigured peer stops this
-            // job; one for another job is only refused.
-            if theirs.job == ctx.digest.job {
-                ctx.inbox.fail(from, format!("does not match this node: {what}"));
+        let hello = match check::hello(first, cfg, &ctx.digest) {
+            Ok(h) => h,
+            Err(Refusal::Invalid(why)) => return Err(Status::invalid_argument(why)),
+            Err(Refusal::Mismatch { from, same_job, why }) => {
+                // A push for the same job from a misconfigured peer stops
+                // this job; one for another job is only refused.
+                if same_job {
+                    ctx.inbox.fail(from, format!("does not match this node: {why}"));
+                }
+                return Err(Status::failed_precondition(format!(
+                    "{} refuses the push: {why}",
+                    cfg.name(me)
+                )));
             }
-            return Err(Status::failed_precondition(format!(
-                "{} refuses the push: {what}",
-                cfg.name(me)
-            )));
-        }
+        };
+        let from = hello.from;
         let attempt = hello.attempt;
         let (tx, rx) = mpsc::unbounded_channel();
         ctx.inbox
             .attach(from, attempt, CreditSink::Remote(tx))
             .map_err(Status::already_exists)?;
         let inbox = ctx.inbox.clone();
-        let from_name = cfg.name(from);
+        let ctx = ctx.clone();
         tokio::spawn(async move {
             loop {
                 match stream.message().await {
-                    Ok(Some(Push {
-                        body: Some(push::Body::Sample(s)),
-                    })) => {
-                        if let Err(e) = inbox.deliver(from, attempt, s) {
-                            inbox.fail(from, e);
+                    Ok(Some(m)) => match check::next(m, from, &ctx.cfg) {
+                        Next::Sample(s) => {
+                            if let Err(e) = inbox.deliver(from, attempt, s) {
+                                inbox.fail(from, e);
+                                break;
+                            }
+                        }
+                        // The job failed: name the node that failed first;
+                        // the messenger only if it is another.
+                        Next::Failed { node, why } => {
+                            inbox.fail(node, why);
                             break;
                         }
-                    }
-                    // The job failed: name the node that failed first; the
-                    // messenger only if it is another.
-                    Ok(Some(Push {
-                        body: Some(push::Body::Failed(f)),
-                    })) => {
-                        let why = if f.node == from {
-                            f.why
-                        } else if f.node == me {
-                            format!("{} (this node, as {from_name} reports)", f.why)
-                        } else {
-                            format!("{} (reported by {from_name})", f.why)
-                        };
-                        inbox.fail(f.node, why);
-                        break;
-                    }
-                    Ok(Some(Push {
-                        body: Some(push::Body::Goodbye(_)),
-                    })) => {
-                        inbox.closed(from, attempt);
-                        break;
-                    }
-                    Ok(Some(_)) => {
-                        inbox.fail(from, "sent a malformed push (a second hello, or no body)".into());
-                        break;
-                    }
+                        Next::Goodbye => {
+                            inbox.closed(from, attempt);
+                            break;
+                        }
+                        Next::Wrong(why) => {
+                            inbox.fail(from, why);
+                            break;
+                        }
+                    },
                     // Ended without a goodbye: an attempt the owner gave up.
                     Ok(None) => {
                         inbox.abandoned(from, attempt);
                         break;
                     }
-                    // Undecodable bytes: the peer is broken, whatever is due.
-                    Err(s) if s.code() == tonic::Code::Internal => {
+                    // Undecodable bytes, or a length past any push's
+                    // (refused before its body is buffered): the peer is
+                    // broken, whatever is due.
+                    Err(s) if matches!(s.code(), tonic::Code::Internal | tonic::Code::OutOfRange) => {
                         inbox.fail(from, format!("sent a malformed push: {}", s.message()));
                         break;
                     }

@@ -379,6 +379,12 @@ fn apply(c: Control, outlets: &mut [Outlet], credits: &mut Credits, stopping: &m
         Control::Credit { consumer, credit } => {
             if let Some(c) = credits.0.get_mut(consumer as usize) {
                 c.insert(credit.epoch, credit.window);
+                // A consumer credits its current epoch and the next: one
+                // that credits an epoch has all it needed of those two
+                // before (see `check::CreditCheck`), so at most two stay.
+                while c.len() > 2 {
+                    c.pop_first();
+                }
             }
         }
         Control::Gone { consumer } => {
