@@ -274,7 +274,7 @@ fn a_member_that_sends_what_no_node_sends_is_named_while_another_job_finishes() 
     let t = tempfile::tempdir().expect("tempdir");
     let ds = dataset(t.path());
     let largest = (0..SAMPLES)
-        .map(|id| ds.index.stored_len[id as usize] as usize)
+        .map(|id| ds.index.stored_len(id) as usize)
         .max()
         .unwrap_or(0);
     let sample = |step, sample, len| Push {
