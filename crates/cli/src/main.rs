@@ -353,7 +353,7 @@ fn pack_cmd(a: &PackArgs) -> brand_format::Result<ExitCode> {
     remove_unfinished_pack_on_interrupt()?;
     let source = open_source(a)?;
     let partitions = match a.partitions {
-        Some(w) => Some(partitioning(w, &a.memory, source.entries().len() as u64, a.chunk_size)?),
+        Some(w) => Some(partitioning(w, &a.memory, source.len() as u64, a.chunk_size)?),
         None => None,
     };
     let opts = PackOptions {
@@ -388,7 +388,7 @@ fn pack_cmd(a: &PackArgs) -> brand_format::Result<ExitCode> {
         None => None,
     };
     let local = staging.as_ref().map_or(a.out.clone(), |t| t.path().join("ds"));
-    let bar = progress_bar(source.entries().len() as u64, "pack");
+    let bar = progress_bar(source.len() as u64, "pack");
     let m = brand_pack::pack(source.as_ref(), &local, &opts, &|done, _, _| bar.set_position(done))?;
     bar.finish_and_clear();
     if let Some(u) = &url {
