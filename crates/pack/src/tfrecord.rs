@@ -288,7 +288,7 @@ impl Scan<'_> {
 
 /// TFRecord's checksum: crc32c rotated and offset so that the crc of bytes
 /// that themselves contain crcs is not degenerate.
-fn masked_crc32c(bytes: &[u8]) -> u32 {
+pub(crate) fn masked_crc32c(bytes: &[u8]) -> u32 {
     crc32c::crc32c(bytes).rotate_right(15).wrapping_add(0xa282_ead8)
 }
 
