@@ -242,7 +242,7 @@ pub fn tfrecord(data: &[u8]) {
         return;
     }
     if let Ok(src) = brand_pack::tfrecord::TfRecordSource::open(std::slice::from_ref(&path), Some("label")) {
-        for i in 0..src.entries().len().min(1000) {
+        for i in 0..src.len().min(1000) {
             let _ = src.read(i);
         }
     }
@@ -257,7 +257,7 @@ pub fn lmdb(data: &[u8]) {
     }
     let _ = std::fs::remove_file(dir.join("lock.mdb"));
     if let Ok(src) = brand_pack::lmdb::LmdbSource::open(&dir) {
-        for i in 0..src.entries().len().min(1000) {
+        for i in 0..src.len().min(1000) {
             let _ = src.read(i);
         }
     }

@@ -70,7 +70,7 @@ fn files(a: &FilesArgs) -> brand_format::Result<()> {
         )));
     }
     let source = FileSource::image_folder(&a.dir)?;
-    let mut order: Vec<u32> = (0..source.entries().len() as u32).collect();
+    let mut order: Vec<u32> = (0..source.len() as u32).collect();
     Prng::stream(a.seed, &[0xbe4c]).shuffle(&mut order);
     let cache_dropped = a.drop_caches && drop_caches();
     if a.drop_caches && !cache_dropped {

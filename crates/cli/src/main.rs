@@ -37,7 +37,7 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Write an ImageNet-like directory of synthetic samples (ImageFolder layout).
+    /// Write synthetic samples: an ImageNet-like directory (ImageFolder layout), or TFRecord shards (--format tfrecord).
     Gen(GenArgs),
     /// Pack samples into a dataset of shuffled, 4 KiB-aligned chunks.
     Pack(PackArgs),
@@ -60,6 +60,10 @@ enum Command {
     Cache(cache::CacheArgs),
 }
 
+/// Sample sizes follow a log-normal clipped to [min, max] whose mean is the
+/// given mean. For millions of small samples, e.g. 10,000,000 of about 512
+/// bytes: `brand gen DIR --samples 10000000 --format tfrecord --mean-bytes 512
+/// --min-bytes 256 --max-bytes 1024`, then `brand pack --from tfrecord DIR -o OUT`.
 #[derive(clap::Args, Debug)]
 struct GenArgs {
     /// Output directory.
@@ -69,10 +73,30 @@ struct GenArgs {
     /// Mean sample size in KiB.
     #[arg(long, default_value_t = 110.0)]
     mean_kib: f64,
+    /// Smallest sample in KiB.
     #[arg(long, default_value_t = 10.0)]
     min_kib: f64,
+    /// Largest sample in KiB.
     #[arg(long, default_value_t = 300.0)]
     max_kib: f64,
+    /// Mean sample size in bytes (instead of --mean-kib).
+    #[arg(long, value_name = "BYTES", conflicts_with = "mean_kib")]
+    mean_bytes: Option<u64>,
+    /// Smallest sample in bytes (instead of --min-kib).
+    #[arg(long, value_name = "BYTES", conflicts_with = "min_kib")]
+    min_bytes: Option<u64>,
+    /// Largest sample in bytes (instead of --max-kib).
+    #[arg(long, value_name = "BYTES", conflicts_with = "max_kib")]
+    max_bytes: Option<u64>,
+    /// files: DIR/class-CCCC/sample-NNNNNNNN.bin, one file per sample.
+    /// tfrecord: DIR/shard-SSSSS-of-NNNNN.tfrecord, sample i (in shard order)
+    /// a tf.train.Example with bytes feature "image" and int64 feature
+    /// "label" (its class), for `brand pack --from tfrecord DIR`.
+    #[arg(long, value_enum, default_value = "files")]
+    format: GenFormat,
+    /// --format tfrecord: how many shards (default: one per 512 MiB of samples).
+    #[arg(long, value_name = "N")]
+    shards: Option<u32>,
     #[arg(long, default_value_t = 100)]
     classes: u32,
     #[arg(long, default_value_t = 0)]
@@ -89,6 +113,14 @@ struct GenArgs {
     /// Make random samples compressible about RATIO times (for `pack --zstd`).
     #[arg(long, value_name = "RATIO", value_parser = clap::value_parser!(u32).range(1..=1024))]
     compressible: Option<u32>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum GenFormat {
+    /// One file per sample (ImageFolder layout).
+    Files,
+    /// TFRecord shards of tf.train.Examples.
+    Tfrecord,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -243,16 +275,24 @@ fn kib(flag: &str, x: f64) -> brand_format::Result<u64> {
 }
 
 fn gen_cmd(a: &GenArgs) -> brand_format::Result<ExitCode> {
+    let format = match (a.format, a.shards) {
+        (GenFormat::Files, None) => brand_pack::synthetic::GenFormat::Files,
+        (GenFormat::Files, Some(_)) => {
+            return Err(brand_format::Error::config("--shards applies to --format tfrecord"));
+        }
+        (GenFormat::Tfrecord, shards) => brand_pack::synthetic::GenFormat::TfRecord { shards },
+    };
     let opts = brand_pack::synthetic::GenOptions {
         samples: a.samples,
-        mean_bytes: kib("--mean-kib", a.mean_kib)?,
-        min_bytes: kib("--min-kib", a.min_kib)?,
-        max_bytes: kib("--max-kib", a.max_kib)?,
+        mean_bytes: a.mean_bytes.map_or_else(|| kib("--mean-kib", a.mean_kib), Ok)?,
+        min_bytes: a.min_bytes.map_or_else(|| kib("--min-kib", a.min_kib), Ok)?,
+        max_bytes: a.max_bytes.map_or_else(|| kib("--max-kib", a.max_kib), Ok)?,
         classes: a.classes,
         seed: a.seed,
         force: a.force,
         images: a.images.then_some(a.image_size),
         compressible: a.compressible,
+        format,
     };
     let bar = progress_bar(a.samples, "gen");
     let bytes = brand_pack::synthetic::generate(&a.dir, &opts, &|done, _| bar.set_position(done))?;
@@ -353,7 +393,7 @@ fn pack_cmd(a: &PackArgs) -> brand_format::Result<ExitCode> {
     remove_unfinished_pack_on_interrupt()?;
     let source = open_source(a)?;
     let partitions = match a.partitions {
-        Some(w) => Some(partitioning(w, &a.memory, source.entries().len() as u64, a.chunk_size)?),
+        Some(w) => Some(partitioning(w, &a.memory, source.len() as u64, a.chunk_size)?),
         None => None,
     };
     let opts = PackOptions {
@@ -388,7 +428,7 @@ fn pack_cmd(a: &PackArgs) -> brand_format::Result<ExitCode> {
         None => None,
     };
     let local = staging.as_ref().map_or(a.out.clone(), |t| t.path().join("ds"));
-    let bar = progress_bar(source.entries().len() as u64, "pack");
+    let bar = progress_bar(source.len() as u64, "pack");
     let m = brand_pack::pack(source.as_ref(), &local, &opts, &|done, _, _| bar.set_position(done))?;
     bar.finish_and_clear();
     if let Some(u) = &url {

@@ -128,6 +128,76 @@ fn zstd_records_round_trip() {
 }
 
 #[test]
+fn gen_writes_tfrecord_shards_of_byte_sized_samples_that_pack_imports() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let src = t.path().join("tf");
+    let gen_args = |shards: &str| {
+        [
+            "gen",
+            s(&src),
+            "--samples",
+            "500",
+            "--format",
+            "tfrecord",
+            "--shards",
+            shards,
+            "--mean-bytes",
+            "512",
+            "--min-bytes",
+            "256",
+            "--max-bytes",
+            "1024",
+            "--classes",
+            "10",
+            "--seed",
+            "3",
+        ]
+        .map(str::to_string)
+    };
+    let args = gen_args("3");
+    ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let mut shards: Vec<String> = std::fs::read_dir(&src)
+        .expect("ls")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    shards.sort();
+    assert_eq!(
+        shards,
+        [
+            "shard-00000-of-00003.tfrecord",
+            "shard-00001-of-00003.tfrecord",
+            "shard-00002-of-00003.tfrecord"
+        ]
+    );
+    let ds = t.path().join("ds");
+    ok(&["pack", "--from", "tfrecord", s(&src), "-o", s(&ds)]);
+    let d = Dataset::open(&ds).expect("open");
+    assert_eq!(d.manifest.samples, 500);
+    assert!((256..=1024).contains(&d.manifest.min_sample_bytes));
+    assert!(
+        d.manifest.max_sample_bytes <= 1024 + 48,
+        "an Example adds a few dozen bytes"
+    );
+    let labels: std::collections::BTreeSet<i64> = (0..500).map(|id| d.index.label(id)).collect();
+    assert_eq!(labels, (0..10).collect(), "every class's label, from the int64 feature");
+
+    // Byte sizes and KiB sizes are one or the other; --shards is for tfrecord.
+    let both = brand(&[
+        "gen",
+        s(&t.path().join("x")),
+        "--samples",
+        "5",
+        "--mean-bytes",
+        "9",
+        "--mean-kib",
+        "1",
+    ]);
+    assert!(!both.status.success());
+    let err = fails(&["gen", s(&t.path().join("y")), "--samples", "5", "--shards", "2"]);
+    assert!(err.contains("--shards applies to --format tfrecord"), "{err}");
+}
+
+#[test]
 fn list_input_packs_with_labels() {
     let t = tempfile::tempdir().expect("tempdir");
     std::fs::create_dir(t.path().join("files")).expect("mkdir");

@@ -1,60 +1,92 @@
 //! Sources made of plain files: an ImageFolder directory or a list file.
 
+use std::borrow::Cow;
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use super::source::{Entry, Source};
+use super::source::{Entries, Source};
 use brand_format::error::{Error, IoContext, Result};
 
-/// Samples that are files on disk: entry `i` is read from `paths[i]`.
+/// Samples that are files on disk. Each sample's path relative to `base` is
+/// held once, in an arena, and is also its key (ImageFolder keys are the
+/// path made valid UTF-8): no allocation per sample.
 pub struct FileSource {
     kind: &'static str,
-    entries: Vec<Entry>,
-    paths: Vec<PathBuf>,
+    base: PathBuf,
+    /// Each sample's path relative to `base`, as the OS spells it, and label.
+    paths: Entries,
     label_names: Vec<String>,
+}
+
+impl FileSource {
+    fn path(&self, i: usize) -> PathBuf {
+        self.base.join(OsStr::from_bytes(self.paths.key(i)))
+    }
 }
 
 impl Source for FileSource {
     fn kind(&self) -> &'static str {
         self.kind
     }
-    fn entries(&self) -> &[Entry] {
-        &self.entries
+    fn len(&self) -> usize {
+        self.paths.len()
+    }
+    fn key(&self, i: usize) -> Cow<'_, [u8]> {
+        // A list's paths were checked to be UTF-8; a directory's names are
+        // made so (as to_string_lossy did to each name: the separators are
+        // ASCII, so the whole path converts as its parts do).
+        match String::from_utf8_lossy(self.paths.key(i)) {
+            Cow::Borrowed(s) => Cow::Borrowed(s.as_bytes()),
+            Cow::Owned(s) => Cow::Owned(s.into_bytes()),
+        }
+    }
+    fn label(&self, i: usize) -> i64 {
+        self.paths.label(i)
     }
     fn read(&self, i: usize) -> Result<Vec<u8>> {
-        let path = &self.paths[i];
-        std::fs::read(path).at(path)
+        let path = self.path(i);
+        std::fs::read(&path).at(&path)
     }
     fn label_names(&self) -> Vec<String> {
         self.label_names.clone()
     }
+    fn listing_bytes(&self) -> usize {
+        self.paths.heap_bytes()
+    }
 }
 
 /// Names in a directory, sorted by bytes so the listing is deterministic.
-fn sorted_children(dir: &Path) -> Result<Vec<(std::ffi::OsString, PathBuf)>> {
+fn sorted_children(dir: &Path) -> Result<Vec<OsString>> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(dir).at(dir)? {
-        let e = e.at(dir)?;
-        let name = e.file_name();
+        let name = e.at(dir)?.file_name();
         // Hidden files (editor droppings, .DS_Store, our own temp dirs) are not samples.
         if name.as_encoded_bytes().starts_with(b".") {
             continue;
         }
-        out.push((name, e.path()));
+        out.push(name);
     }
     out.sort();
     Ok(out)
 }
 
-fn walk_files(dir: &Path, rel: &str, out: &mut Vec<(String, PathBuf)>) -> Result<()> {
-    for (name, path) in sorted_children(dir)? {
-        let name = name.to_string_lossy();
-        let rel = format!("{rel}/{name}");
+/// Lists the files under `root/rel` (`rel` relative to `root`, `/`-separated),
+/// depth first in name order, into `out` with `label`.
+fn walk_files(root: &Path, rel: &mut Vec<u8>, label: i64, out: &mut Entries) -> Result<()> {
+    let dir = root.join(OsStr::from_bytes(rel));
+    for name in sorted_children(&dir)? {
+        let path = dir.join(&name);
         let meta = std::fs::metadata(&path).at(&path)?;
+        let len = rel.len();
+        rel.push(b'/');
+        rel.extend_from_slice(name.as_bytes());
         if meta.is_dir() {
-            walk_files(&path, &rel, out)?;
+            walk_files(root, rel, label, out)?;
         } else if meta.is_file() {
-            out.push((rel, path));
+            out.push(rel, label);
         }
+        rel.truncate(len);
     }
     Ok(())
 }
@@ -72,32 +104,24 @@ impl FileSource {
                 "not a directory (use --from list or tfrecord for files)",
             ));
         }
-        let mut entries = Vec::new();
-        let mut paths = Vec::new();
+        let mut paths = Entries::new();
         let mut label_names = Vec::new();
         let mut skipped = 0usize;
-        for (name, path) in sorted_children(root)? {
+        for name in sorted_children(root)? {
+            let path = root.join(&name);
             if !std::fs::metadata(&path).at(&path)?.is_dir() {
                 skipped += 1;
                 continue;
             }
-            let class = name.to_string_lossy().into_owned();
             let label = label_names.len() as i64;
-            let mut files = Vec::new();
-            walk_files(&path, &class, &mut files)?;
-            for (rel, p) in files {
-                entries.push(Entry {
-                    key: rel.into_bytes(),
-                    label,
-                });
-                paths.push(p);
-            }
-            label_names.push(class);
+            walk_files(root, &mut name.as_bytes().to_vec(), label, &mut paths)?;
+            label_names.push(name.to_string_lossy().into_owned());
         }
+        paths.shrink_to_fit();
         if skipped > 0 {
             tracing::warn!("{}: skipped {skipped} files outside class directories", root.display());
         }
-        if entries.is_empty() {
+        if paths.is_empty() {
             return Err(Error::input(
                 root,
                 "open",
@@ -106,7 +130,7 @@ impl FileSource {
         }
         Ok(FileSource {
             kind: "dir",
-            entries,
+            base: root.to_path_buf(),
             paths,
             label_names,
         })
@@ -118,8 +142,7 @@ impl FileSource {
     pub fn list(list: &Path) -> Result<Self> {
         let text = std::fs::read(list).at(list)?;
         let base = list.parent().unwrap_or(Path::new("."));
-        let mut entries = Vec::new();
-        let mut paths = Vec::new();
+        let mut paths = Entries::new();
         for (n, line) in text.split(|&b| b == b'\n').enumerate() {
             let line = line.strip_suffix(b"\r").unwrap_or(line);
             if line.is_empty() || line.starts_with(b"#") {
@@ -148,18 +171,15 @@ impl FileSource {
                     format!("{}: no such file", full.display()),
                 ));
             }
-            entries.push(Entry {
-                key: path.as_bytes().to_vec(),
-                label,
-            });
-            paths.push(full);
+            paths.push(path.as_bytes(), label);
         }
-        if entries.is_empty() {
+        paths.shrink_to_fit();
+        if paths.is_empty() {
             return Err(Error::input(list, "open", "the list names no files"));
         }
         Ok(FileSource {
             kind: "list",
-            entries,
+            base: base.to_path_buf(),
             paths,
             label_names: Vec::new(),
         })

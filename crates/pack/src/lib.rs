@@ -275,8 +275,7 @@ pub fn pack(source: &dyn Source, out: &Path, opts: &PackOptions, progress: Progr
         )));
     }
     check_replaceable(out)?;
-    let entries = source.entries();
-    let n = entries.len();
+    let n = source.len();
     if n == 0 {
         return Err(Error::config("the input has no samples"));
     }
@@ -331,7 +330,7 @@ pub fn pack(source: &dyn Source, out: &Path, opts: &PackOptions, progress: Progr
             let raw_len = u32::try_from(raw.len()).map_err(|_| {
                 Error::config(format!(
                     "sample {:?} is {} bytes; a record is limited to 4 GiB",
-                    String::from_utf8_lossy(&entries[src].key),
+                    String::from_utf8_lossy(&source.key(src)),
                     raw.len()
                 ))
             })?;
@@ -339,7 +338,7 @@ pub fn pack(source: &dyn Source, out: &Path, opts: &PackOptions, progress: Progr
                 Some(level) => zstd::bulk::compress(&raw, level).map_err(|e| {
                     Error::config(format!(
                         "zstd on sample {:?}: {e}",
-                        String::from_utf8_lossy(&entries[src].key)
+                        String::from_utf8_lossy(&source.key(src))
                     ))
                 })?,
                 None => raw,
@@ -350,22 +349,24 @@ pub fn pack(source: &dyn Source, out: &Path, opts: &PackOptions, progress: Progr
         for c in batch_start..batch_end {
             let lo = c * k as usize;
             let hi = ((c + 1) * k as usize).min(n);
+            // The chunk's keys, held only while it is encoded.
+            let keys: Vec<_> = (lo..hi).map(|p| source.key(order[p] as usize)).collect();
             let recs: Vec<RecordIn> = (lo..hi)
-                .map(|p| {
+                .zip(&keys)
+                .map(|(p, key)| {
                     let (stored, raw_len) = &records[p - first];
-                    let e = &entries[order[p] as usize];
                     RecordIn {
                         stored,
                         raw_len: *raw_len,
-                        label: e.label,
-                        key: &e.key,
+                        label: source.label(order[p] as usize),
+                        key,
                     }
                 })
                 .collect();
             let (bytes, table) = chunk::encode(c as u64, flags, &recs).map_err(Error::config)?;
-            let keys: usize = table.iter().map(|e| e.key.len()).sum();
+            let key_bytes: usize = table.iter().map(|e| e.key.len()).sum();
             block_padding_bytes += chunk::block_padding(
-                chunk::header_len(table.len(), keys) as u64,
+                chunk::header_len(table.len(), key_bytes) as u64,
                 flags,
                 table.iter().map(|e| (e.offset as u64, e.stored_len as u64)),
             );
@@ -375,7 +376,7 @@ pub fn pack(source: &dyn Source, out: &Path, opts: &PackOptions, progress: Progr
                 return Err(Error::config(format!(
                     "chunk {c} needs {len} bytes, more than the segment size {} (its largest sample is {:?}, {} bytes): raise --segment-size",
                     opts.segment_bytes,
-                    String::from_utf8_lossy(&entries[order[biggest] as usize].key),
+                    String::from_utf8_lossy(&source.key(order[biggest] as usize)),
                     records[biggest - first].0.len()
                 )));
             }

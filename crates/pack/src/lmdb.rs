@@ -43,7 +43,9 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crate::protobuf::{self, Value};
-use crate::source::{Entry, Source};
+use std::borrow::Cow;
+
+use crate::source::{Entries, Source};
 use brand_format::error::{Error, Result};
 
 /// `mm_magic` of every LMDB meta page.
@@ -107,15 +109,36 @@ const MAX_DEPTH: u16 = 32;
 #[derive(Debug)]
 pub struct LmdbSource {
     data: DataFile,
-    entries: Vec<Entry>,
-    /// Where each entry's node is, by entry index.
-    nodes: Vec<NodeAt>,
+    /// Keys (in one arena) and labels, by entry index.
+    entries: Entries,
+    /// Where each entry's node is, by entry index, as [`NodeAt::packed`].
+    nodes: Vec<u64>,
 }
 
 #[derive(Debug, Clone, Copy)]
 struct NodeAt {
     page: u64,
     index: usize,
+}
+
+/// Bits of a packed [`NodeAt`] that hold the node's index in its page (a
+/// page of at most 32 KiB holds fewer than 2^14 nodes of 2 bytes each).
+const NODE_INDEX_BITS: u32 = 16;
+
+impl NodeAt {
+    /// Page and index in one u64, or None for a page number beyond 2^48
+    /// (more than 2^57 bytes of file).
+    fn packed(self) -> Option<u64> {
+        let index = u64::try_from(self.index).ok().filter(|&i| i >> NODE_INDEX_BITS == 0)?;
+        (self.page >> (64 - NODE_INDEX_BITS) == 0).then_some(self.page << NODE_INDEX_BITS | index)
+    }
+
+    fn unpacked(packed: u64) -> Self {
+        NodeAt {
+            page: packed >> NODE_INDEX_BITS,
+            index: (packed & ((1 << NODE_INDEX_BITS) - 1)) as usize,
+        }
+    }
 }
 
 impl LmdbSource {
@@ -186,19 +209,26 @@ impl LmdbSource {
             return Err(fail("the database is empty".into()));
         }
 
-        let mut entries: Vec<Entry> = Vec::new();
+        let mut entries = Entries::new();
         let mut nodes = Vec::new();
         data.walk("main database", &main, KeyOrder::of(main.flags), |at, key, value| {
-            entries.push(Entry {
-                key: key.to_vec(),
-                label: caffe_datum_label(value).unwrap_or(-1),
-            });
-            nodes.push(at);
+            let packed = at.packed().ok_or_else(|| {
+                format!(
+                    "key {}: node {} of page {} is beyond what this importer can address",
+                    show_key(key),
+                    at.index,
+                    at.page
+                )
+            })?;
+            entries.push(key, caffe_datum_label(value).unwrap_or(-1));
+            nodes.push(packed);
             Ok(())
         })?;
         if entries.is_empty() {
             return Err(fail("the database is empty".into()));
         }
+        entries.shrink_to_fit();
+        nodes.shrink_to_fit();
         Ok(LmdbSource { data, entries, nodes })
     }
 }
@@ -208,12 +238,23 @@ impl Source for LmdbSource {
         "lmdb"
     }
 
-    fn entries(&self) -> &[Entry] {
-        &self.entries
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    fn key(&self, i: usize) -> Cow<'_, [u8]> {
+        Cow::Borrowed(self.entries.key(i))
+    }
+
+    fn label(&self, i: usize) -> i64 {
+        self.entries.label(i)
     }
 
     fn read(&self, i: usize) -> Result<Vec<u8>> {
-        let (Some(entry), Some(at)) = (self.entries.get(i), self.nodes.get(i)) else {
+        let (Some(key), Some(at)) = (
+            (i < self.entries.len()).then(|| self.entries.key(i)),
+            self.nodes.get(i).copied().map(NodeAt::unpacked),
+        ) else {
             return Err(Error::config(format!(
                 "sample {i} out of range: the LMDB database has {} keys",
                 self.entries.len()
@@ -223,7 +264,7 @@ impl Source for LmdbSource {
         let fail = |what: String| {
             Error::input(
                 &data.path,
-                format!("key {} ({})", show_key(&entry.key), data.position(at.page)),
+                format!("key {} ({})", show_key(key), data.position(at.page)),
                 what,
             )
         };
@@ -236,7 +277,7 @@ impl Source for LmdbSource {
             return Err(gone());
         }
         let node = page.node(at.index).map_err(fail)?;
-        if node.key != entry.key.as_slice() {
+        if node.key != key {
             return Err(gone());
         }
         let mut value = Vec::new();
@@ -245,6 +286,10 @@ impl Source for LmdbSource {
             Data::Overflow => Ok(value),
             Data::SubDatabase | Data::Duplicates(_) => Err(gone()),
         }
+    }
+
+    fn listing_bytes(&self) -> usize {
+        self.entries.heap_bytes() + self.nodes.capacity() * 8
     }
 }
 

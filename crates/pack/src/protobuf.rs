@@ -41,6 +41,23 @@ fn read_varint(buf: &[u8]) -> Result<(u64, usize), Malformed> {
     Err(Malformed)
 }
 
+/// Appends `v` as a varint.
+pub(crate) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// Appends field `number` as length-delimited `payload` (bytes, a string, a
+/// sub-message or a packed list).
+pub(crate) fn put_bytes(out: &mut Vec<u8>, number: u32, payload: &[u8]) {
+    put_varint(out, u64::from(number) << 3 | 2);
+    put_varint(out, payload.len() as u64);
+    out.extend_from_slice(payload);
+}
+
 /// The fields of one message as (field number, value), in wire order.
 /// Yields `Err(Malformed)` once and then stops if the message is cut short
 /// or otherwise invalid.

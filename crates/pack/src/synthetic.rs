@@ -1,13 +1,20 @@
 //! `brand gen`: an ImageNet-like directory of synthetic samples, the embedded
-//! default data for the demo, tests and benchmarks.
+//! default data for the demo, tests and benchmarks: one file per sample
+//! (ImageFolder layout), or a few TFRecord shards of `tf.train.Example`s for
+//! datasets of millions of small samples, where a file each is impractical.
 //!
 //! Sizes follow a log-normal (right-skewed, like JPEG sizes) clipped to
 //! `[min, max]`, with its location solved so the clipped mean hits the
 //! requested mean. Contents are pseudo-random, hence incompressible like
 //! real JPEG payloads. Everything is a function of the seed.
 
+use std::fs::File;
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::protobuf;
+use crate::tfrecord::masked_crc32c;
 use brand_format::error::{Error, IoContext, Result};
 use brand_format::rng::{Prng, domain};
 
@@ -27,6 +34,22 @@ pub struct GenOptions {
     /// 64-byte block is followed by `ratio - 1` identical filler blocks.
     /// None: random bytes (incompressible, like JPEG payloads).
     pub compressible: Option<u32>,
+    /// What to write the samples as.
+    pub format: GenFormat,
+}
+
+/// How `gen` writes its samples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GenFormat {
+    /// One file per sample, `dir/class-CCCC/sample-NNNNNNNN.bin` (ImageFolder).
+    #[default]
+    Files,
+    /// TFRecord shards `dir/shard-SSSSS-of-NNNNN.tfrecord`, sample `i` in
+    /// order (shard by shard) as a `tf.train.Example` whose bytes feature
+    /// `image` holds the sample and int64 feature `label` its class: what
+    /// `brand pack --from tfrecord` imports. `shards`: how many (None: one
+    /// per 512 MiB of samples).
+    TfRecord { shards: Option<u32> },
 }
 
 impl Default for GenOptions {
@@ -41,6 +64,7 @@ impl Default for GenOptions {
             force: false,
             images: None,
             compressible: None,
+            format: GenFormat::Files,
         }
     }
 }
@@ -50,6 +74,12 @@ pub const MAX_SAMPLE_BYTES: u64 = u32::MAX as u64;
 
 /// Most classes `gen` makes (one directory each).
 pub const MAX_CLASSES: u32 = 1 << 20;
+
+/// Most TFRecord shards `gen` writes (their names have five digits).
+pub const MAX_SHARDS: u32 = 99_999;
+
+/// Sample bytes per TFRecord shard when the number of shards is not given.
+const SHARD_BYTES: u64 = 512 << 20;
 
 impl GenOptions {
     /// Refuses what cannot work before anything is written (sizes and
@@ -78,6 +108,11 @@ impl GenOptions {
             && !(1..=4096).contains(&side)
         {
             return Err(Error::config(format!("image size {side} outside 1..=4096")));
+        }
+        if let GenFormat::TfRecord { shards: Some(n) } = self.format
+            && !(1..=MAX_SHARDS).contains(&n)
+        {
+            return Err(Error::config(format!("--shards {n}: must be 1..={MAX_SHARDS}")));
         }
         Ok(())
     }
@@ -116,8 +151,8 @@ pub fn sizes(opts: &GenOptions) -> Result<Vec<u64>> {
     Ok(z.iter().map(|&z| size_at(mu, z).round() as u64).collect())
 }
 
-/// Writes the dataset into `dir` as `dir/class-CCCC/sample-NNNNNNNN.bin`
-/// (`.png` with `images`).
+/// Writes the dataset into `dir`: as `dir/class-CCCC/sample-NNNNNNNN.bin`
+/// (`.png` with `images`), or as TFRecord shards (see [`GenFormat`]).
 /// Returns the total bytes written. Calls `progress(done, total)`.
 pub fn generate(dir: &Path, opts: &GenOptions, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<u64> {
     opts.check()?;
@@ -133,20 +168,49 @@ pub fn generate(dir: &Path, opts: &GenOptions, progress: &(dyn Fn(u64, u64) + Sy
     let sizes = sizes(opts)?;
     let mut r = Prng::stream(opts.seed, &[domain::GEN, 1]);
     let classes: Vec<u32> = (0..opts.samples).map(|_| r.below(opts.classes as u64) as u32).collect();
-    for c in 0..opts.classes {
-        let d = class_dir(dir, c);
-        std::fs::create_dir_all(&d).at(&d)?;
+    let samples = Samples {
+        opts,
+        sizes: &sizes,
+        classes: &classes,
+        done: AtomicU64::new(0),
+        progress,
+    };
+    match opts.format {
+        GenFormat::Files => samples.write_files(dir),
+        GenFormat::TfRecord { shards } => {
+            let total: u64 = sizes.iter().sum();
+            let shards = shards.unwrap_or_else(|| {
+                total
+                    .div_ceil(SHARD_BYTES)
+                    .clamp(1, opts.samples.min(MAX_SHARDS as u64)) as u32
+            });
+            samples.write_tfrecords(dir, shards)
+        }
     }
-    let done = std::sync::atomic::AtomicU64::new(0);
-    let total = std::sync::atomic::AtomicU64::new(0);
-    crate::parallel::try_map(opts.samples as usize, |i| -> Result<()> {
-        let i = i as u64;
+}
+
+/// What every sample of one `generate` is made from.
+struct Samples<'a> {
+    opts: &'a GenOptions,
+    sizes: &'a [u64],
+    classes: &'a [u32],
+    done: AtomicU64,
+    progress: &'a (dyn Fn(u64, u64) + Sync),
+}
+
+impl Samples<'_> {
+    /// Sample `i`'s bytes and file extension: a function of the seed and
+    /// `i` alone, whatever the format.
+    fn sample(&self, i: u64) -> Result<(Vec<u8>, &'static str)> {
+        let opts = self.opts;
         let mut r = Prng::stream(opts.seed, &[domain::GEN, 2, i]);
-        let class = classes[i as usize];
-        let (bytes, ext) = match opts.images {
-            Some(side) => (class_image(class, opts.classes, side, &mut r)?, "png"),
+        Ok(match opts.images {
+            Some(side) => (
+                class_image(self.classes[i as usize], opts.classes, side, &mut r)?,
+                "png",
+            ),
             None => {
-                let mut bytes = vec![0u8; sizes[i as usize] as usize];
+                let mut bytes = vec![0u8; self.sizes[i as usize] as usize];
                 let repeat = opts.compressible.unwrap_or(1).max(1) as usize;
                 for (i, block) in bytes.chunks_mut(64).enumerate() {
                     if i % repeat == 0 {
@@ -163,17 +227,98 @@ pub fn generate(dir: &Path, opts: &GenOptions, progress: &(dyn Fn(u64, u64) + Sy
                 }
                 (bytes, "bin")
             }
-        };
-        total.fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        let path = class_dir(dir, class).join(format!("sample-{i:08}.{ext}"));
-        std::fs::write(&path, &bytes).at(&path)?;
-        let d = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-        if d.is_multiple_of(256) || d == opts.samples {
-            progress(d, opts.samples);
+        })
+    }
+
+    /// Counts one more sample written.
+    fn one_done(&self) {
+        let d = self.done.fetch_add(1, Ordering::Relaxed) + 1;
+        if d.is_multiple_of(256) || d == self.opts.samples {
+            (self.progress)(d, self.opts.samples);
         }
-        Ok(())
-    })?;
-    Ok(total.into_inner())
+    }
+
+    fn write_files(&self, dir: &Path) -> Result<u64> {
+        let opts = self.opts;
+        for c in 0..opts.classes {
+            let d = class_dir(dir, c);
+            std::fs::create_dir_all(&d).at(&d)?;
+        }
+        let total = AtomicU64::new(0);
+        crate::parallel::try_map(opts.samples as usize, |i| -> Result<()> {
+            let (bytes, ext) = self.sample(i as u64)?;
+            total.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            let path = class_dir(dir, self.classes[i]).join(format!("sample-{i:08}.{ext}"));
+            std::fs::write(&path, &bytes).at(&path)?;
+            self.one_done();
+            Ok(())
+        })?;
+        Ok(total.into_inner())
+    }
+
+    /// `shards` files of consecutive samples, written in parallel; shards a
+    /// previous `gen --force` left in `dir` are removed first, so the
+    /// directory holds this dataset alone.
+    fn write_tfrecords(&self, dir: &Path, shards: u32) -> Result<u64> {
+        std::fs::create_dir_all(dir).at(dir)?;
+        for e in std::fs::read_dir(dir).at(dir)? {
+            let path = e.at(dir)?.path();
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if name.starts_with("shard-") && name.ends_with(".tfrecord") {
+                std::fs::remove_file(&path).at(&path)?;
+            }
+        }
+        let n = self.opts.samples;
+        let written = crate::parallel::try_map(shards as usize, |s| -> Result<u64> {
+            let path = dir.join(format!("shard-{s:05}-of-{shards:05}.tfrecord"));
+            let (lo, hi) = (n * s as u64 / shards as u64, n * (s as u64 + 1) / shards as u64);
+            let mut out = BufWriter::with_capacity(1 << 20, File::create(&path).at(&path)?);
+            let mut bytes = 0u64;
+            for i in lo..hi {
+                let (sample, _) = self.sample(i)?;
+                let record = example(&sample, self.classes[i as usize].into());
+                let len = (record.len() as u64).to_le_bytes();
+                out.write_all(&len).at(&path)?;
+                out.write_all(&masked_crc32c(&len).to_le_bytes()).at(&path)?;
+                out.write_all(&record).at(&path)?;
+                out.write_all(&masked_crc32c(&record).to_le_bytes()).at(&path)?;
+                bytes += record.len() as u64 + 16;
+                self.one_done();
+            }
+            out.into_inner().map_err(|e| e.into_error()).at(&path)?;
+            Ok(bytes)
+        })?;
+        Ok(written.iter().sum())
+    }
+}
+
+/// `Example { features { feature { "image": bytes_list [image] }
+/// feature { "label": int64_list [label] } } }`, serialized.
+fn example(image: &[u8], label: i64) -> Vec<u8> {
+    let mut bytes_list = Vec::with_capacity(image.len() + 8);
+    protobuf::put_bytes(&mut bytes_list, 1, image);
+    let mut image_feature = Vec::with_capacity(bytes_list.len() + 8);
+    protobuf::put_bytes(&mut image_feature, 1, &bytes_list);
+    let mut packed = Vec::new();
+    // int64 is two's complement on the wire.
+    protobuf::put_varint(&mut packed, label as u64);
+    let mut int64_list = Vec::new();
+    protobuf::put_bytes(&mut int64_list, 1, &packed);
+    let mut label_feature = Vec::new();
+    protobuf::put_bytes(&mut label_feature, 3, &int64_list);
+    let mut features = Vec::with_capacity(image_feature.len() + label_feature.len() + 32);
+    for (name, feature) in [(&b"image"[..], &image_feature), (b"label", &label_feature)] {
+        let mut entry = Vec::with_capacity(feature.len() + name.len() + 8);
+        protobuf::put_bytes(&mut entry, 1, name);
+        protobuf::put_bytes(&mut entry, 2, feature);
+        protobuf::put_bytes(&mut features, 1, &entry);
+    }
+    let mut out = Vec::with_capacity(features.len() + 8);
+    protobuf::put_bytes(&mut out, 1, &features);
+    out
 }
 
 /// Generates samples into `root/src` and packs them into `root/ds`, quietly:
@@ -282,9 +427,84 @@ mod tests {
     }
 
     #[test]
+    fn tfrecord_shards_hold_the_same_samples_as_files_and_import_with_labels() {
+        use crate::source::Source;
+        let t = tempfile::tempdir().expect("tempdir");
+        let base = GenOptions {
+            samples: 203,
+            mean_bytes: 512,
+            min_bytes: 256,
+            max_bytes: 1024,
+            classes: 300,
+            seed: 9,
+            ..Default::default()
+        };
+        let files = t.path().join("files");
+        generate(&files, &base, &|_, _| {}).expect("gen files");
+        let tf = GenOptions {
+            format: GenFormat::TfRecord { shards: Some(4) },
+            ..base.clone()
+        };
+        let shards = t.path().join("tf");
+        // A stale shard of an earlier run is replaced, not imported.
+        std::fs::create_dir_all(&shards).expect("mkdir");
+        std::fs::write(shards.join("shard-00000-of-00009.tfrecord"), b"stale").expect("write");
+        let forced = GenOptions { force: true, ..tf };
+        let written = generate(&shards, &forced, &|_, _| {}).expect("gen tfrecord");
+        let names: Vec<String> = {
+            let mut v: Vec<String> = std::fs::read_dir(&shards)
+                .expect("ls")
+                .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(
+            names,
+            (0..4)
+                .map(|s| format!("shard-{s:05}-of-00004.tfrecord"))
+                .collect::<Vec<_>>()
+        );
+        let on_disk: u64 = names
+            .iter()
+            .map(|n| std::fs::metadata(shards.join(n)).expect("stat").len())
+            .sum();
+        assert_eq!(written, on_disk);
+
+        let source = crate::tfrecord::TfRecordSource::open(std::slice::from_ref(&shards), Some("label")).expect("open");
+        assert_eq!(source.len(), 203);
+        let mut r = Prng::stream(9, &[domain::GEN, 1]);
+        for i in 0..203 {
+            let class = r.below(300) as i64;
+            assert_eq!(source.label(i), class, "label of sample {i}");
+            let file = class_dir(&files, class as u32).join(format!("sample-{i:08}.bin"));
+            let sample = std::fs::read(&file).expect("read sample file");
+            let record = source.read(i).expect("read record");
+            assert!(
+                (256..=1024).contains(&sample.len()) && record.windows(sample.len()).any(|w| w == sample),
+                "record {i} holds sample {i}'s bytes"
+            );
+            assert!(
+                record.len() <= sample.len() + 48,
+                "record {i}: {} bytes of overhead",
+                record.len() - sample.len()
+            );
+        }
+        assert_eq!(&*source.key(0), b"shard-00000-of-00004.tfrecord:0");
+        assert_eq!(&*source.key(202), b"shard-00003-of-00004.tfrecord:50");
+    }
+
+    #[test]
     fn absurd_options_are_refused_before_writing() {
         let t = std::env::temp_dir().join(format!("brand-gen-absurd-{}", std::process::id()));
-        let cases: [(&str, GenOptions); 7] = [
+        let cases: [(&str, GenOptions); 8] = [
+            (
+                "--shards",
+                GenOptions {
+                    format: GenFormat::TfRecord { shards: Some(0) },
+                    ..Default::default()
+                },
+            ),
             (
                 "--samples",
                 GenOptions {

@@ -7,12 +7,13 @@
 //! The data is returned as-is: a serialized `tf.train.Example` stays
 //! serialized, so TensorFlow can parse it after loading.
 
+use std::borrow::Cow;
 use std::fs::{self, File};
 use std::io::{self, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use super::protobuf::{self, Malformed, Value};
-use super::source::{Entry, Source};
+use super::source::{Ints, Source};
 use brand_format::error::{Error, IoContext, Result};
 
 /// Bytes before a record's data: its length and the length's masked crc.
@@ -20,11 +21,36 @@ const HEADER_LEN: u64 = 12;
 /// Bytes after a record's data: the data's masked crc.
 const FOOTER_LEN: u64 = 4;
 
-/// Where one record's data lives.
+fn position(number: u64, offset: u64) -> String {
+    format!("record {number} at byte {offset}")
+}
+
+/// One input file, with the range of records it holds.
 #[derive(Debug)]
-struct Record {
-    /// Index into `TfRecordSource::files`.
-    file: usize,
+struct InputFile {
+    path: PathBuf,
+    /// Index of its first record among all the source's records.
+    first: usize,
+    /// Where its last record ends (the file's length when it was scanned).
+    end: u64,
+}
+
+/// Records of one or more TFRecord files, in file order and then record
+/// order. Per record only the offset of its header (8 bytes) and its label
+/// (as narrow as the labels allow) are held: the file, the record's number
+/// in it and its length follow from its neighbours (records are contiguous),
+/// and its key `file:number` is made when asked for.
+#[derive(Debug)]
+pub struct TfRecordSource {
+    files: Vec<InputFile>,
+    /// Byte offset of each record's header in its file.
+    offsets: Vec<u64>,
+    labels: Ints,
+}
+
+/// Where one record's data lives.
+struct Record<'a> {
+    path: &'a Path,
     /// Position of the record in its file, counting from 0.
     number: u64,
     /// Byte offset of the record's header in its file.
@@ -33,23 +59,10 @@ struct Record {
     len: u64,
 }
 
-impl Record {
+impl Record<'_> {
     fn position(&self) -> String {
         position(self.number, self.offset)
     }
-}
-
-fn position(number: u64, offset: u64) -> String {
-    format!("record {number} at byte {offset}")
-}
-
-/// Records of one or more TFRecord files, in file order and then record
-/// order.
-#[derive(Debug)]
-pub struct TfRecordSource {
-    files: Vec<PathBuf>,
-    records: Vec<Record>,
-    entries: Vec<Entry>,
 }
 
 impl TfRecordSource {
@@ -59,17 +72,20 @@ impl TfRecordSource {
     /// int64 feature of that name, the feature's first value is its label;
     /// otherwise the label is -1.
     pub fn open(paths: &[PathBuf], label_feature: Option<&str>) -> Result<Self> {
-        let files = expand_inputs(paths)?;
+        let inputs = expand_inputs(paths)?;
         let mut scan = Scan {
-            records: Vec::new(),
-            entries: Vec::new(),
+            offsets: Vec::new(),
+            labels: Ints::default(),
             label_feature: label_feature.map(str::as_bytes),
             data: Vec::new(),
         };
-        for (index, path) in files.iter().enumerate() {
-            scan.file(index, path)?;
+        let mut files = Vec::with_capacity(inputs.len());
+        for path in inputs {
+            let first = scan.offsets.len();
+            let end = scan.file(&path)?;
+            files.push(InputFile { path, first, end });
         }
-        if scan.records.is_empty() {
+        if scan.offsets.is_empty() {
             let Some(first) = paths.first() else {
                 return Err(Error::config("no TFRecord input given"));
             };
@@ -79,10 +95,43 @@ impl TfRecordSource {
                 "no TFRecord records to import",
             ));
         }
+        scan.offsets.shrink_to_fit();
+        scan.labels.shrink_to_fit();
         Ok(TfRecordSource {
             files,
-            records: scan.records,
-            entries: scan.entries,
+            offsets: scan.offsets,
+            labels: scan.labels,
+        })
+    }
+
+    /// The file record `i` is in, its number there, and where it is.
+    fn record(&self, i: usize) -> Result<Record<'_>> {
+        let out_of_range = || {
+            Error::config(format!(
+                "sample {i} out of range: the TFRecord input has {} records",
+                self.offsets.len()
+            ))
+        };
+        let offset = *self.offsets.get(i).ok_or_else(out_of_range)?;
+        // The last file whose first record is at or before i (files without
+        // records share their first index with the next file).
+        let f = self.files.partition_point(|f| f.first <= i);
+        let file = f
+            .checked_sub(1)
+            .and_then(|f| self.files.get(f))
+            .ok_or_else(out_of_range)?;
+        let next_first = self.files.get(f).map_or(self.offsets.len(), |next| next.first);
+        let next = if i + 1 < next_first {
+            self.offsets[i + 1]
+        } else {
+            file.end
+        };
+        Ok(Record {
+            path: &file.path,
+            number: (i - file.first) as u64,
+            offset,
+            // The scan checked every record fits before the next one starts.
+            len: next - offset - HEADER_LEN - FOOTER_LEN,
         })
     }
 }
@@ -92,18 +141,33 @@ impl Source for TfRecordSource {
         "tfrecord"
     }
 
-    fn entries(&self) -> &[Entry] {
-        &self.entries
+    fn len(&self) -> usize {
+        self.offsets.len()
+    }
+
+    fn key(&self, i: usize) -> Cow<'_, [u8]> {
+        // `file:number`, the file by its name without the directory.
+        let f = self.files.partition_point(|f| f.first <= i) - 1;
+        let file = &self.files[f];
+        let name = file
+            .path
+            .file_name()
+            .unwrap_or(file.path.as_os_str())
+            .as_encoded_bytes();
+        let mut key = Vec::with_capacity(name.len() + 11);
+        key.extend_from_slice(name);
+        key.push(b':');
+        key.extend_from_slice((i - file.first).to_string().as_bytes());
+        Cow::Owned(key)
+    }
+
+    fn label(&self, i: usize) -> i64 {
+        self.labels.get(i)
     }
 
     fn read(&self, i: usize) -> Result<Vec<u8>> {
-        let record = self.records.get(i).ok_or_else(|| {
-            Error::config(format!(
-                "sample {i} out of range: the TFRecord input has {} records",
-                self.records.len()
-            ))
-        })?;
-        let path = &self.files[record.file];
+        let record = self.record(i)?;
+        let path = record.path;
         let fail = |what: String| Error::input(path, record.position(), what);
 
         let mut file = File::open(path).at(path)?;
@@ -115,6 +179,10 @@ impl Source for TfRecordSource {
         file.read_exact(&mut data).map_err(|e| fail(read_failure(e)))?;
         check_data(&mut data).map_err(fail)?;
         Ok(data)
+    }
+
+    fn listing_bytes(&self) -> usize {
+        self.offsets.capacity() * 8 + self.labels.heap_bytes() + self.files.capacity() * size_of::<InputFile>()
     }
 }
 
@@ -144,17 +212,17 @@ fn expand_inputs(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
 /// State of the scan in `open`: what has been listed so far, and one data
 /// buffer reused across records so labels are extracted one record at a time.
 struct Scan<'a> {
-    records: Vec<Record>,
-    entries: Vec<Entry>,
+    offsets: Vec<u64>,
+    labels: Ints,
     label_feature: Option<&'a [u8]>,
     data: Vec<u8>,
 }
 
 impl Scan<'_> {
-    fn file(&mut self, file_index: usize, path: &Path) -> Result<()> {
+    /// Lists the records of one file; returns where the last one ends.
+    fn file(&mut self, path: &Path) -> Result<u64> {
         let file = File::open(path).at(path)?;
         let file_len = file.metadata().at(path)?.len();
-        let name = path.file_name().unwrap_or(path.as_os_str()).as_encoded_bytes();
         let mut reader = BufReader::new(file);
 
         let mut offset = 0;
@@ -209,26 +277,18 @@ impl Scan<'_> {
                 }
             };
 
-            let mut key = name.to_vec();
-            key.push(b':');
-            key.extend_from_slice(number.to_string().as_bytes());
-            self.entries.push(Entry { key, label });
-            self.records.push(Record {
-                file: file_index,
-                number,
-                offset,
-                len,
-            });
+            self.offsets.push(offset);
+            self.labels.push(label);
             offset += record_len;
             number += 1;
         }
-        Ok(())
+        Ok(offset)
     }
 }
 
 /// TFRecord's checksum: crc32c rotated and offset so that the crc of bytes
 /// that themselves contain crcs is not degenerate.
-fn masked_crc32c(bytes: &[u8]) -> u32 {
+pub(crate) fn masked_crc32c(bytes: &[u8]) -> u32 {
     crc32c::crc32c(bytes).rotate_right(15).wrapping_add(0xa282_ead8)
 }
 

@@ -100,20 +100,18 @@ fn paths(dir: &Path, names: &[&str]) -> Vec<PathBuf> {
 }
 
 fn keys(source: &TfRecordSource) -> Vec<String> {
-    source
-        .entries()
-        .iter()
-        .map(|e| String::from_utf8(e.key.clone()).unwrap())
+    (0..source.len())
+        .map(|i| String::from_utf8(source.key(i).into_owned()).unwrap())
         .collect()
 }
 
 fn labels(source: &TfRecordSource) -> Vec<i64> {
-    source.entries().iter().map(|e| e.label).collect()
+    (0..source.len()).map(|i| source.label(i)).collect()
 }
 
 fn open_err(paths: &[PathBuf], label_feature: Option<&str>) -> String {
     match TfRecordSource::open(paths, label_feature) {
-        Ok(s) => panic!("expected an error, got {} records", s.entries().len()),
+        Ok(s) => panic!("expected an error, got {} records", s.len()),
         Err(e) => e.to_string(),
     }
 }

@@ -4,26 +4,24 @@
 //! reported alike by the manifest, the index and `inspect`, and a dataset
 //! of a format this build does not read is refused at open, naming it.
 
+use std::borrow::Cow;
 use std::path::Path;
 
 use brand_format::Dataset;
 use brand_format::extents::{ReadGap, extents};
-use brand_pack::source::{Entry, Source};
+use brand_pack::source::{Entries, Source};
 use brand_pack::{PackOptions, pack};
 
 /// `count` samples whose sizes cycle through `sizes`.
 struct Sized {
-    entries: Vec<Entry>,
+    entries: Entries,
     sizes: Vec<usize>,
 }
 
 impl Sized {
     fn new(count: usize, sizes: &[usize]) -> Self {
         let entries = (0..count)
-            .map(|i| Entry {
-                key: format!("s/{i:06}").into_bytes(),
-                label: (i % 7) as i64,
-            })
+            .map(|i| (format!("s/{i:06}").into_bytes(), (i % 7) as i64))
             .collect();
         Sized {
             entries,
@@ -36,8 +34,14 @@ impl Source for Sized {
     fn kind(&self) -> &'static str {
         "test"
     }
-    fn entries(&self) -> &[Entry] {
-        &self.entries
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+    fn key(&self, i: usize) -> Cow<'_, [u8]> {
+        Cow::Borrowed(self.entries.key(i))
+    }
+    fn label(&self, i: usize) -> i64 {
+        self.entries.label(i)
     }
     fn read(&self, i: usize) -> brand_format::Result<Vec<u8>> {
         Ok(vec![(i % 251) as u8; self.sizes[i % self.sizes.len()]])

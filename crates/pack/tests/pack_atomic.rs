@@ -1,13 +1,14 @@
 //! A read that fails after several chunks have been written must leave
 //! neither the output nor the temporary directory behind.
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use brand_pack::source::{Entry, Source};
+use brand_pack::source::{Entries, Source};
 use brand_pack::{PackOptions, pack};
 
 struct FailingSource {
-    entries: Vec<Entry>,
+    entries: Entries,
     fail_at: usize,
     reads: AtomicUsize,
 }
@@ -16,8 +17,14 @@ impl Source for FailingSource {
     fn kind(&self) -> &'static str {
         "test"
     }
-    fn entries(&self) -> &[Entry] {
-        &self.entries
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+    fn key(&self, i: usize) -> Cow<'_, [u8]> {
+        Cow::Borrowed(self.entries.key(i))
+    }
+    fn label(&self, i: usize) -> i64 {
+        self.entries.label(i)
     }
     fn read(&self, i: usize) -> brand_format::Result<Vec<u8>> {
         self.reads.fetch_add(1, Ordering::Relaxed);
@@ -35,12 +42,7 @@ impl Source for FailingSource {
 #[test]
 fn a_late_read_error_leaves_nothing() {
     let t = tempfile::tempdir().expect("tempdir");
-    let entries: Vec<Entry> = (0..2000)
-        .map(|i| Entry {
-            key: format!("k{i}").into_bytes(),
-            label: 0,
-        })
-        .collect();
+    let entries: Entries = (0..2000).map(|i| (format!("k{i}").into_bytes(), 0)).collect();
     let opts = PackOptions {
         chunk_size: 8,
         seed: 1,

@@ -4,26 +4,22 @@
 //! the partition that holds a sample it lacks, verifies and inspects as a
 //! partition; a failed partitioned pack leaves nothing.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 
 use brand_format::Dataset;
-use brand_pack::source::{Entry, Source};
+use brand_pack::source::{Entries, Source};
 use brand_pack::{PackOptions, Partitioning, pack, partition_dir};
 
 /// `n` samples of varied sizes; `fail_at` makes that read fail.
 struct Samples {
-    entries: Vec<Entry>,
+    entries: Entries,
     fail_at: Option<usize>,
 }
 
 impl Samples {
     fn new(n: usize, fail_at: Option<usize>) -> Self {
-        let entries = (0..n)
-            .map(|i| Entry {
-                key: format!("k{i}").into_bytes(),
-                label: (i % 5) as i64,
-            })
-            .collect();
+        let entries = (0..n).map(|i| (format!("k{i}").into_bytes(), (i % 5) as i64)).collect();
         Samples { entries, fail_at }
     }
 }
@@ -32,8 +28,14 @@ impl Source for Samples {
     fn kind(&self) -> &'static str {
         "test"
     }
-    fn entries(&self) -> &[Entry] {
-        &self.entries
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+    fn key(&self, i: usize) -> Cow<'_, [u8]> {
+        Cow::Borrowed(self.entries.key(i))
+    }
+    fn label(&self, i: usize) -> i64 {
+        self.entries.label(i)
     }
     fn read(&self, i: usize) -> brand_format::Result<Vec<u8>> {
         if Some(i) == self.fail_at {
