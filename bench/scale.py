@@ -128,12 +128,12 @@ def main():
     a = ap.parse_args()
 
     os.makedirs(a.dir, exist_ok=True)
-    src = os.path.join(a.dir, f"tfrecord-{a.samples}-{a.mean_bytes}")
+    src = os.path.join(a.dir, f"tf-{a.samples}-{a.mean_bytes}")
     if not os.path.isdir(src):
         lo, hi = a.mean_bytes // 2, a.mean_bytes * 2
         subprocess.run([BIN, "gen", src, "--format", "tfrecord", "--samples", str(a.samples),
                         "--mean-bytes", str(a.mean_bytes), "--min-bytes", str(lo), "--max-bytes", str(hi),
-                        "--classes", "1000"], check=True)
+                        "--classes", "1000", "--seed", "1"], check=True)
     ds = os.path.join(a.dir, f"ds-{a.samples}")
 
     pack = []
