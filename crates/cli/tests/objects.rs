@@ -426,14 +426,7 @@ fn put_object(f: &Fixture, key: &str, bytes: Vec<u8>) {
 #[test]
 fn three_serve_processes_read_each_chunk_of_a_url_once_between_them() {
     let f = Fixture::new();
-    let listeners: Vec<std::net::TcpListener> = (0..3)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"))
-        .collect();
-    let nodes: Vec<String> = listeners
-        .iter()
-        .map(|l| l.local_addr().expect("addr").to_string())
-        .collect();
-    drop(listeners);
+    let nodes = common::addresses(3);
     f.server.reset_stats();
     let children: Vec<std::process::Child> = (0..3)
         .map(|rank| {

@@ -7,17 +7,13 @@ use std::time::{Duration, Instant};
 
 use brand_pack::synthetic::small_dataset;
 
+mod common;
+use common::addresses;
+
 const SAMPLES: u64 = 900;
 
 fn dataset(root: &std::path::Path) -> std::path::PathBuf {
     small_dataset(root, SAMPLES).expect("gen and pack")
-}
-
-fn addresses(n: usize) -> Vec<String> {
-    let ls: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"))
-        .collect();
-    ls.iter().map(|l| l.local_addr().expect("addr").to_string()).collect()
 }
 
 fn serve(ds: &std::path::Path, nodes: &[String], rank: usize, extra: &[&str]) -> Child {

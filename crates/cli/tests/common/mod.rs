@@ -1,5 +1,7 @@
 //! Running the real `brand` binary from the end-to-end tests.
 
+#![allow(dead_code)] // each test file uses some of it
+
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -70,4 +72,25 @@ pub fn hidden_entries(parent: &Path) -> Vec<String> {
         .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
         .filter(|n| n.starts_with('.'))
         .collect()
+}
+
+/// Loopback addresses free now and never handed out before in this test
+/// process: tests run in parallel, and a port one test was given and let go
+/// can come back from the kernel to another test's node, which would then
+/// answer the first test's hellos.
+pub fn addresses(n: usize) -> Vec<String> {
+    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    let mut held = Vec::new(); // bound until all n are chosen: distinct within the call
+    let mut out = Vec::new();
+    while out.len() < n {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = l.local_addr().expect("addr");
+        if !handed_out.contains(&addr.port()) {
+            handed_out.push(addr.port());
+            out.push(addr.to_string());
+        }
+        held.push(l);
+    }
+    out
 }
