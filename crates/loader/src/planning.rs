@@ -14,7 +14,10 @@ pub type Events = Box<dyn Iterator<Item = Event> + Send>;
 /// false, memory is empty.
 pub type EventSource = Box<dyn FnMut(u64, u64, bool) -> Result<Events> + Send>;
 
-/// The event source of a real plan.
+/// The event source of a real plan. Its events are made on a thread of
+/// their own, a few blocks ahead of the consumer ([`Pipelined`]): a plan
+/// streamed as it is taken runs the protocol there, not on the thread that
+/// hands out batches.
 pub fn plan_events(mut planner: Planner) -> EventSource {
     Box::new(move |epoch, served, warm| {
         if served >= planner.geometry().steps {
@@ -27,8 +30,74 @@ pub fn plan_events(mut planner: Planner) -> EventSource {
             let position = planner.position_of_step(served);
             planner.seek(epoch, position)?
         };
-        Ok(Box::new(plan))
+        Ok(Pipelined::spawn(Box::new(plan)))
     })
+}
+
+/// Events made on a thread of their own and handed over in blocks, at most
+/// [`Pipelined::BLOCKS`] ahead of the consumer. Dropping it stops the thread
+/// at its next block (its send fails) and frees the plan there.
+pub struct Pipelined {
+    blocks: std::sync::mpsc::Receiver<Vec<Event>>,
+    block: std::vec::IntoIter<Event>,
+}
+
+impl Pipelined {
+    /// Events a block: the channel's cost is paid once for these.
+    const BLOCK: usize = 4096;
+    /// Blocks made ahead of the consumer.
+    const BLOCKS: usize = 4;
+
+    /// Runs `events` on a new thread; on the caller's when none can start.
+    pub fn spawn(mut events: Events) -> Events {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Event>>(Self::BLOCKS);
+        // The events are moved in only once the thread runs, so that a
+        // failed spawn gives them back.
+        let (give, take) = std::sync::mpsc::sync_channel::<Events>(1);
+        let spawned = std::thread::Builder::new()
+            .name("brand-plan-events".into())
+            .spawn(move || {
+                let Ok(mut events) = take.recv() else { return };
+                loop {
+                    let block: Vec<Event> = events.by_ref().take(Self::BLOCK).collect();
+                    let last = block.len() < Self::BLOCK;
+                    if tx.send(block).is_err() || last {
+                        return;
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("plan events made on the loader's thread: cannot start a thread: {e}");
+            return events;
+        }
+        match give.send(events) {
+            Ok(()) => Box::new(Pipelined {
+                blocks: rx,
+                block: Vec::new().into_iter(),
+            }),
+            Err(std::sync::mpsc::SendError(back)) => {
+                events = back;
+                events
+            }
+        }
+    }
+}
+
+impl Iterator for Pipelined {
+    type Item = Event;
+
+    fn next(&mut self) -> Option<Event> {
+        loop {
+            if let Some(e) = self.block.next() {
+                return Some(e);
+            }
+            // The thread sends a short (maybe empty) last block and ends.
+            self.block = self.blocks.recv().ok()?.into_iter();
+            if self.block.len() == 0 {
+                return None;
+            }
+        }
+    }
 }
 
 /// A background plan: gives the source back with the events it made.
@@ -160,6 +229,9 @@ impl PlanFeed {
         if let Some(p) = self.planning.take() {
             std::mem::forget(p);
         }
+        // Its events may come from a thread that is not here either, over a
+        // channel whose lock that thread may have held at the fork.
+        std::mem::forget(std::mem::replace(&mut self.state, FeedState::Between));
     }
 
     /// Starts planning `epoch` (from its start, memory warm) in the background.

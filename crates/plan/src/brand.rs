@@ -99,6 +99,15 @@ impl BrandState {
         }
     }
 
+    /// Heap bytes of the abstract memory's state.
+    pub fn heap_bytes(&self) -> u64 {
+        (self.unfilled.capacity() * 8
+            + self.empty.capacity() * 8
+            + self.holder.capacity() * 4
+            + self.run_of_slot.capacity() * 8
+            + self.runs.capacity() * 8) as u64
+    }
+
     #[cfg(test)]
     pub fn group_of_chunk(&self, chunk: u32) -> u32 {
         chunk / self.group_size

@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use super::brand::{BrandState, TieBreaks, low_bits};
+use super::brand::{BrandState, Refill, TieBreaks, low_bits};
 use super::{PlanConfig, PlanSpec, Policy};
 use brand_format::rng::{Prng, domain};
 
@@ -153,12 +153,77 @@ fn permutation(seed: u64, epoch: u64, n: u64) -> Vec<u32> {
     Prng::stream(seed, &[domain::EPOCH, epoch]).permutation(n as usize)
 }
 
-/// Runs Brand (or brand-random, as `config` says) over the epoch's requests, answering those whose requested
-/// sample satisfies `keep` (all of them, or one group's). Returns the sample
-/// served at every position (a position that is not kept holds its request,
-/// which is in another group) and the reads, at global positions. With a
-/// `run_length` above 1 refills fill records in runs of that many
-/// neighbours (see [`BrandState`]).
+/// Brand (or brand-random, as the config says) over one epoch's requests,
+/// one global position at a time: what both a whole epoch computed at once
+/// and a plan streamed as it is served run, so they cannot differ.
+pub(crate) struct BrandRun {
+    state: BrandState,
+    ties: TieBreaks,
+    /// The epoch's permutation; a position's request becomes the sample
+    /// served there once it is answered.
+    slots: Vec<u32>,
+    next: usize,
+}
+
+impl BrandRun {
+    /// Empty abstract memory before the first request of `epoch`: `n`
+    /// samples in chunks of `k`, groups of `group_size` chunks. With a
+    /// `run_length` above 1 refills fill records in runs of that many
+    /// neighbours (see [`BrandState`]).
+    pub fn new(config: &PlanConfig, epoch: u64, n: u64, k: u32, group_size: u32) -> Self {
+        let (seed, run_length) = (config.seed, config.run_length);
+        let random = config.policy == Policy::BrandRandom;
+        let first_run = if run_length > 1 {
+            // Where this epoch's runs start: pairs of records that share a run
+            // change from epoch to epoch.
+            1 + Prng::stream(seed, &[domain::RUNS, epoch]).below(run_length as u64) as u32
+        } else {
+            0
+        };
+        let groups = n.div_ceil(k as u64).div_ceil(group_size as u64) as u32;
+        BrandRun {
+            state: BrandState::with_runs(n, k, group_size, random, run_length, first_run),
+            ties: TieBreaks::new(seed, epoch, groups),
+            slots: permutation(seed, epoch, n),
+            next: 0,
+        }
+    }
+
+    /// Answers the request at the next position if `keep` accepts it:
+    /// `(position, sample served, refill done first)`; a position not kept
+    /// keeps its request and gives `(position, request, None)`. `None` after
+    /// the last position.
+    #[inline]
+    pub fn step(&mut self, keep: impl Fn(u32) -> bool) -> Option<(u32, u32, Option<Refill>)> {
+        let p = self.next;
+        let slot = self.slots.get_mut(p)?;
+        self.next += 1;
+        if !keep(*slot) {
+            return Some((p as u32, *slot, None));
+        }
+        let ties = &mut self.ties;
+        let (y, refill) = self.state.request(*slot, &mut |g, choices| ties.below(g, choices));
+        *slot = y;
+        Some((p as u32, y, refill))
+    }
+
+    /// Heap bytes held: the permutation and the abstract memory.
+    pub fn heap_bytes(&self) -> u64 {
+        self.slots.capacity() as u64 * 4 + self.state.heap_bytes()
+    }
+
+    /// The sample served at every position answered so far, and the
+    /// requests of the rest.
+    fn into_served(self) -> Vec<u32> {
+        self.slots
+    }
+}
+
+/// Runs [`BrandRun`] over all of an epoch's positions, answering those whose
+/// requested sample satisfies `keep` (all of them, or one group's). Returns
+/// the sample served at every position (a position that is not kept holds
+/// its request, which is in another group) and the reads, at global
+/// positions.
 pub(super) fn brand_epoch(
     config: &PlanConfig,
     epoch: u64,
@@ -167,37 +232,18 @@ pub(super) fn brand_epoch(
     group_size: u32,
     keep: impl Fn(u32) -> bool,
 ) -> (Vec<u32>, Vec<GlobalRead>) {
-    let (seed, run_length) = (config.seed, config.run_length);
-    let random = config.policy == Policy::BrandRandom;
-    let first_run = if run_length > 1 {
-        // Where this epoch's runs start: pairs of records that share a run
-        // change from epoch to epoch.
-        1 + Prng::stream(seed, &[domain::RUNS, epoch]).below(run_length as u64) as u32
-    } else {
-        0
-    };
-    let mut state = BrandState::with_runs(n, k, group_size, random, run_length, first_run);
-    let groups = n.div_ceil(k as u64).div_ceil(group_size as u64) as u32;
-    let mut ties = TieBreaks::new(seed, epoch, groups);
-    let mut pick = |g, choices| ties.below(g, choices);
-    // The permutation becomes the served sequence in place.
-    let mut served = permutation(seed, epoch, n);
+    let mut run = BrandRun::new(config, epoch, n, k, group_size);
     let mut reads = Vec::new();
-    for (p, slot) in served.iter_mut().enumerate() {
-        if !keep(*slot) {
-            continue;
-        }
-        let (y, refill) = state.request(*slot, &mut pick);
+    while let Some((time, _, refill)) = run.step(&keep) {
         if let Some(r) = refill {
             reads.push(GlobalRead {
-                time: p as u32,
+                time,
                 chunk: r.chunk,
                 mask: r.mask,
             });
         }
-        *slot = y;
     }
-    (served, reads)
+    (run.into_served(), reads)
 }
 
 /// DIESEL's chunk-wise shuffle: chunks in a shuffled order, cut into windows

@@ -268,12 +268,23 @@ impl Planner {
             Start::Continue
         };
         self.cold = false;
+        if self.streams() {
+            return EpochPlan::streamed(&self.shared, epoch);
+        }
         let rank = self.shared.config.rank;
         // The rank was checked against the world when the planner was made.
         match self.global_epoch(epoch).rank_plan(rank, start) {
             Ok(plan) => plan,
             Err(e) => unreachable!("rank checked in Planner::new: {e}"),
         }
+    }
+
+    /// Plans from an epoch's start are streamed (see [`EpochPlan`]): a world
+    /// of one running Brand outside resident mode, where there is nothing
+    /// to cut out of the world's epoch and memory starts empty either way.
+    fn streams(&self) -> bool {
+        let (cfg, g) = (&self.shared.config, &self.shared.geometry);
+        cfg.policy.is_brand() && !g.holds_all && g.world == 1
     }
 
     /// The global position of this rank's serve number `step` (from 0), for
@@ -290,6 +301,10 @@ impl Planner {
     /// [`EpochPlan::restore_reads`]); after that it is identical to an
     /// uninterrupted run.
     pub fn seek(&mut self, epoch: u64, position: u64) -> Result<EpochPlan> {
+        if position == 0 && self.streams() {
+            self.cold = false;
+            return Ok(EpochPlan::streamed(&self.shared, epoch));
+        }
         let plan = self
             .global_epoch(epoch)
             .rank_plan(self.shared.config.rank, Start::Cold { position })?;

@@ -4,8 +4,8 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use super::brand::low_bits;
-use super::global::{GlobalEpoch, GlobalRead, chunk_records};
-use super::{Event, Policy};
+use super::global::{BrandRun, GlobalEpoch, GlobalRead, chunk_records};
+use super::{Event, PlanSpec, Policy};
 use brand_format::error::{Error, Result};
 use brand_format::ids::IdBits;
 
@@ -30,7 +30,13 @@ pub enum Start {
 /// where it happens in the global stream (before this rank's first serve at
 /// or after the read's global position). Since ranks advance in lock step,
 /// a rank holds about `1/world` of the world's resident samples.
+///
+/// A world of one running Brand from an epoch's start has nothing to cut:
+/// its plan runs the protocol a position at a time as events are taken
+/// ([`Streamed`]), so the first serve does not wait for the whole epoch to
+/// be planned and no epoch's reads are held. The events are the same.
 pub struct EpochPlan {
+    streamed: Option<Streamed>,
     /// The world's epoch, until this rank's share is cut out of it
     /// ([`Own`]): then dropped, so a rank of many keeps `1/world` of it.
     global: Option<Arc<GlobalEpoch>>,
@@ -80,7 +86,86 @@ impl Drop for Own {
     }
 }
 
+/// The protocol of a world of one, run as its events are taken.
+struct Streamed {
+    run: BrandRun,
+    memory: crate::PlanMemory,
+    bytes: u64,
+}
+
+impl Drop for Streamed {
+    fn drop(&mut self) {
+        self.memory.sub(self.bytes);
+    }
+}
+
 impl EpochPlan {
+    /// A world of one's Brand plan of `epoch` from its start (not resident).
+    pub(super) fn streamed(shared: &PlanSpec, epoch: u64) -> Self {
+        let geo = shared.geometry;
+        debug_assert!(geo.world == 1 && shared.config.policy.is_brand() && !geo.holds_all);
+        let run = BrandRun::new(
+            &shared.config,
+            epoch,
+            geo.samples,
+            geo.chunk_size,
+            geo.group_size as u32,
+        );
+        let bytes = run.heap_bytes();
+        shared.memory.add(bytes);
+        EpochPlan {
+            streamed: Some(Streamed {
+                run,
+                memory: shared.memory.clone(),
+                bytes,
+            }),
+            global: None,
+            own: None,
+            epoch,
+            rank: 0,
+            world: 1,
+            samples: geo.samples,
+            k: geo.chunk_size,
+            steps: geo.steps,
+            next_step: 0,
+            served_limit: geo.samples,
+            holds_all: false,
+            project: false,
+            warm_reads: Vec::new(),
+            cursor: 0,
+            queue: VecDeque::new(),
+            restore_reads: 0,
+        }
+    }
+
+    /// The next events of a streamed plan: a serve, after the refill it
+    /// needs if any. The protocol's state goes once the epoch is served.
+    fn next_streamed(&mut self) -> Option<Event> {
+        let stepped = self.streamed.as_mut().and_then(|s| s.run.step(|_| true));
+        let Some((position, sample, refill)) = stepped else {
+            self.streamed = None;
+            return None;
+        };
+        self.next_step += 1;
+        let serve = Event::Serve {
+            position: position as u64,
+            sample: sample as u64,
+            slot: sample % self.k,
+            padding: false,
+            frees: true,
+        };
+        match refill {
+            Some(r) => {
+                self.queue.push_back(serve);
+                Some(Event::Read {
+                    chunk: r.chunk as u64,
+                    mask: r.mask,
+                })
+            }
+            None => Some(serve),
+        }
+    }
+
     pub(super) fn new(global: Arc<GlobalEpoch>, rank: u32, start: Start) -> Result<Self> {
         let geo = global.shared.geometry;
         if rank >= geo.world {
@@ -117,6 +202,7 @@ impl EpochPlan {
             queue: VecDeque::new(),
             restore_reads: 0,
             epoch: global.epoch(),
+            streamed: None,
             own: None,
             global: Some(global),
         };
@@ -317,6 +403,9 @@ impl Iterator for EpochPlan {
     fn next(&mut self) -> Option<Event> {
         if let Some(e) = self.queue.pop_front() {
             return Some(e);
+        }
+        if self.streamed.is_some() {
+            return self.next_streamed();
         }
         let next = (self.next_step < self.steps).then(|| self.rank + self.next_step * self.world);
         while let Some(read) = self.read_at(self.cursor) {

@@ -268,6 +268,26 @@ proptest! {
     }
 
     #[test]
+    fn a_world_of_one_streams_the_events_of_its_whole_epoch(c in case(), seeking in any::<bool>()) {
+        // Brand plans of one rank are run as they are taken; they must be
+        // the events cut from the whole epoch, for every policy and budget.
+        let c = Case { world: 1, ..c };
+        let p = c.planner();
+        let whole = events(&p.global_epoch(c.epoch), 0, Start::Cold { position: 0 });
+        let mut q = p.clone();
+        let plan = if seeking { q.seek(c.epoch, 0).expect("position 0") } else { q.epoch(c.epoch) };
+        let held = p.memory().bytes();
+        let streamed: Vec<Event> = plan.collect();
+        prop_assert_eq!(&streamed, &whole);
+        // Later epochs of the same process too (resident mode differs there).
+        let next = events(&p.global_epoch(c.epoch + 1), 0, Start::Continue);
+        prop_assert_eq!(q.epoch(c.epoch + 1).collect::<Vec<_>>(), next);
+        // Its state is counted while it is held and given back at its end.
+        prop_assert!(held > 0);
+        prop_assert_eq!(p.memory().bytes(), 0);
+    }
+
+    #[test]
     fn brand_reads_fill_whole_runs(c in case()) {
         // Every maximal stretch of neighbouring records a read fills is made
         // of whole runs: inside a chunk (not touching its first or last
