@@ -242,9 +242,12 @@ fn webdataset_shards_keep_keys_payloads_and_labels() {
     assert_eq!(packed(&out), sorted);
 }
 
+/// A class directory's name and its files' names and bytes.
+type Class = (String, Vec<(String, Vec<u8>)>);
+
 /// `root/<class>/<file>`: the tree ImageFolder and the tars are made from.
-fn class_tree(root: &Path) -> Vec<(String, Vec<(String, Vec<u8>)>)> {
-    let classes: Vec<(String, Vec<(String, Vec<u8>)>)> = ["n02", "n01", "n10"]
+fn class_tree(root: &Path) -> Vec<Class> {
+    let classes: Vec<Class> = ["n02", "n01", "n10"]
         .iter()
         .enumerate()
         .map(|(c, class)| {
