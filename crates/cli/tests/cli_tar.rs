@@ -28,8 +28,13 @@ fn tar(members: &[(&str, &[u8])]) -> Vec<u8> {
     out
 }
 
-fn shard(first: usize, n: usize) -> (Vec<u8>, Vec<(String, i64, Vec<u8>)>) {
-    let samples: Vec<(String, i64, Vec<u8>)> = (first..first + n)
+/// A sample's key, label and payload.
+type Sample = (String, i64, Vec<u8>);
+
+/// A WebDataset shard of samples `first..first + n` (`.txt`, `.JPG`,
+/// `.cls` each), and its samples.
+fn shard(first: usize, n: usize) -> (Vec<u8>, Vec<Sample>) {
+    let samples: Vec<Sample> = (first..first + n)
         .map(|i| (format!("s{i:05}"), (i % 7) as i64, vec![i as u8; 100 + i]))
         .collect();
     let cls: Vec<String> = samples.iter().map(|(_, label, _)| label.to_string()).collect();
@@ -46,7 +51,7 @@ fn shard(first: usize, n: usize) -> (Vec<u8>, Vec<(String, i64, Vec<u8>)>) {
     (tar(&members), samples)
 }
 
-fn check_by_key(ds: &Path, want: &[(String, i64, Vec<u8>)]) {
+fn check_by_key(ds: &Path, want: &[Sample]) {
     let json = ok(&["inspect", "--json", s(ds)]).stdout;
     let v: serde_json::Value = serde_json::from_slice(&json).expect("inspect --json");
     assert_eq!(v["samples"], want.len());
