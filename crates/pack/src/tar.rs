@@ -581,7 +581,10 @@ impl Scan<'_> {
         let mut stream = if gzip {
             Stream::Gzip(Box::new(flate2::read::MultiGzDecoder::new(BufReader::new(file))))
         } else {
-            Stream::Plain(BufReader::with_capacity(64 << 10, file))
+            // A page: enough to take several small members (`.cls`, `.json`)
+            // in one read, small enough that the header of a large member
+            // does not pull in much of its data, which the scan skips.
+            Stream::Plain(BufReader::with_capacity(4096, file))
         };
         let archive = Archive {
             path,
