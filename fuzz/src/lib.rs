@@ -16,7 +16,7 @@ use brand_format::manifest::Manifest;
 pub type Target = fn(&[u8]);
 
 /// Every target, by the name of its corpus directory.
-pub const TARGETS: [(&str, Target); 9] = [
+pub const TARGETS: [(&str, Target); 10] = [
     ("index", index),
     ("chunk_header", chunk_header),
     ("manifest", manifest),
@@ -24,6 +24,7 @@ pub const TARGETS: [(&str, Target); 9] = [
     ("loader_toml", loader_toml),
     ("tfrecord", tfrecord),
     ("lmdb", lmdb),
+    ("tar", tar),
     ("nodes", nodes),
     ("cache_wire", cache_wire),
 ];
@@ -261,6 +262,50 @@ pub fn lmdb(data: &[u8]) {
             let _ = src.read(i);
         }
     }
+}
+
+/// A tar archive (plain or gzipped; ustar, PAX, GNU long names, tars in
+/// tars) through `TarSource::open` and `read`; the first byte picks the
+/// payload fields and the label. Then every 512-byte block through the
+/// header parser and the whole input through the PAX parser.
+pub fn tar(data: &[u8]) {
+    use brand_pack::source::Source;
+    use brand_pack::tar::{TarLabel, TarOptions, TarSource};
+    let Some((&choice, archive)) = data.split_first() else {
+        return;
+    };
+    let dir = scratch();
+    let path = dir.join("input.tar");
+    if std::fs::write(&path, archive).is_err() {
+        return;
+    }
+    let label = match choice % 4 {
+        0 => TarLabel::None,
+        1 => TarLabel::Cls,
+        2 => TarLabel::Json("label".into()),
+        _ => TarLabel::Dir,
+    };
+    let fields = match choice & 4 {
+        0 => Vec::new(),
+        _ => vec!["jpg".into(), "png".into()],
+    };
+    let options = TarOptions {
+        fields,
+        label,
+        spool_dir: dir,
+    };
+    if let Ok(src) = TarSource::open(std::slice::from_ref(&path), &options) {
+        for i in 0..src.len().min(1000) {
+            let _ = src.key(i);
+            let _ = src.read(i);
+        }
+    }
+    for block in archive.chunks_exact(brand_pack::tar::BLOCK as usize) {
+        if let Ok(block) = block.try_into() {
+            let _ = brand_pack::tar::parse_header(block);
+        }
+    }
+    let _ = brand_pack::tar::parse_pax(archive);
 }
 
 /// The job every `nodes` input is a node of: what a hello must carry to be

@@ -133,11 +133,13 @@ enum From {
     Tfrecord,
     /// An LMDB environment (e.g. a Caffe datum database).
     Lmdb,
+    /// Tar files (WebDataset shards, tars of tars, .tar.gz), or directories of them.
+    Tar,
 }
 
 #[derive(clap::Args, Debug)]
 struct PackArgs {
-    /// The input (several files for --from tfrecord).
+    /// The input (several files for --from tfrecord and --from tar).
     #[arg(required = true, num_args = 1..)]
     inputs: Vec<PathBuf>,
     /// The dataset directory to create, or a URL (s3://bucket/prefix, gs://…,
@@ -165,6 +167,15 @@ struct PackArgs {
     /// TFRecord: the int64 feature of each tf.train.Example that holds its label.
     #[arg(long, default_value = "label")]
     label_feature: String,
+    /// Tar: the payload member's extensions in order of preference
+    /// ("png;jpg;webp"); without it every sample must have one member.
+    #[arg(long, value_name = "EXTS")]
+    field: Option<String>,
+    /// Tar: the label: cls (the .cls member), json:FIELD (an integer field of
+    /// the .json member), dir (inner tar or parent directory, numbered in
+    /// sorted order), or none.
+    #[arg(long, value_name = "HOW")]
+    label: Option<String>,
     /// Replace OUT if it already exists.
     #[arg(long)]
     force: bool,
@@ -307,6 +318,11 @@ fn gen_cmd(a: &GenArgs) -> brand_format::Result<ExitCode> {
 }
 
 fn open_source(a: &PackArgs) -> brand_format::Result<Box<dyn Source>> {
+    if !matches!(a.from, From::Tar) && (a.field.is_some() || a.label.is_some()) {
+        return Err(brand_format::Error::config(
+            "--field and --label apply to --from tar (TFRecord labels: --label-feature)",
+        ));
+    }
     let single = || -> brand_format::Result<&PathBuf> {
         match a.inputs.as_slice() {
             [one] => Ok(one),
@@ -323,6 +339,28 @@ fn open_source(a: &PackArgs) -> brand_format::Result<Box<dyn Source>> {
             Some(&a.label_feature),
         )?),
         From::Lmdb => Box::new(brand_pack::lmdb::LmdbSource::open(single()?)?),
+        From::Tar => Box::new(brand_pack::tar::TarSource::open(&a.inputs, &tar_options(a)?)?),
+    })
+}
+
+/// `--field` and `--label` for `--from tar`. A gzipped tar's payloads are
+/// spooled where the pack is written: beside OUT, or in the staging
+/// directory of a pack to a URL.
+fn tar_options(a: &PackArgs) -> brand_format::Result<brand_pack::tar::TarOptions> {
+    let spool_dir = match brand_store::Location::of_path(&a.out)? {
+        brand_store::Location::Url(_) => a.staging.clone().unwrap_or_else(std::env::temp_dir),
+        brand_store::Location::Dir(_) => match a.out.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        },
+    };
+    Ok(brand_pack::tar::TarOptions {
+        fields: match &a.field {
+            Some(f) => brand_pack::tar::TarOptions::parse_fields(f)?,
+            None => Vec::new(),
+        },
+        label: brand_pack::tar::TarLabel::parse(a.label.as_deref().unwrap_or("none"))?,
+        spool_dir,
     })
 }
 

@@ -16,6 +16,7 @@ mod parallel;
 mod protobuf;
 pub mod source;
 pub mod synthetic;
+pub mod tar;
 pub mod tfrecord;
 pub mod verify;
 

@@ -91,6 +91,14 @@ impl Entries {
         self.labels.get(i)
     }
 
+    /// Replaces every label by `f(label)`: for sources that number classes
+    /// only once they have seen them all.
+    pub fn relabel(&mut self, f: impl Fn(i64) -> i64) {
+        let mut labels = Ints::default();
+        (0..self.labels.len()).for_each(|i| labels.push(f(self.labels.get(i))));
+        self.labels = labels;
+    }
+
     /// `(key, label)` of every sample, in order.
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], i64)> + '_ {
         (0..self.len()).map(|i| (self.key(i), self.label(i)))

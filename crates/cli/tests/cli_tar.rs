@@ -1,0 +1,186 @@
+//! `brand pack --from tar` through the real binary: the flags reach the
+//! importer, samples come back by key, and damaged input is one named error
+//! with nothing left beside OUT.
+
+use std::io::Write;
+use std::path::Path;
+
+mod common;
+use common::{fails, hidden_entries, ok, s};
+
+/// A ustar archive of `(name, bytes)` members, with its end blocks.
+fn tar(members: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, bytes) in members {
+        let mut block = [0u8; 512];
+        block[..name.len()].copy_from_slice(name.as_bytes());
+        block[124..136].copy_from_slice(format!("{:011o}\0", bytes.len()).as_bytes());
+        block[156] = b'0';
+        block[257..263].copy_from_slice(b"ustar\0");
+        block[148..156].fill(b' ');
+        let sum: u32 = block.iter().map(|&b| u32::from(b)).sum();
+        block[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+        out.extend(block);
+        out.extend_from_slice(bytes);
+        out.resize(out.len().next_multiple_of(512), 0);
+    }
+    out.extend([0; 1024]);
+    out
+}
+
+/// A sample's key, label and payload.
+type Sample = (String, i64, Vec<u8>);
+
+/// A WebDataset shard of samples `first..first + n` (`.txt`, `.JPG`,
+/// `.cls` each), and its samples.
+fn shard(first: usize, n: usize) -> (Vec<u8>, Vec<Sample>) {
+    let samples: Vec<Sample> = (first..first + n)
+        .map(|i| (format!("s{i:05}"), (i % 7) as i64, vec![i as u8; 100 + i]))
+        .collect();
+    let cls: Vec<String> = samples.iter().map(|(_, label, _)| label.to_string()).collect();
+    let names: Vec<(String, String, String)> = samples
+        .iter()
+        .map(|(key, _, _)| (format!("{key}.txt"), format!("{key}.JPG"), format!("{key}.cls")))
+        .collect();
+    let mut members: Vec<(&str, &[u8])> = Vec::new();
+    for ((txt, jpg, cls_name), ((_, _, bytes), cls)) in names.iter().zip(samples.iter().zip(&cls)) {
+        members.push((txt, b"caption"));
+        members.push((jpg, bytes));
+        members.push((cls_name, cls.as_bytes()));
+    }
+    (tar(&members), samples)
+}
+
+fn check_by_key(ds: &Path, want: &[Sample]) {
+    let json = ok(&["inspect", "--json", s(ds)]).stdout;
+    let v: serde_json::Value = serde_json::from_slice(&json).expect("inspect --json");
+    assert_eq!(v["samples"], want.len());
+    for (key, _, bytes) in want {
+        assert_eq!(&ok(&["cat", s(ds), "--key", key]).stdout, bytes, "{key}");
+    }
+    let d = brand_format::Dataset::open(ds).expect("open");
+    for id in 0..d.index.samples() {
+        let key = String::from_utf8(d.index.key(id).to_vec()).expect("utf-8 key");
+        let (_, label, _) = want.iter().find(|(k, _, _)| *k == key).expect("a known key");
+        assert_eq!(d.index.label(id), *label, "{key}");
+    }
+}
+
+#[test]
+fn pack_from_tar_shards_and_a_gzipped_tar() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let shards = t.path().join("shards");
+    std::fs::create_dir(&shards).expect("mkdir");
+    let (a, mut want) = shard(0, 40);
+    let (b, want_b) = shard(40, 30);
+    want.extend(want_b);
+    std::fs::write(shards.join("shard-0.tar"), &a).expect("write");
+    std::fs::write(shards.join("shard-1.tar"), &b).expect("write");
+    let ds = t.path().join("ds");
+    ok(&[
+        "pack",
+        "--from",
+        "tar",
+        s(&shards),
+        "--field",
+        "png;jpg",
+        "--label",
+        "cls",
+        "-o",
+        s(&ds),
+    ]);
+    check_by_key(&ds, &want);
+
+    // The same shards gzipped (the second as .tgz): the same dataset, and
+    // the spool beside OUT is gone.
+    let gz = |bytes: &[u8]| {
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        enc.write_all(bytes).expect("gzip");
+        enc.finish().expect("gzip")
+    };
+    let (ga, gb) = (t.path().join("shard-0.tar.gz"), t.path().join("shard-1.tgz"));
+    std::fs::write(&ga, gz(&a)).expect("write");
+    std::fs::write(&gb, gz(&b)).expect("write");
+    let out = t.path().join("out");
+    std::fs::create_dir(&out).expect("mkdir");
+    let ds_gz = out.join("ds");
+    ok(&[
+        "pack",
+        "--from",
+        "tar",
+        s(&ga),
+        s(&gb),
+        "--field",
+        "jpg",
+        "--label",
+        "cls",
+        "-o",
+        s(&ds_gz),
+    ]);
+    check_by_key(&ds_gz, &want);
+    // Byte-identical data and index (the manifests differ in their inputs).
+    for name in ["data-00000.brd", "index.bin"] {
+        let read = |dir: &Path| std::fs::read(dir.join(name)).expect("dataset file");
+        assert!(read(&ds) == read(&ds_gz), "{name} differs");
+    }
+    let beside: Vec<_> = std::fs::read_dir(&out)
+        .expect("ls")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert_eq!(beside, ["ds"]);
+}
+
+#[test]
+fn damaged_tars_and_wrong_flags_are_one_named_error_and_leave_nothing() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let (good, _) = shard(0, 3);
+    let out = t.path().join("ds");
+    let path = t.path().join("in.tar");
+    let cases: Vec<(Vec<u8>, &[&str], &[&str])> = vec![
+        // A changed byte in the second header.
+        (
+            {
+                let mut bad = good.clone();
+                bad[1024 + 1] ^= 0x20;
+                bad
+            },
+            &["--field", "jpg"],
+            &["in.tar: byte 1024", "bad header checksum"],
+        ),
+        // Cut inside the first payload.
+        (
+            good[..1600].to_vec(),
+            &["--field", "jpg"],
+            &["\"s00000.JPG\" at byte 1024", "runs past the end"],
+        ),
+        // No member with the field.
+        (
+            good.clone(),
+            &["--field", "png"],
+            &["sample \"s00000\" (member at byte 0)", "none of the fields png"],
+        ),
+        // Several members and no --field.
+        (good.clone(), &[], &["3 members (txt, jpg, cls)", "--field"]),
+        // A label that is no integer.
+        (
+            tar(&[("x.jpg", b"1"), ("x.cls", b"one")]),
+            &["--field", "jpg", "--label", "cls"],
+            &["sample \"x\"", "\"one\" is not an integer"],
+        ),
+        (good.clone(), &["--label", "colour"], &["--label \"colour\""]),
+    ];
+    for (bytes, flags, parts) in cases {
+        std::fs::write(&path, &bytes).expect("write");
+        let mut args = vec!["pack", "--from", "tar", s(&path), "-o", s(&out)];
+        args.extend_from_slice(flags);
+        let err = fails(&args);
+        for part in parts {
+            assert!(err.contains(part), "{part:?} not in: {err}");
+        }
+        assert!(!out.exists(), "{flags:?} left {}", out.display());
+        assert!(hidden_entries(t.path()).is_empty(), "{:?}", hidden_entries(t.path()));
+    }
+    // Tar flags on another source.
+    let err = fails(&["pack", "--from", "dir", s(t.path()), "--field", "jpg", "-o", s(&out)]);
+    assert!(err.contains("--field and --label apply to --from tar"), "{err}");
+}
