@@ -14,10 +14,11 @@ pub type Events = Box<dyn Iterator<Item = Event> + Send>;
 /// false, memory is empty.
 pub type EventSource = Box<dyn FnMut(u64, u64, bool) -> Result<Events> + Send>;
 
-/// The event source of a real plan. Its events are made on a thread of
-/// their own, a few blocks ahead of the consumer ([`Pipelined`]): a plan
-/// streamed as it is taken runs the protocol there, not on the thread that
-/// hands out batches.
+/// The event source of a real plan. A plan streamed as it is taken makes
+/// its events on a thread of their own, a few blocks ahead of the consumer
+/// ([`Pipelined`]), so the protocol does not run on the thread that hands
+/// out batches; a cut plan's events are lookups, cheaper than the hand-over
+/// (4 KiB samples: 6 % fewer samples/s when those went through it too).
 pub fn plan_events(mut planner: Planner) -> EventSource {
     Box::new(move |epoch, served, warm| {
         if served >= planner.geometry().steps {
@@ -30,7 +31,11 @@ pub fn plan_events(mut planner: Planner) -> EventSource {
             let position = planner.position_of_step(served);
             planner.seek(epoch, position)?
         };
-        Ok(Pipelined::spawn(Box::new(plan)))
+        if plan.is_streamed() {
+            Ok(Pipelined::spawn(Box::new(plan)))
+        } else {
+            Ok(Box::new(plan))
+        }
     })
 }
 

@@ -264,6 +264,12 @@ impl EpochPlan {
         self.epoch
     }
 
+    /// The protocol runs as events are taken ([`Streamed`]): each event
+    /// may cost a refill's work, where a cut plan's is a lookup.
+    pub fn is_streamed(&self) -> bool {
+        self.streamed.is_some()
+    }
+
     pub fn rank(&self) -> u32 {
         self.rank as u32
     }
