@@ -10,6 +10,7 @@
 //! zstd, fixed order).
 
 pub mod files;
+pub mod import;
 pub mod inspect;
 pub mod lmdb;
 mod parallel;

@@ -1,0 +1,124 @@
+//! Which importer reads a pack's inputs: `brand pack --from FORMAT` and
+//! Python's `brand.pack(source=…)` name one of these, with the same options,
+//! so the command line and the package cannot disagree on what an input means.
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use brand_format::error::{Error, Result};
+
+use crate::files::FileSource;
+use crate::source::Source;
+
+/// An input format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// An ImageFolder directory: INPUT/<class>/<file>, label = class index.
+    Dir,
+    /// A text file of `path<TAB>label` lines.
+    List,
+    /// TFRecord files of tf.train.Examples.
+    Tfrecord,
+    /// An LMDB environment (e.g. a Caffe datum database).
+    Lmdb,
+    /// Tar files (WebDataset shards, tars of tars, .tar.gz), or directories of them.
+    Tar,
+}
+
+impl Format {
+    /// Every format, in the order `--help` lists them.
+    pub const ALL: [Format; 5] = [Format::Dir, Format::List, Format::Tfrecord, Format::Lmdb, Format::Tar];
+
+    /// The name `--from` and `source=` take.
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Dir => "dir",
+            Format::List => "list",
+            Format::Tfrecord => "tfrecord",
+            Format::Lmdb => "lmdb",
+            Format::Tar => "tar",
+        }
+    }
+
+    /// Whether the format reads several inputs (the others take exactly one).
+    fn takes_several(self) -> bool {
+        matches!(self, Format::Tfrecord | Format::Tar)
+    }
+}
+
+impl FromStr for Format {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Format::ALL.into_iter().find(|f| f.name() == s).ok_or_else(|| {
+            let names: Vec<_> = Format::ALL.iter().map(|f| f.name()).collect();
+            Error::config(format!("unknown input format {s:?}: one of {}", names.join(", ")))
+        })
+    }
+}
+
+/// The options an importer takes, as `brand pack` spells them.
+#[derive(Debug, Clone)]
+pub struct ImportOptions {
+    /// TFRecord: the int64 feature of each tf.train.Example that holds its label.
+    pub label_feature: String,
+    /// The payload member's or column's name(s), in order of preference ("png;jpg").
+    pub field: Option<String>,
+    /// How the label is found (tar: cls, json:FIELD, dir, none).
+    pub label: Option<String>,
+    /// Where inputs that can only be read in order are spooled while packing.
+    pub spool_dir: PathBuf,
+}
+
+impl ImportOptions {
+    /// Defaults, spooling into `spool_dir`.
+    pub fn new(spool_dir: &Path) -> Self {
+        ImportOptions {
+            label_feature: "label".to_string(),
+            field: None,
+            label: None,
+            spool_dir: spool_dir.to_path_buf(),
+        }
+    }
+}
+
+/// The samples of `inputs` read as `format`.
+pub fn open(format: Format, inputs: &[PathBuf], opts: &ImportOptions) -> Result<Box<dyn Source>> {
+    if !matches!(format, Format::Tar) && (opts.field.is_some() || opts.label.is_some()) {
+        return Err(Error::config(
+            "--field and --label apply to --from tar (TFRecord labels: --label-feature)",
+        ));
+    }
+    let single = || -> Result<&PathBuf> {
+        match inputs {
+            [one] => Ok(one),
+            [] => Err(Error::config(format!("--from {}: no input given", format.name()))),
+            _ => Err(Error::config(format!(
+                "--from {} takes exactly one input",
+                format.name()
+            ))),
+        }
+    };
+    if format.takes_several() && inputs.is_empty() {
+        return Err(Error::config(format!("--from {}: no input given", format.name())));
+    }
+    Ok(match format {
+        Format::Dir => Box::new(FileSource::image_folder(single()?)?),
+        Format::List => Box::new(FileSource::list(single()?)?),
+        Format::Tfrecord => Box::new(crate::tfrecord::TfRecordSource::open(
+            inputs,
+            Some(&opts.label_feature),
+        )?),
+        Format::Lmdb => Box::new(crate::lmdb::LmdbSource::open(single()?)?),
+        Format::Tar => {
+            let tar = crate::tar::TarOptions {
+                fields: match &opts.field {
+                    Some(f) => crate::tar::TarOptions::parse_fields(f)?,
+                    None => Vec::new(),
+                },
+                label: crate::tar::TarLabel::parse(opts.label.as_deref().unwrap_or("none"))?,
+                spool_dir: opts.spool_dir.clone(),
+            };
+            Box::new(crate::tar::TarSource::open(inputs, &tar)?)
+        }
+    })
+}
