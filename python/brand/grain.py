@@ -22,7 +22,12 @@ int}``.
 An iterator yields the epochs ``first_epoch`` to ``first_epoch + num_epochs
 - 1`` (``num_epochs=None``: without end), in brand's order: every sample
 once per epoch on each rank (``rank``/``world`` keywords, as for
-``brand.Loader``). Its state is exact to the sample and a fresh iterator of
+``brand.Loader``; in a JAX program of several processes they default to
+``jax.process_index()``/``jax.process_count()``). Every rank serves the same
+number of samples, ⌈N / world⌉ (the last one of a rank may repeat an
+earlier sample, as ``DistributedSampler`` pads), or ⌊N / world⌋ with
+``drop_last=True`` (the tail left out), so JAX processes in lockstep take the
+same number of batches. Its state is exact to the sample and a fresh iterator of
 the same dataset resumes from it, also after Grain transformations chained
 after it (``map``, ``batch``, ...), whose iterators carry it in theirs.
 Attached to a cache (``cache=...``), whose batches depend on timing, a state
@@ -50,6 +55,7 @@ no difference (brand's order is its own). Not for a node of a multi-node job
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, Optional
 
 import grain
@@ -102,14 +108,28 @@ class BrandIterDataset(grain.IterDataset):
             )
         self._worker, self._workers = self._worker + self._workers * start, self._workers * step
 
+    def _process_config(self) -> dict:
+        """The configuration as given, with this JAX process's rank and world
+        (``jax.process_index()``/``process_count()``) when neither was given
+        and the program uses JAX (already imported: brand never imports it).
+        Read when iteration starts, so after ``jax.distributed.initialize``."""
+        jax = sys.modules.get("jax")
+        if jax is None or "rank" in self.config or "world" in self.config:
+            return self.config
+        world = int(jax.process_count())
+        if world == 1:
+            return self.config
+        return dict(self.config, rank=int(jax.process_index()), world=world)
+
     def _loader_config(self) -> dict:
         """brand.Loader's keywords for this worker: its rank, world and share
         of memory and of readahead (the configuration as given without workers)."""
+        config = self._process_config()
         k = self._workers
         if k == 1:
-            return self.config
-        share = brand._brand._worker_memory(self.path, k, **self.config)
-        return dict(self.config, rank=share["rank"] * k + self._worker, world=share["world"] * k,
+            return config
+        share = brand._brand._worker_memory(self.path, k, **config)
+        return dict(config, rank=share["rank"] * k + self._worker, world=share["world"] * k,
                     memory=f"{share['worker_slots']} slots", readahead=share["worker_readahead"])
 
     def __iter__(self) -> "BrandDatasetIterator":
