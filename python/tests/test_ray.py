@@ -1,26 +1,22 @@
-"""brand.ray against a real local Ray (ray.init(num_cpus=2)): every execution
-is one epoch with every sample once, orders are f(seed, epoch), and
-streaming_split covers the dataset."""
+"""brand.ray against a real local Ray (ray.init(num_cpus=2), in a network
+namespace of its own: ray_checks.py): every execution is one epoch with every
+sample once, orders are f(seed, epoch), and streaming_split covers the
+dataset."""
 
-import threading
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
 
 import pytest
-import ray
 
 import brand
 import brand.ray
 from conftest import make_dataset, source_bytes
 
 SAMPLES = 1001  # not a multiple of the read tasks: ranks end on padding
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    # No progress bars in the test output.
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    yield
-    ray.shutdown()
+CHECKS = pathlib.Path(__file__).with_name("ray_checks.py")
 
 
 @pytest.fixture(scope="module")
@@ -28,62 +24,54 @@ def ray_dataset(tmp_path_factory):
     return make_dataset(tmp_path_factory.mktemp("brand-ray"), samples=SAMPLES, seed=4)
 
 
-def rows(ds) -> list[dict]:
-    return [r for b in ds.iter_batches(batch_size=None, batch_format="pyarrow") for r in b.to_pylist()]
+@pytest.fixture(scope="module")
+def observed(ray_dataset) -> dict:
+    """What ray_checks.py saw, run once for the module."""
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        pytest.fail("unshare (util-linux) and ip (iproute2) are needed to run Ray in a namespace of its own")
+    _, path = ray_dataset
+    cmd = f'ip link set lo up && exec "{sys.executable}" "{CHECKS}" "{path}" {SAMPLES}'
+    try:
+        run = subprocess.run(["unshare", "--net", "sh", "-c", cmd], capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"Ray checks hung (300 s): {(e.stderr or b'')[-2000:]!r}")
+    assert run.returncode == 0, run.stderr[-4000:]
+    return json.loads(run.stdout)
 
 
-def test_an_execution_is_every_sample_once_with_its_bytes_label_and_key(local_ray, ray_dataset):
+def test_an_execution_is_every_sample_once_with_its_bytes_label_and_key(observed, ray_dataset):
     files, path = ray_dataset
-    ds = brand.ray.read_brand(path, seed=1, tasks=3, batch_size=32)
-    assert ds.schema().names == ["id", "data", "label", "key"]
-    got = rows(ds)
+    assert observed["schema"] == ["id", "data", "label", "key"]
+    got = observed["rows"]
     assert sorted(r["id"] for r in got) == list(range(SAMPLES))
     with brand.Loader(path, batch_size=64) as loader:
         truth = {int(i): (k, int(lab)) for b in loader for i, k, lab in zip(b.ids, b.keys, b.labels)}
     for r in got:
         key, label = truth[r["id"]]
         assert (r["key"], r["label"]) == (key, label)
-        assert r["data"] == source_bytes(files, key)
+        assert bytes.fromhex(r["data"]) == source_bytes(files, key)
 
 
-def test_each_execution_is_a_new_epoch_and_a_seed_repeats_them(local_ray, ray_dataset):
+def test_each_execution_is_a_new_epoch_and_a_seed_repeats_them(observed, ray_dataset):
     _, path = ray_dataset
-    orders = []
-    for _ in range(2):
-        ds = brand.ray.read_brand(path, seed=7, tasks=1, batch_size=32)
-        first = [r["id"] for r in rows(ds)]
-        second = [r["id"] for r in rows(ds)]
+    orders = observed["orders"]
+    for first, second in orders:
         assert sorted(first) == sorted(second) == list(range(SAMPLES))
         assert first != second, "the second execution served the first one's order"
-        orders.append((first, second))
     assert orders[0] == orders[1], "the same seed gave other orders"
     # With one task the order is brand's own: rank 0 of 1, epochs 0 and 1.
     for epoch, order in enumerate(orders[0]):
         with brand.Loader(path, seed=7, batch_size=32) as loader:
             loader.start_epoch(epoch)
             assert order == [int(i) for b in loader for i in b.ids]
-    pinned = brand.ray.read_brand(path, seed=7, tasks=1, epoch=1, batch_size=32)
-    assert [r["id"] for r in rows(pinned)] == orders[0][1]
+    assert observed["pinned"] == orders[0][1]
 
 
-def test_streaming_split_gives_every_sample_to_one_consumer(local_ray, ray_dataset):
-    _, path = ray_dataset
-    ds = brand.ray.read_brand(path, seed=2, tasks=4, batch_size=16)
-    seen: list[list[int]] = [[], []]
-
-    def consume(i, it):
-        for b in it.iter_batches(batch_size=None, batch_format="pyarrow"):
-            seen[i].extend(b.column("id").to_pylist())
-
-    # streaming_split's iterators must be consumed concurrently.
-    threads = [threading.Thread(target=consume, args=(i, it)) for i, it in enumerate(ds.streaming_split(2))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-        assert not t.is_alive(), "a streaming_split consumer hung"
-    assert seen[0] and seen[1], f"a consumer got nothing: {len(seen[0])}, {len(seen[1])}"
-    assert sorted(seen[0] + seen[1]) == list(range(SAMPLES))
+def test_streaming_split_gives_every_sample_to_one_consumer(observed):
+    assert not observed["split_hung"], "a streaming_split consumer hung"
+    a, b = observed["split"]
+    assert a and b, f"a consumer got nothing: {len(a)}, {len(b)}"
+    assert sorted(a + b) == list(range(SAMPLES))
 
 
 def test_read_tasks_are_sized_from_the_dataset(ray_dataset):
