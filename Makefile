@@ -61,11 +61,13 @@ python-test: build
 
 # brand's Python package (python/, its own cargo workspace): fmt and clippy of its extension
 # crate, its abi3 wheel built by maturin and installed into the test venv (scripts/py-venv.sh:
-# numpy, torch, torchdata, grain, pytest, maturin; outside the repo), then python/tests
-# against those real libraries, including the wheel in a fresh venv without cargo.
+# numpy, torch, torchdata, grain, pytest, maturin, the formats' writers, ray, jax; outside the
+# repo), then python/tests against those real libraries, including the wheel in a fresh venv
+# without cargo; Azure against Azurite (scripts/azurite.sh: node and npm from apt when missing).
 PY_WHEELS := $(TARGET)/wheels
 py-test:
 	venv=$$(scripts/py-venv.sh)
+	azurite=$$(scripts/azurite.sh)
 	cargo build --release --locked -p brand-cli
 	cargo build --locked -p brand-s3-server
 	cargo fmt --manifest-path python/Cargo.toml --check
@@ -73,7 +75,8 @@ py-test:
 	rm -f $(PY_WHEELS)/brand-*.whl
 	"$$venv/bin/maturin" build --release --locked --manifest-path python/Cargo.toml -o $(PY_WHEELS)
 	"$$venv/bin/python" -m uv pip install --quiet --python "$$venv/bin/python" --no-deps --reinstall $(PY_WHEELS)/brand-*.whl
-	BRAND_BIN=$(BRAND) BRAND_S3_SERVER=$(TARGET)/debug/brand-s3-server "$$venv/bin/python" -m pytest -q -p no:cacheprovider python/tests
+	BRAND_BIN=$(BRAND) BRAND_S3_SERVER=$(TARGET)/debug/brand-s3-server BRAND_AZURITE=$$azurite \
+		"$$venv/bin/python" -m pytest -q -p no:cacheprovider python/tests
 
 # The C ABI (capi/): libbrand.a and libbrand.so, and the brand CLI that makes test data.
 capi-build:

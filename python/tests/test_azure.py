@@ -1,0 +1,92 @@
+"""Datasets in Azure Blob Storage: Azurite, Microsoft's emulator
+(BRAND_AZURITE, installed by scripts/azurite.sh, started per module on
+127.0.0.1 by scripts/azurite.py), the dataset packed to it by `brand pack -o
+az://…`, read back by brand.Loader and `brand verify`, and refused with
+typed errors: the Azure path of brand-store, through object_store's Azure
+client, end to end."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+import brand
+
+from conftest import SAMPLES, brand_bin, source_bytes
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "scripts"))
+import azurite  # noqa: E402
+
+CFG = dict(batch_size=16, memory="20%", seed=5)
+
+
+@pytest.fixture(scope="module")
+def az(dataset):
+    """(emulator, URL of the dataset packed to it, local source files, local dataset);
+    the process's environment points at the emulator while the module runs."""
+    blob_bin = os.environ.get("BRAND_AZURITE")
+    if not blob_bin or not os.access(blob_bin, os.X_OK):
+        pytest.fail("BRAND_AZURITE must name Azurite's azurite-blob (scripts/azurite.sh; make py-test sets it)")
+    files, ds = dataset
+    saved = dict(os.environ)
+    with azurite.serve(blob_bin) as server:
+        os.environ.update(server.env)
+        url = f"{server.container('bkt')}/sets/ds"
+        pack = subprocess.run([brand_bin(), "pack", str(files), "-o", url, "--chunk-size", "16", "--seed", "2"],
+                              capture_output=True, text=True)
+        assert pack.returncode == 0, pack.stderr
+        try:
+            yield server, url, files, ds
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+
+
+def test_an_azure_url_reads_every_sample_once_per_epoch_with_its_bytes(az):
+    _, url, files, ds = az
+    with brand.Loader(url, **CFG) as loader, brand.Loader(ds, **CFG) as local:
+        for epoch in range(2):
+            seen = []
+            for batch in loader:
+                same = next(local)
+                assert batch.ids.tolist() == same.ids.tolist(), "the order does not depend on where the bytes are"
+                for arr, key in zip(batch.samples, batch.keys):
+                    assert arr.tobytes() == source_bytes(files, key), key
+                seen += batch.ids.tolist()
+            assert next(local, None) is None, "the local copy's epoch ends there too"
+            assert sorted(seen) == list(range(SAMPLES)), f"epoch {epoch}"
+        m = loader.metrics()
+        assert m["store_requests"] > 0 and m["store_bytes_fetched"] > 0, m
+
+
+def test_verify_and_inspect_read_the_container(az):
+    _, url, _, _ = az
+    verify = subprocess.run([brand_bin(), "verify", url], capture_output=True, text=True)
+    assert verify.returncode == 0 and f"{SAMPLES} samples, 0 problem(s)" in verify.stdout, verify.stdout + verify.stderr
+    inspect = subprocess.run([brand_bin(), "inspect", url, "--json"], capture_output=True, text=True, check=True)
+    assert json.loads(inspect.stdout)["samples"] == SAMPLES
+
+
+def test_a_second_pack_is_refused_and_force_replaces_it_whole(az):
+    _, url, files, _ = az
+    again = subprocess.run([brand_bin(), "pack", str(files), "-o", url, "--chunk-size", "16", "--seed", "2"],
+                           capture_output=True, text=True)
+    assert again.returncode != 0 and "already holds a dataset" in again.stderr, again.stderr
+    forced = subprocess.run([brand_bin(), "pack", str(files), "-o", url, "--chunk-size", "32", "--seed", "9",
+                             "--force"], capture_output=True, text=True)
+    assert forced.returncode == 0, forced.stderr
+    with brand.Loader(url, **CFG) as loader:
+        ids = [i for b in loader for i in b.ids.tolist()]
+    assert sorted(ids) == list(range(SAMPLES))
+    inspect = subprocess.run([brand_bin(), "inspect", url, "--json"], capture_output=True, text=True, check=True)
+    assert json.loads(inspect.stdout)["chunk_size"] == 32
+
+
+def test_a_missing_container_or_prefix_is_a_typed_error_naming_the_url(az):
+    with pytest.raises(brand.NotFoundError, match="az://nocontainer/ds"):
+        brand.Loader("az://nocontainer/ds", **CFG)
+    with pytest.raises(brand.NotFoundError, match="az://bkt/nope"):
+        brand.Loader("az://bkt/nope", **CFG)
