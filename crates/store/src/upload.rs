@@ -8,7 +8,9 @@
 //! error, never a mix), and removes old segments the new dataset does not
 //! have once the new manifest is in place.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
 use brand_format::error::{Error, Result};
@@ -30,54 +32,254 @@ const PARTS_IN_FLIGHT: usize = 4;
 /// error unless `force`.
 pub fn upload_dataset(dir: &Path, url: &ObjectUrl, force: bool, progress: &dyn Fn(u64, u64)) -> Result<()> {
     let manifest = Manifest::load(&dir.join(MANIFEST_FILE))?;
-    let rt = IoRuntime::new(2)?;
-    let conn = Connection::for_upload(url, Duration::from_secs(30))?;
-    let fail = |name: &str, what: String| Error::io(url.object_url(name), std::io::Error::other(what));
-    rt.block_on(async {
-        let manifest_path = url.object(MANIFEST_FILE);
-        let old = match conn.store.head(&manifest_path).await {
-            Ok(_) => true,
-            Err(object_store::Error::NotFound { .. }) => false,
-            Err(e) => return Err(fail(MANIFEST_FILE, redact(&e.to_string()))),
+    let mut files: Vec<String> = manifest.segments.iter().map(|s| s.name.clone()).collect();
+    files.push(INDEX_FILE.to_string());
+    let total: u64 = files
+        .iter()
+        .map(|f| std::fs::metadata(dir.join(f)).map_or(0, |m| m.len()))
+        .sum();
+    let upload = SegmentUpload::begin(url, force, false)?;
+    for s in &manifest.segments {
+        upload.segment(&dir.join(&s.name), &s.name)?;
+        progress(upload.bytes_sent(), total);
+    }
+    upload.finish(dir)?;
+    progress(total, total);
+    Ok(())
+}
+
+/// A dataset uploaded while it is packed (`brand pack -o URL`): each
+/// segment as soon as it is complete, on a thread of its own, then
+/// `index.bin` and `manifest.toml` last ([`SegmentUpload::finish`]). With
+/// `remove_sent`, each segment's local file is removed once uploaded, so
+/// the local disk holds the segment being written and at most two waiting
+/// (the packer waits when the upload falls behind), not the dataset.
+/// Dropped without `finish` (the pack failed), it stops and deletes the
+/// segment objects it uploaded: no manifest was written, so no dataset was
+/// either way, and none of its bytes stay billed.
+pub struct SegmentUpload {
+    url: ObjectUrl,
+    jobs: Option<mpsc::SyncSender<Job>>,
+    worker: Option<std::thread::JoinHandle<()>>,
+    state: Arc<Shared>,
+}
+
+enum Job {
+    Segment(PathBuf, String),
+    Finish(PathBuf),
+}
+
+#[derive(Default)]
+struct Shared {
+    sent: AtomicU64,
+    /// The worker's first error, kept for the packer's next call.
+    failed: Mutex<Option<Error>>,
+    finished: AtomicBool,
+}
+
+impl SegmentUpload {
+    /// Connects, and checks `url` holds no dataset (or, with `force`, takes
+    /// the old dataset's manifest away first: it stops being a dataset
+    /// before any of its objects is replaced).
+    pub fn begin(url: &ObjectUrl, force: bool, remove_sent: bool) -> Result<SegmentUpload> {
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
+        // Room for two finished segments: the packer writes the third
+        // while one uploads and waits only if the upload falls behind.
+        let (jobs_tx, jobs_rx) = mpsc::sync_channel::<Job>(2);
+        let state = Arc::new(Shared::default());
+        let (u, st) = (url.clone(), Arc::clone(&state));
+        let worker = std::thread::Builder::new()
+            .name("brand-upload".into())
+            .spawn(move || run(&u, force, remove_sent, &st, &ready_tx, &jobs_rx))
+            .map_err(|e| Error::io("<brand-upload thread>", e))?;
+        let upload = SegmentUpload {
+            url: url.clone(),
+            jobs: Some(jobs_tx),
+            worker: Some(worker),
+            state,
         };
-        if old && !force {
-            return Err(Error::config(format!(
-                "{url} already holds a dataset (use --force to replace it)"
-            )));
+        match ready_rx.recv() {
+            Ok(Ok(())) => Ok(upload),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(upload.stopped()),
         }
-        let old_segments = if old {
-            let names = old_segment_names(&conn).await;
-            conn.store
-                .delete(&manifest_path)
-                .await
-                .map_err(|e| fail(MANIFEST_FILE, redact(&e.to_string())))?;
-            names
+    }
+
+    /// Uploads the finished segment at `path` as object `name` (returns once
+    /// it is queued: an error of an earlier upload is returned here).
+    pub fn segment(&self, path: &Path, name: &str) -> Result<()> {
+        self.check()?;
+        let sent = self
+            .jobs
+            .as_ref()
+            .is_some_and(|j| j.send(Job::Segment(path.to_path_buf(), name.to_string())).is_ok());
+        if !sent {
+            self.check()?;
+            return Err(self.stopped());
+        }
+        Ok(())
+    }
+
+    /// Bytes of segments uploaded so far.
+    pub fn bytes_sent(&self) -> u64 {
+        self.state.sent.load(Ordering::Relaxed)
+    }
+
+    /// Waits for the segments, then uploads `dir`'s `index.bin` and its
+    /// `manifest.toml` last (the commit point), then removes the segments
+    /// of a dataset it replaced that the new one does not have.
+    pub fn finish(mut self, dir: &Path) -> Result<()> {
+        if let Some(jobs) = self.jobs.take()
+            && jobs.send(Job::Finish(dir.to_path_buf())).is_err()
+        {
+            self.check()?;
+        }
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+        self.check()?;
+        if self.state.finished.load(Ordering::Relaxed) {
+            Ok(())
         } else {
-            Vec::new()
-        };
-        let mut files: Vec<String> = manifest.segments.iter().map(|s| s.name.clone()).collect();
-        files.push(INDEX_FILE.to_string());
-        let total: u64 = files
-            .iter()
-            .map(|f| std::fs::metadata(dir.join(f)).map_or(0, |m| m.len()))
-            .sum();
-        let mut sent = 0u64;
-        for name in &files {
-            sent += upload_file(&conn, &dir.join(name), url, name).await?;
-            progress(sent, total);
+            Err(self.stopped())
         }
-        let text = manifest.to_toml();
-        conn.store
-            .put(&manifest_path, PutPayload::from(text.into_bytes()))
-            .await
-            .map_err(|e| fail(MANIFEST_FILE, redact(&e.to_string())))?;
-        for stale in old_segments.iter().filter(|n| !files.contains(n)) {
-            if let Err(e) = conn.store.delete(&url.object(stale)).await {
-                tracing::warn!("{}: not removed: {}", url.object_url(stale), redact(&e.to_string()));
+    }
+
+    fn check(&self) -> Result<()> {
+        match self.state.failed.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn stopped(&self) -> Error {
+        Error::io(
+            self.url.to_string(),
+            std::io::Error::other("the upload stopped before the dataset was complete"),
+        )
+    }
+}
+
+impl Drop for SegmentUpload {
+    fn drop(&mut self) {
+        // Closing the queue ends the worker; unfinished, it deletes what it
+        // uploaded before it returns.
+        self.jobs.take();
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+/// The upload thread: connects, checks the URL, then takes segments until
+/// told to finish (or until the packer goes away: then it cleans up).
+fn run(
+    url: &ObjectUrl,
+    force: bool,
+    remove_sent: bool,
+    state: &Shared,
+    ready: &mpsc::Sender<Result<()>>,
+    jobs: &mpsc::Receiver<Job>,
+) {
+    let started = (|| {
+        let rt = IoRuntime::new(2)?;
+        let conn = Connection::for_upload(url, Duration::from_secs(30))?;
+        let old = rt.block_on(take_old_manifest(&conn, url, force))?;
+        Ok((rt, conn, old))
+    })();
+    let (rt, conn, old_segments) = match started {
+        Ok(s) => {
+            let _ = ready.send(Ok(()));
+            s
+        }
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    let mut sent: Vec<String> = Vec::new();
+    let outcome: Result<()> = rt.block_on(async {
+        while let Ok(job) = jobs.recv() {
+            match job {
+                Job::Segment(path, name) => {
+                    let bytes = upload_file(&conn, &path, url, &name).await?;
+                    sent.push(name);
+                    state.sent.fetch_add(bytes, Ordering::Relaxed);
+                    if remove_sent {
+                        std::fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
+                    }
+                }
+                Job::Finish(dir) => {
+                    commit(&conn, url, &dir, &old_segments).await?;
+                    state.finished.store(true, Ordering::Relaxed);
+                    return Ok(());
+                }
             }
         }
         Ok(())
-    })
+    });
+    if !state.finished.load(Ordering::Relaxed) {
+        // Failed, or the pack stopped: no manifest, so no dataset; remove
+        // the segments this upload put there (best effort).
+        rt.block_on(async {
+            for name in &sent {
+                if let Err(e) = conn.store.delete(&url.object(name)).await {
+                    tracing::warn!("{}: not removed: {}", url.object_url(name), redact(&e.to_string()));
+                }
+            }
+        });
+    }
+    if let Err(e) = outcome {
+        *state.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+    }
+}
+
+/// Refuses a URL that holds a dataset unless `force`; with `force`, deletes
+/// its manifest and returns the segment names it listed.
+async fn take_old_manifest(conn: &Connection, url: &ObjectUrl, force: bool) -> Result<Vec<String>> {
+    let fail = |name: &str, what: String| Error::io(url.object_url(name), std::io::Error::other(what));
+    let manifest_path = url.object(MANIFEST_FILE);
+    let old = match conn.store.head(&manifest_path).await {
+        Ok(_) => true,
+        Err(object_store::Error::NotFound { .. }) => false,
+        Err(e) => return Err(fail(MANIFEST_FILE, redact(&e.to_string()))),
+    };
+    if old && !force {
+        return Err(Error::config(format!(
+            "{url} already holds a dataset (use --force to replace it)"
+        )));
+    }
+    if !old {
+        return Ok(Vec::new());
+    }
+    let names = old_segment_names(conn).await;
+    conn.store
+        .delete(&manifest_path)
+        .await
+        .map_err(|e| fail(MANIFEST_FILE, redact(&e.to_string())))?;
+    Ok(names)
+}
+
+/// `index.bin`, then `manifest.toml` (the commit point), then the old
+/// dataset's segments the new one does not have are removed.
+async fn commit(conn: &Connection, url: &ObjectUrl, dir: &Path, old_segments: &[String]) -> Result<()> {
+    let fail = |name: &str, what: String| Error::io(url.object_url(name), std::io::Error::other(what));
+    let manifest = Manifest::load(&dir.join(MANIFEST_FILE))?;
+    upload_file(conn, &dir.join(INDEX_FILE), url, INDEX_FILE).await?;
+    conn.store
+        .put(
+            &url.object(MANIFEST_FILE),
+            PutPayload::from(manifest.to_toml().into_bytes()),
+        )
+        .await
+        .map_err(|e| fail(MANIFEST_FILE, redact(&e.to_string())))?;
+    let kept: Vec<&str> = manifest.segments.iter().map(|s| s.name.as_str()).collect();
+    for stale in old_segments.iter().filter(|n| !kept.contains(&n.as_str())) {
+        if let Err(e) = conn.store.delete(&url.object(stale)).await {
+            tracing::warn!("{}: not removed: {}", url.object_url(stale), redact(&e.to_string()));
+        }
+    }
+    Ok(())
 }
 
 /// The segment names the dataset at the URL's manifest lists (none if it
