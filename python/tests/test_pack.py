@@ -84,6 +84,31 @@ def test_progress_is_reported_while_packing_and_at_the_end(tmp_path):
     assert len(calls) >= 2 and 0 < done[-2] < 20000, f"no progress before the end: {calls}"
 
 
+def test_the_gil_is_free_while_packing(tmp_path):
+    import threading
+
+    listing = many_samples_list(tmp_path, 20000)
+    ticks, running = [], threading.Event()
+
+    def tick():
+        running.set()
+        while not stop.is_set():
+            ticks.append(time.monotonic())
+            time.sleep(0.001)
+
+    stop = threading.Event()
+    t = threading.Thread(target=tick)
+    t.start()
+    running.wait()
+    start = time.monotonic()
+    brand.pack(listing, tmp_path / "ds", source="list", chunk_size=1)
+    end = time.monotonic()
+    stop.set()
+    t.join()
+    during = [x for x in ticks if start < x < end]
+    assert len(during) >= 10, f"{len(during)} ticks of another thread in a {end - start:.2f} s pack"
+
+
 def test_an_exception_from_progress_stops_the_pack_and_leaves_nothing(tmp_path):
     listing = many_samples_list(tmp_path, 20000)
     seen = []
@@ -320,3 +345,33 @@ def test_the_brand_command_runs_every_subcommand(dataset, tmp_path):
     assert bad.returncode == 1 and "missing" in bad.stderr
     assert run("--version").stdout.startswith("brand ")
     assert run("no-such-command").returncode == 2
+
+
+def test_pack_and_writer_to_object_storage(dataset, tmp_path, monkeypatch):
+    """An output URL: packed in the staging directory, uploaded, read back;
+    the staging directory is left empty."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "scripts"))
+    import s3server
+
+    server_bin = os.environ.get("BRAND_S3_SERVER")
+    if not server_bin or not os.access(server_bin, os.X_OK):
+        pytest.fail("BRAND_S3_SERVER must name tools/s3-server's binary (make py-test sets it)")
+    files, ds = dataset
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    with s3server.serve(server_bin) as server:
+        for k, v in server.env.items():
+            monkeypatch.setenv(k, v)
+        bucket = server.bucket("bkt")
+        s = brand.pack(files, f"{bucket}/by-pack", chunk_size=16, seed=2, staging=staging)
+        assert s.samples == SAMPLES and s.path == f"{bucket}/by-pack"
+        with brand.Writer(f"{bucket}/by-writer", seed=4, staging=staging) as w:
+            for i in range(30):
+                w.write(bytes([i]) * 100, i % 3, f"k{i}")
+        assert list(staging.iterdir()) == []
+        with brand.Loader(f"{bucket}/by-pack", batch_size=16) as remote, brand.Loader(ds, batch_size=16) as local:
+            for a, b in zip(remote, local):
+                assert a.keys == b.keys and [x.tobytes() for x in a.samples] == [x.tobytes() for x in b.samples]
+        assert read_back(f"{bucket}/by-writer") == {f"k{i}": (bytes([i]) * 100, i % 3) for i in range(30)}
+        with pytest.raises(brand.BrandError, match="already holds a dataset"):
+            brand.pack(files, f"{bucket}/by-pack", staging=staging)
