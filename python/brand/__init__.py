@@ -15,6 +15,11 @@ Quick start::
                 ...                       # arr: read-only numpy.uint8 view, no copy
         state = loader.state_dict()       # JSON-serialisable; resume with load_state_dict
 
+Making datasets: ``brand.pack(inputs, out, source="dir", seed=…)`` is ``brand
+pack`` as a function, and ``brand.Writer(out)`` packs samples handed over one
+by one (``with brand.Writer(out) as w: w.write(data, label, key)``); the wheel
+also installs the ``brand`` command (``brand pack``, ``brand inspect``, …).
+
 Modules: ``brand.torch`` (a PyTorch ``IterableDataset`` that torchdata's
 ``StatefulDataLoader`` checkpoints), ``brand.grain`` (a Grain ``IterDataset``),
 ``brand.tf`` (a ``tf.data`` dataset; its op is compiled against the installed
@@ -40,6 +45,7 @@ from brand._brand import (
     StateMismatchError,
     __version__,
 )
+from brand._pack import PackSummary, Writer, pack
 
 __all__ = [
     "CHECKPOINT_BYTES",
@@ -52,8 +58,11 @@ __all__ = [
     "IoError",
     "Loader",
     "NotFoundError",
+    "PackSummary",
     "SampleBuffer",
     "StateMismatchError",
+    "Writer",
+    "pack",
 ]
 
 

@@ -1,5 +1,6 @@
 //! brand._brand, the extension module of the `brand` Python package: the
-//! loader ([`loader::Loader`]), its batches ([`batch::Batch`]), brand's
+//! loader ([`loader::Loader`]), its batches ([`batch::Batch`]), the
+//! `brand` command, `brand.pack` and `brand.Writer` ([`pack`]), brand's
 //! errors as exceptions ([`errors`]) and the memory of a process's workers
 //! ([`workers`], for brand.torch and brand.grain). The package's pure-Python modules
 //! (brand/__init__.py, brand/torch.py, brand/grain.py) build on it.
@@ -8,6 +9,7 @@ mod batch;
 mod errors;
 mod keywords;
 mod loader;
+mod pack;
 mod workers;
 
 use pyo3::prelude::*;
@@ -22,6 +24,11 @@ fn _brand(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<loader::Loader>()?;
     m.add_class::<batch::Batch>()?;
     m.add_class::<batch::SampleBuffer>()?;
+    m.add_class::<pack::_Writer>()?;
+    m.add_function(wrap_pyfunction!(pack::main, m)?)?;
+    m.add_function(wrap_pyfunction!(pack::_pack, m)?)?;
+    m.add("DEFAULT_CHUNK_SIZE", brand_format::DEFAULT_CHUNK_SIZE)?;
+    m.add("DEFAULT_SEGMENT_MIB", brand_format::DEFAULT_SEGMENT_BYTES >> 20)?;
     m.add_function(wrap_pyfunction!(workers::_worker_memory, m)?)?;
     m.add_function(wrap_pyfunction!(workers::_saved_slots, m)?)?;
     m.add("BrandError", py.get_type::<errors::BrandError>())?;

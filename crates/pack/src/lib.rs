@@ -16,6 +16,7 @@ pub mod lmdb;
 mod parallel;
 mod protobuf;
 pub mod source;
+pub mod spill;
 pub mod synthetic;
 pub mod tar;
 pub mod tfrecord;
@@ -24,6 +25,7 @@ pub mod verify;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use brand_format::chunk::{self, FLAG_ALIGNED64, FLAG_BLOCKS, FLAG_ZSTD, RecordIn};
@@ -237,8 +239,10 @@ struct SegmentWriter {
     chunks: u64,
 }
 
-/// Packs `source` into the dataset directory `out`.
-pub fn pack(source: &dyn Source, out: &Path, opts: &PackOptions, progress: Progress<'_>) -> Result<Manifest> {
+/// Checks the options [`pack`] takes (chunk and segment size, partitions,
+/// zstd level) without packing: for callers that gather samples first
+/// (Python's `brand.Writer`), so that a bad option fails before, not after.
+pub fn check_options(opts: &PackOptions) -> Result<()> {
     let k = opts.chunk_size;
     if k == 0 || k > format::MAX_CHUNK_SIZE {
         return Err(Error::config(format!(
@@ -269,6 +273,37 @@ pub fn pack(source: &dyn Source, out: &Path, opts: &PackOptions, progress: Progr
             zstd::compression_level_range()
         )));
     }
+    Ok(())
+}
+
+/// Packs `source` into the dataset directory `out`.
+pub fn pack(source: &dyn Source, out: &Path, opts: &PackOptions, progress: Progress<'_>) -> Result<Manifest> {
+    pack_cancellable(source, out, opts, progress, &AtomicBool::new(false))
+}
+
+/// The error of a pack stopped by its `cancel` flag.
+pub const CANCELLED: &str = "the pack was cancelled; the unfinished dataset was removed";
+
+/// [`pack`] that stops once `cancel` is set (checked before each sample is
+/// read and each chunk written), leaving no dataset and failing with
+/// [`CANCELLED`]: for callers that stop a pack without ending the process
+/// (Python's `brand.pack` on Ctrl-C).
+pub fn pack_cancellable(
+    source: &dyn Source,
+    out: &Path,
+    opts: &PackOptions,
+    progress: Progress<'_>,
+    cancel: &AtomicBool,
+) -> Result<Manifest> {
+    let check_cancel = || {
+        if cancel.load(Ordering::Relaxed) {
+            Err(Error::config(CANCELLED))
+        } else {
+            Ok(())
+        }
+    };
+    check_options(opts)?;
+    let k = opts.chunk_size;
     remove_stale(out)?;
     if out.exists() && !opts.force {
         return Err(Error::config(format!(
@@ -327,6 +362,7 @@ pub fn pack(source: &dyn Source, out: &Path, opts: &PackOptions, progress: Progr
         // Read (and compress) the batch's samples in parallel; order is kept.
         let batch = &order[first..last];
         let records: Vec<(Vec<u8>, u32)> = parallel::try_map(batch.len(), |i| {
+            check_cancel()?;
             let src = batch[i] as usize;
             let raw = source.read(src)?;
             let raw_len = u32::try_from(raw.len()).map_err(|_| {
@@ -349,6 +385,7 @@ pub fn pack(source: &dyn Source, out: &Path, opts: &PackOptions, progress: Progr
         })?;
 
         for c in batch_start..batch_end {
+            check_cancel()?;
             let lo = c * k as usize;
             let hi = ((c + 1) * k as usize).min(n);
             // The chunk's keys, held only while it is encoded.
@@ -493,6 +530,7 @@ pub fn pack(source: &dyn Source, out: &Path, opts: &PackOptions, progress: Progr
         std::fs::remove_file(&index_path).at(&index_path)?;
     }
     sync_dir(&tmp.path)?;
+    check_cancel()?;
     install(tmp, out, opts.force)?;
     manifest.partition = None;
     Ok(manifest)

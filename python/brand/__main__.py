@@ -1,0 +1,5 @@
+"""``python -m brand …``: the ``brand`` command."""
+
+from brand._cli import main
+
+main()

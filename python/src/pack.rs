@@ -1,0 +1,346 @@
+//! Making datasets from Python: the `brand` command ([`main`], the wheel's
+//! console script), `brand.pack` ([`pack`]) and `brand.Writer` ([`Writer`]).
+//!
+//! A pack runs on its own thread while the calling thread waits for it
+//! without the GIL, in slices, checking for signals and reporting progress
+//! between them: Ctrl-C (or an exception from the progress callback) sets
+//! the pack's cancel flag, and the pack stops and removes its unfinished
+//! output before the exception is raised.
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use brand_format::error::Error;
+use brand_format::manifest::Manifest;
+use brand_pack::PackOptions;
+use brand_pack::import::{Format, ImportOptions};
+use brand_pack::source::Source;
+use brand_pack::spill::SpillWriter;
+use brand_store::{Location, ObjectUrl};
+use crossbeam_channel::RecvTimeoutError;
+use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
+
+use crate::errors::{BrandError, guarded, to_py};
+
+/// How long the waiting thread sleeps before it checks for signals and
+/// reports progress.
+const WAIT_SLICE: Duration = Duration::from_millis(20);
+
+/// Runs the ``brand`` command line with ``argv`` (program name first) and
+/// returns its exit status; the GIL is released while it runs. For the
+/// wheel's ``brand`` console script: ``brand pack`` blocks SIGINT and SIGTERM
+/// in the calling thread and takes them on a thread of its own (so that an
+/// interrupt removes the unfinished dataset, then ends the process), and
+/// SIGPIPE is reset to its default action, as the ``brand`` binary does.
+#[pyfunction]
+pub fn main(py: Python<'_>, argv: Vec<OsString>) -> i32 {
+    let code = py.detach(|| {
+        let code = brand_cli::main_with_args(argv);
+        let _ = std::io::stdout().flush();
+        code
+    });
+    if code == ExitCode::SUCCESS { 0 } else { 1 }
+}
+
+/// `(samples, chunks, segments, data_bytes, raw_bytes)` of a packed dataset.
+type Summary = (u64, u64, usize, u64, u64);
+
+fn summary(m: &Manifest) -> Summary {
+    (m.samples, m.chunks, m.segments.len(), m.data_bytes, m.raw_bytes)
+}
+
+/// Where a pack goes: a directory, or a URL packed in a staging directory
+/// and then uploaded.
+struct Target {
+    out: PathBuf,
+    url: Option<ObjectUrl>,
+    staging: Option<PathBuf>,
+}
+
+impl Target {
+    fn new(out: PathBuf, staging: Option<PathBuf>) -> Result<Self, Error> {
+        let url = match Location::of_path(&out)? {
+            Location::Url(u) => Some(u),
+            Location::Dir(_) => None,
+        };
+        Ok(Target { out, url, staging })
+    }
+
+    /// Where scratch files go: beside OUT, or the staging directory of a
+    /// pack to a URL (the system's temporary directory by default).
+    fn scratch_dir(&self) -> PathBuf {
+        match &self.url {
+            Some(_) => self.staging.clone().unwrap_or_else(std::env::temp_dir),
+            None => match self.out.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+                _ => PathBuf::from("."),
+            },
+        }
+    }
+
+    /// Packs the source `open` makes here, interruptibly (see the module's
+    /// comment).
+    fn pack<F>(
+        &self,
+        py: Python<'_>,
+        open: F,
+        opts: &PackOptions,
+        progress: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Summary>
+    where
+        F: FnOnce() -> Result<Box<dyn Source>, Error> + Send,
+    {
+        let Some(url) = &self.url else {
+            return pack_interruptibly(py, open, &self.out, opts, progress);
+        };
+        let base = self.scratch_dir();
+        let staging = tempfile::Builder::new()
+            .prefix("brand-pack-")
+            .tempdir_in(&base)
+            .map_err(|e| to_py(Error::io(&base, e)))?;
+        let local = staging.path().join("ds");
+        let s = pack_interruptibly(py, open, &local, opts, progress)?;
+        py.detach(|| guarded(|| brand_store::upload::upload_dataset(&local, url, opts.force, &|_, _| {})))?;
+        Ok(s)
+    }
+}
+
+/// Opens the source and packs it into `out` on a thread of its own (a
+/// source is shared with the packer's threads, not moved between them)
+/// while this one waits without the GIL, checks for signals and calls
+/// `progress(done, total)`.
+fn pack_interruptibly<F>(
+    py: Python<'_>,
+    open: F,
+    out: &Path,
+    opts: &PackOptions,
+    progress: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Summary>
+where
+    F: FnOnce() -> Result<Box<dyn Source>, Error> + Send,
+{
+    let cancel = AtomicBool::new(false);
+    let (done, total) = (AtomicU64::new(0), AtomicU64::new(0));
+    let (results, outcome) = crossbeam_channel::bounded(1);
+    std::thread::scope(|s| {
+        let packer = std::thread::Builder::new().name("brand-pack".into());
+        let started = packer.spawn_scoped(s, || {
+            let r = guarded(|| {
+                let source = open()?;
+                brand_pack::pack_cancellable(
+                    source.as_ref(),
+                    out,
+                    opts,
+                    &|d, t, _| {
+                        total.store(t, Ordering::Relaxed);
+                        done.store(d, Ordering::Relaxed);
+                    },
+                    &cancel,
+                )
+            });
+            let _ = results.send(r);
+        });
+        if let Err(e) = started {
+            return Err(to_py(Error::io("<the brand-pack thread>", e)));
+        }
+        // The exception that stopped the pack (Ctrl-C, or the callback's).
+        let mut stopped_by: Option<PyErr> = None;
+        let mut reported = None;
+        loop {
+            match py.detach(|| outcome.recv_timeout(WAIT_SLICE)) {
+                Ok(r) => {
+                    if let Some(e) = stopped_by {
+                        return Err(e);
+                    }
+                    let m = r.map_err(PyErr::from)?;
+                    if let Some(cb) = progress
+                        && reported != Some(m.samples)
+                    {
+                        cb.call1((m.samples, m.samples))?;
+                    }
+                    return Ok(summary(&m));
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(BrandError::new_err(
+                        "internal error: the pack thread ended without a result",
+                    ));
+                }
+            }
+            if stopped_by.is_some() {
+                continue; // waiting for the pack to remove its output
+            }
+            let step = py.check_signals().and_then(|()| {
+                let (d, t) = (done.load(Ordering::Relaxed), total.load(Ordering::Relaxed));
+                match progress {
+                    // Reported once the packer has said how many samples there are.
+                    Some(cb) if t > 0 && reported != Some(d) => {
+                        reported = Some(d);
+                        cb.call1((d, t)).map(drop)
+                    }
+                    _ => Ok(()),
+                }
+            });
+            if let Err(e) = step {
+                cancel.store(true, Ordering::Relaxed);
+                stopped_by = Some(e);
+            }
+        }
+    })
+}
+
+/// The pack options of `brand pack`'s flags.
+fn pack_options(
+    seed: u64,
+    chunk_size: u32,
+    zstd: Option<i32>,
+    segment_mib: u64,
+    force: bool,
+    inputs: Vec<String>,
+) -> PackOptions {
+    PackOptions {
+        chunk_size,
+        seed,
+        zstd,
+        segment_bytes: segment_mib.saturating_mul(1 << 20),
+        force,
+        inputs,
+        partitions: None,
+    }
+}
+
+/// The engine of ``brand.pack`` (see its docstring in brand/_pack.py):
+/// returns ``(samples, chunks, segments, data_bytes, raw_bytes)``.
+#[pyfunction]
+#[pyo3(signature = (inputs, out, *, source, field, label, label_feature, seed, chunk_size, zstd, segment_mib, force, staging, progress))]
+#[allow(clippy::too_many_arguments)]
+pub fn _pack(
+    py: Python<'_>,
+    inputs: Vec<PathBuf>,
+    out: PathBuf,
+    source: &str,
+    field: Option<String>,
+    label: Option<String>,
+    label_feature: String,
+    seed: u64,
+    chunk_size: u32,
+    zstd: Option<i32>,
+    segment_mib: u64,
+    force: bool,
+    staging: Option<PathBuf>,
+    progress: Option<Bound<'_, PyAny>>,
+) -> PyResult<Summary> {
+    let format: Format = source.parse().map_err(to_py)?;
+    let target = Target::new(out, staging).map_err(to_py)?;
+    let opts = pack_options(
+        seed,
+        chunk_size,
+        zstd,
+        segment_mib,
+        force,
+        inputs.iter().map(|p| p.display().to_string()).collect(),
+    );
+    let import = ImportOptions {
+        label_feature,
+        field,
+        label,
+        spool_dir: target.scratch_dir(),
+    };
+    // Listing a large input takes a while: on the pack's thread, without the GIL.
+    target.pack(
+        py,
+        || brand_pack::import::open(format, &inputs, &import),
+        &opts,
+        progress.as_ref(),
+    )
+}
+
+/// The engine of ``brand.Writer`` (see brand/_pack.py): samples spilled to
+/// an anonymous file, packed by ``close``.
+#[pyclass(module = "brand._brand")]
+pub struct _Writer {
+    target: Target,
+    opts: PackOptions,
+    /// None once closed or aborted.
+    spill: Option<SpillWriter>,
+}
+
+#[pymethods]
+impl _Writer {
+    #[new]
+    #[pyo3(signature = (out, *, seed, chunk_size, zstd, segment_mib, force, spill_dir, staging))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        out: PathBuf,
+        seed: u64,
+        chunk_size: u32,
+        zstd: Option<i32>,
+        segment_mib: u64,
+        force: bool,
+        spill_dir: Option<PathBuf>,
+        staging: Option<PathBuf>,
+    ) -> PyResult<Self> {
+        let target = Target::new(out, staging).map_err(to_py)?;
+        let opts = pack_options(seed, chunk_size, zstd, segment_mib, force, Vec::new());
+        // Options that cannot work fail now, not after every sample is written.
+        brand_pack::check_options(&opts).map_err(to_py)?;
+        if target.url.is_none() && target.out.exists() && !force {
+            return Err(to_py(Error::config(format!(
+                "{} already exists (use force=True to replace it)",
+                target.out.display()
+            ))));
+        }
+        let spill_dir = spill_dir.unwrap_or_else(|| target.scratch_dir());
+        let spill = SpillWriter::new(&spill_dir).map_err(to_py)?;
+        Ok(_Writer {
+            target,
+            opts,
+            spill: Some(spill),
+        })
+    }
+
+    /// Appends one sample (see ``brand.Writer.write``).
+    #[pyo3(signature = (data, label, key))]
+    fn write(&mut self, py: Python<'_>, data: PyBackedBytes, label: i64, key: Option<&str>) -> PyResult<()> {
+        let spill = self.spill.as_mut().ok_or_else(closed)?;
+        let key = key.map(str::as_bytes);
+        // A large sample is written without the GIL.
+        if data.len() >= 1 << 16 {
+            py.detach(|| spill.push(&data, label, key)).map_err(to_py)
+        } else {
+            spill.push(&data, label, key).map_err(to_py)
+        }
+    }
+
+    fn __len__(&self) -> usize {
+        self.spill.as_ref().map_or(0, SpillWriter::len)
+    }
+
+    /// Whether close() or abort() was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.spill.is_none()
+    }
+
+    /// Packs the samples written (see ``brand.Writer.close``).
+    #[pyo3(signature = (progress))]
+    fn close(&mut self, py: Python<'_>, progress: Option<Bound<'_, PyAny>>) -> PyResult<Summary> {
+        let spill = self.spill.take().ok_or_else(closed)?;
+        let open = move || spill.finish().map(|s| Box::new(s) as Box<dyn Source>);
+        self.target.pack(py, open, &self.opts, progress.as_ref())
+    }
+
+    /// Drops the samples written; no dataset is made.
+    fn abort(&mut self) {
+        self.spill = None;
+    }
+}
+
+fn closed() -> PyErr {
+    to_py(Error::config("this brand.Writer is closed"))
+}
