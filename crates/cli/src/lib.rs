@@ -159,11 +159,13 @@ struct PackArgs {
     #[arg(required = true, num_args = 1..)]
     inputs: Vec<PathBuf>,
     /// The dataset directory to create, or a URL (s3://bucket/prefix, gs://…,
-    /// az://…): packed in --staging, then uploaded, manifest.toml last.
+    /// az://…): each segment uploaded as soon as it is written (in
+    /// --staging, removed once sent), manifest.toml last.
     #[arg(short, long)]
     out: PathBuf,
-    /// A pack to a URL: the local directory it is packed in before the
-    /// upload (default: the system's temporary directory); removed after.
+    /// A pack to a URL: the local directory segments are written in until
+    /// they are uploaded, at most three at a time (default: the system's
+    /// temporary directory); removed after.
     #[arg(long, value_name = "DIR")]
     staging: Option<PathBuf>,
     #[arg(long, value_enum, default_value = "dir")]
@@ -425,6 +427,15 @@ fn partitioning(
 
 fn pack_cmd(a: &PackArgs) -> brand_format::Result<ExitCode> {
     remove_unfinished_pack_on_interrupt()?;
+    // A pack to a URL: the URL is checked first (a dataset there without
+    // --force fails before any input is read), and each segment is uploaded
+    // as soon as it is written, then removed here.
+    let upload = match brand_store::Location::of_path(&a.out)? {
+        brand_store::Location::Url(u) if a.partitions.is_none() => {
+            Some(brand_store::upload::SegmentUpload::begin(&u, a.force, true)?)
+        }
+        _ => None,
+    };
     let source = open_source(a)?;
     let partitions = match a.partitions {
         Some(w) => Some(partitioning(w, &a.memory, source.len() as u64, a.chunk_size)?),
@@ -463,12 +474,19 @@ fn pack_cmd(a: &PackArgs) -> brand_format::Result<ExitCode> {
     };
     let local = staging.as_ref().map_or(a.out.clone(), |t| t.path().join("ds"));
     let bar = progress_bar(source.len() as u64, "pack");
-    let m = brand_pack::pack(source.as_ref(), &local, &opts, &|done, _, _| bar.set_position(done))?;
+    let segment_done = |path: &std::path::Path, name: &str| match &upload {
+        Some(up) => up.segment(path, name),
+        None => Ok(()),
+    };
+    let hooks = brand_pack::Hooks {
+        progress: &|done, _, _| bar.set_position(done),
+        cancel: &std::sync::atomic::AtomicBool::new(false),
+        segment_done: &segment_done,
+    };
+    let m = brand_pack::pack_with(source.as_ref(), &local, &opts, &hooks)?;
     bar.finish_and_clear();
-    if let Some(u) = &url {
-        let bar = progress_bar(m.data_bytes, "upload");
-        brand_store::upload::upload_dataset(&local, u, a.force, &|done, _| bar.set_position(done))?;
-        bar.finish_and_clear();
+    if let Some(up) = upload {
+        up.finish(&local)?;
     }
     eprintln!(
         "packed {} samples into {} chunks, {} segment(s), {:.1} MiB, in {}",

@@ -403,6 +403,120 @@ fn pack_to_a_url_refuses_to_replace_a_dataset_without_force_and_replaces_it_whol
     assert!(err.contains("--partitions") && err.contains("s3://bkt/parts"), "{err}");
 }
 
+#[test]
+fn pack_to_a_url_uploads_segments_as_written_and_a_failed_pack_leaves_no_object() {
+    let f = Fixture::new();
+    let files = f.root.join("files");
+    // A list of the generated files, then one sample larger than a 1 MiB
+    // segment, packed late: the pack fails at its chunk, after segments
+    // were uploaded.
+    let mut names: Vec<String> = Vec::new();
+    for class in std::fs::read_dir(&files)
+        .expect("files")
+        .map(|e| e.expect("entry").path())
+    {
+        for file in std::fs::read_dir(&class)
+            .expect("class")
+            .map(|e| e.expect("entry").path())
+        {
+            names.push(file.strip_prefix(&files).expect("under files").display().to_string());
+        }
+    }
+    names.sort();
+    std::fs::write(files.join("big.bin"), vec![7u8; 3 << 20]).expect("big sample");
+    names.push("big.bin".into());
+    let n = names.len();
+    let list = files.join("list.txt");
+    std::fs::write(&list, names.iter().map(|p| format!("{p}\t1\n")).collect::<String>()).expect("list");
+    // A seed that packs the big sample (the last entry) past 60 % of the samples.
+    let seed = (0u64..)
+        .find(|&seed| {
+            let order = brand_format::rng::Prng::stream(seed, &[brand_format::rng::domain::PACK]).permutation(n);
+            order
+                .iter()
+                .position(|&src| src as usize == n - 1)
+                .is_some_and(|p| p * 10 > n * 6)
+        })
+        .expect("a seed");
+    let stage = f.root.join("stage");
+    std::fs::create_dir(&stage).expect("stage");
+    f.server.reset_stats();
+    let seed_text = seed.to_string();
+    let args = [
+        "pack",
+        "--from",
+        "list",
+        s(&list),
+        "-o",
+        "s3://bkt/fails",
+        "--chunk-size",
+        "8",
+        "--segment-mib",
+        "1",
+        "--seed",
+        &seed_text,
+        "--staging",
+        s(&stage),
+    ];
+    let err = f.fails_within(&args, Duration::from_secs(60));
+    assert!(
+        err.contains("more than the segment size") && err.contains("big.bin"),
+        "{err}"
+    );
+    assert!(
+        f.server.stats().put_requests >= 3,
+        "segments should have been uploaded before the failure: {:?}",
+        f.server.stats()
+    );
+    // What was uploaded is deleted again: no object under the prefix.
+    let left: Vec<_> = walk(&f.root.join("s3/bkt/fails"));
+    assert!(left.is_empty(), "objects left under s3://bkt/fails: {left:?}");
+    assert_eq!(
+        std::fs::read_dir(&stage).expect("stage").count(),
+        0,
+        "staging not cleaned"
+    );
+
+    // Without the big sample the same pack succeeds, segment by segment, and
+    // reads back; nothing stays in the staging directory.
+    names.pop();
+    std::fs::write(&list, names.iter().map(|p| format!("{p}\t1\n")).collect::<String>()).expect("list");
+    let mut ok = args.to_vec();
+    ok[5] = "s3://bkt/streamed";
+    let out = f.run(&ok);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        std::fs::read_dir(&stage).expect("stage").count(),
+        0,
+        "staging not cleaned"
+    );
+    let inspect = f.run(&["inspect", "s3://bkt/streamed", "--json"]);
+    let summary: serde_json::Value = serde_json::from_slice(&inspect.stdout).expect("json");
+    assert!(
+        summary["segments"].as_u64().is_some_and(|n| n >= 5),
+        "{summary}"
+    );
+    let verify = f.run(&["verify", "s3://bkt/streamed"]);
+    assert!(verify.status.success(), "{}", stderr(&verify));
+}
+
+/// Every file under `dir` (none if it is missing).
+fn walk(dir: &std::path::Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
 /// Replaces object `key` of bucket `bkt` through the S3 API (a new ETag).
 fn put_object(f: &Fixture, key: &str, bytes: Vec<u8>) {
     use object_store::ObjectStoreExt;

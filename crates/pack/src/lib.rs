@@ -295,6 +295,28 @@ pub fn pack_cancellable(
     progress: Progress<'_>,
     cancel: &AtomicBool,
 ) -> Result<Manifest> {
+    let hooks = Hooks {
+        progress,
+        cancel,
+        segment_done: &|_, _| Ok(()),
+    };
+    pack_with(source, out, opts, &hooks)
+}
+
+/// What a caller of [`pack_with`] hears while it packs, and how it stops it.
+pub struct Hooks<'a> {
+    pub progress: Progress<'a>,
+    /// Stops the pack once set, as [`pack_cancellable`] says.
+    pub cancel: &'a AtomicBool,
+    /// Called with each segment file (path, name) once it is complete and
+    /// synced, in order: `brand pack -o URL` uploads it then, while the
+    /// next is written. An error stops the pack.
+    pub segment_done: &'a dyn Fn(&Path, &str) -> Result<()>,
+}
+
+/// [`pack`] with [`Hooks`].
+pub fn pack_with(source: &dyn Source, out: &Path, opts: &PackOptions, hooks: &Hooks<'_>) -> Result<Manifest> {
+    let (progress, cancel) = (hooks.progress, hooks.cancel);
     let check_cancel = || {
         if cancel.load(Ordering::Relaxed) {
             Err(Error::config(CANCELLED))
@@ -422,7 +444,10 @@ pub fn pack_cancellable(
             let seg = &mut writers[part_of(c as u64)];
             if seg.as_ref().is_none_or(|s| s.offset + len > opts.segment_bytes) {
                 if let Some(s) = seg.take() {
+                    let path = s.path.clone();
+                    let number = s.number as usize;
                     finish_segment(s, &mut segments)?;
+                    (hooks.segment_done)(&path, &segments[number].name)?;
                 }
                 let number = segments.len() as u32;
                 let name = format::segment_name(number);
@@ -467,7 +492,10 @@ pub fn pack_cancellable(
         progress(last as u64, n as u64, data_bytes);
     }
     for s in writers.iter_mut().filter_map(Option::take) {
+        let path = s.path.clone();
+        let number = s.number as usize;
         finish_segment(s, &mut segments)?;
+        (hooks.segment_done)(&path, &segments[number].name)?;
     }
 
     // Written once, checked as a reader will open it, then copied into

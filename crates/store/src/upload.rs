@@ -59,13 +59,17 @@ pub fn upload_dataset(dir: &Path, url: &ObjectUrl, force: bool, progress: &dyn F
 /// either way, and none of its bytes stay billed.
 pub struct SegmentUpload {
     url: ObjectUrl,
+    remove_sent: bool,
     jobs: Option<mpsc::SyncSender<Job>>,
     worker: Option<std::thread::JoinHandle<()>>,
     state: Arc<Shared>,
 }
 
 enum Job {
-    Segment(PathBuf, String),
+    /// An open segment file (its path for messages; with `remove_sent` it
+    /// is unlinked already, so the packer's later rename of its directory
+    /// does not matter), and its object name.
+    Segment(std::fs::File, PathBuf, String),
     Finish(PathBuf),
 }
 
@@ -90,10 +94,11 @@ impl SegmentUpload {
         let (u, st) = (url.clone(), Arc::clone(&state));
         let worker = std::thread::Builder::new()
             .name("brand-upload".into())
-            .spawn(move || run(&u, force, remove_sent, &st, &ready_tx, &jobs_rx))
+            .spawn(move || run(&u, force, &st, &ready_tx, &jobs_rx))
             .map_err(|e| Error::io("<brand-upload thread>", e))?;
         let upload = SegmentUpload {
             url: url.clone(),
+            remove_sent,
             jobs: Some(jobs_tx),
             worker: Some(worker),
             state,
@@ -109,10 +114,13 @@ impl SegmentUpload {
     /// it is queued: an error of an earlier upload is returned here).
     pub fn segment(&self, path: &Path, name: &str) -> Result<()> {
         self.check()?;
-        let sent = self
-            .jobs
-            .as_ref()
-            .is_some_and(|j| j.send(Job::Segment(path.to_path_buf(), name.to_string())).is_ok());
+        let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        if self.remove_sent {
+            // The open file keeps its bytes until the upload closes it.
+            std::fs::remove_file(path).map_err(|e| Error::io(path, e))?;
+        }
+        let job = Job::Segment(file, path.to_path_buf(), name.to_string());
+        let sent = self.jobs.as_ref().is_some_and(|j| j.send(job).is_ok());
         if !sent {
             self.check()?;
             return Err(self.stopped());
@@ -173,14 +181,7 @@ impl Drop for SegmentUpload {
 
 /// The upload thread: connects, checks the URL, then takes segments until
 /// told to finish (or until the packer goes away: then it cleans up).
-fn run(
-    url: &ObjectUrl,
-    force: bool,
-    remove_sent: bool,
-    state: &Shared,
-    ready: &mpsc::Sender<Result<()>>,
-    jobs: &mpsc::Receiver<Job>,
-) {
+fn run(url: &ObjectUrl, force: bool, state: &Shared, ready: &mpsc::Sender<Result<()>>, jobs: &mpsc::Receiver<Job>) {
     let started = (|| {
         let rt = IoRuntime::new(2)?;
         let conn = Connection::for_upload(url, Duration::from_secs(30))?;
@@ -201,13 +202,10 @@ fn run(
     let outcome: Result<()> = rt.block_on(async {
         while let Ok(job) = jobs.recv() {
             match job {
-                Job::Segment(path, name) => {
-                    let bytes = upload_file(&conn, &path, url, &name).await?;
+                Job::Segment(file, path, name) => {
+                    let bytes = upload_file(&conn, file, &path, url, &name).await?;
                     sent.push(name);
                     state.sent.fetch_add(bytes, Ordering::Relaxed);
-                    if remove_sent {
-                        std::fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
-                    }
                 }
                 Job::Finish(dir) => {
                     commit(&conn, url, &dir, &old_segments).await?;
@@ -265,7 +263,9 @@ async fn take_old_manifest(conn: &Connection, url: &ObjectUrl, force: bool) -> R
 async fn commit(conn: &Connection, url: &ObjectUrl, dir: &Path, old_segments: &[String]) -> Result<()> {
     let fail = |name: &str, what: String| Error::io(url.object_url(name), std::io::Error::other(what));
     let manifest = Manifest::load(&dir.join(MANIFEST_FILE))?;
-    upload_file(conn, &dir.join(INDEX_FILE), url, INDEX_FILE).await?;
+    let index = dir.join(INDEX_FILE);
+    let file = std::fs::File::open(&index).map_err(|e| Error::io(&index, e))?;
+    upload_file(conn, file, &index, url, INDEX_FILE).await?;
     conn.store
         .put(
             &url.object(MANIFEST_FILE),
@@ -296,12 +296,17 @@ async fn old_segment_names(conn: &Connection) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// One local file to object `name`: one PUT when it fits a part, else a
+/// One local file (opened from `path`) to object `name`: one PUT when it fits a part, else a
 /// multipart upload (aborted on an error, so no parts are left billed).
-async fn upload_file(conn: &Connection, path: &Path, url: &ObjectUrl, name: &str) -> Result<u64> {
+async fn upload_file(
+    conn: &Connection,
+    mut file: std::fs::File,
+    path: &Path,
+    url: &ObjectUrl,
+    name: &str,
+) -> Result<u64> {
     use std::io::Read;
     let fail = |what: String| Error::io(url.object_url(name), std::io::Error::other(what));
-    let mut file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
     let object = url.object(name);
     if len as usize <= PART_BYTES {
