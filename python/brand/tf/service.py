@@ -35,7 +35,10 @@ Sharding (``distribute(processing_mode=...)``):
     brand's plan, so a run without failures serves every sample exactly once.
     tf.data service hands a split out at most once: a worker that dies
     mid-split loses the rest of that split for that epoch (those samples are
-    missing, none comes twice). ``.repeat()`` moves on to new epochs.
+    missing, none comes twice). TensorFlow 2.21's dispatcher keeps a lost
+    worker's task and the client waits for it: restart the worker at its
+    address (same ``--port`` and ``--worker-address``). ``.repeat()`` moves on to
+    new epochs.
   * ``DATA`` (and ``FILE_OR_DATA``, since BrandDataset is not one of
     TensorFlow's file readers; ``FILE`` fails): every worker reads everything
     and keeps every n-th element (n x the I/O). ``HINT`` only rewrites
