@@ -269,7 +269,8 @@ class BrandDatasetOp : public DatasetOpKernel {
     OP_REQUIRES(ctx, epochs >= -1, absl::InvalidArgumentError("epochs must be >= 0, or -1 for no end"));
     OP_REQUIRES(ctx, batch_size >= 0, absl::InvalidArgumentError("batch_size must be >= 0"));
     OP_REQUIRES(ctx, splits >= 0 && splits <= kMaxSplits,
-                absl::InvalidArgumentError(absl::StrCat("splits must be in 1..=", kMaxSplits, " (or 0 for the default), not ", splits)));
+                absl::InvalidArgumentError(
+                    absl::StrCat("splits must be in 1..=", kMaxSplits, " (or 0 for the default), not ", splits)));
     OP_REQUIRES(ctx, epochs <= (int64_t{1} << 40),
                 absl::InvalidArgumentError(absl::StrCat("epochs ", epochs, " is past 2^40; use -1 for no end")));
     const Tensor* world_t = nullptr;
@@ -402,8 +403,8 @@ class BrandDatasetOp : public DatasetOpKernel {
         // split provider (a GetSplit call to the dispatcher per split).
         const std::vector<std::shared_ptr<SplitProvider>> providers = ctx->split_providers();
         if (providers.size() > 1) {
-          return absl::InvalidArgumentError(absl::StrCat("brand: BrandDataset is one source and takes one split provider, not ",
-                                                         providers.size()));
+          return absl::InvalidArgumentError(
+              absl::StrCat("brand: BrandDataset is one source and takes one split provider, not ", providers.size()));
         }
         if (!providers.empty()) {
           absl::MutexLock l(&mu_);
