@@ -13,6 +13,7 @@ process (PR_SET_PDEATHSIG) as well as in teardown."""
 
 import ctypes
 import faulthandler
+import json
 import os
 import queue
 import re
@@ -317,6 +318,11 @@ def test_worker_without_the_op_names_the_missing_op(svc_ds):
 def test_service_processes_turn_brand_multi_node_off(svc_ds, monkeypatch):
     # What a worker does with a dataset whose config asks for brand nodes.
     monkeypatch.setenv(service.SERVICE_ENV, "1")
+    # An environment that would make every loader a node of 2 (brand on port + 1000).
+    cluster = {"worker": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]}
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 0}}))
+    ds = BrandDataset(svc_ds, memory=MEMORY, config='peer_timeout = "2s"')
+    assert sorted(int(e["id"]) for e in ds.as_numpy_iterator()) == list(range(SAMPLES)), "a loader alone"
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"opens every loader with `nodes = \[\]`"):
         BrandDataset(svc_ds, memory=MEMORY, config='nodes = ["127.0.0.1:1", "127.0.0.1:2"]\nrank = 0')
     monkeypatch.setenv(service.SERVICE_ENV, "0")
