@@ -8,8 +8,9 @@ mid-epoch serves no sample twice; and a worker started without brand's op
 gives the error users meet.
 
 Every wait is bounded: servers must say they are ready within START_S, each
-test is ended by a watchdog after TEST_S, and the servers die with this
-process (PR_SET_PDEATHSIG) as well as in teardown."""
+test is ended by a watchdog after TEST_S (its stack dump on the terminal),
+and the servers die with this process (PR_SET_PDEATHSIG) as well as in
+teardown."""
 
 import ctypes
 import faulthandler
@@ -136,11 +137,24 @@ def start_service(worker_ports=(0, 0)):
     return address, servers
 
 
+def _terminal(config):
+    """The terminal's stderr, which pytest's fd capture saved: a watchdog's
+    dump written to the captured fd 2 would vanish with the exit. None if
+    this pytest keeps it elsewhere."""
+    capman = config.pluginmanager.getplugin("capturemanager")
+    err = getattr(getattr(capman, "_global_capturing", None), "err", None)
+    fd = getattr(err, "targetfd_save", None)
+    return os.fdopen(os.dup(fd), "w") if fd is not None else None
+
+
 @pytest.fixture(autouse=True)
-def watchdog():
-    faulthandler.dump_traceback_later(TEST_S, exit=True)
+def watchdog(pytestconfig):
+    out = _terminal(pytestconfig)
+    faulthandler.dump_traceback_later(TEST_S, exit=True, file=out or sys.stderr)
     yield
     faulthandler.cancel_dump_traceback_later()
+    if out is not None:
+        out.close()
 
 
 @pytest.fixture(scope="module")
