@@ -15,6 +15,30 @@
 //               world of another size (elastic resume: an iterator that is not
 //               restored from its own checkpoint opens with
 //               brand_open_at_elastic)
+//   splits      tf.data service's dynamic sharding (distributed_epoch /
+//               ShardingPolicy.DYNAMIC): each epoch is cut into this many
+//               splits; 0 picks from the sample count (DefaultSplits)
+//
+// Splits (MakeSplitProviders). Split k of S of epoch e is what rank k of a
+// world of S serves of epoch e under brand's own plan (global positions
+// k, k + S, ... of that epoch's order, in that order, without the padding a
+// short rank gets): the S splits of an epoch hold every sample exactly once.
+// A split is the int64 vector [e, k, S]. The dispatcher's provider hands out
+// the epochs' splits in order; Reset (the next repetition: .repeat() over the
+// dataset, or a new pass) moves on by `epochs` epochs, so each repetition is
+// new epochs in new orders, the same ones again for the same seed. An
+// iterator given a split provider opens each split it is handed as that
+// rank (a loader of its own, brand's multi-node push off: `nodes = []`),
+// serves its samples, then asks for the next split; without one it reads the
+// whole configured share as before. tf.data service hands each split out at
+// most once: a worker that dies mid-split loses the rest of that split for
+// that epoch (no sample is served twice).
+//
+// Service mode: in a process where BRAND_TF_SERVICE=1 (brand.tf.service sets
+// it for its dispatcher and workers) every loader is opened with
+// `nodes = []` before the config, so neither the config nor the environment
+// (BRAND_NODES, TF_CONFIG) makes it a node of a brand multi-node job: the
+// service already moves the data. A config that sets `nodes` is refused.
 //
 // A second op, BrandSavedState, finds the BrandDataset iterator's brand
 // state in a saved iterator state (the variant tf.train.Checkpoint writes),
@@ -35,6 +59,7 @@
 #error "BrandDataset needs TensorFlow 2.16 or newer (2.x)"
 #endif
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -49,6 +74,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
+#include <cstdlib>
+
 #include "tensorflow/core/data/serialization_utils.h"
 #include "tensorflow/core/framework/cancellation.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
@@ -109,6 +136,116 @@ absl::Status BrandError(int32_t st, const char* what) {
     if (brand_st_ < 0) return BrandError(brand_st_, what); \
   } while (0)
 
+// Whether this process runs tf.data service servers for brand
+// (brand.tf.service sets BRAND_TF_SERVICE=1 before they start).
+bool ServiceMode() {
+  const char* v = std::getenv("BRAND_TF_SERVICE");
+  return v != nullptr && v[0] != '\0' && std::strcmp(v, "0") != 0;
+}
+
+// The config a loader is opened with: in service mode `nodes = []` first,
+// which turns brand's multi-node push off (and the environment's node list
+// with it); a config that sets `nodes` too then fails as a duplicate key.
+// Prepended, not appended: later keys could sit under a TOML table header.
+std::string LoaderConfigText(const std::string& config) {
+  return ServiceMode() ? absl::StrCat("nodes = []\n", config) : config;
+}
+
+// A brand error from opening with LoaderConfigText(config), explained when
+// service mode's own key may be the cause.
+absl::Status OpenError(int32_t st, const std::string& what) {
+  absl::Status s = BrandError(st, what.c_str());
+  if (st == BRAND_ERR_CONFIG && ServiceMode()) {
+    s = absl::InvalidArgumentError(absl::StrCat(
+        s.message(),
+        " (in a tf.data service process (BRAND_TF_SERVICE=1) brand.tf opens every loader with `nodes = []`: "
+        "brand's own multi-node push is off, the service moves the data, so the dataset's config must not "
+        "set nodes)"));
+  }
+  return s;
+}
+
+// Default splits per epoch: 1 per 256 samples (so each split is several
+// chunks' worth, and a GetSplit round trip per split is cheap next to
+// serving it), at most 64 (8 per worker for 8 workers); at least 1.
+int64_t DefaultSplits(uint64_t samples) {
+  const uint64_t s = samples / 256;
+  return static_cast<int64_t>(s < 1 ? 1 : (s > 64 ? 64 : s));
+}
+
+// The most splits an epoch may be cut into (brand's largest world).
+constexpr int64_t kMaxSplits = 1 << 16;
+
+// The samples of split k of S (rank k of a world of S) that are real, not
+// the padding that evens out ranks: positions k, k + S, ... below n.
+uint64_t SplitSamples(uint64_t n, uint64_t k, uint64_t s) { return n > k ? (n - k + s - 1) / s : 0; }
+
+// Hands out the splits [epoch, k, S] of `epochs` epochs from `first_epoch`
+// (no end if epochs < 0), k = 0..S-1 within each. Reset (a new repetition)
+// moves on to the next `epochs` epochs. Thread-safe: the dispatcher serves
+// GetSplit calls concurrently.
+class BrandSplitProvider : public SplitProvider {
+ public:
+  BrandSplitProvider(int64_t first_epoch, int64_t epochs, int64_t splits)
+      : first_epoch_(first_epoch), epochs_(epochs), splits_(splits) {}
+
+  absl::Status GetNext(Tensor* split, bool* end_of_splits) override {
+    absl::MutexLock l(&mu_);
+    if (epochs_ >= 0 && next_ >= epochs_ * splits_) {
+      *end_of_splits = true;
+      return absl::OkStatus();
+    }
+    const int64_t epoch = first_epoch_ + (epochs_ > 0 ? repetition_ * epochs_ : 0) + next_ / splits_;
+    Tensor t(DT_INT64, TensorShape({3}));
+    auto v = t.flat<int64_t>();
+    v(0) = epoch;
+    v(1) = next_ % splits_;
+    v(2) = splits_;
+    next_++;
+    *split = std::move(t);
+    *end_of_splits = false;
+    return absl::OkStatus();
+  }
+
+  absl::Status Reset() override {
+    absl::MutexLock l(&mu_);
+    repetition_++;
+    next_ = 0;
+    return absl::OkStatus();
+  }
+
+  absl::Status Save(std::function<std::string(std::string)> full_name, IteratorStateWriter* writer) override {
+    absl::MutexLock l(&mu_);
+    TF_RETURN_IF_ERROR(writer->WriteScalar(full_name("repetition"), repetition_));
+    return writer->WriteScalar(full_name("next"), next_);
+  }
+
+  absl::Status Restore(std::function<std::string(std::string)> full_name, IteratorStateReader* reader) override {
+    absl::MutexLock l(&mu_);
+    int64_t repetition = 0, next = 0;
+    TF_RETURN_IF_ERROR(reader->ReadScalar(full_name("repetition"), &repetition));
+    TF_RETURN_IF_ERROR(reader->ReadScalar(full_name("next"), &next));
+    if (repetition < 0 || next < 0 || (epochs_ >= 0 && next > epochs_ * splits_)) {
+      return absl::DataLossError(absl::StrCat("brand: saved split provider position (repetition ", repetition,
+                                              ", split ", next, ") is out of range for ", epochs_,
+                                              " epochs of ", splits_, " splits"));
+    }
+    repetition_ = repetition;
+    next_ = next;
+    return absl::OkStatus();
+  }
+
+  int64_t Cardinality() const override { return epochs_ < 0 ? kInfiniteCardinality : epochs_ * splits_; }
+
+ private:
+  const int64_t first_epoch_;
+  const int64_t epochs_;
+  const int64_t splits_;
+  absl::Mutex mu_;
+  int64_t repetition_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t next_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 // Owns a brand_batch for the scope of one GetNext (batched mode).
 struct BatchGuard {
   brand_batch* b = nullptr;
@@ -121,15 +258,21 @@ class BrandDatasetOp : public DatasetOpKernel {
 
   void MakeDataset(OpKernelContext* ctx, DatasetBase** output) override {
     tstring path, config;
-    int64_t epoch = 0, epochs = 0, batch_size = 0;
+    int64_t epoch = 0, epochs = 0, batch_size = 0, splits = 0;
     OP_REQUIRES_OK(ctx, ParseScalarArgument<tstring>(ctx, "path", &path));
     OP_REQUIRES_OK(ctx, ParseScalarArgument<tstring>(ctx, "config", &config));
     OP_REQUIRES_OK(ctx, ParseScalarArgument<int64_t>(ctx, "epoch", &epoch));
     OP_REQUIRES_OK(ctx, ParseScalarArgument<int64_t>(ctx, "epochs", &epochs));
     OP_REQUIRES_OK(ctx, ParseScalarArgument<int64_t>(ctx, "batch_size", &batch_size));
+    OP_REQUIRES_OK(ctx, ParseScalarArgument<int64_t>(ctx, "splits", &splits));
     OP_REQUIRES(ctx, epoch >= 0, absl::InvalidArgumentError("epoch must be >= 0"));
     OP_REQUIRES(ctx, epochs >= -1, absl::InvalidArgumentError("epochs must be >= 0, or -1 for no end"));
     OP_REQUIRES(ctx, batch_size >= 0, absl::InvalidArgumentError("batch_size must be >= 0"));
+    OP_REQUIRES(ctx, splits >= 0 && splits <= kMaxSplits,
+                absl::InvalidArgumentError(
+                    absl::StrCat("splits must be in 1..=", kMaxSplits, " (or 0 for the default), not ", splits)));
+    OP_REQUIRES(ctx, epochs <= (int64_t{1} << 40),
+                absl::InvalidArgumentError(absl::StrCat("epochs ", epochs, " is past 2^40; use -1 for no end")));
     const Tensor* world_t = nullptr;
     OP_REQUIRES_OK(ctx, ctx->input("resume_world", &world_t));
     OP_REQUIRES(ctx, world_t->dims() == 1, absl::InvalidArgumentError("resume_world must be a vector"));
@@ -142,18 +285,18 @@ class BrandDatasetOp : public DatasetOpKernel {
     // is made, not at the first element, and the epoch length gives a real
     // cardinality.
     uint64_t epoch_len = 0;
-    const int32_t st = brand_epoch_len_for(path.c_str(), config.c_str(), &epoch_len);
-    OP_REQUIRES(ctx, st >= 0, BrandError(st, absl::StrCat("opening ", std::string(path)).c_str()));
+    const int32_t st = brand_epoch_len_for(path.c_str(), LoaderConfigText(config).c_str(), &epoch_len);
+    OP_REQUIRES(ctx, st >= 0, OpenError(st, absl::StrCat("opening ", std::string(path))));
 
     *output = new Dataset(ctx, std::string(path), std::string(config), epoch, epochs, batch_size,
-                          static_cast<int64_t>(epoch_len), std::move(resume_world));
+                          static_cast<int64_t>(epoch_len), std::move(resume_world), splits);
   }
 
  private:
   class Dataset : public DatasetBase {
    public:
     Dataset(OpKernelContext* ctx, std::string path, std::string config, int64_t epoch, int64_t epochs,
-            int64_t batch_size, int64_t epoch_len, std::vector<std::string> resume_world)
+            int64_t batch_size, int64_t epoch_len, std::vector<std::string> resume_world, int64_t splits)
         : DatasetBase(DatasetContext(ctx)),
           path_(std::move(path)),
           config_(std::move(config)),
@@ -162,6 +305,7 @@ class BrandDatasetOp : public DatasetOpKernel {
           batch_size_(batch_size),
           epoch_len_(epoch_len),
           resume_world_(std::move(resume_world)),
+          splits_(splits),
           dtypes_({DT_STRING, DT_INT64, DT_STRING, DT_INT64}),
           shapes_(4, batch_size > 0 ? PartialTensorShape({-1}) : PartialTensorShape({})) {}
 
@@ -190,6 +334,40 @@ class BrandDatasetOp : public DatasetOpKernel {
     // The elements are a function of the dataset files and the config alone.
     absl::Status CheckExternalState() const override { return absl::OkStatus(); }
 
+    // tf.data service's dynamic sharding (runs in the dispatcher): one
+    // provider of the epochs' splits (see the top of this file).
+    absl::Status MakeSplitProviders(std::vector<std::unique_ptr<SplitProvider>>* split_providers) const override {
+      if (!resume_world_.empty()) {
+        return absl::InvalidArgumentError(
+            "brand: a BrandDataset with resume_world cannot be split for tf.data service's dynamic sharding "
+            "(the splits are whole epochs' ranks; resume_world continues another world's epoch)");
+      }
+      // As split 0 of 1: checks that the config opens as a split, and its
+      // length is the dataset's sample count.
+      uint64_t samples = 0;
+      const int32_t st = brand_epoch_len_for(path_.c_str(), SplitConfig(0, 1).c_str(), &samples);
+      if (st < 0) return SplitOpenError(st, absl::StrCat("making the splits of ", path_));
+      const int64_t splits = splits_ > 0 ? splits_ : DefaultSplits(samples);
+      split_providers->clear();
+      split_providers->push_back(std::make_unique<BrandSplitProvider>(epoch_, epochs_, splits));
+      return absl::OkStatus();
+    }
+
+    // Split k of `splits`: rank k of that world, brand's multi-node push
+    // off. Keys first: the config may end inside a TOML table.
+    std::string SplitConfig(int64_t k, int64_t splits) const {
+      return absl::StrCat("nodes = []\nrank = ", k, "\nworld = ", splits, "\n", config_);
+    }
+
+    static absl::Status SplitOpenError(int32_t st, const std::string& what) {
+      absl::Status s = BrandError(st, what.c_str());
+      if (st != BRAND_ERR_CONFIG) return s;
+      return absl::InvalidArgumentError(absl::StrCat(
+          s.message(),
+          " (under tf.data service's dynamic sharding each split is opened as rank k of a world of S splits with "
+          "brand's multi-node push off (`nodes = []`), so the dataset's config must not set rank, world or nodes)"));
+    }
+
    protected:
     absl::Status AsGraphDefInternal(SerializationContext*, DatasetGraphDefBuilder* b,
                                     Node** output) const override {
@@ -200,7 +378,9 @@ class BrandDatasetOp : public DatasetOpKernel {
       TF_RETURN_IF_ERROR(b->AddScalar(epochs_, &epochs));
       TF_RETURN_IF_ERROR(b->AddScalar(batch_size_, &batch_size));
       TF_RETURN_IF_ERROR(b->AddVector(resume_world_, &resume_world));
-      return b->AddDataset(this, {path, config, epoch, epochs, batch_size, resume_world}, output);
+      Node* splits;
+      TF_RETURN_IF_ERROR(b->AddScalar(splits_, &splits));
+      return b->AddDataset(this, {path, config, epoch, epochs, batch_size, resume_world, splits}, output);
     }
 
    private:
@@ -219,17 +399,33 @@ class BrandDatasetOp : public DatasetOpKernel {
       // brand_next returns when its own read completes or times out
       // (io_timeout); every later GetNext is Cancelled.
       absl::Status Initialize(IteratorContext* ctx) override {
+        // tf.data service's dynamic sharding gives the worker's pipeline a
+        // split provider (a GetSplit call to the dispatcher per split).
+        const std::vector<std::shared_ptr<SplitProvider>> providers = ctx->split_providers();
+        if (providers.size() > 1) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("brand: BrandDataset is one source and takes one split provider, not ", providers.size()));
+        }
+        if (!providers.empty()) {
+          absl::MutexLock l(&mu_);
+          split_provider_ = providers[0];
+        }
         return RegisterCancellationCallback(
             ctx->cancellation_manager(), [this]() { Cancel(); }, &deregister_cancellation_);
       }
 
-      // The state is a position (a brand state blob and an index), never data.
-      bool SymbolicCheckpointCompatible() const override { return true; }
+      // The state is a position (a brand state blob and an index), never
+      // data; an iterator over splits has none (SaveInternal).
+      bool SymbolicCheckpointCompatible() const override {
+        absl::MutexLock l(&mu_);
+        return split_provider_ == nullptr;
+      }
 
       absl::Status GetNextInternal(IteratorContext* ctx, std::vector<Tensor>* out,
                                    bool* end_of_sequence) override {
         absl::MutexLock l(&mu_);
         if (cancelled_.load()) return Cancelled();
+        if (split_provider_ != nullptr) return GetNextFromSplits(ctx, out, end_of_sequence);
         // Opened lazily: an iterator that is restored right away opens once.
         if (!done_ && loader_ == nullptr) TF_RETURN_IF_ERROR(OpenFresh());
         if (done_) {
@@ -277,6 +473,7 @@ class BrandDatasetOp : public DatasetOpKernel {
       // after every element.
       absl::Status SaveInternal(SerializationContext*, IteratorStateWriter* writer) override {
         absl::MutexLock l(&mu_);
+        if (split_provider_ != nullptr) return SplitsNotCheckpointed();
         TF_RETURN_IF_ERROR(writer->WriteScalar(prefix(), kDone, done_ ? 1 : 0));
         if (done_) return absl::OkStatus();
         std::string state;
@@ -306,6 +503,7 @@ class BrandDatasetOp : public DatasetOpKernel {
 
       absl::Status RestoreInternal(IteratorContext*, IteratorStateReader* reader) override {
         absl::MutexLock l(&mu_);
+        if (split_provider_ != nullptr) return SplitsNotCheckpointed();
         Reset();
         int64_t done = 0;
         TF_RETURN_IF_ERROR(reader->ReadScalar(prefix(), kDone, &done));
@@ -320,10 +518,9 @@ class BrandDatasetOp : public DatasetOpKernel {
         TF_RETURN_IF_ERROR(reader->ReadScalar(prefix(), kPos, &pos));
         const Dataset* d = dataset();
         brand_loader* opened = nullptr;
-        BRAND_RETURN_IF_ERROR(
-            brand_open_at(d->path_.c_str(), d->config_.c_str(), reinterpret_cast<const uint8_t*>(state.data()),
-                          state.size(), &opened),
-            "restoring the iterator from its checkpoint");
+        const int32_t st = brand_open_at(d->path_.c_str(), LoaderConfigText(d->config_).c_str(),
+                                         reinterpret_cast<const uint8_t*>(state.data()), state.size(), &opened);
+        if (st < 0) return OpenError(st, "restoring the iterator from its checkpoint");
         SetLoader(opened);
         // Mid-batch (per-sample mode): re-read the batch and skip what was
         // already emitted. Skipping across batches keeps this right even if
@@ -366,18 +563,126 @@ class BrandDatasetOp : public DatasetOpKernel {
             states.push_back(reinterpret_cast<const uint8_t*>(s.data()));
             lens.push_back(s.size());
           }
-          BRAND_RETURN_IF_ERROR(brand_open_at_elastic(d->path_.c_str(), d->config_.c_str(), states.data(),
-                                                      lens.data(), states.size(), &opened),
-                                "resuming from the saved world's states (resume_world)");
+          const int32_t st = brand_open_at_elastic(d->path_.c_str(), LoaderConfigText(d->config_).c_str(),
+                                                   states.data(), lens.data(), states.size(), &opened);
+          if (st < 0) return OpenError(st, "resuming from the saved world's states (resume_world)");
           SetLoader(opened);
           return absl::OkStatus();
         }
-        BRAND_RETURN_IF_ERROR(brand_open(d->path_.c_str(), d->config_.c_str(), &opened), "opening the dataset");
+        const int32_t st = brand_open(d->path_.c_str(), LoaderConfigText(d->config_).c_str(), &opened);
+        if (st < 0) return OpenError(st, "opening the dataset");
         SetLoader(opened);
         if (d->epoch_ > 0) {
           BRAND_RETURN_IF_ERROR(brand_start_epoch(loader_, static_cast<uint64_t>(d->epoch_)), "brand_start_epoch");
         }
         return absl::OkStatus();
+      }
+
+      // GetNext over the splits the split provider hands out: each split's
+      // real samples (its rank's share of its epoch, no padding), then the
+      // next split, until the provider has no more.
+      absl::Status GetNextFromSplits(IteratorContext* ctx, std::vector<Tensor>* out, bool* end_of_sequence)
+          ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        for (;;) {
+          if (done_) {
+            *end_of_sequence = true;
+            return absl::OkStatus();
+          }
+          if (loader_ == nullptr) {
+            TF_RETURN_IF_ERROR(OpenNextSplit());
+            continue;
+          }
+          if (dataset()->batch_size_ > 0) {
+            BatchGuard g;
+            TF_RETURN_IF_ERROR(NextSplitBatch(&g.b));
+            if (g.b == nullptr) continue;  // the split is over
+            const size_t n = std::min<uint64_t>(brand_batch_len(g.b), split_left_);
+            split_left_ -= n;
+            if (static_cast<int64_t>(n) > dataset()->batch_size_) {
+              return absl::InternalError(absl::StrCat("brand returned a batch of ", n,
+                                                      " samples; the dataset was made for batch_size ",
+                                                      dataset()->batch_size_));
+            }
+            return Emit(ctx, g.b, 0, n, /*vector=*/true, out, end_of_sequence);
+          }
+          if (batch_ == nullptr || pos_ >= len_) {
+            brand_batch_free(&batch_);
+            TF_RETURN_IF_ERROR(NextSplitBatch(&batch_));
+            if (batch_ == nullptr) continue;
+            pos_ = 0;
+            len_ = std::min<uint64_t>(brand_batch_len(batch_), split_left_);
+            split_left_ -= len_;
+          }
+          return Emit(ctx, batch_, pos_++, 1, /*vector=*/false, out, end_of_sequence);
+        }
+      }
+
+      // Asks the split provider for the next split and opens it; at the end
+      // of the splits the iterator is done. Holds mu_ through the GetSplit
+      // round trip: GetNext calls are serial anyway, and Cancel takes no lock.
+      absl::Status OpenNextSplit() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        Tensor split;
+        bool end_of_splits = false;
+        TF_RETURN_IF_ERROR(split_provider_->GetNext(&split, &end_of_splits));
+        if (cancelled_.load()) return Cancelled();
+        if (end_of_splits) {
+          done_ = true;
+          return absl::OkStatus();
+        }
+        if (split.dtype() != DT_INT64 || split.NumElements() != 3) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "brand: a BrandDataset split is an int64 vector [epoch, index, splits], not ", split.DebugString()));
+        }
+        const auto v = split.flat<int64_t>();
+        const int64_t epoch = v(0), k = v(1), splits = v(2);
+        if (epoch < 0 || splits < 1 || splits > kMaxSplits || k < 0 || k >= splits) {
+          return absl::InvalidArgumentError(absl::StrCat("brand: split [", epoch, ", ", k, ", ", splits,
+                                                         "] is out of range (epoch >= 0, 0 <= index < splits <= ",
+                                                         kMaxSplits, ")"));
+        }
+        const Dataset* d = dataset();
+        brand_loader* opened = nullptr;
+        const std::string what = absl::StrCat("opening split ", k, " of ", splits, " of epoch ", epoch);
+        const int32_t st = brand_open(d->path_.c_str(), d->SplitConfig(k, splits).c_str(), &opened);
+        if (st < 0) return Dataset::SplitOpenError(st, what);
+        SetLoader(opened);
+        if (loader_ == nullptr) return Cancelled();
+        uint64_t samples = 0;
+        BRAND_RETURN_IF_ERROR(brand_dataset_samples(loader_, &samples), "brand_dataset_samples");
+        split_left_ = SplitSamples(samples, static_cast<uint64_t>(k), static_cast<uint64_t>(splits));
+        if (split_left_ == 0) {
+          SetLoader(nullptr);  // nothing of its own in this split (more splits than samples)
+          return absl::OkStatus();
+        }
+        if (epoch > 0) {
+          BRAND_RETURN_IF_ERROR(brand_start_epoch(loader_, static_cast<uint64_t>(epoch)), "brand_start_epoch");
+        }
+        return absl::OkStatus();
+      }
+
+      // The next batch of the open split; NULL (and the loader closed) once
+      // its real samples are all handed out, or at its epoch's end (drop_last).
+      absl::Status NextSplitBatch(brand_batch** b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        *b = nullptr;
+        if (split_left_ > 0) {
+          const int32_t st = brand_next(loader_, b);
+          if (cancelled_.load()) {
+            brand_batch_free(b);
+            return Cancelled();
+          }
+          if (st == BRAND_OK) return absl::OkStatus();
+          if (st != BRAND_END_OF_EPOCH) return BrandError(st, "reading the next batch of a split");
+        }
+        split_left_ = 0;
+        SetLoader(nullptr);  // frees its I/O thread and buffers now
+        return absl::OkStatus();
+      }
+
+      static absl::Status SplitsNotCheckpointed() {
+        return absl::UnimplementedError(
+            "brand: an iterator over tf.data service splits (distributed_epoch / ShardingPolicy.DYNAMIC) is not "
+            "checkpointed: the service hands each split out at most once and does not restore its workers' "
+            "iterators; checkpoint the trainer's step instead, or use ShardingPolicy.OFF with rank/world");
       }
 
       // The next batch, moving on across epoch ends until the last epoch
@@ -487,15 +792,20 @@ class BrandDatasetOp : public DatasetOpKernel {
         brand_close(&loader_);
         state_before_.clear();
         pos_ = len_ = 0;
+        split_left_ = 0;
         done_ = false;
       }
 
-      absl::Mutex mu_;
+      mutable absl::Mutex mu_;
       brand_loader* loader_ ABSL_GUARDED_BY(mu_) = nullptr;
       // Cancellation: a copy of loader_ for Cancel, and whether it ran.
       std::atomic<brand_loader*> live_{nullptr};
       std::atomic<bool> cancelled_{false};
       std::function<void()> deregister_cancellation_;
+      // tf.data service's dynamic sharding: the provider of splits, and the
+      // real samples of the open split not yet taken from the loader.
+      std::shared_ptr<SplitProvider> split_provider_ ABSL_GUARDED_BY(mu_);
+      uint64_t split_left_ ABSL_GUARDED_BY(mu_) = 0;
       // Per-sample mode: the batch being emitted, the next index in it, and
       // the loader state from just before it was read.
       brand_batch* batch_ ABSL_GUARDED_BY(mu_) = nullptr;
@@ -515,6 +825,7 @@ class BrandDatasetOp : public DatasetOpKernel {
     const int64_t batch_size_;
     const int64_t epoch_len_;
     const std::vector<std::string> resume_world_;
+    const int64_t splits_;
     const DataTypeVector dtypes_;
     const std::vector<PartialTensorShape> shapes_;
   };
@@ -527,6 +838,7 @@ REGISTER_OP("BrandDataset")
     .Input("epochs: int64")
     .Input("batch_size: int64")
     .Input("resume_world: string")
+    .Input("splits: int64")
     .Output("handle: variant")
     // Stateful, as TF's own source datasets: no constant folding or CSE of
     // two readers into one.

@@ -141,6 +141,17 @@ class BrandDataset(dataset_ops.DatasetSource):
         memory (world x memory per rank) must be the saved run's, and
         `epoch`/`epochs` are those of the saved run. A restore of an iterator
         checkpoint (`tf.train.Checkpoint`) still wins over this.
+      splits: under tf.data service's dynamic sharding
+        (`processing_mode="distributed_epoch"`, `ShardingPolicy.DYNAMIC`),
+        how many splits each epoch is cut into; None: one per 256 samples,
+        1 to 64. Split k of S is what rank k of a world of S would serve of
+        that epoch under brand's plan, so the splits hold every sample once;
+        each costs the worker a round trip to the dispatcher and a loader
+        open (which plans the epoch), so keep them coarse: S of about 8 per
+        worker. The config must then not set `rank`, `world` or `nodes`.
+        Under DYNAMIC `.repeat()` gives new epochs (each repetition the
+        next `epochs` epochs), unlike without the service. See
+        `brand.tf.service` and docs/DESIGN.md (tf.data service).
 
     Multi-node: with `nodes = ["host:port", ...]` and `rank` in `config`, or
     with `TF_CONFIG` in the environment (a `tf.distribute` multi-worker job:
@@ -174,6 +185,7 @@ class BrandDataset(dataset_ops.DatasetSource):
         world=None,
         config=None,
         resume_world=None,
+        splits=None,
     ):
         settings = _merge_config(
             {
@@ -192,6 +204,8 @@ class BrandDataset(dataset_ops.DatasetSource):
             raise tf.errors.InvalidArgumentError(None, None, f"batch_size must be a positive integer, not {batch!r}")
         if epochs is not None and epochs < 0:
             raise tf.errors.InvalidArgumentError(None, None, f"epochs must be >= 0 or None, not {epochs!r}")
+        if splits is not None and (not isinstance(splits, int) or isinstance(splits, bool) or not 1 <= splits <= 65536):
+            raise tf.errors.InvalidArgumentError(None, None, f"splits must be an integer in 1..=65536, not {splits!r}")
         if resume_world is not None:
             resume_world = list(resume_world)
             if not resume_world or not all(isinstance(b, bytes) for b in resume_world):
@@ -211,6 +225,7 @@ class BrandDataset(dataset_ops.DatasetSource):
             # batch size (or config's), which only sets how much is read at once.
             batch_size=tf.convert_to_tensor(batch or 0, tf.int64),
             resume_world=tf.constant(resume_world or [], tf.string, shape=[len(resume_world or [])]),
+            splits=tf.convert_to_tensor(splits or 0, tf.int64),
         )
         super().__init__(variant)
 
