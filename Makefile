@@ -17,10 +17,13 @@ BRAND := $(TARGET)/release/brand
 
 # What `make test` calls besides cargo, gcc and Python: installed here when
 # missing, so a fresh machine needs nothing else (root and Debian's apt).
-TOOLS := cmake valgrind pkg-config
+# COMMAND or COMMAND:PACKAGE. `ip` (and util-linux's `unshare`) put the tests
+# that start servers listening on every address (Ray, tf.data service, torchrun)
+# in network namespaces of their own.
+TOOLS := cmake valgrind pkg-config ip:iproute2 unshare:util-linux
 tools:
 	missing=()
-	for tool in $(TOOLS); do command -v "$$tool" >/dev/null || missing+=("$$tool"); done
+	for spec in $(TOOLS); do command -v "$${spec%%:*}" >/dev/null || missing+=("$${spec#*:}"); done
 	if (( $${#missing[@]} )); then
 		echo "installing $${missing[*]} (apt-get)"
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$${missing[@]}" >/dev/null
@@ -54,7 +57,7 @@ rust-test:
 # compiled against the installed TF on first use (cached in $(TARGET)/brand-cache), and once
 # more from the wheel in a fresh venv without cargo; TFRecords written by TF pack and round-trip.
 # One pytest process: each imports TensorFlow.
-python-test: build
+python-test: build tools
 	venv=$$(scripts/tf-venv.sh)
 	cargo build --locked -p brand-s3-server
 	BRAND_BIN=$(BRAND) BRAND_S3_SERVER=$(TARGET)/debug/brand-s3-server tf-op/test.sh "$$venv/bin/python"
@@ -65,7 +68,7 @@ python-test: build
 # repo), then python/tests against those real libraries, including the wheel in a fresh venv
 # without cargo; Azure against Azurite (scripts/azurite.sh: node and npm from apt when missing).
 PY_WHEELS := $(TARGET)/wheels
-py-test:
+py-test: tools
 	venv=$$(scripts/py-venv.sh)
 	azurite=$$(scripts/azurite.sh)
 	cargo build --release --locked -p brand-cli

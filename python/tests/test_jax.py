@@ -2,13 +2,16 @@
 ``jax.distributed.initialize`` with a coordinator on 127.0.0.1): each
 process is the brand rank ``jax.process_index()`` of ``jax.process_count()``
 without being told, and every process takes the same number of batches on an
-uneven sample count."""
+uneven sample count. The processes run in a network namespace of their own
+(the namespace's port 7733 is free: nothing else is there)."""
 
 import json
-import socket
+import shutil
 import subprocess
 import sys
 import textwrap
+
+import pytest
 
 from conftest import make_dataset
 
@@ -30,30 +33,22 @@ WORKER = textwrap.dedent("""
 """).replace("PROCESSES", str(PROCESSES))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_jax_processes_are_brand_ranks_with_equal_batches(tmp_path):
     _, ds = make_dataset(tmp_path, samples=SAMPLES, seed=8)
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    port = free_port()
     outs = [tmp_path / f"out-{i}.json" for i in range(PROCESSES)]
-    procs = [subprocess.Popen([sys.executable, script, str(port), str(i), str(ds), outs[i]],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for i in range(PROCESSES)]
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=180)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise AssertionError("a JAX process hung (180 s)")
-    assert all(p.returncode == 0 for p in procs), "\\n".join(logs)[-4000:]
+    # JAX's coordinator listens on every address: the processes run in a
+    # network namespace of their own, where only a loopback exists.
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        pytest.fail("unshare (util-linux) and ip (iproute2) are needed to run JAX in a namespace of its own")
+    starts = " ".join(f'"{sys.executable}" "{script}" 7733 {i} "{ds}" "{outs[i]}" & ' for i in range(PROCESSES))
+    cmd = f"ip link set lo up && {starts} status=0; for p in $(jobs -p); do wait $p || status=1; done; exit $status"
+    try:
+        run = subprocess.run(["unshare", "--net", "sh", "-c", cmd], capture_output=True, text=True, timeout=180)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"a JAX process hung (180 s): {(e.stderr or b'')[-2000:]!r}")
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
     results = [json.loads(o.read_text()) for o in outs]
     assert [(r["index"], r["count"]) for r in results] == [(i, PROCESSES) for i in range(PROCESSES)]
     counts = [len(r["batches"]) for r in results]
