@@ -20,6 +20,7 @@ use brand_pack::PackOptions;
 use brand_pack::import::{Format, ImportOptions};
 use brand_pack::source::Source;
 use brand_pack::spill::SpillWriter;
+use brand_store::upload::SegmentUpload;
 use brand_store::{Location, ObjectUrl};
 use crossbeam_channel::RecvTimeoutError;
 use pyo3::prelude::*;
@@ -96,16 +97,20 @@ impl Target {
         F: FnOnce() -> Result<Box<dyn Source>, Error> + Send,
     {
         let Some(url) = &self.url else {
-            return pack_interruptibly(py, open, &self.out, opts, progress);
+            return pack_interruptibly(py, open, &self.out, opts, progress, None);
         };
+        // As `brand pack -o URL`: the URL checked first, each segment
+        // uploaded once written (then removed from the staging directory),
+        // the manifest last.
+        let upload = py.detach(|| guarded(|| SegmentUpload::begin(url, opts.force, true)))?;
         let base = self.scratch_dir();
         let staging = tempfile::Builder::new()
             .prefix("brand-pack-")
             .tempdir_in(&base)
             .map_err(|e| to_py(Error::io(&base, e)))?;
         let local = staging.path().join("ds");
-        let s = pack_interruptibly(py, open, &local, opts, progress)?;
-        py.detach(|| guarded(|| brand_store::upload::upload_dataset(&local, url, opts.force, &|_, _| {})))?;
+        let s = pack_interruptibly(py, open, &local, opts, progress, Some(&upload))?;
+        py.detach(|| guarded(|| upload.finish(&local)))?;
         Ok(s)
     }
 }
@@ -120,6 +125,7 @@ fn pack_interruptibly<F>(
     out: &Path,
     opts: &PackOptions,
     progress: Option<&Bound<'_, PyAny>>,
+    upload: Option<&SegmentUpload>,
 ) -> PyResult<Summary>
 where
     F: FnOnce() -> Result<Box<dyn Source>, Error> + Send,
@@ -132,16 +138,19 @@ where
         let started = packer.spawn_scoped(s, || {
             let r = guarded(|| {
                 let source = open()?;
-                brand_pack::pack_cancellable(
-                    source.as_ref(),
-                    out,
-                    opts,
-                    &|d, t, _| {
+                let segment_done = |path: &Path, name: &str| match upload {
+                    Some(up) => up.segment(path, name),
+                    None => Ok(()),
+                };
+                let hooks = brand_pack::Hooks {
+                    progress: &|d, t, _| {
                         total.store(t, Ordering::Relaxed);
                         done.store(d, Ordering::Relaxed);
                     },
-                    &cancel,
-                )
+                    cancel: &cancel,
+                    segment_done: &segment_done,
+                };
+                brand_pack::pack_with(source.as_ref(), out, opts, &hooks)
             });
             let _ = results.send(r);
         });

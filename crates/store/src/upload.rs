@@ -27,27 +27,6 @@ pub const PART_BYTES: usize = 8 << 20;
 /// Parts of one object in flight at once.
 const PARTS_IN_FLIGHT: usize = 4;
 
-/// Uploads the dataset in the local directory `dir` to `url`; `progress`
-/// gets (bytes uploaded, bytes in all). A dataset already at `url` is an
-/// error unless `force`.
-pub fn upload_dataset(dir: &Path, url: &ObjectUrl, force: bool, progress: &dyn Fn(u64, u64)) -> Result<()> {
-    let manifest = Manifest::load(&dir.join(MANIFEST_FILE))?;
-    let mut files: Vec<String> = manifest.segments.iter().map(|s| s.name.clone()).collect();
-    files.push(INDEX_FILE.to_string());
-    let total: u64 = files
-        .iter()
-        .map(|f| std::fs::metadata(dir.join(f)).map_or(0, |m| m.len()))
-        .sum();
-    let upload = SegmentUpload::begin(url, force, false)?;
-    for s in &manifest.segments {
-        upload.segment(&dir.join(&s.name), &s.name)?;
-        progress(upload.bytes_sent(), total);
-    }
-    upload.finish(dir)?;
-    progress(total, total);
-    Ok(())
-}
-
 /// A dataset uploaded while it is packed (`brand pack -o URL`): each
 /// segment as soon as it is complete, on a thread of its own, then
 /// `index.bin` and `manifest.toml` last ([`SegmentUpload::finish`]). With
