@@ -23,7 +23,8 @@ also installs the ``brand`` command (``brand pack``, ``brand inspect``, …).
 Modules: ``brand.torch`` (a PyTorch ``IterableDataset`` that torchdata's
 ``StatefulDataLoader`` checkpoints), ``brand.grain`` (a Grain ``IterDataset``),
 ``brand.tf`` (a ``tf.data`` dataset; its op is compiled against the installed
-TensorFlow on first use).
+TensorFlow on first use; ``brand.tf.service`` runs it in tf.data service),
+``brand.ray`` (``read_brand``, a Ray Data dataset, one epoch per execution).
 
 Errors are ``brand.BrandError`` and its subclasses: ``ConfigError``,
 ``NotFoundError``, ``IoError``, ``FormatError``, ``DataLossError`` (a corrupt
