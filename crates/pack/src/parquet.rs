@@ -519,7 +519,8 @@ impl Scan<'_> {
                         },
                     ));
                 };
-                if !names.is_empty() && !(label == -1 || (0..names.len() as i64).contains(&label)) {
+                let named = label == -1 || (0..names.len() as i64).contains(&label);
+                if !names.is_empty() && !named {
                     return Err(Error::input(
                         path,
                         format!("row {row} (row group {group})"),

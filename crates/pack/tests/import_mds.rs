@@ -119,8 +119,11 @@ fn label(shard: usize, i: usize) -> i64 {
     }
 }
 
-/// Shards of `sizes[k]` samples; and every sample as `(key, label, image, cls16)`.
-fn dataset(sizes: &[usize]) -> (Vec<Vec<Row>>, Vec<(String, i64, Vec<u8>, i64)>) {
+/// A sample as `(key, label, image, cls16)`.
+type Want = (String, i64, Vec<u8>, i64);
+
+/// Shards of `sizes[k]` samples; and every sample.
+fn dataset(sizes: &[usize]) -> (Vec<Vec<Row>>, Vec<Want>) {
     let mut want = Vec::new();
     let shards = sizes
         .iter()
