@@ -139,6 +139,10 @@ enum From {
     Lmdb,
     /// Tar files (WebDataset shards, tars of tars, .tar.gz), or directories of them.
     Tar,
+    /// A MosaicML Streaming MDS dataset (its directory or index.json; plain or zstd shards).
+    Mds,
+    /// Parquet files (Hugging Face Hub data/*.parquet), or directories of them.
+    Parquet,
 }
 
 impl From {
@@ -149,13 +153,15 @@ impl From {
             From::Tfrecord => Format::Tfrecord,
             From::Lmdb => Format::Lmdb,
             From::Tar => Format::Tar,
+            From::Mds => Format::Mds,
+            From::Parquet => Format::Parquet,
         }
     }
 }
 
 #[derive(clap::Args, Debug)]
 struct PackArgs {
-    /// The input (several files for --from tfrecord and --from tar).
+    /// The input (several files for --from tfrecord, tar and parquet).
     #[arg(required = true, num_args = 1..)]
     inputs: Vec<PathBuf>,
     /// The dataset directory to create, or a URL (s3://bucket/prefix, gs://…,
@@ -187,11 +193,16 @@ struct PackArgs {
     label_feature: String,
     /// Tar: the payload member's extensions in order of preference
     /// ("png;jpg;webp"); without it every sample must have one member.
-    #[arg(long, value_name = "EXTS")]
+    /// MDS: the payload column (bytes, str, jpeg or png). Parquet: a binary
+    /// column or a Hugging Face Image struct (its bytes). Needed when there
+    /// are several candidates.
+    #[arg(long, value_name = "NAME")]
     field: Option<String>,
     /// Tar: the label: cls (the .cls member), json:FIELD (an integer field of
     /// the .json member), dir (inner tar or parent directory, numbered in
-    /// sorted order), or none.
+    /// sorted order), or none. MDS: an integer column (int, int8…uint64,
+    /// str_int), or none. Parquet: an integer column (a ClassLabel; its
+    /// names, from the huggingface metadata, go into the manifest), or none.
     #[arg(long, value_name = "HOW")]
     label: Option<String>,
     /// Replace OUT if it already exists.
@@ -212,6 +223,10 @@ struct InspectArgs {
     dataset: PathBuf,
     #[arg(long)]
     json: bool,
+    /// List every sample instead, one line each in packed order:
+    /// `id<TAB>label<TAB>key` (label -1: none).
+    #[arg(long, conflicts_with = "json")]
+    samples: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -515,6 +530,22 @@ fn pack_cmd(a: &PackArgs) -> brand_format::Result<ExitCode> {
 
 fn inspect_cmd(a: &InspectArgs) -> brand_format::Result<ExitCode> {
     let ds = brand_store::open_any(&a.dataset)?;
+    if a.samples {
+        let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+        for id in 0..ds.index.samples() {
+            let key = String::from_utf8_lossy(ds.index.key(id));
+            let line = writeln!(out, "{id}\t{}\t{key}", ds.index.label(id));
+            match line {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(ExitCode::SUCCESS),
+                Err(e) => return Err(brand_format::Error::io("<stdout>", e)),
+            }
+        }
+        return match out.flush() {
+            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(brand_format::Error::io("<stdout>", e)),
+            _ => Ok(ExitCode::SUCCESS),
+        };
+    }
     let s = brand_pack::inspect::summary(&ds);
     if a.json {
         println!(

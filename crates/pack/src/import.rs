@@ -23,11 +23,23 @@ pub enum Format {
     Lmdb,
     /// Tar files (WebDataset shards, tars of tars, .tar.gz), or directories of them.
     Tar,
+    /// A MosaicML Streaming MDS dataset: its directory or its `index.json`.
+    Mds,
+    /// Parquet files (Hugging Face Hub `data/*.parquet`), or directories of them.
+    Parquet,
 }
 
 impl Format {
     /// Every format, in the order `--help` lists them.
-    pub const ALL: [Format; 5] = [Format::Dir, Format::List, Format::Tfrecord, Format::Lmdb, Format::Tar];
+    pub const ALL: [Format; 7] = [
+        Format::Dir,
+        Format::List,
+        Format::Tfrecord,
+        Format::Lmdb,
+        Format::Tar,
+        Format::Mds,
+        Format::Parquet,
+    ];
 
     /// The name `--from` and `source=` take.
     pub fn name(self) -> &'static str {
@@ -37,12 +49,19 @@ impl Format {
             Format::Tfrecord => "tfrecord",
             Format::Lmdb => "lmdb",
             Format::Tar => "tar",
+            Format::Mds => "mds",
+            Format::Parquet => "parquet",
         }
     }
 
     /// Whether the format reads several inputs (the others take exactly one).
     fn takes_several(self) -> bool {
-        matches!(self, Format::Tfrecord | Format::Tar)
+        matches!(self, Format::Tfrecord | Format::Tar | Format::Parquet)
+    }
+
+    /// Whether `--field` and `--label` mean something for the format.
+    fn takes_field_and_label(self) -> bool {
+        matches!(self, Format::Tar | Format::Mds | Format::Parquet)
     }
 }
 
@@ -63,7 +82,8 @@ pub struct ImportOptions {
     pub label_feature: String,
     /// The payload member's or column's name(s), in order of preference ("png;jpg").
     pub field: Option<String>,
-    /// How the label is found (tar: cls, json:FIELD, dir, none).
+    /// How the label is found (tar: cls, json:FIELD, dir, none; mds and
+    /// parquet: a column's name, or none).
     pub label: Option<String>,
     /// Where inputs that can only be read in order are spooled while packing.
     pub spool_dir: PathBuf,
@@ -83,10 +103,16 @@ impl ImportOptions {
 
 /// The samples of `inputs` read as `format`.
 pub fn open(format: Format, inputs: &[PathBuf], opts: &ImportOptions) -> Result<Box<dyn Source>> {
-    if !matches!(format, Format::Tar) && (opts.field.is_some() || opts.label.is_some()) {
-        return Err(Error::config(
-            "--field and --label apply to --from tar (TFRecord labels: --label-feature)",
-        ));
+    if !format.takes_field_and_label() && (opts.field.is_some() || opts.label.is_some()) {
+        let takes: Vec<_> = Format::ALL
+            .iter()
+            .filter(|f| f.takes_field_and_label())
+            .map(|f| format!("--from {}", f.name()))
+            .collect();
+        return Err(Error::config(format!(
+            "--field and --label apply to {} (TFRecord labels: --label-feature)",
+            takes.join(", ")
+        )));
     }
     let single = || -> Result<&PathBuf> {
         match inputs {
@@ -119,6 +145,22 @@ pub fn open(format: Format, inputs: &[PathBuf], opts: &ImportOptions) -> Result<
                 spool_dir: opts.spool_dir.clone(),
             };
             Box::new(crate::tar::TarSource::open(inputs, &tar)?)
+        }
+        Format::Mds => {
+            let mds = crate::mds::MdsOptions {
+                field: opts.field.clone(),
+                label: opts.label.clone(),
+                spool_dir: opts.spool_dir.clone(),
+            };
+            Box::new(crate::mds::MdsSource::open(single()?, &mds)?)
+        }
+        Format::Parquet => {
+            let parquet = crate::parquet::ParquetOptions {
+                field: opts.field.clone(),
+                label: opts.label.clone(),
+                spool_dir: opts.spool_dir.clone(),
+            };
+            Box::new(crate::parquet::ParquetSource::open(inputs, &parquet)?)
         }
     })
 }

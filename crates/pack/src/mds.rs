@@ -1,0 +1,780 @@
+//! MosaicML Streaming MDS datasets as a pack source (DESIGN.md §2): an
+//! `index.json` and the shards it lists, plain or zstd-compressed.
+//!
+//! `index.json` is `{"version": 2, "shards": [shard…]}`; each shard entry
+//! names its columns (sorted by name), their encodings and fixed sizes
+//! (`null` for variable), its compression (`null` or `"zstd:LEVEL"`), its
+//! sample count and its files (`raw_data`, `zip_data`). A shard's bytes:
+//!
+//! ```text
+//! u32 n | u32 offsets[n + 1] (absolute) | config JSON | samples
+//! sample = u32 size per variable-size column (column order) | columns' bytes
+//! ```
+//!
+//! all little-endian. `open` walks each shard once, in order, keeping per
+//! sample the payload column's offset and length and reading the label
+//! column; `read` is one positioned read. A zstd shard can only be read from
+//! its start, so it is decompressed once, during `open`, and its payloads
+//! are copied to a spool file (anonymous, in the directory the caller names)
+//! that `read` reads — never one decompression per sample. Where the
+//! uncompressed shard is present too (Streaming leaves it beside the zstd
+//! one after a download), it is read in place. Nothing read from the index
+//! or a shard is trusted: counts, offsets and sizes are checked against each
+//! other and the file before use.
+
+use std::borrow::Cow;
+use std::fs::{self, File};
+use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Component, Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::source::{Entries, Ints, Source};
+use brand_format::error::{Error, IoContext, Result};
+
+/// Largest label value read into memory (`str_int` is decimal text).
+const MAX_LABEL_BYTES: u64 = 64;
+
+/// Largest config block skipped by reading (a zstd shard): far above what
+/// Streaming writes, small enough that a damaged offset cannot make the scan
+/// read a whole shard as "config".
+const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// Payload columns: stored bytes a sample can be as they are.
+const PAYLOAD_ENCODINGS: [&str; 4] = ["bytes", "str", "jpeg", "png"];
+
+/// What `--field` and `--label` name.
+#[derive(Debug, Clone)]
+pub struct MdsOptions {
+    /// The payload column; None: the only bytes/str/jpeg/png column.
+    pub field: Option<String>,
+    /// The label column (int, int8…uint64, str_int); None: no label (-1).
+    pub label: Option<String>,
+    /// Where a zstd shard's payloads are spooled (an anonymous file, gone
+    /// when the source is dropped or the process ends).
+    pub spool_dir: PathBuf,
+}
+
+#[derive(Deserialize)]
+struct IndexFile {
+    version: u64,
+    shards: Vec<serde_json::Value>,
+}
+
+#[derive(Deserialize)]
+struct ShardInfo {
+    version: u64,
+    column_names: Vec<String>,
+    column_encodings: Vec<String>,
+    column_sizes: Vec<Option<u64>>,
+    compression: Option<String>,
+    samples: u64,
+    raw_data: FileInfo,
+    zip_data: Option<FileInfo>,
+}
+
+#[derive(Deserialize)]
+struct FileInfo {
+    basename: String,
+}
+
+/// Bytes of a fixed-size integer encoding; None for the others.
+fn int_width(encoding: &str) -> Option<u64> {
+    Some(match encoding {
+        "int8" | "uint8" => 1,
+        "int16" | "uint16" => 2,
+        "int32" | "uint32" => 4,
+        "int" | "int64" | "uint64" => 8,
+        _ => return None,
+    })
+}
+
+/// A label column's value as brand's label.
+fn decode_label(encoding: &str, bytes: &[u8]) -> std::result::Result<i64, String> {
+    let fixed = |n: usize| -> std::result::Result<[u8; 8], String> {
+        let mut out = [0u8; 8];
+        match bytes.get(..n) {
+            Some(b) if bytes.len() == n => {
+                out[..n].copy_from_slice(b);
+                Ok(out)
+            }
+            _ => Err(format!("{} bytes for a {encoding} label", bytes.len())),
+        }
+    };
+    let sign_extend = |raw: [u8; 8], n: usize| -> i64 {
+        let shift = 64 - 8 * n as u32;
+        (i64::from_le_bytes(raw) << shift) >> shift
+    };
+    Ok(match encoding {
+        "int8" => sign_extend(fixed(1)?, 1),
+        "int16" => sign_extend(fixed(2)?, 2),
+        "int32" => sign_extend(fixed(4)?, 4),
+        "int" | "int64" => i64::from_le_bytes(fixed(8)?),
+        "uint8" | "uint16" | "uint32" => {
+            let n = int_width(encoding).unwrap_or(8) as usize;
+            i64::from_le_bytes(fixed(n)?)
+        }
+        "uint64" => {
+            let v = u64::from_le_bytes(fixed(8)?);
+            i64::try_from(v).map_err(|_| format!("label {v} is above brand's largest label ({})", i64::MAX))?
+        }
+        "str_int" => {
+            let text = std::str::from_utf8(bytes).map_err(|_| "a str_int label that is not UTF-8".to_string())?;
+            text.trim()
+                .parse::<i64>()
+                .map_err(|_| format!("str_int label {text:?} is not an integer brand can hold (i64)"))?
+        }
+        other => return Err(format!("a label column of encoding {other}")),
+    })
+}
+
+/// One shard file and the samples it holds.
+#[derive(Debug)]
+struct ShardFile {
+    path: PathBuf,
+    /// Index of its first sample among all the source's samples.
+    first: usize,
+    /// Compressed: its payloads are in the spool file, not in it.
+    spooled: bool,
+}
+
+/// The samples of an MDS dataset, in shard order. Per sample: its key
+/// (`shard basename:index`) in an arena with its label, its payload's offset
+/// (in the shard, or in the spool for a compressed one) and length.
+#[derive(Debug)]
+pub struct MdsSource {
+    shards: Vec<ShardFile>,
+    entries: Entries,
+    offsets: Vec<u64>,
+    lens: Ints,
+    spool: Option<File>,
+}
+
+impl MdsSource {
+    /// Lists the samples of the MDS dataset at `input`: a directory holding
+    /// `index.json`, or the `index.json` itself.
+    pub fn open(input: &Path, options: &MdsOptions) -> Result<Self> {
+        let index_path = if fs::metadata(input).at(input)?.is_dir() {
+            input.join("index.json")
+        } else {
+            input.to_path_buf()
+        };
+        let root = index_path.parent().unwrap_or(Path::new(".")).to_path_buf();
+        let text = fs::read(&index_path).at(&index_path)?;
+        let malformed = |what: String| Error::input(&index_path, "index.json", what);
+        let index: IndexFile = serde_json::from_slice(&text)
+            .map_err(|e| malformed(format!("not an MDS index (malformed JSON or missing fields): {e}")))?;
+        if index.version != 2 {
+            return Err(malformed(format!(
+                "index version {} (brand reads version 2)",
+                index.version
+            )));
+        }
+        let mut scan = Scan {
+            options,
+            entries: Entries::new(),
+            offsets: Vec::new(),
+            lens: Ints::default(),
+            spool: None,
+            spool_len: 0,
+        };
+        let mut shards = Vec::with_capacity(index.shards.len());
+        let mut field: Option<String> = options.field.clone();
+        for (k, value) in index.shards.iter().enumerate() {
+            let at = || format!("index.json shard {k}");
+            let format = value.get("format").and_then(serde_json::Value::as_str).unwrap_or("");
+            if format != "mds" {
+                return Err(Error::input(
+                    &index_path,
+                    at(),
+                    format!("a shard of format {format:?}: brand reads MDS shards (format \"mds\") only"),
+                ));
+            }
+            let info = ShardInfo::deserialize(value)
+                .map_err(|e| Error::input(&index_path, at(), format!("malformed shard entry: {e}")))?;
+            let layout =
+                Layout::of(&info, &mut field, options).map_err(|what| Error::input(&index_path, at(), what))?;
+            let (path, compressed) = shard_file(&root, &info).map_err(|what| Error::input(&index_path, at(), what))?;
+            let first = scan.offsets.len();
+            scan.shard(&path, compressed, &info, &layout)?;
+            shards.push(ShardFile {
+                path,
+                first,
+                spooled: compressed,
+            });
+        }
+        if scan.offsets.is_empty() {
+            return Err(Error::input(
+                &index_path,
+                format!("{} shard(s)", shards.len()),
+                "no samples in the MDS dataset",
+            ));
+        }
+        let spool = match scan.spool.take() {
+            Some(writer) => Some(writer.into_inner().map_err(|e| e.into_error()).at(&options.spool_dir)?),
+            None => None,
+        };
+        scan.entries.shrink_to_fit();
+        scan.offsets.shrink_to_fit();
+        scan.lens.shrink_to_fit();
+        Ok(MdsSource {
+            shards,
+            entries: scan.entries,
+            offsets: scan.offsets,
+            lens: scan.lens,
+            spool,
+        })
+    }
+
+    fn shard_of(&self, i: usize) -> Option<&ShardFile> {
+        let s = self.shards.partition_point(|s| s.first <= i);
+        s.checked_sub(1).and_then(|s| self.shards.get(s))
+    }
+}
+
+impl Source for MdsSource {
+    fn kind(&self) -> &'static str {
+        "mds"
+    }
+
+    fn len(&self) -> usize {
+        self.offsets.len()
+    }
+
+    fn key(&self, i: usize) -> Cow<'_, [u8]> {
+        Cow::Borrowed(self.entries.key(i))
+    }
+
+    fn label(&self, i: usize) -> i64 {
+        self.entries.label(i)
+    }
+
+    fn read(&self, i: usize) -> Result<Vec<u8>> {
+        let out_of_range = || Error::config(format!("sample {i} out of range: the MDS input has {}", self.len()));
+        let offset = *self.offsets.get(i).ok_or_else(out_of_range)?;
+        let shard = self.shard_of(i).ok_or_else(out_of_range)?;
+        // Lengths come from u32 sizes, so they fit usize on 64-bit targets.
+        let len = self.lens.get(i) as u64;
+        let fail = |what: String| {
+            Error::input(
+                &shard.path,
+                format!(
+                    "sample {:?} at byte {offset}{}",
+                    String::from_utf8_lossy(self.entries.key(i)),
+                    if shard.spooled { " of the spooled payloads" } else { "" }
+                ),
+                what,
+            )
+        };
+        let len_usize = usize::try_from(len).map_err(|_| fail(format!("cannot hold {len} bytes")))?;
+        let mut data = Vec::new();
+        data.try_reserve_exact(len_usize)
+            .map_err(|_| fail(format!("cannot allocate {len} bytes")))?;
+        data.resize(len_usize, 0);
+        let result = match (&self.spool, shard.spooled) {
+            (Some(spool), true) => spool.read_exact_at(&mut data, offset),
+            _ => File::open(&shard.path)
+                .at(&shard.path)?
+                .read_exact_at(&mut data, offset),
+        };
+        result.map_err(|e| {
+            fail(if e.kind() == io::ErrorKind::UnexpectedEof {
+                "the file ended early (truncated, or changed since it was listed)".into()
+            } else {
+                format!("reading: {e}")
+            })
+        })?;
+        Ok(data)
+    }
+
+    fn listing_bytes(&self) -> usize {
+        self.entries.heap_bytes()
+            + self.offsets.capacity() * 8
+            + self.lens.heap_bytes()
+            + self.shards.capacity() * size_of::<ShardFile>()
+    }
+}
+
+/// The file to read for a shard, and whether it is zstd-compressed: the
+/// raw shard if present, else the compressed one.
+fn shard_file(root: &Path, info: &ShardInfo) -> std::result::Result<(PathBuf, bool), String> {
+    let compressed = match info.compression.as_deref() {
+        None => false,
+        Some(c) if c == "zstd" || c.starts_with("zstd:") => true,
+        Some(c) => {
+            return Err(format!(
+                "compression {c:?}: brand reads plain and zstd MDS shards (recompress with zstd, or decompress)"
+            ));
+        }
+    };
+    let raw = safe_join(root, &info.raw_data.basename)?;
+    if raw.is_file() {
+        return Ok((raw, false));
+    }
+    match (&info.zip_data, compressed) {
+        (Some(zip), true) => {
+            let zip_path = safe_join(root, &zip.basename)?;
+            if zip_path.is_file() {
+                Ok((zip_path, true))
+            } else {
+                Err(format!(
+                    "missing shard file: neither {} nor {} exists",
+                    raw.display(),
+                    zip_path.display()
+                ))
+            }
+        }
+        (None, true) => Err(format!(
+            "missing shard file {} (and the compressed shard has no zip_data entry)",
+            raw.display()
+        )),
+        (_, false) => Err(format!("missing shard file {}", raw.display())),
+    }
+}
+
+/// `root/name`, refusing names that leave the dataset's directory.
+fn safe_join(root: &Path, name: &str) -> std::result::Result<PathBuf, String> {
+    let rel = Path::new(name);
+    if name.is_empty() || !rel.components().all(|c| matches!(c, Component::Normal(_))) {
+        return Err(format!(
+            "shard basename {name:?} is not a path inside the dataset's directory"
+        ));
+    }
+    Ok(root.join(rel))
+}
+
+/// Where the payload and label are in a shard's samples.
+struct Layout {
+    /// Fixed size per column; None for variable (a u32 size in the sample).
+    sizes: Vec<Option<u64>>,
+    variable: usize,
+    payload: usize,
+    label: Option<(usize, String)>,
+    /// The key prefix: the raw shard's basename.
+    basename: String,
+}
+
+impl Layout {
+    /// Checks the shard's columns and finds the payload (`field`, settled on
+    /// the first shard when not given) and label columns.
+    fn of(info: &ShardInfo, field: &mut Option<String>, options: &MdsOptions) -> std::result::Result<Self, String> {
+        if info.version != 2 {
+            return Err(format!("shard version {} (brand reads version 2)", info.version));
+        }
+        let n = info.column_names.len();
+        if n == 0 || info.column_encodings.len() != n || info.column_sizes.len() != n {
+            return Err(format!(
+                "{} column names, {} encodings and {} sizes (one each per column needed)",
+                n,
+                info.column_encodings.len(),
+                info.column_sizes.len()
+            ));
+        }
+        let columns = || {
+            info.column_names
+                .iter()
+                .zip(&info.column_encodings)
+                .map(|(n, e)| format!("{n} ({e})"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let name = match field {
+            Some(f) => f.clone(),
+            None => {
+                let candidates: Vec<&String> = info
+                    .column_names
+                    .iter()
+                    .zip(&info.column_encodings)
+                    .filter(|(_, e)| PAYLOAD_ENCODINGS.contains(&e.as_str()))
+                    .map(|(n, _)| n)
+                    .collect();
+                match candidates[..] {
+                    [one] => one.clone(),
+                    [] => {
+                        return Err(format!(
+                            "no bytes, str, jpeg or png column to pack (columns: {})",
+                            columns()
+                        ));
+                    }
+                    _ => {
+                        return Err(format!(
+                            "several columns could be the payload: choose one with --field (columns: {})",
+                            columns()
+                        ));
+                    }
+                }
+            }
+        };
+        let find = |name: &str| info.column_names.iter().position(|c| c == name);
+        let payload = find(&name).ok_or_else(|| format!("no column {name:?} (columns: {})", columns()))?;
+        let encoding = &info.column_encodings[payload];
+        if !PAYLOAD_ENCODINGS.contains(&encoding.as_str()) || info.column_sizes[payload].is_some() {
+            return Err(format!(
+                "column {name:?} has encoding {encoding}: brand packs a column's stored bytes as they are, \
+                 so the payload must be a bytes, str, jpeg or png column (columns: {})",
+                columns()
+            ));
+        }
+        *field = Some(name);
+        let label = match options.label.as_deref() {
+            None | Some("none") => None,
+            Some(label) => {
+                let column =
+                    find(label).ok_or_else(|| format!("no label column {label:?} (columns: {})", columns()))?;
+                let encoding = &info.column_encodings[column];
+                let size = info.column_sizes[column];
+                let fits = match (int_width(encoding), encoding.as_str()) {
+                    (Some(width), _) => size == Some(width),
+                    (None, "str_int") => size.is_none(),
+                    _ => {
+                        return Err(format!(
+                            "label column {label:?} has encoding {encoding}: labels are int, int8…uint64 or str_int"
+                        ));
+                    }
+                };
+                if !fits {
+                    return Err(format!(
+                        "label column {label:?} of encoding {encoding} has size {size:?}, which that encoding does not have"
+                    ));
+                }
+                Some((column, encoding.clone()))
+            }
+        };
+        let variable = info.column_sizes.iter().filter(|s| s.is_none()).count();
+        Ok(Layout {
+            sizes: info.column_sizes.clone(),
+            variable,
+            payload,
+            label,
+            basename: info.raw_data.basename.clone(),
+        })
+    }
+}
+
+/// A shard's bytes in order: a file (skips seek) or a zstd stream (skips
+/// decompress). Tracks the position in the (decompressed) shard.
+struct Stream {
+    reader: Reader,
+    pos: u64,
+}
+
+enum Reader {
+    Plain(BufReader<File>),
+    Zstd(Box<zstd::stream::read::Decoder<'static, BufReader<File>>>),
+}
+
+impl Stream {
+    /// Fills `buf`; false if the stream ended first.
+    fn read_exact(&mut self, buf: &mut [u8]) -> io::Result<bool> {
+        let result = match &mut self.reader {
+            Reader::Plain(r) => r.read_exact(buf),
+            Reader::Zstd(r) => r.read_exact(buf),
+        };
+        match result {
+            Ok(()) => {
+                self.pos += buf.len() as u64;
+                Ok(true)
+            }
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Skips `n` bytes; false if the stream ended first (a plain file's end
+    /// is found by the next read).
+    fn skip(&mut self, n: u64) -> io::Result<bool> {
+        let complete = match &mut self.reader {
+            Reader::Plain(r) => {
+                let n = i64::try_from(n).map_err(|_| io::Error::other("skip beyond 2^63 bytes"))?;
+                r.seek_relative(n)?;
+                true
+            }
+            Reader::Zstd(r) => io::copy(&mut r.take(n), &mut io::sink())? == n,
+        };
+        self.pos += n;
+        Ok(complete)
+    }
+
+    /// Copies `n` bytes to `to`; false if the stream ended first.
+    fn copy_to(&mut self, n: u64, to: &mut impl Write) -> io::Result<bool> {
+        let copied = match &mut self.reader {
+            Reader::Plain(r) => io::copy(&mut r.take(n), to)?,
+            Reader::Zstd(r) => io::copy(&mut r.take(n), to)?,
+        };
+        self.pos += copied;
+        Ok(copied == n)
+    }
+}
+
+/// State of the scan in `open`: the listing so far.
+struct Scan<'a> {
+    options: &'a MdsOptions,
+    entries: Entries,
+    offsets: Vec<u64>,
+    lens: Ints,
+    spool: Option<BufWriter<File>>,
+    spool_len: u64,
+}
+
+impl Scan<'_> {
+    /// Lists one shard's samples.
+    fn shard(&mut self, path: &Path, compressed: bool, info: &ShardInfo, layout: &Layout) -> Result<()> {
+        let file = File::open(path).at(path)?;
+        let file_len = file.metadata().at(path)?.len();
+        let reader = if compressed {
+            let decoder = zstd::stream::read::Decoder::new(file).at(path)?;
+            Reader::Zstd(Box::new(decoder))
+        } else {
+            Reader::Plain(BufReader::with_capacity(1 << 16, file))
+        };
+        let mut stream = Stream { reader, pos: 0 };
+        // Known up front for a plain shard only.
+        let shard_len = (!compressed).then_some(file_len);
+        let of_shard = if compressed { " of the decompressed shard" } else { "" };
+        let error = |position: String, what: String| Error::input(path, format!("{position}{of_shard}"), what);
+        let io_error = |pos: u64, e: io::Error| error(format!("byte {pos}"), format!("reading: {e}"));
+        let ended = |pos: u64, what: &str| {
+            error(
+                format!("byte {pos}"),
+                format!("truncated: the shard ends inside {what}"),
+            )
+        };
+
+        let mut word = [0u8; 4];
+        if !stream.read_exact(&mut word).map_err(|e| io_error(0, e))? {
+            return Err(ended(0, "its sample count"));
+        }
+        let n = u64::from(u32::from_le_bytes(word));
+        if n != info.samples {
+            return Err(error(
+                "byte 0".into(),
+                format!("the shard holds {n} samples, index.json says {}", info.samples),
+            ));
+        }
+        let table_end = 4 + 4 * (n + 1);
+        if let Some(len) = shard_len
+            && table_end > len
+        {
+            return Err(error(
+                "byte 4".into(),
+                format!(
+                    "the offset table of {} entries ends at byte {table_end}, past the end of the shard ({len} bytes)",
+                    n + 1
+                ),
+            ));
+        }
+        // Read in pieces so a damaged count in a compressed shard cannot
+        // allocate more than the stream really holds.
+        let mut offsets: Vec<u64> = Vec::new();
+        let mut piece = vec![0u8; 4 * 16384];
+        let mut left = n + 1;
+        while left > 0 {
+            let take = left.min(16384) as usize;
+            let buf = &mut piece[..4 * take];
+            let at = stream.pos;
+            if !stream.read_exact(buf).map_err(|e| io_error(at, e))? {
+                return Err(ended(at, "its offset table"));
+            }
+            offsets.extend(
+                buf.chunks_exact(4)
+                    .map(|w| u64::from(u32::from_le_bytes([w[0], w[1], w[2], w[3]]))),
+            );
+            left -= take as u64;
+        }
+        let (Some(&first), Some(&last)) = (offsets.first(), offsets.last()) else {
+            return Err(error("byte 4".into(), "an empty offset table".into()));
+        };
+        if first < table_end {
+            return Err(error(
+                "byte 4".into(),
+                format!(
+                    "sample 0 starts at byte {first}, inside the shard's offset table (which ends at byte {table_end})"
+                ),
+            ));
+        }
+        for (i, pair) in offsets.windows(2).enumerate() {
+            if pair[1] <= pair[0] {
+                return Err(error(
+                    format!("offset table entry {}", i + 1),
+                    format!(
+                        "offsets not increasing: sample {i} starts at byte {}, the next at byte {}",
+                        pair[0], pair[1]
+                    ),
+                ));
+            }
+        }
+        if let Some(len) = shard_len
+            && last > len
+        {
+            return Err(error(
+                format!("offset table entry {n}"),
+                format!("the last sample ends at byte {last}, past the end of the shard ({len} bytes)"),
+            ));
+        }
+        // The config block (JSON) between the table and the first sample.
+        let config = first - table_end;
+        if compressed && config > MAX_CONFIG_BYTES {
+            return Err(error(
+                format!("byte {table_end}"),
+                format!("{config} bytes of config before the first sample (more than the {MAX_CONFIG_BYTES} expected)"),
+            ));
+        }
+        if !stream.skip(config).map_err(|e| io_error(table_end, e))? {
+            return Err(ended(table_end, "its config"));
+        }
+
+        let mut sizes_buf = vec![0u8; 4 * layout.variable];
+        let mut column_sizes = vec![0u64; layout.sizes.len()];
+        for (i, pair) in offsets.windows(2).enumerate() {
+            let (start, end) = (pair[0], pair[1]);
+            let sample_at = || format!("sample {i} at byte {start}");
+            if !stream.read_exact(&mut sizes_buf).map_err(|e| io_error(start, e))? {
+                return Err(ended(start, &format!("sample {i}")));
+            }
+            let mut var = sizes_buf
+                .chunks_exact(4)
+                .map(|w| u64::from(u32::from_le_bytes([w[0], w[1], w[2], w[3]])));
+            let mut total = 4 * layout.variable as u64;
+            for (c, fixed) in layout.sizes.iter().enumerate() {
+                let size = match fixed {
+                    Some(s) => *s,
+                    None => var.next().unwrap_or(0),
+                };
+                column_sizes[c] = size;
+                total = total.saturating_add(size);
+            }
+            if total != end - start {
+                return Err(error(
+                    sample_at(),
+                    format!(
+                        "sample sizes do not match: its columns hold {total} bytes, the offset table gives it {}",
+                        end - start
+                    ),
+                ));
+            }
+            let mut label = -1;
+            for (c, &size) in column_sizes.iter().enumerate() {
+                let at = stream.pos;
+                if c == layout.payload {
+                    let offset = if compressed {
+                        self.spool_payload(&mut stream, size, path, &sample_at)?
+                    } else {
+                        if !stream.skip(size).map_err(|e| io_error(at, e))? {
+                            return Err(ended(at, &sample_at()));
+                        }
+                        at
+                    };
+                    self.offsets.push(offset);
+                    // A u32 size: fits an i64.
+                    self.lens.push(size as i64);
+                } else if let Some((_, encoding)) = layout.label.as_ref().filter(|(l, _)| *l == c) {
+                    if size > MAX_LABEL_BYTES {
+                        return Err(error(sample_at(), format!("a {size}-byte {encoding} label")));
+                    }
+                    let mut bytes = vec![0u8; size as usize];
+                    if !stream.read_exact(&mut bytes).map_err(|e| io_error(at, e))? {
+                        return Err(ended(at, &sample_at()));
+                    }
+                    label = decode_label(encoding, &bytes).map_err(|what| error(sample_at(), what))?;
+                } else if !stream.skip(size).map_err(|e| io_error(at, e))? {
+                    return Err(ended(at, &sample_at()));
+                }
+            }
+            self.entries.push(format!("{}:{i}", layout.basename).as_bytes(), label);
+        }
+        if compressed {
+            // The zstd frame must hold the whole shard: a shard cut after
+            // its last sample's bytes is still damaged.
+            let mut probe = [0u8; 1];
+            let at = stream.pos;
+            if let Err(e) = stream.read_exact(&mut probe) {
+                return Err(io_error(at, e));
+            }
+        } else {
+            // Samples read by seeking: a file shorter than `last` shows up
+            // only on a read, so check it is there.
+            let mut probe = [0u8; 1];
+            if last > 0 {
+                let file = File::open(path).at(path)?;
+                file.read_exact_at(&mut probe, last - 1)
+                    .map_err(|_| ended(last, "its last sample (the file changed while it was read)"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies a payload of a compressed shard to the spool; returns its
+    /// offset there.
+    fn spool_payload(
+        &mut self,
+        stream: &mut Stream,
+        size: u64,
+        path: &Path,
+        sample_at: &dyn Fn() -> String,
+    ) -> Result<u64> {
+        let spool_dir = &self.options.spool_dir;
+        if self.spool.is_none() {
+            let file = tempfile::tempfile_in(spool_dir).at(spool_dir)?;
+            self.spool = Some(BufWriter::with_capacity(1 << 20, file));
+        }
+        let spool = self
+            .spool
+            .as_mut()
+            .ok_or_else(|| Error::config("internal: no spool file"))?;
+        let offset = self.spool_len;
+        let at = stream.pos;
+        match stream.copy_to(size, spool) {
+            Ok(true) => {
+                self.spool_len += size;
+                Ok(offset)
+            }
+            Ok(false) => Err(Error::input(
+                path,
+                format!("byte {at} of the decompressed shard"),
+                format!("truncated: the shard ends inside {}", sample_at()),
+            )),
+            Err(e) => Err(Error::input(
+                path,
+                format!("{} (byte {at} of the decompressed shard)", sample_at()),
+                format!("copying to the spool in {}: {e}", spool_dir.display()),
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_decode_every_int_encoding_and_refuse_what_i64_cannot_hold() {
+        assert_eq!(decode_label("int8", &[0xff]), Ok(-1));
+        assert_eq!(decode_label("uint8", &[0xff]), Ok(255));
+        assert_eq!(decode_label("int16", &(-300i16).to_le_bytes()), Ok(-300));
+        assert_eq!(decode_label("uint32", &u32::MAX.to_le_bytes()), Ok(i64::from(u32::MAX)));
+        assert_eq!(decode_label("int32", &(-5i32).to_le_bytes()), Ok(-5));
+        assert_eq!(decode_label("int", &i64::MIN.to_le_bytes()), Ok(i64::MIN));
+        assert_eq!(decode_label("uint64", &(1u64 << 62).to_le_bytes()), Ok(1 << 62));
+        assert!(
+            decode_label("uint64", &u64::MAX.to_le_bytes())
+                .unwrap_err()
+                .contains("above")
+        );
+        assert_eq!(decode_label("str_int", b" 42"), Ok(42));
+        assert!(decode_label("str_int", b"99999999999999999999").is_err());
+        assert!(decode_label("int32", &[1, 2]).is_err());
+    }
+
+    #[test]
+    fn shard_names_stay_inside_the_dataset() {
+        let root = Path::new("/data/ds");
+        assert_eq!(
+            safe_join(root, "a/shard.00000.mds").unwrap(),
+            root.join("a/shard.00000.mds")
+        );
+        assert!(safe_join(root, "../x.mds").is_err());
+        assert!(safe_join(root, "/etc/passwd").is_err());
+        assert!(safe_join(root, "").is_err());
+    }
+}
