@@ -492,10 +492,7 @@ fn pack_to_a_url_uploads_segments_as_written_and_a_failed_pack_leaves_no_object(
     );
     let inspect = f.run(&["inspect", "s3://bkt/streamed", "--json"]);
     let summary: serde_json::Value = serde_json::from_slice(&inspect.stdout).expect("json");
-    assert!(
-        summary["segments"].as_u64().is_some_and(|n| n >= 5),
-        "{summary}"
-    );
+    assert!(summary["segments"].as_u64().is_some_and(|n| n >= 5), "{summary}");
     let verify = f.run(&["verify", "s3://bkt/streamed"]);
     assert!(verify.status.success(), "{}", stderr(&verify));
 }
