@@ -8,6 +8,13 @@ import json
 import grain
 import numpy as np
 import pytest
+from absl import flags
+
+# With JAX installed, Grain's multiprocessing reads one of its absl flags
+# (worker profiling), which absl refuses before flags are parsed; programs run
+# under absl.app have them parsed, a test process has not.
+if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
 
 import brand
 from brand.grain import BrandIterDataset
