@@ -4,9 +4,16 @@
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 
 import pytest
+
+# The Ctrl-C tests send SIGINT to child processes. A shell that starts a job in
+# the background without job control ignores SIGINT, and an ignored signal is
+# inherited across exec: their children would never see it. A Python handler
+# here is reset to the default in every child at exec instead.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 SAMPLES = 150
 

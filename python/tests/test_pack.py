@@ -161,8 +161,8 @@ def test_bad_input_is_a_typed_error_naming_the_file_and_leaves_nothing(tmp_path)
         brand.pack(listing, tmp_path / "ds", source="list")
     with pytest.raises(brand.NotFoundError, match="no-such-dir"):
         brand.pack(tmp_path / "no-such-dir", tmp_path / "ds")
-    with pytest.raises(brand.ConfigError, match="unknown input format \"parquet\""):
-        brand.pack(listing, tmp_path / "ds", source="parquet")
+    with pytest.raises(brand.ConfigError, match="unknown input format \"csv\""):
+        brand.pack(listing, tmp_path / "ds", source="csv")
     assert not (tmp_path / "ds").exists() and leftovers(tmp_path, "ds") == []
 
 
