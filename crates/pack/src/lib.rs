@@ -280,35 +280,24 @@ pub fn check_options(opts: &PackOptions) -> Result<()> {
 
 /// Packs `source` into the dataset directory `out`.
 pub fn pack(source: &dyn Source, out: &Path, opts: &PackOptions, progress: Progress<'_>) -> Result<Manifest> {
-    pack_cancellable(source, out, opts, progress, &AtomicBool::new(false))
-}
-
-/// The error of a pack stopped by its `cancel` flag.
-pub const CANCELLED: &str = "the pack was cancelled; the unfinished dataset was removed";
-
-/// [`pack`] that stops once `cancel` is set (checked before each sample is
-/// read and each chunk written), leaving no dataset and failing with
-/// [`CANCELLED`]: for callers that stop a pack without ending the process
-/// (Python's `brand.pack` on Ctrl-C).
-pub fn pack_cancellable(
-    source: &dyn Source,
-    out: &Path,
-    opts: &PackOptions,
-    progress: Progress<'_>,
-    cancel: &AtomicBool,
-) -> Result<Manifest> {
     let hooks = Hooks {
         progress,
-        cancel,
+        cancel: &AtomicBool::new(false),
         segment_done: &|_, _| Ok(()),
     };
     pack_with(source, out, opts, &hooks)
 }
 
+/// The error of a pack stopped by its `cancel` flag.
+pub const CANCELLED: &str = "the pack was cancelled; the unfinished dataset was removed";
+
 /// What a caller of [`pack_with`] hears while it packs, and how it stops it.
 pub struct Hooks<'a> {
     pub progress: Progress<'a>,
-    /// Stops the pack once set, as [`pack_cancellable`] says.
+    /// Stops the pack once set (checked before each sample is read, each
+    /// chunk written and the install), leaving no dataset and failing with
+    /// [`CANCELLED`]: for callers that stop a pack without ending the
+    /// process (Python's `brand.pack` on Ctrl-C).
     pub cancel: &'a AtomicBool,
     /// Called with each segment file (path, name) once it is complete and
     /// synced, in order: `brand pack -o URL` uploads it then, while the

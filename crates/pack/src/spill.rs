@@ -272,18 +272,16 @@ mod tests {
         };
         let cancel = AtomicBool::new(false);
         let calls = std::sync::atomic::AtomicU64::new(0);
-        let e = crate::pack_cancellable(
-            &source,
-            &out,
-            &opts,
-            &|done, total, _| {
+        let hooks = crate::Hooks {
+            progress: &|done, total, _| {
                 assert!(done < total, "the pack went on after it was cancelled");
                 calls.fetch_add(1, Ordering::Relaxed);
                 cancel.store(true, Ordering::Relaxed);
             },
-            &cancel,
-        )
-        .unwrap_err();
+            cancel: &cancel,
+            segment_done: &|_, _| Ok(()),
+        };
+        let e = crate::pack_with(&source, &out, &opts, &hooks).unwrap_err();
         assert_eq!(e.to_string(), format!("invalid configuration: {}", crate::CANCELLED));
         assert_eq!(calls.load(Ordering::Relaxed), 1);
         let left: Vec<_> = std::fs::read_dir(dir.path())
@@ -292,7 +290,7 @@ mod tests {
             .collect();
         assert_eq!(left, vec![std::ffi::OsString::from("spill")]);
         // Not cancelled, the same source packs.
-        let m = crate::pack_cancellable(&source, &out, &opts, &|_, _, _| {}, &AtomicBool::new(false)).unwrap();
+        let m = crate::pack(&source, &out, &opts, &|_, _, _| {}).unwrap();
         assert_eq!(m.samples, 2000);
     }
 }

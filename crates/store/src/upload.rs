@@ -9,7 +9,7 @@
 //! have once the new manifest is in place.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
@@ -54,7 +54,6 @@ enum Job {
 
 #[derive(Default)]
 struct Shared {
-    sent: AtomicU64,
     /// The worker's first error, kept for the packer's next call.
     failed: Mutex<Option<Error>>,
     finished: AtomicBool,
@@ -105,11 +104,6 @@ impl SegmentUpload {
             return Err(self.stopped());
         }
         Ok(())
-    }
-
-    /// Bytes of segments uploaded so far.
-    pub fn bytes_sent(&self) -> u64 {
-        self.state.sent.load(Ordering::Relaxed)
     }
 
     /// Waits for the segments, then uploads `dir`'s `index.bin` and its
@@ -182,9 +176,8 @@ fn run(url: &ObjectUrl, force: bool, state: &Shared, ready: &mpsc::Sender<Result
         while let Ok(job) = jobs.recv() {
             match job {
                 Job::Segment(file, path, name) => {
-                    let bytes = upload_file(&conn, file, &path, url, &name).await?;
+                    upload_file(&conn, file, &path, url, &name).await?;
                     sent.push(name);
-                    state.sent.fetch_add(bytes, Ordering::Relaxed);
                 }
                 Job::Finish(dir) => {
                     commit(&conn, url, &dir, &old_segments).await?;
