@@ -77,7 +77,10 @@ def pack(
 
     The GIL is released while packing. Ctrl-C (``KeyboardInterrupt``), or an
     exception raised by ``progress``, stops the pack: its unfinished output is
-    removed before the exception propagates, and no dataset is left. Errors
+    removed before the exception propagates, and no dataset is left. A
+    process killed mid-pack (SIGKILL, out of memory) leaves its work
+    directory with a checkpoint instead: the same ``brand.pack`` call, or
+    ``brand pack`` with the same options, goes on from there. Errors
     are ``brand.BrandError`` subclasses naming the file concerned
     (``FormatError`` for a malformed input, ``NotFoundError``,
     ``ConfigError`` for an option or an existing ``out``).

@@ -377,8 +377,9 @@ fn open_source(a: &PackArgs) -> brand_format::Result<Box<dyn Source>> {
     brand_pack::import::open(a.from.format(), &a.inputs, &opts)
 }
 
-/// SIGINT and SIGTERM during a pack remove its unfinished output before the
-/// process ends by the same signal. The signals are blocked here, before any
+/// SIGINT and SIGTERM during a pack remove its unfinished output (or keep it
+/// for a resume once it has a checkpoint) before the process ends by the
+/// same signal. The signals are blocked here, before any
 /// other thread exists (threads inherit the mask), and taken by one watcher
 /// thread with `sigwait`, so the cleanup runs as ordinary code, not in a
 /// signal handler, and even while the packer's threads are blocked in reads.
@@ -390,8 +391,17 @@ fn remove_unfinished_pack_on_interrupt() -> brand_format::Result<()> {
         if unsafe { libc::sigwait(&set, &mut signal) } != 0 {
             return;
         }
-        brand_pack::remove_unfinished();
-        eprintln!("brand: interrupted; the unfinished dataset was removed");
+        let kept = brand_pack::remove_unfinished();
+        if kept.is_empty() {
+            eprintln!("brand: interrupted; the unfinished dataset was removed");
+        }
+        for dir in kept {
+            let (done, total) = brand_pack::resume::progress_of(&dir).unwrap_or_default();
+            eprintln!(
+                "brand: interrupted; {done} of {total} chunks are kept in {}: the same command goes on from there (delete it to start over)",
+                dir.display()
+            );
+        }
         // SAFETY: restoring the default action and unblocking it in this
         // thread, then raising it here, ends the process by that signal.
         unsafe {

@@ -132,11 +132,15 @@ fn force_replaces_only_a_dataset() {
     assert!(hidden_entries(t.path()).is_empty(), "{:?}", hidden_entries(t.path()));
 }
 
-/// Starts a pack slow enough to interrupt (zstd at its highest level) and
-/// waits until it has written into its temporary directory.
-fn start_slow_pack(src: &Path, out: &Path) -> Child {
+/// The arguments of a pack slow enough to interrupt (zstd at its highest level).
+fn slow_pack_args<'a>(src: &'a Path, out: &'a Path) -> [&'a str; 8] {
+    ["pack", s(src), "-o", s(out), "--zstd", "22", "--chunk-size", "8"]
+}
+
+/// Starts a slow pack and waits until its work directory holds `file`.
+fn start_slow_pack_until(src: &Path, out: &Path, file: &str) -> Child {
     let child = Command::new(env!("CARGO_BIN_EXE_brand"))
-        .args(["pack", s(src), "-o", s(out), "--zstd", "22", "--chunk-size", "8"])
+        .args(slow_pack_args(src, out))
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn brand pack");
@@ -145,24 +149,46 @@ fn start_slow_pack(src: &Path, out: &Path) -> Child {
         out.file_name().expect("name").to_string_lossy(),
         child.id()
     ));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !tmp.join("data-00000.brd").exists() {
-        assert!(Instant::now() < deadline, "the pack never started writing");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !tmp.join(file).exists() {
+        assert!(Instant::now() < deadline, "the pack never wrote {file}");
         std::thread::sleep(Duration::from_millis(5));
     }
     child
 }
 
-fn slow_source(root: &Path) -> PathBuf {
+/// Starts a slow pack and waits until it has written into its work directory.
+fn start_slow_pack(src: &Path, out: &Path) -> Child {
+    start_slow_pack_until(src, out, "data-00000.brd")
+}
+
+/// Every file of a dataset directory, by name.
+fn files_of(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .expect("read dataset")
+        .map(|e| {
+            let e = e.expect("entry");
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).expect("read file"),
+            )
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// `samples` of 24 KiB on average, incompressible (1,500 are about 36 MiB).
+fn slow_source(root: &Path, samples: u64) -> PathBuf {
     let src = root.join("src");
-    gen_samples(&src, 1500, "24"); // about 36 MiB of incompressible bytes
+    gen_samples(&src, samples, "24");
     src
 }
 
 #[test]
 fn sigterm_and_sigint_mid_pack_leave_nothing_and_a_killed_packs_leftover_is_cleaned() {
     let t = tempfile::tempdir().expect("tempdir");
-    let src = slow_source(t.path());
+    let src = slow_source(t.path(), 1500);
     let out = t.path().join("ds");
     for signal in [libc::SIGTERM, libc::SIGINT] {
         let child = start_slow_pack(&src, &out);
@@ -178,11 +204,16 @@ fn sigterm_and_sigint_mid_pack_leave_nothing_and_a_killed_packs_leftover_is_clea
         );
         assert!(err.contains("interrupted"), "{err}");
         assert!(!out.exists(), "no output after signal {signal}");
-        assert!(
-            hidden_entries(t.path()).is_empty(),
-            "signal {signal} left {:?}",
-            hidden_entries(t.path())
-        );
+        // On a loaded machine the pack may have made a checkpoint before the
+        // signal: then it is kept, and said so (tested on purpose below).
+        let left = hidden_entries(t.path());
+        if err.contains("chunks are kept in") {
+            assert_eq!(left.len(), 1, "{left:?}");
+            std::fs::remove_dir_all(t.path().join(&left[0])).expect("remove kept pack");
+        } else {
+            assert!(err.contains("the unfinished dataset was removed"), "{err}");
+            assert!(left.is_empty(), "signal {signal} left {left:?}");
+        }
     }
 
     // SIGKILL cannot be caught: the leftover stays until the next pack into
@@ -197,6 +228,67 @@ fn sigterm_and_sigint_mid_pack_leave_nothing_and_a_killed_packs_leftover_is_clea
         "stale dir not removed: {:?}",
         hidden_entries(t.path())
     );
+}
+
+#[test]
+fn a_pack_stopped_after_a_checkpoint_goes_on_from_there_and_writes_the_same_dataset() {
+    let t = tempfile::tempdir().expect("tempdir");
+    // Long enough (~7 s here) to stop after its first checkpoint (at 2 s).
+    let src = slow_source(t.path(), 3000);
+    let reference = t.path().join("reference");
+    ok(&slow_pack_args(&src, &reference));
+    let out = t.path().join("ds");
+    for signal in [libc::SIGKILL, libc::SIGTERM] {
+        let child = start_slow_pack_until(&src, &out, "resume.json");
+        // Stopped once it has written past its checkpoint, which the resume
+        // must cut back.
+        let work = t.path().join(format!(".ds.packing-{}", child.id()));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let cp: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(work.join("resume.json")).expect("checkpoint")).expect("json");
+            let at = cp["open_segments"][0]["offset"].as_u64().expect("an open segment");
+            let len = std::fs::metadata(work.join("data-00000.brd")).expect("segment").len();
+            if len > at {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the pack wrote nothing past its checkpoint");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        // SAFETY: sending a signal to our own child process.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+        let stopped = child.wait_with_output().expect("wait");
+        assert_eq!(stopped.status.signal(), Some(signal));
+        let err = String::from_utf8_lossy(&stopped.stderr);
+        if signal == libc::SIGTERM {
+            assert!(
+                err.contains("chunks are kept in") && err.contains("goes on from there"),
+                "{err}"
+            );
+        }
+        assert!(!out.exists(), "a stopped pack installs nothing");
+        assert_eq!(hidden_entries(t.path()).len(), 1, "{:?}", hidden_entries(t.path()));
+
+        let resumed = ok(&slow_pack_args(&src, &out));
+        let err = String::from_utf8_lossy(&resumed.stderr);
+        assert!(err.contains("resuming the pack stopped there at chunk"), "{err}");
+        assert!(hidden_entries(t.path()).is_empty(), "{:?}", hidden_entries(t.path()));
+        assert!(
+            files_of(&out) == files_of(&reference),
+            "after {signal}: the resumed dataset differs from an uninterrupted pack"
+        );
+        std::fs::remove_dir_all(&out).expect("remove");
+    }
+
+    // Other options: the stopped pack is not taken over but removed.
+    let mut child = start_slow_pack_until(&src, &out, "resume.json");
+    child.kill().expect("SIGKILL");
+    child.wait().expect("wait");
+    let other = ok(&["pack", s(&src), "-o", s(&out), "--chunk-size", "64"]);
+    let err = String::from_utf8_lossy(&other.stderr);
+    assert!(err.contains("not resuming") && err.contains("differ"), "{err}");
+    assert!(hidden_entries(t.path()).is_empty(), "{:?}", hidden_entries(t.path()));
+    assert_eq!(brand_format::Dataset::open(&out).expect("open").manifest.chunk_size, 64);
 }
 
 #[test]

@@ -575,6 +575,17 @@ impl Column {
         }
     }
 
+    /// Makes what was pushed so far durable (a spilled column's file).
+    fn sync(&mut self) -> std::io::Result<()> {
+        match self {
+            Column::Memory(_) => Ok(()),
+            Column::File { out, .. } => {
+                out.flush()?;
+                out.get_ref().sync_data()
+            }
+        }
+    }
+
     /// The column's bytes from the start, to be copied into the index.
     fn into_reader(self) -> std::io::Result<Box<dyn Read>> {
         match self {
@@ -589,6 +600,19 @@ impl Column {
             }
         }
     }
+}
+
+/// What an [`IndexWriter`] has taken so far: with its spilled columns, all
+/// a pack needs to go on after a crash ([`IndexWriter::resume_spilled`]).
+/// Each column's length follows from the counts.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct IndexWriterState {
+    pub samples: u64,
+    pub chunks: u64,
+    pub keys_len: u64,
+    pub label_min: i64,
+    pub label_max: i64,
+    pub raw_differs: bool,
 }
 
 /// Writes the index as samples arrive, in chunk and id order, at full width
@@ -648,6 +672,86 @@ impl IndexWriter {
             Ok(Column::File { out, path })
         })
         .map_err(|e| Error::io(dir, e))
+    }
+
+    /// Spilled columns' file names in `dir`, each with the bytes it holds
+    /// after `state`: the column's name, its path and its length.
+    fn spill_files(dir: &Path, state: &IndexWriterState) -> [(PathBuf, u64); 8] {
+        let n = state.samples;
+        [
+            ("chunks", state.chunks * 16),
+            ("rel_offset", n * 4),
+            ("stored_len", n * 4),
+            ("raw_len", n * 4),
+            ("crc", n * 4),
+            ("label", n * 8),
+            ("key_end", n * 8),
+            ("keys", state.keys_len),
+        ]
+        .map(|(name, len)| (dir.join(format!("index-{name}.spill")), len))
+    }
+
+    /// Makes every column durable and says how far it got: a pack records
+    /// the state beside its own progress and, after a crash, goes on from
+    /// there with [`resume_spilled`](Self::resume_spilled).
+    pub fn checkpoint(&mut self) -> std::io::Result<IndexWriterState> {
+        for c in [
+            &mut self.chunks,
+            &mut self.rel_offset,
+            &mut self.stored_len,
+            &mut self.raw_len,
+            &mut self.crc,
+            &mut self.label,
+            &mut self.key_end,
+            &mut self.keys,
+        ] {
+            c.sync()?;
+        }
+        Ok(IndexWriterState {
+            samples: self.samples,
+            chunks: self.chunk_count,
+            keys_len: self.keys_len,
+            label_min: self.label_min,
+            label_max: self.label_max,
+            raw_differs: self.raw_differs,
+        })
+    }
+
+    /// A spilled writer going on from `state` with the column files a
+    /// [`spilled`](Self::spilled) writer left in `dir`: each is cut back to
+    /// the length `state` gives (what was pushed after the checkpoint goes).
+    /// A file shorter than that is an error: it is not the checkpoint's.
+    pub fn resume_spilled(chunk_size: u32, dir: &Path, state: &IndexWriterState) -> Result<Self> {
+        let files = Self::spill_files(dir, state);
+        for (path, len) in &files {
+            let have = std::fs::metadata(path).map_err(|e| Error::io(path, e))?.len();
+            if have < *len {
+                return Err(Error::format(
+                    path,
+                    have,
+                    format!("the file ends here, before the {len} bytes its checkpoint recorded"),
+                ));
+            }
+        }
+        let mut files = files.into_iter();
+        let mut writer = Self::with_columns(chunk_size, |_| {
+            let (path, len) = files
+                .next()
+                .ok_or_else(|| std::io::Error::other("internal: column count"))?;
+            let file = std::fs::OpenOptions::new().write(true).open(&path)?;
+            file.set_len(len)?;
+            let mut out = BufWriter::with_capacity(1 << 16, file);
+            std::io::Seek::seek(&mut out, std::io::SeekFrom::End(0))?;
+            Ok(Column::File { out, path })
+        })
+        .map_err(|e| Error::io(dir, e))?;
+        writer.samples = state.samples;
+        writer.chunk_count = state.chunks;
+        writer.keys_len = state.keys_len;
+        writer.label_min = state.label_min;
+        writer.label_max = state.label_max;
+        writer.raw_differs = state.raw_differs;
+        Ok(writer)
     }
 
     pub fn push_chunk(&mut self, loc: ChunkLoc) -> std::io::Result<()> {

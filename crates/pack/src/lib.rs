@@ -17,6 +17,7 @@ pub mod mds;
 mod parallel;
 pub mod parquet;
 mod protobuf;
+pub mod resume;
 pub mod source;
 pub mod spill;
 pub mod synthetic;
@@ -104,16 +105,24 @@ fn unfinished() -> MutexGuard<'static, Vec<PathBuf>> {
     UNFINISHED.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Removes the temporary directories of packs in progress and keeps every
-/// other pack of this process from going on: for a process about to exit
-/// on a signal.
-pub fn remove_unfinished() {
+/// For a process about to exit on a signal: removes the work directories
+/// of packs in progress, except those holding a checkpoint, which it
+/// returns (the same pack run again goes on there: [`resume`]), and keeps
+/// every pack of this process from going on.
+pub fn remove_unfinished() -> Vec<PathBuf> {
     let mut dirs = unfinished();
+    let mut kept = Vec::new();
     for dir in dirs.drain(..) {
-        let _ = std::fs::remove_dir_all(&dir);
+        if dir.join(resume::CHECKPOINT_FILE).is_file() {
+            kept.push(dir);
+        } else {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
     }
-    // Held until the process exits: no pack installs a half-written output.
+    // Held until the process exits: no pack installs a half-written output
+    // or writes another checkpoint (they take it to).
     std::mem::forget(dirs);
+    kept
 }
 
 /// The temporary directory beside `out`; removed on drop unless disarmed.
@@ -156,6 +165,142 @@ fn temp_dir_for(out: &Path) -> Result<TempDir> {
     Ok(TempDir { path, armed: true })
 }
 
+/// How often a pack makes its progress durable ([`resume`]): the most work
+/// a crash can cost.
+const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// A pack's work directory and its state: new, or taken over from a pack
+/// that stopped (at its checkpoint).
+struct Work {
+    tmp: TempDir,
+    writers: Vec<Option<SegmentWriter>>,
+    index: IndexWriter,
+    segments: Vec<SegmentInfo>,
+    totals: resume::Totals,
+    chunks_done: u64,
+}
+
+impl Work {
+    /// The directories segments go to: one per partition, or the work
+    /// directory itself.
+    fn part_dirs(tmp: &Path, opts: &PackOptions) -> Vec<PathBuf> {
+        match opts.partitions {
+            Some(p) => (0..p.count).map(|w| partition_dir(tmp, w)).collect(),
+            None => vec![tmp.to_path_buf()],
+        }
+    }
+
+    /// Takes over the stopped pack among `stale` whose checkpoint has this
+    /// `fingerprint` (removing the others), or starts a new work directory.
+    fn take_over(out: &Path, stale: &[PathBuf], fingerprint: &str, opts: &PackOptions) -> Result<Work> {
+        let mut taken = None;
+        for dir in stale {
+            let why = match resume::read(dir) {
+                Ok(Some(cp)) if cp.fingerprint == fingerprint && taken.is_none() => {
+                    match Self::resume(out, dir, cp, opts) {
+                        Ok(work) => {
+                            taken = Some(work);
+                            continue;
+                        }
+                        Err(e) => format!("it cannot go on ({e})"),
+                    }
+                }
+                Ok(_) => "its inputs or options differ".to_string(),
+                Err(e) => e.to_string(),
+            };
+            tracing::warn!(
+                "{}: not resuming the pack stopped there: {why}; removing it",
+                dir.display()
+            );
+            match std::fs::remove_dir_all(dir) {
+                // Gone already: a failed resume removes what it took over.
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(Error::io(dir, e)),
+                _ => {}
+            }
+        }
+        match taken {
+            Some(work) => Ok(work),
+            None => Self::start(out, opts),
+        }
+    }
+
+    fn start(out: &Path, opts: &PackOptions) -> Result<Work> {
+        let tmp = temp_dir_for(out)?;
+        if opts.partitions.is_some() {
+            for d in Self::part_dirs(&tmp.path, opts) {
+                std::fs::create_dir(&d).at(&d)?;
+            }
+        }
+        let parts = opts.partitions.map_or(1, |p| p.count) as usize;
+        Ok(Work {
+            // The index goes to files as chunks are written, not to memory.
+            index: IndexWriter::spilled(opts.chunk_size, &tmp.path)?,
+            tmp,
+            writers: (0..parts).map(|_| None).collect(),
+            segments: Vec::new(),
+            totals: resume::Totals::default(),
+            chunks_done: 0,
+        })
+    }
+
+    /// Moves `dir` to this process's work directory and cuts what it holds
+    /// back to its checkpoint `cp`.
+    fn resume(out: &Path, dir: &Path, cp: resume::Checkpoint, opts: &PackOptions) -> Result<Work> {
+        if cp.chunks_done > cp.chunks_total || cp.segments.len() > u32::MAX as usize {
+            return Err(Error::config(format!(
+                "its checkpoint says {} of {} chunks",
+                cp.chunks_done, cp.chunks_total
+            )));
+        }
+        let (parent, prefix) = temp_name(out)?;
+        let path = parent.join(format!("{prefix}{}", std::process::id()));
+        let tmp = {
+            let mut dirs = unfinished();
+            if path.exists() {
+                std::fs::remove_dir_all(&path).at(&path)?;
+            }
+            std::fs::rename(dir, &path).at(dir)?;
+            dirs.push(path.clone());
+            TempDir { path, armed: true }
+        };
+        let part_dirs = Self::part_dirs(&tmp.path, opts);
+        let open = resume::restore_segments(&part_dirs, &cp)?;
+        let mut writers = Vec::with_capacity(open.len());
+        for (o, path) in cp.open_segments.iter().zip(open) {
+            writers.push(match (o, path) {
+                (Some(o), Some(path)) => {
+                    let mut file = std::fs::OpenOptions::new().write(true).open(&path).at(&path)?;
+                    file.set_len(o.offset).at(&path)?;
+                    std::io::Seek::seek(&mut file, std::io::SeekFrom::End(0)).at(&path)?;
+                    Some(SegmentWriter {
+                        file,
+                        path,
+                        number: o.number,
+                        offset: o.offset,
+                        chunks: o.chunks,
+                    })
+                }
+                _ => None,
+            });
+        }
+        let index = IndexWriter::resume_spilled(opts.chunk_size, &tmp.path, &cp.index)?;
+        tracing::warn!(
+            "{}: resuming the pack stopped there at chunk {} of {}",
+            tmp.path.display(),
+            cp.chunks_done,
+            cp.chunks_total
+        );
+        Ok(Work {
+            tmp,
+            writers,
+            index,
+            segments: cp.segments,
+            totals: cp.totals,
+            chunks_done: cp.chunks_done,
+        })
+    }
+}
+
 /// Where [`install`] moves an existing `out` aside: the temp dir's name + `.old`.
 fn aside_path(tmp: &Path) -> PathBuf {
     let mut name = tmp.as_os_str().to_owned();
@@ -165,12 +310,15 @@ fn aside_path(tmp: &Path) -> PathBuf {
 
 /// Cleans up after packs into `out` that died without cleaning up (SIGKILL,
 /// power loss): their `.NAME.packing-PID` directories are removed once
-/// `/proc/PID` says the process is gone. A previous dataset they had moved
-/// aside (`….old`) is put back if `out` is missing, else removed.
-fn remove_stale(out: &Path) -> Result<()> {
+/// `/proc/PID` says the process is gone, except those holding a checkpoint
+/// ([`resume`]), which are returned: a pack of the same inputs goes on
+/// there. A previous dataset they had moved aside (`….old`) is put back if
+/// `out` is missing, else removed.
+fn remove_stale(out: &Path) -> Result<Vec<PathBuf>> {
     let (parent, prefix) = temp_name(out)?;
+    let mut resumable = Vec::new();
     let Ok(entries) = std::fs::read_dir(&parent) else {
-        return Ok(()); // a missing parent fails later, with its name
+        return Ok(resumable); // a missing parent fails later, with its name
     };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
@@ -189,12 +337,15 @@ fn remove_stale(out: &Path) -> Result<()> {
         if aside && !out.exists() {
             tracing::warn!("{}: restoring the dataset a killed pack had moved aside", out.display());
             std::fs::rename(&path, out).at(&path)?;
+        } else if !aside && path.join(resume::CHECKPOINT_FILE).is_file() {
+            // Taken over (or removed) once the pack knows its inputs.
+            resumable.push(path);
         } else {
             tracing::warn!("{}: removing what a killed pack (pid {pid}) left", path.display());
             std::fs::remove_dir_all(&path).at(&path)?;
         }
     }
-    Ok(())
+    Ok(resumable)
 }
 
 /// `--force` replaces a brand dataset (a directory with a manifest.toml) or
@@ -317,7 +468,7 @@ pub fn pack_with(source: &dyn Source, out: &Path, opts: &PackOptions, hooks: &Ho
     };
     check_options(opts)?;
     let k = opts.chunk_size;
-    remove_stale(out)?;
+    let stale = remove_stale(out)?;
     if out.exists() && !opts.force {
         return Err(Error::config(format!(
             "{} already exists (use --force to replace it)",
@@ -335,40 +486,34 @@ pub fn pack_with(source: &dyn Source, out: &Path, opts: &PackOptions, hooks: &Ho
 
     // packed position p holds source entry order[p]
     let order = Prng::stream(opts.seed, &[domain::PACK]).permutation(n);
-    let tmp = temp_dir_for(out)?;
     // Records on 64-byte boundaries (readers serve them without a copy),
     // none spanning a 4 KiB block more than it needs (a record read alone
     // costs no extra block).
     let flags = FLAG_ALIGNED64 | FLAG_BLOCKS | if opts.zstd.is_some() { FLAG_ZSTD } else { 0 };
-    // Where each partition's segments go (the output itself when whole).
-    let parts = opts.partitions.map_or(1, |p| p.count);
+    // Which partition's segments a chunk goes to (the one when whole).
     let part_of = |chunk: u64| match opts.partitions {
         Some(p) => ((chunk / p.group_chunks) % p.count as u64) as usize,
         None => 0,
     };
-    let part_dirs: Vec<PathBuf> = match opts.partitions {
-        Some(_) => (0..parts).map(|w| partition_dir(&tmp.path, w)).collect(),
-        None => vec![tmp.path.clone()],
-    };
-    if opts.partitions.is_some() {
-        for d in &part_dirs {
-            std::fs::create_dir(d).at(d)?;
-        }
-    }
-
-    // Segments are numbered in the order they are started; each holds the
-    // chunks of one partition (all of them when whole).
-    let mut segments: Vec<SegmentInfo> = Vec::new();
-    let mut writers: Vec<Option<SegmentWriter>> = (0..parts).map(|_| None).collect();
-    // The index goes to files as chunks are written, not to memory.
-    let mut index = IndexWriter::spilled(k, &tmp.path)?;
-    let mut labels = std::collections::BTreeSet::new();
-    let (mut raw_bytes, mut stored_bytes) = (0u64, 0u64);
-    let (mut min_len, mut max_len) = (u64::MAX, 0u64);
-    let (mut data_bytes, mut block_padding_bytes) = (0u64, 0u64);
     let chunk_count = n.div_ceil(k as usize);
+    let fingerprint = resume::fingerprint(source, opts);
+    let Work {
+        tmp,
+        mut writers,
+        mut index,
+        mut segments,
+        mut totals,
+        chunks_done,
+    } = Work::take_over(out, &stale, &fingerprint, opts)?;
+    let part_dirs = Work::part_dirs(&tmp.path, opts);
+    let mut last_checkpoint = std::time::Instant::now();
+    progress(
+        (chunks_done as usize * k as usize).min(n) as u64,
+        n as u64,
+        totals.data_bytes,
+    );
 
-    for batch_start in (0..chunk_count).step_by(CHUNKS_PER_BATCH) {
+    for batch_start in (chunks_done as usize..chunk_count).step_by(CHUNKS_PER_BATCH) {
         let batch_end = (batch_start + CHUNKS_PER_BATCH).min(chunk_count);
         let first = batch_start * k as usize;
         let last = (batch_end * k as usize).min(n);
@@ -417,7 +562,7 @@ pub fn pack_with(source: &dyn Source, out: &Path, opts: &PackOptions, hooks: &Ho
                 .collect();
             let (bytes, table) = chunk::encode(c as u64, flags, &recs).map_err(Error::config)?;
             let key_bytes: usize = table.iter().map(|e| e.key.len()).sum();
-            block_padding_bytes += chunk::block_padding(
+            totals.block_padding_bytes += chunk::block_padding(
                 chunk::header_len(table.len(), key_bytes) as u64,
                 flags,
                 table.iter().map(|e| (e.offset as u64, e.stored_len as u64)),
@@ -435,10 +580,7 @@ pub fn pack_with(source: &dyn Source, out: &Path, opts: &PackOptions, hooks: &Ho
             let seg = &mut writers[part_of(c as u64)];
             if seg.as_ref().is_none_or(|s| s.offset + len > opts.segment_bytes) {
                 if let Some(s) = seg.take() {
-                    let path = s.path.clone();
-                    let number = s.number as usize;
-                    finish_segment(s, &mut segments)?;
-                    (hooks.segment_done)(&path, &segments[number].name)?;
+                    finish_segment(s, &mut segments, hooks)?;
                 }
                 let number = segments.len() as u32;
                 let name = format::segment_name(number);
@@ -468,26 +610,56 @@ pub fn pack_with(source: &dyn Source, out: &Path, opts: &PackOptions, hooks: &Ho
                 .at(&tmp.path)?;
             s.offset += len;
             s.chunks += 1;
-            data_bytes += len;
+            totals.data_bytes += len;
             for e in table {
-                raw_bytes += e.raw_len as u64;
-                stored_bytes += e.stored_len as u64;
-                min_len = min_len.min(e.raw_len as u64);
-                max_len = max_len.max(e.raw_len as u64);
-                labels.insert(e.label);
+                totals.raw_bytes += e.raw_len as u64;
+                totals.stored_bytes += e.stored_len as u64;
+                totals.min_len = totals.min_len.min(e.raw_len as u64);
+                totals.max_len = totals.max_len.max(e.raw_len as u64);
+                totals.labels.insert(e.label);
                 index
                     .push_sample(e.offset, e.stored_len, e.raw_len, e.crc, e.label, &e.key)
                     .at(&tmp.path)?;
             }
         }
-        progress(last as u64, n as u64, data_bytes);
+        if batch_end < chunk_count && last_checkpoint.elapsed() >= CHECKPOINT_EVERY {
+            let state = index.checkpoint().at(&tmp.path)?;
+            let mut open_segments = Vec::with_capacity(writers.len());
+            for w in &writers {
+                open_segments.push(match w {
+                    Some(s) => {
+                        s.file.sync_data().at(&s.path)?;
+                        Some(resume::OpenSegment {
+                            number: s.number,
+                            offset: s.offset,
+                            chunks: s.chunks,
+                        })
+                    }
+                    None => None,
+                });
+            }
+            let cp = resume::Checkpoint {
+                fingerprint: fingerprint.clone(),
+                chunks_done: batch_end as u64,
+                chunks_total: chunk_count as u64,
+                segments: segments.clone(),
+                open_segments,
+                index: state,
+                totals: totals.clone(),
+            };
+            {
+                // Not while a signal's cleanup decides what to keep.
+                let _dirs = unfinished();
+                resume::write(&tmp.path, &cp)?;
+            }
+            last_checkpoint = std::time::Instant::now();
+        }
+        progress(last as u64, n as u64, totals.data_bytes);
     }
     for s in writers.iter_mut().filter_map(Option::take) {
-        let path = s.path.clone();
-        let number = s.number as usize;
-        finish_segment(s, &mut segments)?;
-        (hooks.segment_done)(&path, &segments[number].name)?;
+        finish_segment(s, &mut segments, hooks)?;
     }
+    resume::remove(&tmp.path)?;
 
     // Written once, checked as a reader will open it, then copied into
     // every partition.
@@ -512,14 +684,14 @@ pub fn pack_with(source: &dyn Source, out: &Path, opts: &PackOptions, hooks: &Ho
         zstd_level: opts.zstd,
         checksum: "crc32c".into(),
         alignment: format::ALIGN,
-        raw_bytes,
-        stored_bytes,
-        data_bytes,
-        block_padding_bytes,
-        mean_sample_bytes: raw_bytes as f64 / n as f64,
-        min_sample_bytes: min_len,
-        max_sample_bytes: max_len,
-        labels: labels.len() as u64,
+        raw_bytes: totals.raw_bytes,
+        stored_bytes: totals.stored_bytes,
+        data_bytes: totals.data_bytes,
+        block_padding_bytes: totals.block_padding_bytes,
+        mean_sample_bytes: totals.raw_bytes as f64 / n as f64,
+        min_sample_bytes: totals.min_len,
+        max_sample_bytes: totals.max_len,
+        labels: totals.labels.len() as u64,
         label_names: source.label_names(),
         segments,
         provenance: Provenance {
@@ -555,13 +727,16 @@ pub fn pack_with(source: &dyn Source, out: &Path, opts: &PackOptions, hooks: &Ho
     Ok(manifest)
 }
 
-fn finish_segment(s: SegmentWriter, segments: &mut [SegmentInfo]) -> Result<()> {
+/// Closes a full segment: durable, recorded, handed to `segment_done`.
+fn finish_segment(s: SegmentWriter, segments: &mut [SegmentInfo], hooks: &Hooks<'_>) -> Result<()> {
     s.file.sync_all().at(&s.path)?;
     debug_assert_eq!(s.offset, align_up(s.offset));
-    let info = &mut segments[s.number as usize];
+    let info = segments
+        .get_mut(s.number as usize)
+        .ok_or_else(|| Error::config("internal: a segment not in the list"))?;
     info.bytes = s.offset;
     info.chunks = s.chunks;
-    Ok(())
+    (hooks.segment_done)(&s.path, &info.name)
 }
 
 /// Writes a whole file and makes it durable.

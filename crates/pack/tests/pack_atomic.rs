@@ -80,3 +80,32 @@ fn a_late_read_error_leaves_nothing() {
     let left: Vec<_> = std::fs::read_dir(t.path()).expect("list").collect();
     assert!(left.is_empty(), "left behind: {left:?}");
 }
+
+#[test]
+fn a_dead_packs_directory_with_a_damaged_checkpoint_is_removed_not_resumed() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let entries: Entries = (0..100).map(|i| (format!("k{i}").into_bytes(), 0)).collect();
+    let src = FailingSource {
+        entries,
+        fail_at: usize::MAX,
+        reads: AtomicUsize::new(0),
+    };
+    // A dead process id: a child that has exited.
+    let mut dead = std::process::Command::new("true").spawn().expect("spawn true");
+    dead.wait().expect("wait");
+    let stale = t.path().join(format!(".ds.packing-{}", dead.id()));
+    std::fs::create_dir(&stale).expect("mkdir");
+    std::fs::write(stale.join("resume.json"), b"{\"fingerprint\": 7").expect("write");
+    std::fs::write(stale.join("data-00000.brd"), vec![1u8; 4096]).expect("write");
+    let out = t.path().join("ds");
+    let opts = PackOptions {
+        chunk_size: 8,
+        ..Default::default()
+    };
+    let m = pack(&src, &out, &opts, &|_, _, _| {}).expect("packs anew");
+    assert_eq!(m.samples, 100);
+    assert!(!stale.exists(), "the damaged work directory is removed");
+    let ds = brand_format::Dataset::open(&out).expect("a whole dataset");
+    assert_eq!(ds.index.samples(), 100);
+    assert!(!out.join("resume.json").exists(), "no checkpoint in the dataset");
+}
