@@ -59,6 +59,11 @@ impl Format {
         matches!(self, Format::Tfrecord | Format::Tar | Format::Parquet)
     }
 
+    /// Whether inputs may be objects in a store (`s3://…`; `crate::input`).
+    fn reads_objects(self) -> bool {
+        matches!(self, Format::Tar | Format::Mds | Format::Parquet)
+    }
+
     /// Whether `--field` and `--label` mean something for the format.
     fn takes_field_and_label(self) -> bool {
         matches!(self, Format::Tar | Format::Mds | Format::Parquet)
@@ -101,7 +106,8 @@ impl ImportOptions {
     }
 }
 
-/// The samples of `inputs` read as `format`.
+/// The samples of `inputs` read as `format`. An input is a path, or for
+/// tar, mds and parquet a URL of an object or a prefix (`crate::input`).
 pub fn open(format: Format, inputs: &[PathBuf], opts: &ImportOptions) -> Result<Box<dyn Source>> {
     if !format.takes_field_and_label() && (opts.field.is_some() || opts.label.is_some()) {
         let takes: Vec<_> = Format::ALL
@@ -124,6 +130,14 @@ pub fn open(format: Format, inputs: &[PathBuf], opts: &ImportOptions) -> Result<
             ))),
         }
     };
+    let is_url = |p: &&PathBuf| matches!(brand_store::Location::of_path(p), Ok(brand_store::Location::Url(_)));
+    if let Some(url) = inputs.iter().find(is_url).filter(|_| !format.reads_objects()) {
+        return Err(Error::config(format!(
+            "--from {} reads local files, and {} is a URL (--from tar, mds and parquet read object storage)",
+            format.name(),
+            url.display()
+        )));
+    }
     if format.takes_several() && inputs.is_empty() {
         return Err(Error::config(format!("--from {}: no input given", format.name())));
     }

@@ -11,6 +11,7 @@
 
 pub mod files;
 pub mod import;
+pub mod input;
 pub mod inspect;
 pub mod lmdb;
 pub mod mds;

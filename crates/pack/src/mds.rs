@@ -18,18 +18,22 @@
 //! are copied to a spool file (anonymous, in the directory the caller names)
 //! that `read` reads — never one decompression per sample. Where the
 //! uncompressed shard is present too (Streaming leaves it beside the zstd
-//! one after a download), it is read in place. Nothing read from the index
+//! one after a download), it is read in place. A dataset in object storage
+//! (`s3://bucket/prefix`, [`crate::input`]: the prefix is listed once) is
+//! read the same way, each shard once and in order by large ranged GETs,
+//! its payloads spooled. Nothing read from the index
 //! or a shard is trusted: counts, offsets and sizes are checked against each
 //! other and the file before use.
 
 use std::borrow::Cow;
-use std::fs::{self, File};
+use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::os::unix::fs::FileExt;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use super::input::{Input, InputDir};
 use super::source::{Entries, Ints, Source};
 use brand_format::error::{Error, IoContext, Result};
 
@@ -135,7 +139,7 @@ struct ShardFile {
     path: PathBuf,
     /// Index of its first sample among all the source's samples.
     first: usize,
-    /// Compressed: its payloads are in the spool file, not in it.
+    /// Compressed or an object: its payloads are in the spool file, not in it.
     spooled: bool,
 }
 
@@ -153,15 +157,11 @@ pub struct MdsSource {
 
 impl MdsSource {
     /// Lists the samples of the MDS dataset at `input`: a directory holding
-    /// `index.json`, or the `index.json` itself.
+    /// `index.json`, or the `index.json` itself; or their URLs.
     pub fn open(input: &Path, options: &MdsOptions) -> Result<Self> {
-        let index_path = if fs::metadata(input).at(input)?.is_dir() {
-            input.join("index.json")
-        } else {
-            input.to_path_buf()
-        };
-        let root = index_path.parent().unwrap_or(Path::new(".")).to_path_buf();
-        let text = fs::read(&index_path).at(&index_path)?;
+        let (index_file, root) = super::input::file_in_dir(input, "index.json")?;
+        let index_path = index_file.path().to_path_buf();
+        let text = index_file.read_all()?;
         let malformed = |what: String| Error::input(&index_path, "index.json", what);
         let index: IndexFile = serde_json::from_slice(&text)
             .map_err(|e| malformed(format!("not an MDS index (malformed JSON or missing fields): {e}")))?;
@@ -195,13 +195,13 @@ impl MdsSource {
                 .map_err(|e| Error::input(&index_path, at(), format!("malformed shard entry: {e}")))?;
             let layout =
                 Layout::of(&info, &mut field, options).map_err(|what| Error::input(&index_path, at(), what))?;
-            let (path, compressed) = shard_file(&root, &info).map_err(|what| Error::input(&index_path, at(), what))?;
+            let (file, compressed) = shard_file(&root, &info).map_err(|what| Error::input(&index_path, at(), what))?;
             let first = scan.offsets.len();
-            scan.shard(&path, compressed, &info, &layout)?;
+            scan.shard(&file, compressed, &info, &layout)?;
             shards.push(ShardFile {
-                path,
+                path: file.path().to_path_buf(),
                 first,
-                spooled: compressed,
+                spooled: compressed || file.object().is_some(),
             });
         }
         if scan.offsets.is_empty() {
@@ -298,7 +298,7 @@ impl Source for MdsSource {
 
 /// The file to read for a shard, and whether it is zstd-compressed: the
 /// raw shard if present, else the compressed one.
-fn shard_file(root: &Path, info: &ShardInfo) -> std::result::Result<(PathBuf, bool), String> {
+fn shard_file(root: &InputDir, info: &ShardInfo) -> std::result::Result<(Input, bool), String> {
     let compressed = match info.compression.as_deref() {
         None => false,
         Some(c) if c == "zstd" || c.starts_with("zstd:") => true,
@@ -308,40 +308,26 @@ fn shard_file(root: &Path, info: &ShardInfo) -> std::result::Result<(PathBuf, bo
             ));
         }
     };
-    let raw = safe_join(root, &info.raw_data.basename)?;
-    if raw.is_file() {
+    let raw_name = &info.raw_data.basename;
+    if let Some(raw) = root.file(raw_name)? {
         return Ok((raw, false));
     }
+    let raw = root.show(raw_name)?;
     match (&info.zip_data, compressed) {
-        (Some(zip), true) => {
-            let zip_path = safe_join(root, &zip.basename)?;
-            if zip_path.is_file() {
-                Ok((zip_path, true))
-            } else {
-                Err(format!(
-                    "missing shard file: neither {} nor {} exists",
-                    raw.display(),
-                    zip_path.display()
-                ))
-            }
-        }
+        (Some(zip), true) => match root.file(&zip.basename)? {
+            Some(file) => Ok((file, true)),
+            None => Err(format!(
+                "missing shard file: neither {} nor {} exists",
+                raw.display(),
+                root.show(&zip.basename)?.display()
+            )),
+        },
         (None, true) => Err(format!(
             "missing shard file {} (and the compressed shard has no zip_data entry)",
             raw.display()
         )),
         (_, false) => Err(format!("missing shard file {}", raw.display())),
     }
-}
-
-/// `root/name`, refusing names that leave the dataset's directory.
-fn safe_join(root: &Path, name: &str) -> std::result::Result<PathBuf, String> {
-    let rel = Path::new(name);
-    if name.is_empty() || !rel.components().all(|c| matches!(c, Component::Normal(_))) {
-        return Err(format!(
-            "shard basename {name:?} is not a path inside the dataset's directory"
-        ));
-    }
-    Ok(root.join(rel))
 }
 
 /// Where the payload and label are in a shard's samples.
@@ -452,8 +438,9 @@ impl Layout {
     }
 }
 
-/// A shard's bytes in order: a file (skips seek) or a zstd stream (skips
-/// decompress). Tracks the position in the (decompressed) shard.
+/// A shard's bytes in order: a file (skips seek), or a stream that can only
+/// be read on (zstd, an object in a store: skips read). Tracks the position
+/// in the (decompressed) shard.
 struct Stream {
     reader: Reader,
     pos: u64,
@@ -461,7 +448,7 @@ struct Stream {
 
 enum Reader {
     Plain(BufReader<File>),
-    Zstd(Box<zstd::stream::read::Decoder<'static, BufReader<File>>>),
+    InOrder(Box<dyn Read + Send>),
 }
 
 impl Stream {
@@ -469,7 +456,7 @@ impl Stream {
     fn read_exact(&mut self, buf: &mut [u8]) -> io::Result<bool> {
         let result = match &mut self.reader {
             Reader::Plain(r) => r.read_exact(buf),
-            Reader::Zstd(r) => r.read_exact(buf),
+            Reader::InOrder(r) => r.read_exact(buf),
         };
         match result {
             Ok(()) => {
@@ -490,7 +477,7 @@ impl Stream {
                 r.seek_relative(n)?;
                 true
             }
-            Reader::Zstd(r) => io::copy(&mut r.take(n), &mut io::sink())? == n,
+            Reader::InOrder(r) => io::copy(&mut r.take(n), &mut io::sink())? == n,
         };
         self.pos += n;
         Ok(complete)
@@ -500,7 +487,7 @@ impl Stream {
     fn copy_to(&mut self, n: u64, to: &mut impl Write) -> io::Result<bool> {
         let copied = match &mut self.reader {
             Reader::Plain(r) => io::copy(&mut r.take(n), to)?,
-            Reader::Zstd(r) => io::copy(&mut r.take(n), to)?,
+            Reader::InOrder(r) => io::copy(&mut r.take(n), to)?,
         };
         self.pos += copied;
         Ok(copied == n)
@@ -519,14 +506,29 @@ struct Scan<'a> {
 
 impl Scan<'_> {
     /// Lists one shard's samples.
-    fn shard(&mut self, path: &Path, compressed: bool, info: &ShardInfo, layout: &Layout) -> Result<()> {
-        let file = File::open(path).at(path)?;
-        let file_len = file.metadata().at(path)?.len();
-        let reader = if compressed {
-            let decoder = zstd::stream::read::Decoder::new(file).at(path)?;
-            Reader::Zstd(Box::new(decoder))
-        } else {
-            Reader::Plain(BufReader::with_capacity(1 << 16, file))
+    fn shard(&mut self, input: &Input, compressed: bool, info: &ShardInfo, layout: &Layout) -> Result<()> {
+        let path = input.path();
+        // Read in order (compressed, or an object): payloads are spooled.
+        let (reader, file_len, spool) = match input.object() {
+            Some(object) => {
+                let bytes: Box<dyn Read + Send> = Box::new(BufReader::with_capacity(1 << 16, object.reader()));
+                let reader = if compressed {
+                    Reader::InOrder(Box::new(zstd::stream::read::Decoder::new(bytes).at(path)?))
+                } else {
+                    Reader::InOrder(bytes)
+                };
+                (reader, object.size(), true)
+            }
+            None => {
+                let file = File::open(path).at(path)?;
+                let file_len = file.metadata().at(path)?.len();
+                let reader = if compressed {
+                    Reader::InOrder(Box::new(zstd::stream::read::Decoder::new(file).at(path)?))
+                } else {
+                    Reader::Plain(BufReader::with_capacity(1 << 16, file))
+                };
+                (reader, file_len, compressed)
+            }
         };
         let mut stream = Stream { reader, pos: 0 };
         // Known up front for a plain shard only.
@@ -657,8 +659,8 @@ impl Scan<'_> {
             for (c, &size) in column_sizes.iter().enumerate() {
                 let at = stream.pos;
                 if c == layout.payload {
-                    let offset = if compressed {
-                        self.spool_payload(&mut stream, size, path, &sample_at)?
+                    let offset = if spool {
+                        self.spool_payload(&mut stream, size, path, of_shard, &sample_at)?
                     } else {
                         if !stream.skip(size).map_err(|e| io_error(at, e))? {
                             return Err(ended(at, &sample_at()));
@@ -691,7 +693,7 @@ impl Scan<'_> {
             if let Err(e) = stream.read_exact(&mut probe) {
                 return Err(io_error(at, e));
             }
-        } else {
+        } else if !spool {
             // Samples read by seeking: a file shorter than `last` shows up
             // only on a read, so check it is there.
             let mut probe = [0u8; 1];
@@ -711,6 +713,7 @@ impl Scan<'_> {
         stream: &mut Stream,
         size: u64,
         path: &Path,
+        of_shard: &str,
         sample_at: &dyn Fn() -> String,
     ) -> Result<u64> {
         let spool_dir = &self.options.spool_dir;
@@ -731,12 +734,12 @@ impl Scan<'_> {
             }
             Ok(false) => Err(Error::input(
                 path,
-                format!("byte {at} of the decompressed shard"),
+                format!("byte {at}{of_shard}"),
                 format!("truncated: the shard ends inside {}", sample_at()),
             )),
             Err(e) => Err(Error::input(
                 path,
-                format!("{} (byte {at} of the decompressed shard)", sample_at()),
+                format!("{} (byte {at}{of_shard})", sample_at()),
                 format!("copying to the spool in {}: {e}", spool_dir.display()),
             )),
         }
@@ -768,13 +771,13 @@ mod tests {
 
     #[test]
     fn shard_names_stay_inside_the_dataset() {
-        let root = Path::new("/data/ds");
+        let root = InputDir::Local(PathBuf::from("/data/ds"));
         assert_eq!(
-            safe_join(root, "a/shard.00000.mds").unwrap(),
-            root.join("a/shard.00000.mds")
+            root.show("a/shard.00000.mds").unwrap(),
+            Path::new("/data/ds/a/shard.00000.mds")
         );
-        assert!(safe_join(root, "../x.mds").is_err());
-        assert!(safe_join(root, "/etc/passwd").is_err());
-        assert!(safe_join(root, "").is_err());
+        assert!(root.show("../x.mds").is_err());
+        assert!(root.show("/etc/passwd").is_err());
+        assert!(root.show("").is_err());
     }
 }

@@ -14,9 +14,14 @@
 //! arrow-rs) without its Arrow layer; its errors (a missing footer, a
 //! corrupt page) are reported with the file, row group, column and the
 //! column chunk's byte range.
+//!
+//! A file in object storage (`s3://…`, [`crate::input`]) is fetched first,
+//! whole and in order (large ranged GETs), into an anonymous file in the
+//! spool directory, and read from there: the footer comes first in a
+//! Parquet reader's order, last in the file.
 
 use std::borrow::Cow;
-use std::fs::{self, File};
+use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -28,6 +33,7 @@ use ::parquet::file::reader::{FileReader, RowGroupReader};
 use ::parquet::file::serialized_reader::SerializedFileReader;
 use ::parquet::schema::types::SchemaDescriptor;
 
+use super::input::Input;
 use super::source::{Entries, Ints, Source};
 use brand_format::error::{Error, IoContext, Result};
 
@@ -66,9 +72,15 @@ pub struct ParquetSource {
 
 impl ParquetSource {
     /// Lists (and spools) the rows of `paths`: Parquet files, or
-    /// directories whose `.parquet` files are taken in name order.
+    /// directories whose `.parquet` files are taken in name order; URLs of
+    /// such objects, or of prefixes listed the same way.
     pub fn open(paths: &[PathBuf], options: &ParquetOptions) -> Result<Self> {
-        let inputs = expand_inputs(paths)?;
+        let inputs = super::input::expand(
+            paths,
+            |name| name.ends_with(b".parquet"),
+            ".parquet",
+            " (a Hub dataset keeps them in data/)",
+        )?;
         let Some(first_input) = paths.first() else {
             return Err(Error::config("no Parquet input given"));
         };
@@ -84,11 +96,12 @@ impl ParquetSource {
             spool_len: 0,
         };
         let mut files = Vec::with_capacity(inputs.len());
-        for path in inputs {
+        for input in inputs {
+            let path = input.path().to_path_buf();
             let first = scan.offsets.len();
             // The decoder is another crate's: should damaged input make it
             // panic, that is this file's error, not a crash.
-            let scanned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| scan.file(&path)));
+            let scanned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| scan.file(&input)));
             match scanned {
                 Ok(result) => result?,
                 Err(_) => {
@@ -181,39 +194,6 @@ impl Source for ParquetSource {
             + self.lens.heap_bytes()
             + self.files.capacity() * size_of::<InputFile>()
     }
-}
-
-/// Files to read: each path as given, or a directory's `.parquet` files
-/// (not hidden) sorted by name.
-fn expand_inputs(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
-    let mut files = Vec::new();
-    for path in paths {
-        if !fs::metadata(path).at(path)?.is_dir() {
-            files.push(path.clone());
-            continue;
-        }
-        let mut in_dir = Vec::new();
-        for dir_entry in fs::read_dir(path).at(path)? {
-            let file = dir_entry.at(path)?.path();
-            let name = file
-                .file_name()
-                .map_or(&[][..], |n| n.as_encoded_bytes())
-                .to_ascii_lowercase();
-            if name.ends_with(b".parquet") && !name.starts_with(b".") && fs::metadata(&file).at(&file)?.is_file() {
-                in_dir.push(file);
-            }
-        }
-        in_dir.sort_by(|a, b| a.file_name().cmp(&b.file_name()));
-        if in_dir.is_empty() {
-            return Err(Error::input(
-                path,
-                "listing",
-                "no .parquet files in the directory (a Hub dataset keeps them in data/)",
-            ));
-        }
-        files.extend(in_dir);
-    }
-    Ok(files)
 }
 
 /// The leaf columns a file's rows are read from.
@@ -350,8 +330,36 @@ struct Scan<'a> {
 }
 
 impl Scan<'_> {
-    fn file(&mut self, path: &Path) -> Result<()> {
-        let file = File::open(path).at(path)?;
+    fn file(&mut self, input: &Input) -> Result<()> {
+        let path = input.path();
+        let file = match input.object() {
+            Some(object) => {
+                // Fetched in order into an anonymous file, read from there.
+                let spool_dir = &self.options.spool_dir;
+                let mut local = tempfile::tempfile_in(spool_dir).at(spool_dir)?;
+                let mut reader = object.reader();
+                let mut buf = vec![0u8; 1 << 20];
+                let mut copied = 0u64;
+                loop {
+                    let n = match std::io::Read::read(&mut reader, &mut buf) {
+                        Ok(0) => break,
+                        Ok(n) => n,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                        Err(e) => return Err(Error::input(path, format!("byte {copied}"), format!("reading: {e}"))),
+                    };
+                    local.write_all(&buf[..n]).map_err(|e| {
+                        Error::input(
+                            path,
+                            format!("byte {copied}"),
+                            format!("copying to an anonymous file in {}: {e}", spool_dir.display()),
+                        )
+                    })?;
+                    copied += n as u64;
+                }
+                local
+            }
+            None => File::open(path).at(path)?,
+        };
         let file_len = file.metadata().at(path)?.len();
         let reader = SerializedFileReader::new(file).map_err(|e| {
             Error::input(

@@ -13,6 +13,8 @@
 //! A gzipped tar can only be read from its start, so it is decompressed once,
 //! during `open`, and the members that may be payloads are copied to a spool
 //! file (anonymous, in the directory the caller names) that `read` reads.
+//! An archive in object storage (`s3://…`, [`crate::input`]) is the same:
+//! read once, in order, by large ranged GETs, its payloads spooled.
 //!
 //! Header layout (512-byte blocks, numbers octal ASCII or GNU base-256):
 //!
@@ -32,11 +34,12 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::fs::{self, File};
+use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use super::input::Input;
 use super::source::{Entries, Ints, Source};
 use brand_format::error::{Error, IoContext, Result};
 
@@ -287,13 +290,13 @@ struct InputFile {
     path: PathBuf,
     /// Index of its first sample among all the source's samples.
     first: usize,
-    /// Gzipped: its payloads are in the spool file, not in it.
+    /// Gzipped or in object storage: its payloads are in the spool file, not in it.
     spooled: bool,
 }
 
 /// Samples of one or more tar archives, in file order and then archive
 /// order. Per sample: its key in an arena with its label, its payload's
-/// offset (8 bytes; in the archive, or in the spool for a gzipped one) and
+/// offset (8 bytes; in the archive, or in the spool for one read in order) and
 /// length (as narrow as the lengths allow).
 #[derive(Debug)]
 pub struct TarSource {
@@ -308,9 +311,14 @@ pub struct TarSource {
 impl TarSource {
     /// Lists the samples of `paths`: tar or gzipped tar files, or
     /// directories whose `.tar`, `.tar.gz` and `.tgz` files are taken in
-    /// name order.
+    /// name order; URLs of such objects, or of prefixes listed the same way.
     pub fn open(paths: &[PathBuf], options: &TarOptions) -> Result<Self> {
-        let inputs = expand_inputs(paths)?;
+        let is_archive = |name: &[u8]| {
+            [&b".tar"[..], b".tar.gz", b".tgz"]
+                .iter()
+                .any(|ext| name.ends_with(ext))
+        };
+        let inputs = super::input::expand(paths, is_archive, ".tar, .tar.gz or .tgz", "")?;
         let Some(first_input) = paths.first() else {
             return Err(Error::config("no tar input given"));
         };
@@ -324,9 +332,10 @@ impl TarSource {
             spool_len: 0,
         };
         let mut files = Vec::with_capacity(inputs.len());
-        for path in inputs {
+        for input in inputs {
             let first = scan.offsets.len();
-            let spooled = scan.file(&path)?;
+            let spooled = scan.file(&input)?;
+            let path = input.path().to_path_buf();
             files.push(InputFile { path, first, spooled });
         }
         if scan.offsets.is_empty() {
@@ -426,47 +435,11 @@ fn read_failure(e: io::Error) -> String {
     }
 }
 
-/// Archives to scan: each path as given, or a directory's `.tar`,
-/// `.tar.gz` and `.tgz` files (not hidden) sorted by name.
-fn expand_inputs(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
-    let mut files = Vec::new();
-    for path in paths {
-        if !fs::metadata(path).at(path)?.is_dir() {
-            files.push(path.clone());
-            continue;
-        }
-        let mut in_dir = Vec::new();
-        for dir_entry in fs::read_dir(path).at(path)? {
-            let file = dir_entry.at(path)?.path();
-            let name = file
-                .file_name()
-                .map_or(&[][..], |n| n.as_encoded_bytes())
-                .to_ascii_lowercase();
-            let is_archive = [&b".tar"[..], b".tar.gz", b".tgz"]
-                .iter()
-                .any(|ext| name.ends_with(ext));
-            if is_archive && !name.starts_with(b".") && fs::metadata(&file).at(&file)?.is_file() {
-                in_dir.push(file);
-            }
-        }
-        in_dir.sort_by(|a, b| a.file_name().cmp(&b.file_name()));
-        if in_dir.is_empty() {
-            return Err(Error::input(
-                path,
-                "listing",
-                "no .tar, .tar.gz or .tgz files in the directory",
-            ));
-        }
-        files.extend(in_dir);
-    }
-    Ok(files)
-}
-
-/// An archive's bytes in order: a file (skips seek) or a gzip stream
-/// (skips decompress).
+/// An archive's bytes in order: a file (skips seek), or a stream that can
+/// only be read on (a gzip stream, an object in a store: skips read).
 enum Stream {
     Plain(BufReader<File>),
-    Gzip(Box<flate2::read::MultiGzDecoder<BufReader<File>>>),
+    InOrder(Box<dyn Read + Send>),
 }
 
 impl Stream {
@@ -476,7 +449,7 @@ impl Stream {
         while filled < buf.len() {
             let n = match self {
                 Stream::Plain(r) => r.read(&mut buf[filled..]),
-                Stream::Gzip(r) => r.read(&mut buf[filled..]),
+                Stream::InOrder(r) => r.read(&mut buf[filled..]),
             };
             match n {
                 Ok(0) => break,
@@ -497,7 +470,7 @@ impl Stream {
                 r.seek_relative(n)?;
                 Ok(true)
             }
-            Stream::Gzip(r) => Ok(io::copy(&mut r.take(n), &mut io::sink())? == n),
+            Stream::InOrder(r) => Ok(io::copy(&mut r.take(n), &mut io::sink())? == n),
         }
     }
 
@@ -505,7 +478,7 @@ impl Stream {
     fn copy_to(&mut self, n: u64, to: &mut impl Write) -> io::Result<bool> {
         let copied = match self {
             Stream::Plain(r) => io::copy(&mut r.take(n), to)?,
-            Stream::Gzip(r) => io::copy(&mut r.take(n), to)?,
+            Stream::InOrder(r) => io::copy(&mut r.take(n), to)?,
         };
         Ok(copied == n)
     }
@@ -515,6 +488,8 @@ impl Stream {
 struct Archive<'a> {
     path: &'a Path,
     gzip: bool,
+    /// Read in order (gzipped, or an object): payloads go to the spool.
+    spool: bool,
     /// Key prefix of its members: `` or `inner.tar/`.
     prefix: Vec<u8>,
     /// The inner tar's name without `.tar`, for `--label dir`.
@@ -538,7 +513,7 @@ impl Archive<'_> {
 /// One member of the sample being grouped.
 struct Member {
     extension: Vec<u8>,
-    /// Where its data is: in the archive, or in the spool for a gzipped one.
+    /// Where its data is: in the archive, or in the spool for one read in order.
     offset: u64,
     size: u64,
     /// Where its header is in the archive, for errors.
@@ -570,16 +545,40 @@ struct Scan<'a> {
 }
 
 impl Scan<'_> {
-    /// Lists one archive's samples; returns whether it was gzipped (its
-    /// payloads spooled).
-    fn file(&mut self, path: &Path) -> Result<bool> {
+    /// Lists one archive's samples; returns whether its payloads were
+    /// spooled (gzipped, or an object).
+    fn file(&mut self, input: &Input) -> Result<bool> {
+        let path = input.path();
+        if let Some(object) = input.object() {
+            let reader = object.reader();
+            let mut buffered = BufReader::with_capacity(1 << 16, reader);
+            let gzip = io::BufRead::fill_buf(&mut buffered)
+                .map_err(|e| Error::input(path, "byte 0", format!("reading: {e}")))?
+                .starts_with(&[0x1f, 0x8b]);
+            let mut stream = if gzip {
+                Stream::InOrder(Box::new(flate2::read::MultiGzDecoder::new(buffered)))
+            } else {
+                Stream::InOrder(Box::new(buffered))
+            };
+            let archive = Archive {
+                path,
+                gzip,
+                spool: true,
+                prefix: Vec::new(),
+                tar_name: None,
+                end: (!gzip).then_some(object.size()),
+                depth: 0,
+            };
+            self.walk(&mut stream, &archive, 0)?;
+            return Ok(true);
+        }
         let mut file = File::open(path).at(path)?;
         let file_len = file.metadata().at(path)?.len();
         let mut magic = [0u8; 2];
         let gzip = file.read_exact(&mut magic).is_ok() && magic == [0x1f, 0x8b];
         let file = File::open(path).at(path)?;
         let mut stream = if gzip {
-            Stream::Gzip(Box::new(flate2::read::MultiGzDecoder::new(BufReader::new(file))))
+            Stream::InOrder(Box::new(flate2::read::MultiGzDecoder::new(BufReader::new(file))))
         } else {
             // A page: enough to take several small members (`.cls`, `.json`)
             // in one read, small enough that the header of a large member
@@ -589,6 +588,7 @@ impl Scan<'_> {
         let archive = Archive {
             path,
             gzip,
+            spool: gzip,
             prefix: Vec::new(),
             tar_name: None,
             end: (!gzip).then_some(file_len),
@@ -701,6 +701,7 @@ impl Scan<'_> {
                     let inner = Archive {
                         path: archive.path,
                         gzip: archive.gzip,
+                        spool: archive.spool,
                         prefix,
                         tar_name: Some(name[file_start..name.len() - 4].to_vec()),
                         end: Some(data_end),
@@ -830,7 +831,7 @@ impl Scan<'_> {
         } else {
             None
         };
-        if archive.gzip && is_candidate {
+        if archive.spool && is_candidate {
             let spool_dir = &self.options.spool_dir;
             if self.spool.is_none() {
                 let file = tempfile::tempfile_in(spool_dir).at(spool_dir)?;

@@ -433,6 +433,71 @@ pub async fn head(conn: &Connection, name: &str, p: &GetPolicy, counters: &GetCo
     }
 }
 
+/// The objects under `prefix` (the key prefix, without its trailing `/`;
+/// empty: the bucket's root), retried as a GET is: with `recursive`, every
+/// object below it; without, those directly under it and the names of the
+/// prefixes one level down (a directory's files and subdirectories).
+pub async fn list(
+    conn: &Connection,
+    prefix: &str,
+    recursive: bool,
+    p: &GetPolicy,
+    counters: &GetCounters,
+) -> Result<(Vec<ObjectMeta>, Vec<String>)> {
+    use futures_util::TryStreamExt;
+    let at = (!prefix.is_empty()).then(|| object_store::path::Path::from(prefix));
+    let mut attempt = 0;
+    loop {
+        counters.requests.fetch_add(1, Ordering::Relaxed);
+        let listing = async {
+            if recursive {
+                let objects: Vec<ObjectMeta> = conn.store.list(at.as_ref()).try_collect().await?;
+                Ok((objects, Vec::new()))
+            } else {
+                let l = conn.store.list_with_delimiter(at.as_ref()).await?;
+                let prefixes = l.common_prefixes.iter().map(|p| p.as_ref().to_string()).collect();
+                Ok((l.objects, prefixes))
+            }
+        };
+        // Pages of a long listing each answer within the stall timeout; the
+        // whole listing gets one per thousand objects it may hold.
+        let r = tokio::time::timeout(p.stall.saturating_mul(8), listing).await;
+        let failure = match r {
+            Ok(Ok(listing)) => return Ok(listing),
+            Ok(Err(e)) => {
+                let e: object_store::Error = e;
+                if e.to_string().contains("NoSuchBucket") {
+                    Failure::new(
+                        "404",
+                        false,
+                        std::io::ErrorKind::NotFound,
+                        format!("the bucket {} does not exist", conn.url.bucket()),
+                    )
+                } else {
+                    classify(&e)
+                }
+            }
+            Err(_) => Failure::new(
+                "stall",
+                true,
+                std::io::ErrorKind::TimedOut,
+                format!("no listing in {:?}", p.stall.saturating_mul(8)),
+            ),
+        };
+        if !failure.retryable || attempt >= p.retries {
+            let url = if prefix.is_empty() {
+                conn.url.url()
+            } else {
+                conn.url.object_url(prefix)
+            };
+            return Err(object_error(&url, None, &failure, attempt));
+        }
+        counters.retried(&failure.cause);
+        tokio::time::sleep(backoff(p, attempt)).await;
+        attempt += 1;
+    }
+}
+
 /// The whole object `name` (HEAD, then GETs pinned to its entity tag).
 pub async fn get_whole(
     conn: &Connection,

@@ -21,6 +21,8 @@
 //! * [`index_cache`]: a fetched index kept in a local file and mapped
 //!   (shared by the machine's processes; fetched once per version).
 //! * [`upload`]: a packed dataset written to a store, manifest last.
+//! * [`sequential`]: objects listed and read whole, in order, by large
+//!   ranged GETs made ahead of the reader: a pack's inputs in a store.
 
 pub mod connect;
 pub mod get;
@@ -28,9 +30,11 @@ pub mod index_cache;
 pub mod location;
 pub mod open;
 pub mod runtime;
+pub mod sequential;
 pub mod upload;
 
 pub use connect::Connection;
 pub use get::{GetCounters, GetPolicy, GetReport, Limiter};
 pub use location::{Location, ObjectUrl};
 pub use open::{for_each_chunk, open, open_any, read_sample};
+pub use sequential::{ObjectInfo, ObjectReader, Objects, ReadAhead};
