@@ -334,11 +334,11 @@ fn shard_file(root: &Path, info: &ShardInfo) -> std::result::Result<(PathBuf, bo
 }
 
 /// `root/name`, refusing names that leave the dataset's directory.
-fn safe_join(root: &Path, name: &str) -> std::result::Result<PathBuf, String> {
+pub(crate) fn safe_join(root: &Path, name: &str) -> std::result::Result<PathBuf, String> {
     let rel = Path::new(name);
     if name.is_empty() || !rel.components().all(|c| matches!(c, Component::Normal(_))) {
         return Err(format!(
-            "shard basename {name:?} is not a path inside the dataset's directory"
+            "file name {name:?} is not a path inside the dataset's directory"
         ));
     }
     Ok(root.join(rel))
