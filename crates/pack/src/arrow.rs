@@ -37,6 +37,10 @@ use brand_format::error::{Error, IoContext, Result};
 /// recurse without end).
 const MAX_FIELD_DEPTH: usize = 64;
 
+/// Most schema fields parsed: flatbuffer tables can be shared, so a small
+/// damaged schema could otherwise name exponentially many fields.
+const MAX_FIELDS: usize = 100_000;
+
 /// What `--field` and `--label` name.
 #[derive(Debug, Clone, Default)]
 pub struct ArrowOptions {
@@ -496,10 +500,14 @@ struct FieldDesc {
 }
 
 impl FieldDesc {
-    fn parse(t: Table<'_>, depth: usize) -> fb::Res<Self> {
+    /// `budget`: fields that may still be parsed.
+    fn parse(t: Table<'_>, depth: usize, budget: &mut usize) -> fb::Res<Self> {
         if depth > MAX_FIELD_DEPTH {
             return Err(format!("schema fields nested deeper than {MAX_FIELD_DEPTH}"));
         }
+        *budget = budget
+            .checked_sub(1)
+            .ok_or_else(|| format!("more than {MAX_FIELDS} schema fields"))?;
         let type_id = t.u8(2, 0)?;
         let type_table = t.table(3)?;
         let int = match (type_id, type_table) {
@@ -519,7 +527,7 @@ impl FieldDesc {
             children: t
                 .tables(5)?
                 .into_iter()
-                .map(|c| FieldDesc::parse(c, depth + 1))
+                .map(|c| FieldDesc::parse(c, depth + 1, budget))
                 .collect::<fb::Res<_>>()?,
         })
     }
@@ -706,6 +714,16 @@ fn columns(fields: &[FieldDesc], options: &ArrowOptions) -> fb::Res<Columns> {
         label,
         field,
     })
+}
+
+/// One record batch's label column, as read.
+struct LabelValues {
+    values: Vec<u8>,
+    /// Bytes per value.
+    width: usize,
+    signed: bool,
+    /// Validity bits (None: no nulls).
+    valid: Option<Vec<u8>>,
 }
 
 /// One IPC message: its metadata and where its body is.
@@ -944,10 +962,11 @@ impl Scan<'_> {
         if schema.i16(0, 0)? == 1 {
             return Err("a big-endian schema: brand reads little-endian Arrow files".into());
         }
+        let mut budget = MAX_FIELDS;
         let fields = schema
             .tables(1)?
             .into_iter()
-            .map(|f| FieldDesc::parse(f, 0))
+            .map(|f| FieldDesc::parse(f, 0, &mut budget))
             .collect::<fb::Res<Vec<_>>>()?;
         let columns = columns(&fields, self.options)?;
         let mut names = Vec::new();
@@ -1076,7 +1095,12 @@ impl Scan<'_> {
             let width = if col.large { 8 } else { 4 };
             let (offsets_at, offsets_len) = buffer(col.buffer + 1)?;
             let (data_at, data_len) = buffer(col.buffer + 2)?;
-            let need = if rows == 0 { 0 } else { (rows + 1) * width };
+            // Saturating: a damaged length then fails the size check below.
+            let need = if rows == 0 {
+                0
+            } else {
+                rows.saturating_add(1).saturating_mul(width)
+            };
             if offsets_len < need {
                 return Err(malformed(format!(
                     "offsets buffer {} has {offsets_len} bytes for {rows} rows",
@@ -1120,18 +1144,23 @@ impl Scan<'_> {
         };
         let payload_valid = validity(columns.payload.node, columns.payload.buffer)?;
         let (offsets, _) = value_offsets(columns.payload)?;
-        let labels: Option<(Vec<u8>, usize, bool, Option<Vec<u8>>)> = match columns.label {
+        let labels: Option<LabelValues> = match columns.label {
             Some((node_index, buffer_index, width, signed)) => {
                 let valid = validity(node_index, buffer_index)?;
                 let (values_at, values_len) = buffer(buffer_index + 1)?;
-                let need = rows * width as u64;
+                let need = rows.saturating_mul(width as u64);
                 if values_len < need {
                     return Err(malformed(format!(
                         "label values buffer {} has {values_len} bytes for {rows} rows",
                         buffer_index + 1
                     )));
                 }
-                Some((read(values_at, need)?, width, signed, valid))
+                Some(LabelValues {
+                    values: read(values_at, need)?,
+                    width,
+                    signed,
+                    valid,
+                })
             }
             None => None,
         };
@@ -1162,7 +1191,12 @@ impl Scan<'_> {
             }
             let label = match &labels {
                 None => -1,
-                Some((values, width, signed, valid)) => {
+                Some(LabelValues {
+                    values,
+                    width,
+                    signed,
+                    valid,
+                }) => {
                     if !is_set(valid, r) {
                         -1
                     } else {
@@ -1172,7 +1206,7 @@ impl Scan<'_> {
                             d.copy_from_slice(b);
                         }
                         let shift = 64 - 8 * *width as u32;
-                        let value = if *signed {
+                        if *signed {
                             (i64::from_le_bytes(raw) << shift) >> shift
                         } else {
                             let v = u64::from_le_bytes(raw);
@@ -1183,8 +1217,7 @@ impl Scan<'_> {
                                     format!("label {v} is above brand's largest label ({})", i64::MAX),
                                 )
                             })?
-                        };
-                        value
+                        }
                     }
                 }
             };

@@ -124,7 +124,7 @@ fn framed(header_type: u8, header: Vec<(usize, Val)>, body: &[u8]) -> Vec<u8> {
         (2, Val::Table(header)),
         (3, Val::I64(body.len() as i64)),
     ]);
-    while (meta.len() + 8) % 8 != 0 {
+    while !meta.len().is_multiple_of(8) {
         meta.push(0);
     }
     let mut out = vec![0xFF; 4];
@@ -190,7 +190,7 @@ impl Body {
     fn buffer(&mut self, data: &[u8]) {
         self.buffers.push((self.bytes.len() as i64, data.len() as i64));
         self.bytes.extend_from_slice(data);
-        while self.bytes.len() % 8 != 0 {
+        while !self.bytes.len().is_multiple_of(8) {
             self.bytes.push(0);
         }
     }
@@ -643,6 +643,24 @@ fn damaged_record_batches_are_named_errors() {
     contains_all(
         &open(bytes),
         &["message 1 (record batch 0) at byte", "ZSTD-compressed body"],
+    );
+    // A batch of i64::MAX rows, every node agreeing: its buffers are too small.
+    let mut nodes = body.nodes.clone();
+    nodes.iter_mut().for_each(|n| n.0 = i64::MAX);
+    let mut bytes = hf_schema(None);
+    bytes.extend(framed(
+        3,
+        vec![
+            (0, Val::I64(i64::MAX)),
+            (1, Val::Structs(pairs(&nodes), nodes.len() as u32)),
+            (2, Val::Structs(pairs(&body.buffers), body.buffers.len() as u32)),
+        ],
+        &body.bytes,
+    ));
+    bytes.extend_from_slice(&EOS);
+    contains_all(
+        &open(bytes),
+        &["offsets buffer 5 has", "bytes for 9223372036854775807 rows"],
     );
 }
 
