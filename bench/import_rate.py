@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Import rate of `brand pack --from FORMAT` against reading the input once.
 
-For each format (tar, tar.gz, mds, mds-zstd, parquet) the same samples
+For each format (tar, tar.gz, mds, mds-zstd, parquet, arrow) the same samples
 (incompressible payloads of --mean-kib, labels 0..99) are written once with
 the format's own library (Python's tarfile, mosaicml-streaming's MDSWriter,
 pyarrow in Hugging Face's layout: an Image struct{bytes, path} and an int64
 ClassLabel with the `huggingface` metadata, 100-row row groups as datasets
-< 4.1 writes). Then, in --rounds interleaved rounds (the format order
+< 4.1 writes; Hugging Face `datasets`' own `save_to_disk` for arrow, 3
+shards). Then, in --rounds interleaved rounds (the format order
 rotates each round):
 
 - `cat INPUT... > /dev/null`: the bytes of the input read once;
@@ -37,7 +38,7 @@ import tarfile
 import time
 from pathlib import Path
 
-FORMATS = ["tar", "tar.gz", "mds", "mds-zstd", "parquet"]
+FORMATS = ["tar", "tar.gz", "mds", "mds-zstd", "parquet", "arrow"]
 
 
 def payloads(total: int, mean: int):
@@ -100,6 +101,13 @@ def write_inputs(work: Path, total: int, mean: int) -> dict[str, list[Path]]:
         table = table.replace_schema_metadata({"huggingface": json.dumps(meta)})
         pq.write_table(table, d / f"train-{f // per_file:05d}.parquet", row_group_size=100)
     inputs["parquet"] = sorted(d.iterdir())
+    # Arrow IPC as datasets' save_to_disk writes it (read in place by brand).
+    from datasets import ClassLabel, Dataset, Features, Image
+
+    features = Features({"image": Image(), "label": ClassLabel(names=[f"c{i}" for i in range(100)])})
+    rows = {"image": [{"bytes": s[2], "path": None} for s in samples], "label": [s[1] for s in samples]}
+    Dataset.from_dict(rows, features=features).save_to_disk(str(work / "arrow"), num_shards=3)
+    inputs["arrow"] = [work / "arrow"]
     return inputs
 
 
@@ -148,10 +156,9 @@ def main() -> None:
                 wall, _ = timed(["cat", *files])
                 results[fmt]["cat"].append(sizes[fmt] / wall / 1e6)
                 out = args.work / "out"
-                src = "tar" if fmt.startswith("tar") else "mds" if fmt.startswith("mds") else "parquet"
+                src = "tar" if fmt.startswith("tar") else "mds" if fmt.startswith("mds") else fmt
                 cmd = [args.brand, "pack", "--from", src, *map(str, inputs[fmt]), "-o", str(out), "--force",
-                       "--field", {"tar": "jpg", "mds": "image", "parquet": "image"}[src], "--label",
-                       {"tar": "cls", "mds": "label", "parquet": "label"}[src]]
+                       "--field", "jpg" if src == "tar" else "image", "--label", "cls" if src == "tar" else "label"]
                 wall, rss = timed(cmd)
                 results[fmt]["pack"].append(sizes[fmt] / wall / 1e6)
                 results[fmt]["rss"].append(rss / 2**20)

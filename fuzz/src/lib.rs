@@ -16,7 +16,7 @@ use brand_format::manifest::Manifest;
 pub type Target = fn(&[u8]);
 
 /// Every target, by the name of its corpus directory.
-pub const TARGETS: [(&str, Target); 10] = [
+pub const TARGETS: [(&str, Target); 11] = [
     ("index", index),
     ("chunk_header", chunk_header),
     ("manifest", manifest),
@@ -25,6 +25,7 @@ pub const TARGETS: [(&str, Target); 10] = [
     ("tfrecord", tfrecord),
     ("lmdb", lmdb),
     ("tar", tar),
+    ("arrow", arrow),
     ("nodes", nodes),
     ("cache_wire", cache_wire),
 ];
@@ -324,6 +325,32 @@ pub fn nodes_digest() -> brand_nodes::wire::JobDigest {
         nodes: NODES.join(","),
         start_epoch: 0,
         start_position: 0,
+    }
+}
+
+/// An Arrow IPC file (stream or file format, as `datasets`' save_to_disk
+/// writes it) through `ArrowSource::open` and `read`; the first byte picks
+/// the payload field and the label.
+pub fn arrow(data: &[u8]) {
+    use brand_pack::arrow::{ArrowOptions, ArrowSource};
+    use brand_pack::source::Source;
+    let Some((&choice, file)) = data.split_first() else {
+        return;
+    };
+    let dir = scratch();
+    let path = dir.join("data-00000-of-00001.arrow");
+    if std::fs::write(&path, file).is_err() {
+        return;
+    }
+    let options = ArrowOptions {
+        field: (choice & 1 == 1).then(|| "image".to_string()),
+        label: (choice & 2 == 2).then(|| "label".to_string()),
+    };
+    if let Ok(src) = ArrowSource::open(std::slice::from_ref(&path), &options) {
+        for i in 0..src.len().min(1000) {
+            let _ = src.key(i);
+            let _ = src.read(i);
+        }
     }
 }
 

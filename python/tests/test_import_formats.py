@@ -1,4 +1,4 @@
-"""`brand pack --from mds|parquet|tar` on fixtures written by the formats' own
+"""`brand pack --from mds|parquet|arrow|tar` on fixtures written by the formats' own
 libraries (mosaicml-streaming's MDSWriter, Hugging Face `datasets`,
 webdataset's ShardWriter): every sample's bytes, label and key come back
 from the packed dataset through the CLI (`brand cat --key`, `brand inspect
@@ -149,6 +149,86 @@ def test_parquet_hub_layout_data_train_shards(tmp_path):
     err = fails("pack", "--from", "parquet", str(data), "--field", "image", "--label", "label", "-o", str(tmp_path / "x"))
     assert "train-00000-of-00003.parquet: row 7" in err and "out of range of the 5 class names" in err, err
     assert not (tmp_path / "x").exists()
+
+
+# ---- Hugging Face save_to_disk (for --from arrow) ----
+
+
+def read_arrow_stream(path: pathlib.Path):
+    """The table in an IPC stream file, read into memory (not mapped: the tests rewrite it)."""
+    import pyarrow as pa
+
+    return pa.ipc.open_stream(pa.BufferReader(path.read_bytes())).read_all()
+
+
+def test_arrow_from_datasets_save_to_disk(tmp_path):
+    """save_to_disk's layout: data-NNNNN-of-NNNNN.arrow in state.json order, read in place."""
+    ds_hf, rows = hf_dataset(120, offset=2000)
+    src = tmp_path / "saved"
+    ds_hf.save_to_disk(str(src), num_shards=3)
+    files = [f["filename"] for f in json.loads((src / "state.json").read_text())["_data_files"]]
+    assert len(files) == 3
+    expected, first = {}, 0
+    import pyarrow as pa
+
+    for name in files:
+        n = read_arrow_stream(src / name).num_rows
+        for r in range(n):
+            expected[f"{name}:{r}"] = (rows["label"][first + r], rows["image"][first + r]["bytes"])
+        first += n
+    assert first == 120
+    ds = tmp_path / "ds"
+    run("pack", "--from", "arrow", str(src), "--field", "image", "--label", "label", "-o", str(ds))
+    assert packed(ds) == expected
+    assert tomllib.loads((ds / "manifest.toml").read_text())["label_names"] == NAMES
+    # The default field is the Image column (the text column is a string).
+    run("pack", "--from", "arrow", str(src), "-o", str(tmp_path / "nolabel"))
+    assert {k: b for k, (_, b) in packed(tmp_path / "nolabel").items()} == {k: b for k, (_, b) in expected.items()}
+    # A label outside the class names is refused, naming file and row.
+    table = read_arrow_stream(src / files[1])
+    labels = table.column("label").to_pylist()
+    labels[5] = len(NAMES)
+    bad = table.set_column(table.schema.get_field_index("label"), "label", pa.array(labels, pa.int64()))
+    bad = bad.replace_schema_metadata(table.schema.metadata)
+    with pa.OSFile(str(src / files[1]), "wb") as sink, pa.ipc.new_stream(sink, bad.schema) as writer:
+        writer.write_table(bad)
+    err = fails("pack", "--from", "arrow", str(src), "--field", "image", "--label", "label", "-o", str(tmp_path / "x"))
+    assert f"{files[1]}: row 5" in err and "out of range of the 5 class names" in err, err
+    assert not (tmp_path / "x").exists()
+    # A compressed body is refused by name.
+    with pa.OSFile(str(src / files[1]), "wb") as sink, pa.ipc.new_stream(
+        sink, table.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")
+    ) as writer:
+        writer.write_table(table)
+    err = fails("pack", "--from", "arrow", str(src), "--field", "image", "-o", str(tmp_path / "x"))
+    assert files[1] in err and "ZSTD-compressed body" in err, err
+
+
+def test_arrow_dataset_dict_names_its_splits_and_the_file_format(tmp_path):
+    from datasets import DatasetDict
+
+    train, train_rows = hf_dataset(40)
+    test, _ = hf_dataset(10, offset=500)
+    src = tmp_path / "dict"
+    DatasetDict({"train": train, "test": test}).save_to_disk(str(src))
+    err = fails("pack", "--from", "arrow", str(src), "-o", str(tmp_path / "x"))
+    assert "DatasetDict of splits" in err and "train" in err and "test" in err and str(src / "train") in err, err
+    assert not (tmp_path / "x").exists()
+    ds = tmp_path / "ds"
+    run("pack", "--from", "arrow", str(src / "train"), "--label", "label", "-o", str(ds))
+    name = json.loads((src / "train" / "state.json").read_text())["_data_files"][0]["filename"]
+    assert packed(ds) == {f"{name}:{i}": (train_rows["label"][i], train_rows["image"][i]["bytes"]) for i in range(40)}
+    # The same table as an IPC *file* (ARROW1 magic and footer), a plain input.
+    import pyarrow as pa
+
+    table = read_arrow_stream(src / "train" / name)
+    path = tmp_path / "table.arrow"
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=7)
+    ds = tmp_path / "ds-file"
+    run("pack", "--from", "arrow", str(path), "--label", "label", "-o", str(ds))
+    assert packed(ds) == {f"table.arrow:{i}": (train_rows["label"][i], train_rows["image"][i]["bytes"]) for i in range(40)}
+    assert tomllib.loads((ds / "manifest.toml").read_text())["label_names"] == NAMES
 
 
 # ---- WebDataset (for --from tar) ----

@@ -127,3 +127,39 @@ def test_missing_buckets_and_refused_credentials_are_typed_errors_without_the_se
         assert "access refused" in str(e.value) and "PLUGH" not in str(e.value)
     finally:
         os.environ["AWS_SECRET_ACCESS_KEY"] = server.env["AWS_SECRET_ACCESS_KEY"]
+
+
+def write_shard(path: pathlib.Path, first: int, count: int) -> None:
+    """A WebDataset shard of `count` samples: KEY.bin payload, KEY.cls label."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w") as tar:
+        for i in range(first, first + count):
+            for ext, data in (("bin", bytes([i % 251]) * (100 + i)), ("cls", str(i % 5).encode())):
+                info = tarfile.TarInfo(f"s{i:05d}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+
+def test_brand_pack_reads_its_inputs_from_a_bucket_as_from_local_files(s3, tmp_path):
+    server, _, _, _ = s3
+    local = tmp_path / "shards"
+    local.mkdir()
+    write_shard(local / "shard-000.tar", 0, 40)
+    write_shard(local / "shard-001.tar", 40, 25)
+    # Into the bucket: s3s-fs serves the files of its directory as objects (an
+    # entity tag computed per request; small shards, so that costs nothing).
+    store = pathlib.Path(server.root) / "store" / "bkt" / "shards"
+    store.mkdir(parents=True)
+    for f in local.iterdir():
+        (store / f.name).write_bytes(f.read_bytes())
+    options = dict(source="tar", field="bin", label="cls", chunk_size=8, seed=3)
+    from_bucket = brand.pack(["s3://bkt/shards/"], tmp_path / "from-bucket", **options)
+    from_disk = brand.pack([local], tmp_path / "from-disk", **options)
+    assert from_bucket.samples == from_disk.samples == 65
+    for name in ["index.bin", "data-00000.brd"]:
+        assert (tmp_path / "from-bucket" / name).read_bytes() == (tmp_path / "from-disk" / name).read_bytes(), name
+    with pytest.raises(brand.NotFoundError, match="s3://bkt/no-such-shards"):
+        brand.pack(["s3://bkt/no-such-shards/"], tmp_path / "none", **options)
+    assert not (tmp_path / "none").exists()

@@ -143,6 +143,8 @@ enum From {
     Mds,
     /// Parquet files (Hugging Face Hub data/*.parquet), or directories of them.
     Parquet,
+    /// Arrow IPC files (a Hugging Face save_to_disk directory: one split's), or directories of them.
+    Arrow,
 }
 
 impl From {
@@ -155,13 +157,14 @@ impl From {
             From::Tar => Format::Tar,
             From::Mds => Format::Mds,
             From::Parquet => Format::Parquet,
+            From::Arrow => Format::Arrow,
         }
     }
 }
 
 #[derive(clap::Args, Debug)]
 struct PackArgs {
-    /// The input (several files for --from tfrecord, tar and parquet).
+    /// The input (several files for --from tfrecord, tar, parquet and arrow).
     #[arg(required = true, num_args = 1..)]
     inputs: Vec<PathBuf>,
     /// The dataset directory to create, or a URL (s3://bucket/prefix, gs://…,
@@ -193,16 +196,17 @@ struct PackArgs {
     label_feature: String,
     /// Tar: the payload member's extensions in order of preference
     /// ("png;jpg;webp"); without it every sample must have one member.
-    /// MDS: the payload column (bytes, str, jpeg or png). Parquet: a binary
-    /// column or a Hugging Face Image struct (its bytes). Needed when there
-    /// are several candidates.
+    /// MDS: the payload column (bytes, str, jpeg or png). Parquet, Arrow: a
+    /// binary column or a Hugging Face Image struct (its bytes); Arrow also a
+    /// string column. Needed when there are several candidates.
     #[arg(long, value_name = "NAME")]
     field: Option<String>,
     /// Tar: the label: cls (the .cls member), json:FIELD (an integer field of
     /// the .json member), dir (inner tar or parent directory, numbered in
     /// sorted order), or none. MDS: an integer column (int, int8…uint64,
-    /// str_int), or none. Parquet: an integer column (a ClassLabel; its
-    /// names, from the huggingface metadata, go into the manifest), or none.
+    /// str_int), or none. Parquet, Arrow: an integer column (a ClassLabel; its
+    /// names, from the huggingface metadata or Arrow's dataset_info.json, go
+    /// into the manifest), or none.
     #[arg(long, value_name = "HOW")]
     label: Option<String>,
     /// Replace OUT if it already exists.

@@ -27,11 +27,13 @@ pub enum Format {
     Mds,
     /// Parquet files (Hugging Face Hub `data/*.parquet`), or directories of them.
     Parquet,
+    /// Arrow IPC files (Hugging Face `save_to_disk` directories), or directories of them.
+    Arrow,
 }
 
 impl Format {
     /// Every format, in the order `--help` lists them.
-    pub const ALL: [Format; 7] = [
+    pub const ALL: [Format; 8] = [
         Format::Dir,
         Format::List,
         Format::Tfrecord,
@@ -39,6 +41,7 @@ impl Format {
         Format::Tar,
         Format::Mds,
         Format::Parquet,
+        Format::Arrow,
     ];
 
     /// The name `--from` and `source=` take.
@@ -51,12 +54,13 @@ impl Format {
             Format::Tar => "tar",
             Format::Mds => "mds",
             Format::Parquet => "parquet",
+            Format::Arrow => "arrow",
         }
     }
 
     /// Whether the format reads several inputs (the others take exactly one).
     fn takes_several(self) -> bool {
-        matches!(self, Format::Tfrecord | Format::Tar | Format::Parquet)
+        matches!(self, Format::Tfrecord | Format::Tar | Format::Parquet | Format::Arrow)
     }
 
     /// Whether inputs may be objects in a store (`s3://…`; `crate::input`).
@@ -66,7 +70,7 @@ impl Format {
 
     /// Whether `--field` and `--label` mean something for the format.
     fn takes_field_and_label(self) -> bool {
-        matches!(self, Format::Tar | Format::Mds | Format::Parquet)
+        matches!(self, Format::Tar | Format::Mds | Format::Parquet | Format::Arrow)
     }
 }
 
@@ -87,8 +91,8 @@ pub struct ImportOptions {
     pub label_feature: String,
     /// The payload member's or column's name(s), in order of preference ("png;jpg").
     pub field: Option<String>,
-    /// How the label is found (tar: cls, json:FIELD, dir, none; mds and
-    /// parquet: a column's name, or none).
+    /// How the label is found (tar: cls, json:FIELD, dir, none; mds,
+    /// parquet and arrow: a column's name, or none).
     pub label: Option<String>,
     /// Where inputs that can only be read in order are spooled while packing.
     pub spool_dir: PathBuf,
@@ -175,6 +179,13 @@ pub fn open(format: Format, inputs: &[PathBuf], opts: &ImportOptions) -> Result<
                 spool_dir: opts.spool_dir.clone(),
             };
             Box::new(crate::parquet::ParquetSource::open(inputs, &parquet)?)
+        }
+        Format::Arrow => {
+            let arrow = crate::arrow::ArrowOptions {
+                field: opts.field.clone(),
+                label: opts.label.clone(),
+            };
+            Box::new(crate::arrow::ArrowSource::open(inputs, &arrow)?)
         }
     })
 }

@@ -231,7 +231,7 @@ impl InputDir {
         let rel = Path::new(name);
         if name.is_empty() || !rel.components().all(|c| matches!(c, Component::Normal(_))) {
             return Err(format!(
-                "shard basename {name:?} is not a path inside the dataset's directory"
+                "file name {name:?} is not a path inside the dataset's directory"
             ));
         }
         Ok(match self {

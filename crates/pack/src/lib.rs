@@ -9,6 +9,7 @@
 //! and seed give a byte-identical dataset (no timestamps, single-threaded
 //! zstd, fixed order).
 
+pub mod arrow;
 pub mod files;
 pub mod import;
 pub mod input;

@@ -298,6 +298,13 @@ fn columns(schema: &SchemaDescriptor, options: &ParquetOptions) -> std::result::
 fn class_names(reader: &SerializedFileReader<File>, label: &str, path: &Path) -> Option<Vec<String>> {
     let kv = reader.metadata().file_metadata().key_value_metadata()?;
     let text = kv.iter().find(|kv| kv.key == "huggingface")?.value.as_ref()?;
+    huggingface_class_names(text, label, path)
+}
+
+/// The class names of `label` in the JSON that `datasets` keeps under the
+/// `huggingface` metadata key (Parquet footers, Arrow schemas):
+/// `info.features.<label>.names`.
+pub(crate) fn huggingface_class_names(text: &str, label: &str, path: &Path) -> Option<Vec<String>> {
     let json: serde_json::Value = match serde_json::from_str(text) {
         Ok(v) => v,
         Err(e) => {
