@@ -5,7 +5,9 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use brand_plan::simulate::{SimOptions, simulate_with};
+use brand_format::extents::ReadGap;
+use brand_io::config::ReadGapSetting;
+use brand_plan::simulate::{FetchModel, SimOptions, simulate_with};
 
 use crate::configure::{Flag, resolve};
 
@@ -35,6 +37,15 @@ pub struct SimulateArgs {
     /// when a loader opens, from the device: give the number here.
     #[arg(long, default_value_t = 1)]
     pub run_length: u32,
+    /// Also count what reading from an object store costs with this read
+    /// gap: `whole` or bytes (`auto` is probed from a store when a loader
+    /// opens: give the gap it chose, `brand read --json` reports it).
+    #[arg(long, value_name = "BYTES|whole")]
+    pub read_gap: Option<String>,
+    /// With `--read-gap`: GETs of at most this many bytes (the store's
+    /// `get_size`).
+    #[arg(long, value_name = "BYTES", default_value = "8MiB")]
+    pub get_size: String,
     /// Drop the tail so ranks get ⌊N/world⌋ samples instead of padding.
     #[arg(long)]
     pub drop_last: bool,
@@ -61,9 +72,15 @@ pub fn run(args: &SimulateArgs) -> brand_format::Result<()> {
     )?
     .loader
     .plan;
+    let fetch = args
+        .read_gap
+        .as_deref()
+        .map(|gap| fetch_model(gap, &args.get_size))
+        .transpose()?;
     let options = SimOptions {
         epochs: args.epochs,
         batch: args.batch,
+        fetch,
     };
     let report = simulate_with(&dataset.index, &config, &options)?;
     let text = if args.json {
@@ -79,4 +96,25 @@ pub fn run(args: &SimulateArgs) -> brand_format::Result<()> {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(brand_format::Error::io("<stdout>", e)),
         _ => Ok(()),
     }
+}
+
+/// `--read-gap` and `--get-size` as the simulator counts GETs with them.
+fn fetch_model(gap: &str, get_size: &str) -> brand_format::Result<FetchModel> {
+    let gap = match gap.parse::<ReadGapSetting>()? {
+        ReadGapSetting::Whole => ReadGap::Whole,
+        ReadGapSetting::Bytes(b) => ReadGap::Bytes(b),
+        ReadGapSetting::Auto => {
+            return Err(brand_format::Error::config(
+                "read gap auto: the simulator reads no device to probe; give the gap in bytes (brand read --json reports the one auto chose) or whole",
+            ));
+        }
+    };
+    let get_bytes = brand_format::units::parse_bytes(get_size)
+        .map_err(|why| brand_format::Error::config(format!("get size {get_size:?}: {why}")))?;
+    if get_bytes == 0 {
+        return Err(brand_format::Error::config(
+            "get size 0: a GET fetches at least one byte",
+        ));
+    }
+    Ok(FetchModel { gap, get_bytes })
 }

@@ -103,6 +103,73 @@ fn the_default_budget_works_on_a_dataset_of_less_than_ten_chunks() {
     assert!(err.contains("run_length"), "{err}");
 }
 
+/// `simulate --read-gap`: GETs and bytes as the objects backend would
+/// issue them. Whole chunks are one GET each (smaller than a GET) or split
+/// into `--get-size` parts; sparse reads fetch exactly the gap-0 bytes, in
+/// no more GETs than runs of records; a larger gap means fewer GETs and
+/// more bytes.
+#[test]
+fn simulate_counts_the_gets_and_bytes_a_store_would_serve() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let src = t.path().join("src");
+    gen_samples(&src, 640, "16"); // ten chunks of ~1 MiB
+    let ds = t.path().join("ds");
+    ok(&["pack", s(&src), "-o", s(&ds)]);
+    let sim = |extra: &[&str]| -> serde_json::Value {
+        let mut argv = vec!["simulate", s(&ds), "--memory", "10%", "--json"];
+        argv.extend_from_slice(extra);
+        let out = ok(&argv);
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        r["epochs"][0].clone()
+    };
+    let n = |e: &serde_json::Value, k: &str| e[k].as_u64().unwrap_or_else(|| panic!("{k} in {e}"));
+    let plain = sim(&[]);
+    assert!(plain["gets"].is_null(), "GETs counted only with a read gap: {plain}");
+
+    let whole = sim(&["--read-gap", "whole"]);
+    let reads = n(&whole, "reads");
+    assert!(reads > 10, "a 10 % budget re-reads chunks: {whole}");
+    assert_eq!((n(&whole, "extents"), n(&whole, "gets")), (reads, reads), "{whole}");
+    assert_eq!(n(&whole, "bytes_fetched"), n(&whole, "bytes_whole"), "{whole}");
+
+    // 64 KiB GETs: each ~1 MiB chunk in ⌈len / 64 KiB⌉ parts.
+    let part = 64 << 10;
+    let split = sim(&["--read-gap", "whole", "--get-size", "64KiB"]);
+    let (gets, bytes) = (n(&split, "gets"), n(&split, "bytes_fetched"));
+    assert!(gets >= bytes.div_ceil(part) && gets < bytes / part + reads, "{split}");
+
+    let sparse = sim(&["--read-gap", "0"]);
+    assert_eq!(n(&sparse, "bytes_fetched"), n(&sparse, "bytes_sparse"), "{sparse}");
+    let (gets0, extents0) = (n(&sparse, "gets"), n(&sparse, "extents"));
+    assert!(reads <= gets0 && gets0 <= extents0, "{sparse}");
+
+    let wide = sim(&["--read-gap", "256KiB"]);
+    assert!(n(&wide, "gets") < gets0, "{wide} vs {sparse}");
+    assert!(
+        n(&wide, "bytes_fetched") > n(&sparse, "bytes_fetched"),
+        "{wide} vs {sparse}"
+    );
+    let per_read = wide["gets_per_read"].as_f64().expect("gets_per_read");
+    assert!(
+        (per_read - n(&wide, "gets") as f64 / n(&wide, "reads") as f64).abs() < 1e-9,
+        "{wide}"
+    );
+
+    let err = fails(&["simulate", s(&ds), "--memory", "10%", "--read-gap", "auto"]);
+    assert!(err.contains("auto"), "{err}");
+    let err = fails(&[
+        "simulate",
+        s(&ds),
+        "--memory",
+        "10%",
+        "--read-gap",
+        "0",
+        "--get-size",
+        "0",
+    ]);
+    assert!(err.contains("get size 0"), "{err}");
+}
+
 #[test]
 fn force_replaces_only_a_dataset() {
     let t = tempfile::tempdir().expect("tempdir");

@@ -24,6 +24,7 @@ use brand_format::buffer::AlignedBuf;
 use brand_format::dataset::{Dataset, Origin};
 use brand_format::decode::ExtentBytes;
 use brand_format::error::{Error, Result};
+use brand_format::extents::{get_parts, group_touching};
 use brand_store::Connection;
 use brand_store::get::{self, GetCounters, GetPolicy, Limiter};
 use brand_store::location::Location;
@@ -49,8 +50,6 @@ struct Group {
     start: u64,
     end: u64,
     jobs: Vec<Job>,
-    /// Arrival index of its first job.
-    first: usize,
 }
 
 pub(crate) fn start(shared: Shared) -> Result<Started> {
@@ -141,48 +140,34 @@ async fn dispatch(mut jobs: tokio::sync::mpsc::UnboundedReceiver<Job>, ctx: Arc<
 }
 
 /// Neighbouring extents of one segment grouped (at most `limit` bytes a
-/// group unless one extent is longer), groups in their first job's order.
+/// group unless one extent is longer), groups in their first job's order:
+/// [`group_touching`], which `brand simulate` counts GETs with.
 fn coalesce(jobs: Vec<Job>, limit: u64) -> Vec<Group> {
-    let mut order: Vec<(usize, Job)> = jobs.into_iter().enumerate().collect();
-    order.sort_by_key(|(_, j)| (j.extent.segment, j.extent.offset));
-    let mut groups: Vec<Group> = Vec::new();
-    for (i, job) in order {
-        let (seg, off, end) = (
-            job.extent.segment,
-            job.extent.offset,
-            job.extent.offset + job.extent.len,
-        );
-        if let Some(g) = groups.last_mut()
-            && g.segment == seg
-            // Touching only: whole chunks are contiguous in a segment, and
-            // the bytes between records of one chunk were weighed against a
-            // request by the read gap already (merging across a 1 MiB gap
-            // fetched 2× the bytes asked for on a 1.2 MB probed gap).
-            && off == g.end
-            && end - g.start <= limit
-        {
-            g.end = end;
-            g.first = g.first.min(i);
-            g.jobs.push(job);
-            continue;
-        }
-        groups.push(Group {
-            segment: seg,
-            start: off,
-            end,
-            jobs: vec![job],
-            first: i,
-        });
-    }
-    groups.sort_by_key(|g| g.first);
-    groups
+    let ranges: Vec<(u32, u64, u64)> = jobs
+        .iter()
+        .map(|j| (j.extent.segment, j.extent.offset, j.extent.len))
+        .collect();
+    let mut jobs: Vec<Option<Job>> = jobs.into_iter().map(Some).collect();
+    group_touching(&ranges, limit)
+        .into_iter()
+        .map(|g| Group {
+            segment: g.segment,
+            start: g.start,
+            end: g.end,
+            // Each index is in exactly one group: every take finds its job.
+            jobs: g
+                .members
+                .iter()
+                .filter_map(|&i| jobs.get_mut(i).and_then(Option::take))
+                .collect(),
+        })
+        .collect()
 }
 
 impl Ctx {
     /// GETs the group is fetched in.
     fn parts(&self, g: &Group) -> usize {
-        let part = self.shared.cfg.store.get_bytes.max(brand_format::ALIGN);
-        (g.end - g.start).div_ceil(part).max(1) as usize
+        get_parts(g.end - g.start, self.shared.cfg.store.get_bytes) as usize
     }
 
     async fn read(self: Arc<Self>, group: Group, permits: Vec<get::Permit>) {

@@ -9,7 +9,7 @@ use serde::Serialize;
 use crate::order::OrderMeter;
 use crate::{Event, Geometry, PlanConfig, Planner, Policy, Residency, Start};
 use brand_format::error::{Error, Result};
-use brand_format::extents::{ReadGap, extents};
+use brand_format::extents::{ReadGap, extents, get_parts, group_touching};
 use brand_format::ids::IdBits;
 use brand_format::index::Index;
 
@@ -19,11 +19,57 @@ pub struct SimOptions {
     pub epochs: u64,
     /// Serves per batch, for the label-diversity metric.
     pub batch: u64,
+    /// Count the requests and bytes of reading from an object store this
+    /// way (`None`: not counted).
+    pub fetch: Option<FetchModel>,
 }
 
 impl Default for SimOptions {
     fn default() -> Self {
-        SimOptions { epochs: 1, batch: 256 }
+        SimOptions {
+            epochs: 1,
+            batch: 256,
+            fetch: None,
+        }
+    }
+}
+
+/// How the engine would fetch each plan read from an object store: the
+/// read's extents under `gap` (what the engine submits), touching ones
+/// grouped and long ones split into GETs of at most `get_bytes`, as the
+/// objects backend does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FetchModel {
+    pub gap: ReadGap,
+    pub get_bytes: u64,
+}
+
+/// What a plan read costs on an object store under a [`FetchModel`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReadCost {
+    /// Extents the engine submits.
+    pub extents: u64,
+    /// GETs the objects backend issues for them.
+    pub gets: u64,
+    /// Bytes those GETs fetch.
+    pub bytes: u64,
+}
+
+/// The cost of one plan read `Read { chunk, mask }` fetched as `model`
+/// says, with the functions the engine and the objects backend use
+/// ([`extents`], [`group_touching`], [`get_parts`]). Only this read's
+/// extents are grouped: the backend also merges extents of other reads
+/// waiting with it where they touch, which sparse reads of different
+/// chunks do not, and whole chunks of ≥ half `get_bytes` cannot (two
+/// pass the limit); elsewhere this is an upper bound on GETs.
+pub fn read_cost(index: &Index, chunk: u64, mask: u64, model: FetchModel) -> ReadCost {
+    let ext = extents(index, chunk, mask, model.gap);
+    let ranges: Vec<(u32, u64, u64)> = ext.iter().map(|e| (e.segment, e.offset, e.len)).collect();
+    let groups = group_touching(&ranges, model.get_bytes);
+    ReadCost {
+        extents: ext.len() as u64,
+        gets: groups.iter().map(|g| get_parts(g.end - g.start, model.get_bytes)).sum(),
+        bytes: groups.iter().map(|g| g.end - g.start).sum(),
     }
 }
 
@@ -36,6 +82,11 @@ pub struct SimReport {
     pub drop_last: bool,
     pub run_length: u32,
     pub batch: u64,
+    /// The read gap requests are counted with: `"whole"` or a byte count
+    /// (absent: not counted).
+    pub read_gap: Option<String>,
+    /// GETs are at most this many bytes (with `read_gap`).
+    pub get_bytes: Option<u64>,
     pub mean_sample_bytes: f64,
     pub geometry: Geometry,
     pub epochs: Vec<EpochReport>,
@@ -69,6 +120,16 @@ pub struct EpochReport {
     pub amplification_whole: Option<f64>,
     /// `bytes_sparse / useful_bytes`.
     pub amplification_sparse: Option<f64>,
+    /// With a read gap: extents the engine submits for the epoch's reads.
+    pub extents: Option<u64>,
+    /// With a read gap: GETs the objects backend issues for them.
+    pub gets: Option<u64>,
+    /// With a read gap: bytes those GETs fetch.
+    pub bytes_fetched: Option<u64>,
+    /// `gets / reads`.
+    pub gets_per_read: Option<f64>,
+    /// `bytes_fetched / useful_bytes`.
+    pub fetched_per_served: Option<f64>,
     /// Every sample served exactly once over all ranks (padding aside); with
     /// `drop_last`, all distinct and `world × ⌊N/world⌋` of them.
     pub exactly_once: bool,
@@ -156,6 +217,11 @@ pub fn simulate_with(index: &Index, config: &PlanConfig, options: &SimOptions) -
             useful_bytes: 0,
             amplification_whole: None,
             amplification_sparse: None,
+            extents: None,
+            gets: None,
+            bytes_fetched: None,
+            gets_per_read: None,
+            fetched_per_served: None,
             exactly_once: true,
             reads_cover_serves: true,
             peak_resident: 0,
@@ -164,6 +230,7 @@ pub fn simulate_with(index: &Index, config: &PlanConfig, options: &SimOptions) -
             label_diversity: None,
         };
         let mut times_served = vec![0u8; n];
+        let mut cost = ReadCost::default();
         for rank in 0..world {
             let plan = global.rank_plan(rank as u32, start)?;
             let held = &mut held[rank];
@@ -179,6 +246,12 @@ pub fn simulate_with(index: &Index, config: &PlanConfig, options: &SimOptions) -
                         r.run_requests += (mask & !(mask << 1)).count_ones() as u64;
                         r.bytes_whole += index.chunk_padded_len(chunk);
                         r.bytes_sparse += sparse_bytes(index, chunk, mask);
+                        if let Some(model) = options.fetch {
+                            let c = read_cost(index, chunk, mask, model);
+                            cost.extents += c.extents;
+                            cost.gets += c.gets;
+                            cost.bytes += c.bytes;
+                        }
                         let first = chunk * geo.chunk_size as u64;
                         for_each_bit(mask, |j| {
                             if !held.insert(first + j as u64) {
@@ -228,6 +301,13 @@ pub fn simulate_with(index: &Index, config: &PlanConfig, options: &SimOptions) -
         let ratio = |bytes: u64| (r.useful_bytes > 0).then(|| bytes as f64 / r.useful_bytes as f64);
         r.amplification_whole = ratio(r.bytes_whole);
         r.amplification_sparse = ratio(r.bytes_sparse);
+        if options.fetch.is_some() {
+            r.extents = Some(cost.extents);
+            r.gets = Some(cost.gets);
+            r.bytes_fetched = Some(cost.bytes);
+            r.gets_per_read = (r.reads > 0).then(|| cost.gets as f64 / r.reads as f64);
+            r.fetched_per_served = ratio(cost.bytes);
+        }
         let q = order.end_epoch();
         r.chunk_mate_dispersion = q.chunk_mate_dispersion;
         r.spearman_vs_previous = q.spearman_vs_previous;
@@ -242,6 +322,11 @@ pub fn simulate_with(index: &Index, config: &PlanConfig, options: &SimOptions) -
         drop_last: config.drop_last,
         run_length: config.run_length,
         batch,
+        read_gap: options.fetch.map(|m| match m.gap {
+            ReadGap::Whole => "whole".to_string(),
+            ReadGap::Bytes(b) => b.to_string(),
+        }),
+        get_bytes: options.fetch.map(|m| m.get_bytes),
         mean_sample_bytes: index.stored_lens().map(|l| l as f64).sum::<f64>() / n as f64,
         geometry: geo,
         epochs,
@@ -353,6 +438,41 @@ impl fmt::Display for SimReport {
                 opt(e.chunk_mate_dispersion, 3),
                 opt(e.spearman_vs_previous, 3),
                 opt(e.label_diversity, 3),
+            )?;
+        }
+        if let (Some(gap), Some(get_bytes)) = (&self.read_gap, self.get_bytes) {
+            let gap = if gap == "whole" {
+                gap.clone()
+            } else {
+                gap.parse::<u64>().map_or(gap.clone(), human)
+            };
+            writeln!(
+                f,
+                "\nfetched from a store with read gap {gap}, GETs of at most {}:",
+                human(get_bytes)
+            )?;
+            writeln!(
+                f,
+                "{:>5} {:>9} {:>9} {:>9} {:>9} {:>11} {:>11} {:>8}",
+                "epoch", "reads", "extents", "GETs", "GETs/read", "fetched", "served", "fetch/s"
+            )?;
+            for e in &self.epochs {
+                writeln!(
+                    f,
+                    "{:>5} {:>9} {:>9} {:>9} {:>9} {:>11} {:>11} {:>8}",
+                    e.epoch,
+                    e.reads,
+                    e.extents.map_or("-".to_string(), |v| v.to_string()),
+                    e.gets.map_or("-".to_string(), |v| v.to_string()),
+                    opt(e.gets_per_read, 2),
+                    e.bytes_fetched.map_or("-".to_string(), human),
+                    human(e.useful_bytes),
+                    opt(e.fetched_per_served, 2),
+                )?;
+            }
+            f.write_str(
+                "extents: reads the engine submits; GETs: the objects backend's requests for them \
+                 (touching extents of a read merged, long ones split); fetch/s: fetched / served\n",
             )?;
         }
         f.write_str(

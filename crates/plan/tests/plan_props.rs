@@ -595,7 +595,16 @@ fn simulate_several_ranks_pads_or_drops() {
         let mut cfg = PlanConfig::new(Memory::Percent(5.0));
         cfg.world = 4;
         cfg.drop_last = drop_last;
-        let r = simulate_with(&index, &cfg, &SimOptions { epochs: 2, batch: 32 }).expect("simulate");
+        let r = simulate_with(
+            &index,
+            &cfg,
+            &SimOptions {
+                epochs: 2,
+                batch: 32,
+                fetch: None,
+            },
+        )
+        .expect("simulate");
         for e in &r.epochs {
             assert!(e.exactly_once && e.reads_cover_serves, "{e:?}");
             let (requests, padding) = if drop_last { (1_000, 0) } else { (1_004, 3) };
@@ -614,7 +623,11 @@ fn simulate_rejects_a_budget_below_one_chunk() {
 #[test]
 fn simulate_refuses_absurd_worlds_instead_of_aborting() {
     let index = synthetic_index(300, 16, 1, 4);
-    let opts = SimOptions { epochs: 1, batch: 16 };
+    let opts = SimOptions {
+        epochs: 1,
+        batch: 16,
+        fetch: None,
+    };
     for world in [301, 100_000, u32::MAX] {
         let mut cfg = PlanConfig::new(Memory::Percent(10.0));
         cfg.world = world;
