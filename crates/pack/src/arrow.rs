@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::source::{Entries, Ints, Source};
+use super::source::{Entries, Ints, PayloadFile, Payloads, Source};
 use brand_format::error::{Error, IoContext, Result};
 
 /// Deepest nesting of schema fields followed (a damaged schema cannot
@@ -51,22 +51,12 @@ pub struct ArrowOptions {
     pub label: Option<String>,
 }
 
-#[derive(Debug)]
-struct InputFile {
-    path: PathBuf,
-    /// Index of its first sample among all the source's samples.
-    first: usize,
-}
-
 /// The rows of one or more Arrow IPC files, in file order and then row
 /// order. Per row: its key (`file:row`) and label in an arena, its payload's
 /// offset in its file and its length.
 #[derive(Debug)]
 pub struct ArrowSource {
-    files: Vec<InputFile>,
-    entries: Entries,
-    offsets: Vec<u64>,
-    lens: Ints,
+    payloads: Payloads,
     label_names: Vec<String>,
 }
 
@@ -98,9 +88,10 @@ impl ArrowSource {
         for input in &inputs {
             let first = scan.offsets.len();
             scan.file(input)?;
-            files.push(InputFile {
+            files.push(PayloadFile {
                 path: input.path.clone(),
                 first,
+                spooled: false,
             });
         }
         if scan.offsets.is_empty() {
@@ -110,21 +101,20 @@ impl ArrowSource {
                 "no rows in the Arrow input",
             ));
         }
-        scan.entries.shrink_to_fit();
-        scan.offsets.shrink_to_fit();
-        scan.lens.shrink_to_fit();
-        Ok(ArrowSource {
+        let mut payloads = Payloads {
             files,
             entries: scan.entries,
             offsets: scan.offsets,
             lens: scan.lens,
+            spool: None,
+            noun: "row",
+            format: "Arrow",
+        };
+        payloads.shrink_to_fit();
+        Ok(ArrowSource {
+            payloads,
             label_names: scan.label_names.unwrap_or_default(),
         })
-    }
-
-    fn file_of(&self, i: usize) -> Option<&InputFile> {
-        let f = self.files.partition_point(|f| f.first <= i);
-        f.checked_sub(1).and_then(|f| self.files.get(f))
     }
 }
 
@@ -134,48 +124,19 @@ impl Source for ArrowSource {
     }
 
     fn len(&self) -> usize {
-        self.offsets.len()
+        self.payloads.len()
     }
 
     fn key(&self, i: usize) -> Cow<'_, [u8]> {
-        Cow::Borrowed(self.entries.key(i))
+        self.payloads.key(i)
     }
 
     fn label(&self, i: usize) -> i64 {
-        self.entries.label(i)
+        self.payloads.label(i)
     }
 
     fn read(&self, i: usize) -> Result<Vec<u8>> {
-        let out_of_range = || Error::config(format!("sample {i} out of range: the Arrow input has {}", self.len()));
-        let offset = *self.offsets.get(i).ok_or_else(out_of_range)?;
-        let file = self.file_of(i).ok_or_else(out_of_range)?;
-        let len = self.lens.get(i) as u64;
-        let fail = |what: String| {
-            Error::input(
-                &file.path,
-                format!(
-                    "row {:?} at byte {offset}",
-                    String::from_utf8_lossy(self.entries.key(i))
-                ),
-                what,
-            )
-        };
-        let len_usize = usize::try_from(len).map_err(|_| fail(format!("cannot hold {len} bytes")))?;
-        let mut data = Vec::new();
-        data.try_reserve_exact(len_usize)
-            .map_err(|_| fail(format!("cannot allocate {len} bytes")))?;
-        data.resize(len_usize, 0);
-        File::open(&file.path)
-            .at(&file.path)?
-            .read_exact_at(&mut data, offset)
-            .map_err(|e| {
-                fail(if e.kind() == io::ErrorKind::UnexpectedEof {
-                    "the file ended early (truncated, or changed since it was listed)".into()
-                } else {
-                    format!("reading: {e}")
-                })
-            })?;
-        Ok(data)
+        self.payloads.read(i)
     }
 
     fn label_names(&self) -> Vec<String> {
@@ -183,10 +144,7 @@ impl Source for ArrowSource {
     }
 
     fn listing_bytes(&self) -> usize {
-        self.entries.heap_bytes()
-            + self.offsets.capacity() * 8
-            + self.lens.heap_bytes()
-            + self.files.capacity() * size_of::<InputFile>()
+        self.payloads.heap_bytes()
     }
 }
 

@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use super::input::{Input, InputDir};
-use super::source::{Entries, Ints, Source};
+use super::source::{Entries, Ints, PayloadFile, Payloads, Source};
 use brand_format::error::{Error, IoContext, Result};
 
 /// Largest label value read into memory (`str_int` is decimal text).
@@ -133,26 +133,12 @@ fn decode_label(encoding: &str, bytes: &[u8]) -> std::result::Result<i64, String
     })
 }
 
-/// One shard file and the samples it holds.
-#[derive(Debug)]
-struct ShardFile {
-    path: PathBuf,
-    /// Index of its first sample among all the source's samples.
-    first: usize,
-    /// Compressed or an object: its payloads are in the spool file, not in it.
-    spooled: bool,
-}
-
 /// The samples of an MDS dataset, in shard order. Per sample: its key
 /// (`shard basename:index`) in an arena with its label, its payload's offset
 /// (in the shard, or in the spool for a compressed one) and length.
 #[derive(Debug)]
 pub struct MdsSource {
-    shards: Vec<ShardFile>,
-    entries: Entries,
-    offsets: Vec<u64>,
-    lens: Ints,
-    spool: Option<File>,
+    payloads: Payloads,
 }
 
 impl MdsSource {
@@ -198,7 +184,7 @@ impl MdsSource {
             let (file, compressed) = shard_file(&root, &info).map_err(|what| Error::input(&index_path, at(), what))?;
             let first = scan.offsets.len();
             scan.shard(&file, compressed, &info, &layout)?;
-            shards.push(ShardFile {
+            shards.push(PayloadFile {
                 path: file.path().to_path_buf(),
                 first,
                 spooled: compressed || file.object().is_some(),
@@ -215,21 +201,17 @@ impl MdsSource {
             Some(writer) => Some(writer.into_inner().map_err(|e| e.into_error()).at(&options.spool_dir)?),
             None => None,
         };
-        scan.entries.shrink_to_fit();
-        scan.offsets.shrink_to_fit();
-        scan.lens.shrink_to_fit();
-        Ok(MdsSource {
-            shards,
+        let mut payloads = Payloads {
+            files: shards,
             entries: scan.entries,
             offsets: scan.offsets,
             lens: scan.lens,
             spool,
-        })
-    }
-
-    fn shard_of(&self, i: usize) -> Option<&ShardFile> {
-        let s = self.shards.partition_point(|s| s.first <= i);
-        s.checked_sub(1).and_then(|s| self.shards.get(s))
+            noun: "sample",
+            format: "MDS",
+        };
+        payloads.shrink_to_fit();
+        Ok(MdsSource { payloads })
     }
 }
 
@@ -239,60 +221,23 @@ impl Source for MdsSource {
     }
 
     fn len(&self) -> usize {
-        self.offsets.len()
+        self.payloads.len()
     }
 
     fn key(&self, i: usize) -> Cow<'_, [u8]> {
-        Cow::Borrowed(self.entries.key(i))
+        self.payloads.key(i)
     }
 
     fn label(&self, i: usize) -> i64 {
-        self.entries.label(i)
+        self.payloads.label(i)
     }
 
     fn read(&self, i: usize) -> Result<Vec<u8>> {
-        let out_of_range = || Error::config(format!("sample {i} out of range: the MDS input has {}", self.len()));
-        let offset = *self.offsets.get(i).ok_or_else(out_of_range)?;
-        let shard = self.shard_of(i).ok_or_else(out_of_range)?;
-        // Lengths come from u32 sizes, so they fit usize on 64-bit targets.
-        let len = self.lens.get(i) as u64;
-        let fail = |what: String| {
-            Error::input(
-                &shard.path,
-                format!(
-                    "sample {:?} at byte {offset}{}",
-                    String::from_utf8_lossy(self.entries.key(i)),
-                    if shard.spooled { " of the spooled payloads" } else { "" }
-                ),
-                what,
-            )
-        };
-        let len_usize = usize::try_from(len).map_err(|_| fail(format!("cannot hold {len} bytes")))?;
-        let mut data = Vec::new();
-        data.try_reserve_exact(len_usize)
-            .map_err(|_| fail(format!("cannot allocate {len} bytes")))?;
-        data.resize(len_usize, 0);
-        let result = match (&self.spool, shard.spooled) {
-            (Some(spool), true) => spool.read_exact_at(&mut data, offset),
-            _ => File::open(&shard.path)
-                .at(&shard.path)?
-                .read_exact_at(&mut data, offset),
-        };
-        result.map_err(|e| {
-            fail(if e.kind() == io::ErrorKind::UnexpectedEof {
-                "the file ended early (truncated, or changed since it was listed)".into()
-            } else {
-                format!("reading: {e}")
-            })
-        })?;
-        Ok(data)
+        self.payloads.read(i)
     }
 
     fn listing_bytes(&self) -> usize {
-        self.entries.heap_bytes()
-            + self.offsets.capacity() * 8
-            + self.lens.heap_bytes()
-            + self.shards.capacity() * size_of::<ShardFile>()
+        self.payloads.heap_bytes()
     }
 }
 

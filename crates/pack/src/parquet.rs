@@ -23,7 +23,6 @@
 use std::borrow::Cow;
 use std::fs::File;
 use std::io::{BufWriter, Write};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use ::parquet::basic::{ConvertedType, LogicalType, Type as PhysicalType};
@@ -34,7 +33,7 @@ use ::parquet::file::serialized_reader::SerializedFileReader;
 use ::parquet::schema::types::SchemaDescriptor;
 
 use super::input::Input;
-use super::source::{Entries, Ints, Source};
+use super::source::{Entries, Ints, PayloadFile, Payloads, Source};
 use brand_format::error::{Error, IoContext, Result};
 
 /// Rows decoded at a time: bounds the memory of one batch of payloads.
@@ -53,21 +52,11 @@ pub struct ParquetOptions {
     pub spool_dir: PathBuf,
 }
 
-#[derive(Debug)]
-struct InputFile {
-    path: PathBuf,
-    first: usize,
-}
-
 /// The rows of one or more Parquet files, in file order and then row order.
 #[derive(Debug)]
 pub struct ParquetSource {
-    files: Vec<InputFile>,
-    entries: Entries,
-    offsets: Vec<u64>,
-    lens: Ints,
+    payloads: Payloads,
     label_names: Vec<String>,
-    spool: File,
 }
 
 impl ParquetSource {
@@ -112,7 +101,11 @@ impl ParquetSource {
                     ));
                 }
             }
-            files.push(InputFile { path, first });
+            files.push(PayloadFile {
+                path,
+                first,
+                spooled: true,
+            });
         }
         if scan.offsets.is_empty() {
             return Err(Error::input(
@@ -122,22 +115,20 @@ impl ParquetSource {
             ));
         }
         let spool = scan.spool.into_inner().map_err(|e| e.into_error()).at(spool_dir)?;
-        scan.entries.shrink_to_fit();
-        scan.offsets.shrink_to_fit();
-        scan.lens.shrink_to_fit();
-        Ok(ParquetSource {
+        let mut payloads = Payloads {
             files,
             entries: scan.entries,
             offsets: scan.offsets,
             lens: scan.lens,
+            spool: Some(spool),
+            noun: "row",
+            format: "Parquet",
+        };
+        payloads.shrink_to_fit();
+        Ok(ParquetSource {
+            payloads,
             label_names: scan.label_names.unwrap_or_default(),
-            spool,
         })
-    }
-
-    fn file_of(&self, i: usize) -> Option<&InputFile> {
-        let f = self.files.partition_point(|f| f.first <= i);
-        f.checked_sub(1).and_then(|f| self.files.get(f))
     }
 }
 
@@ -147,41 +138,19 @@ impl Source for ParquetSource {
     }
 
     fn len(&self) -> usize {
-        self.offsets.len()
+        self.payloads.len()
     }
 
     fn key(&self, i: usize) -> Cow<'_, [u8]> {
-        Cow::Borrowed(self.entries.key(i))
+        self.payloads.key(i)
     }
 
     fn label(&self, i: usize) -> i64 {
-        self.entries.label(i)
+        self.payloads.label(i)
     }
 
     fn read(&self, i: usize) -> Result<Vec<u8>> {
-        let out_of_range = || Error::config(format!("sample {i} out of range: the Parquet input has {}", self.len()));
-        let offset = *self.offsets.get(i).ok_or_else(out_of_range)?;
-        let file = self.file_of(i).ok_or_else(out_of_range)?;
-        let len = self.lens.get(i) as u64;
-        let fail = |what: String| {
-            Error::input(
-                &file.path,
-                format!(
-                    "row {:?} at byte {offset} of the spooled payloads",
-                    String::from_utf8_lossy(self.entries.key(i))
-                ),
-                what,
-            )
-        };
-        let len_usize = usize::try_from(len).map_err(|_| fail(format!("cannot hold {len} bytes")))?;
-        let mut data = Vec::new();
-        data.try_reserve_exact(len_usize)
-            .map_err(|_| fail(format!("cannot allocate {len} bytes")))?;
-        data.resize(len_usize, 0);
-        self.spool
-            .read_exact_at(&mut data, offset)
-            .map_err(|e| fail(format!("reading: {e}")))?;
-        Ok(data)
+        self.payloads.read(i)
     }
 
     fn label_names(&self) -> Vec<String> {
@@ -189,10 +158,7 @@ impl Source for ParquetSource {
     }
 
     fn listing_bytes(&self) -> usize {
-        self.entries.heap_bytes()
-            + self.offsets.capacity() * 8
-            + self.lens.heap_bytes()
-            + self.files.capacity() * size_of::<InputFile>()
+        self.payloads.heap_bytes()
     }
 }
 

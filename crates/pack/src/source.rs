@@ -9,8 +9,11 @@
 //! and hand them out by index.
 
 use std::borrow::Cow;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
 
-use brand_format::error::Result;
+use brand_format::error::{Error, IoContext, Result};
 
 pub trait Source: Sync {
     /// dir, list, tfrecord or lmdb.
@@ -239,5 +242,113 @@ mod tests {
         let key_bytes: usize = list.iter().map(|(k, _)| k.len()).sum();
         // Key bytes, a 4-byte end and an 8-byte label (one label needs 64 bits).
         assert!(e.heap_bytes() <= key_bytes + 12 * list.len(), "{}", e.heap_bytes());
+    }
+}
+
+/// A file samples' payloads lie in, from sample `first` on: read in place,
+/// or (`spooled`) copied into the spool in order, once, because the input
+/// can only be read in order (gzip, zstd, Parquet pages, an object).
+#[derive(Debug)]
+pub(crate) struct PayloadFile {
+    pub path: PathBuf,
+    pub first: usize,
+    pub spooled: bool,
+}
+
+/// Where each sample's bytes are — a byte range of its input file or of the
+/// spool — with its key and label: what the tar, MDS, Parquet and Arrow
+/// sources list, a few bytes a sample.
+#[derive(Debug)]
+pub(crate) struct Payloads {
+    pub files: Vec<PayloadFile>,
+    pub entries: Entries,
+    pub offsets: Vec<u64>,
+    pub lens: Ints,
+    pub spool: Option<File>,
+    /// What a sample is called in errors ("sample", "row").
+    pub noun: &'static str,
+    /// The input's name in errors ("tar", "MDS"…).
+    pub format: &'static str,
+}
+
+impl Payloads {
+    pub fn len(&self) -> usize {
+        self.offsets.len()
+    }
+
+    pub fn key(&self, i: usize) -> Cow<'_, [u8]> {
+        Cow::Borrowed(self.entries.key(i))
+    }
+
+    pub fn label(&self, i: usize) -> i64 {
+        self.entries.label(i)
+    }
+
+    /// The file sample `i` is in.
+    fn file_of(&self, i: usize) -> Option<&PayloadFile> {
+        let f = self.files.partition_point(|f| f.first <= i);
+        f.checked_sub(1).and_then(|f| self.files.get(f))
+    }
+
+    /// Sample `i`'s bytes: one positioned read. Errors name the file, the
+    /// sample's key and the byte.
+    pub fn read(&self, i: usize) -> Result<Vec<u8>> {
+        let out_of_range = || {
+            Error::config(format!(
+                "{} {i} out of range: the {} input has {}",
+                self.noun,
+                self.format,
+                self.len()
+            ))
+        };
+        let offset = *self.offsets.get(i).ok_or_else(out_of_range)?;
+        let file = self.file_of(i).ok_or_else(out_of_range)?;
+        let len = self.lens.get(i) as u64;
+        let fail = |what: String| {
+            Error::input(
+                &file.path,
+                format!(
+                    "{} {:?} at byte {offset}{}",
+                    self.noun,
+                    String::from_utf8_lossy(self.entries.key(i)),
+                    if file.spooled { " of the spooled payloads" } else { "" }
+                ),
+                what,
+            )
+        };
+        let len_usize = usize::try_from(len).map_err(|_| fail(format!("cannot hold {len} bytes")))?;
+        let mut data = Vec::new();
+        data.try_reserve_exact(len_usize)
+            .map_err(|_| fail(format!("cannot allocate {len} bytes")))?;
+        data.resize(len_usize, 0);
+        let result = match (&self.spool, file.spooled) {
+            (Some(spool), true) => spool.read_exact_at(&mut data, offset),
+            (None, true) => return Err(fail("internal: no spool".into())),
+            _ => File::open(&file.path).at(&file.path)?.read_exact_at(&mut data, offset),
+        };
+        result.map_err(|e| {
+            fail(if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                "the file ended early (truncated, or changed since it was listed)".into()
+            } else {
+                format!("reading: {e}")
+            })
+        })?;
+        Ok(data)
+    }
+
+    /// Gives back the spare capacity the listing grew into.
+    pub fn shrink_to_fit(&mut self) {
+        self.entries.shrink_to_fit();
+        self.offsets.shrink_to_fit();
+        self.lens.shrink_to_fit();
+        self.files.shrink_to_fit();
+    }
+
+    /// Heap bytes of the listing.
+    pub fn heap_bytes(&self) -> usize {
+        self.entries.heap_bytes()
+            + self.offsets.capacity() * 8
+            + self.lens.heap_bytes()
+            + self.files.capacity() * size_of::<PayloadFile>()
     }
 }

@@ -36,11 +36,10 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Write};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::input::Input;
-use super::source::{Entries, Ints, Source};
+use super::source::{Entries, Ints, PayloadFile, Payloads, Source};
 use brand_format::error::{Error, IoContext, Result};
 
 pub const BLOCK: u64 = 512;
@@ -284,28 +283,14 @@ fn ends_with_tar(name: &[u8]) -> bool {
 
 // ---- the source ----
 
-/// One input archive and the samples it holds.
-#[derive(Debug)]
-struct InputFile {
-    path: PathBuf,
-    /// Index of its first sample among all the source's samples.
-    first: usize,
-    /// Gzipped or in object storage: its payloads are in the spool file, not in it.
-    spooled: bool,
-}
-
 /// Samples of one or more tar archives, in file order and then archive
 /// order. Per sample: its key in an arena with its label, its payload's
 /// offset (8 bytes; in the archive, or in the spool for one read in order) and
 /// length (as narrow as the lengths allow).
 #[derive(Debug)]
 pub struct TarSource {
-    files: Vec<InputFile>,
-    entries: Entries,
-    offsets: Vec<u64>,
-    lens: Ints,
+    payloads: Payloads,
     label_names: Vec<String>,
-    spool: Option<File>,
 }
 
 impl TarSource {
@@ -336,7 +321,7 @@ impl TarSource {
             let first = scan.offsets.len();
             let spooled = scan.file(&input)?;
             let path = input.path().to_path_buf();
-            files.push(InputFile { path, first, spooled });
+            files.push(PayloadFile { path, first, spooled });
         }
         if scan.offsets.is_empty() {
             return Err(Error::input(
@@ -350,22 +335,17 @@ impl TarSource {
             Some(writer) => Some(writer.into_inner().map_err(|e| e.into_error()).at(&options.spool_dir)?),
             None => None,
         };
-        scan.entries.shrink_to_fit();
-        scan.offsets.shrink_to_fit();
-        scan.lens.shrink_to_fit();
-        Ok(TarSource {
+        let mut payloads = Payloads {
             files,
             entries: scan.entries,
             offsets: scan.offsets,
             lens: scan.lens,
-            label_names,
             spool,
-        })
-    }
-
-    fn file_of(&self, i: usize) -> Option<&InputFile> {
-        let f = self.files.partition_point(|f| f.first <= i);
-        f.checked_sub(1).and_then(|f| self.files.get(f))
+            noun: "sample",
+            format: "tar",
+        };
+        payloads.shrink_to_fit();
+        Ok(TarSource { payloads, label_names })
     }
 }
 
@@ -375,44 +355,19 @@ impl Source for TarSource {
     }
 
     fn len(&self) -> usize {
-        self.offsets.len()
+        self.payloads.len()
     }
 
     fn key(&self, i: usize) -> Cow<'_, [u8]> {
-        Cow::Borrowed(self.entries.key(i))
+        self.payloads.key(i)
     }
 
     fn label(&self, i: usize) -> i64 {
-        self.entries.label(i)
+        self.payloads.label(i)
     }
 
     fn read(&self, i: usize) -> Result<Vec<u8>> {
-        let out_of_range = || Error::config(format!("sample {i} out of range: the tar input has {}", self.len()));
-        let offset = *self.offsets.get(i).ok_or_else(out_of_range)?;
-        let file = self.file_of(i).ok_or_else(out_of_range)?;
-        let len = self.lens.get(i) as u64;
-        let fail = |what: String| {
-            Error::input(
-                &file.path,
-                format!(
-                    "sample {:?} at byte {offset}{}",
-                    String::from_utf8_lossy(self.entries.key(i)),
-                    if file.spooled { " of the spooled payloads" } else { "" }
-                ),
-                what,
-            )
-        };
-        let mut data = Vec::new();
-        let len_usize = usize::try_from(len).map_err(|_| fail(format!("cannot hold {len} bytes")))?;
-        data.try_reserve_exact(len_usize)
-            .map_err(|_| fail(format!("cannot allocate {len} bytes")))?;
-        data.resize(len_usize, 0);
-        let result = match (&self.spool, file.spooled) {
-            (Some(spool), true) => spool.read_exact_at(&mut data, offset),
-            _ => File::open(&file.path).at(&file.path)?.read_exact_at(&mut data, offset),
-        };
-        result.map_err(|e| fail(read_failure(e)))?;
-        Ok(data)
+        self.payloads.read(i)
     }
 
     fn label_names(&self) -> Vec<String> {
@@ -420,18 +375,7 @@ impl Source for TarSource {
     }
 
     fn listing_bytes(&self) -> usize {
-        self.entries.heap_bytes()
-            + self.offsets.capacity() * 8
-            + self.lens.heap_bytes()
-            + self.files.capacity() * size_of::<InputFile>()
-    }
-}
-
-fn read_failure(e: io::Error) -> String {
-    if e.kind() == io::ErrorKind::UnexpectedEof {
-        "the file ended early (truncated, or changed since it was listed)".into()
-    } else {
-        format!("reading: {e}")
+        self.payloads.heap_bytes()
     }
 }
 
