@@ -217,8 +217,12 @@ fn start_slow_pack_until(src: &Path, out: &Path, file: &str) -> Child {
         child.id()
     ));
     let deadline = Instant::now() + Duration::from_secs(120);
+    let mut child = child;
     while !tmp.join(file).exists() {
         assert!(Instant::now() < deadline, "the pack never wrote {file}");
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("the pack ended ({status}) before it wrote {file}: too fast for this test?");
+        }
         std::thread::sleep(Duration::from_millis(5));
     }
     child
@@ -300,8 +304,9 @@ fn sigterm_and_sigint_mid_pack_leave_nothing_and_a_killed_packs_leftover_is_clea
 #[test]
 fn a_pack_stopped_after_a_checkpoint_goes_on_from_there_and_writes_the_same_dataset() {
     let t = tempfile::tempdir().expect("tempdir");
-    // Long enough (~7 s here) to stop after its first checkpoint (at 2 s).
-    let src = slow_source(t.path(), 3000);
+    // Long enough to stop after its first checkpoint (at 2 s): ~6 s alone
+    // on this machine (3,000 took 2.3 s, and a CI run finished one first).
+    let src = slow_source(t.path(), 8000);
     let reference = t.path().join("reference");
     ok(&slow_pack_args(&src, &reference));
     let out = t.path().join("ds");
