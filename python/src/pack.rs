@@ -254,19 +254,36 @@ pub fn _pack(
         force,
         inputs.iter().map(|p| p.display().to_string()).collect(),
     );
+    // As `brand pack`: a pack into a local directory keeps its listing in
+    // `.OUT.listing` until it is installed; an error or an interrupt keeps
+    // it if it holds a finished input, for the same call to reuse.
+    let listing_dir = match target.url {
+        None => Some(brand_pack::listing::dir_for(&target.out).map_err(to_py)?),
+        Some(_) => None,
+    };
+    if listing_dir.is_some() {
+        py.detach(|| guarded(|| brand_pack::check_output(&target.out, force)))?;
+    }
     let import = ImportOptions {
         label_feature,
         field,
         label,
         spool_dir: target.scratch_dir(),
+        listing_dir: listing_dir.clone(),
     };
     // Listing a large input takes a while: on the pack's thread, without the GIL.
-    target.pack(
+    let result = target.pack(
         py,
         || brand_pack::import::open(format, &inputs, &import),
         &opts,
         progress.as_ref(),
-    )
+    );
+    if let Some(dir) = &listing_dir
+        && (result.is_ok() || brand_pack::listing::inputs_kept(dir) == 0)
+    {
+        brand_pack::listing::remove(dir).map_err(to_py)?;
+    }
+    result
 }
 
 /// The engine of ``brand.Writer`` (see brand/_pack.py): samples spilled to

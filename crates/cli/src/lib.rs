@@ -362,7 +362,7 @@ fn gen_cmd(a: &GenArgs) -> brand_format::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn open_source(a: &PackArgs) -> brand_format::Result<Box<dyn Source>> {
+fn open_source(a: &PackArgs, listing_dir: Option<PathBuf>) -> brand_format::Result<Box<dyn Source>> {
     // A gzipped tar's payloads are spooled where the pack is written: beside
     // OUT, or in the staging directory of a pack to a URL.
     let spool_dir = match brand_store::Location::of_path(&a.out)? {
@@ -377,6 +377,7 @@ fn open_source(a: &PackArgs) -> brand_format::Result<Box<dyn Source>> {
         field: a.field.clone(),
         label: a.label.clone(),
         spool_dir,
+        listing_dir,
     };
     brand_pack::import::open(a.from.format(), &a.inputs, &opts)
 }
@@ -387,7 +388,7 @@ fn open_source(a: &PackArgs) -> brand_format::Result<Box<dyn Source>> {
 /// other thread exists (threads inherit the mask), and taken by one watcher
 /// thread with `sigwait`, so the cleanup runs as ordinary code, not in a
 /// signal handler, and even while the packer's threads are blocked in reads.
-fn remove_unfinished_pack_on_interrupt() -> brand_format::Result<()> {
+fn remove_unfinished_pack_on_interrupt(listing_dir: Option<PathBuf>) -> brand_format::Result<()> {
     let set = signals::block_stop_signals()?;
     std::thread::spawn(move || {
         let mut signal = 0;
@@ -396,6 +397,9 @@ fn remove_unfinished_pack_on_interrupt() -> brand_format::Result<()> {
             return;
         }
         let kept = brand_pack::remove_unfinished();
+        if let Some(dir) = &listing_dir {
+            keep_or_remove_listing(dir);
+        }
         if kept.is_empty() {
             eprintln!("brand: interrupted; the unfinished dataset was removed");
         }
@@ -454,8 +458,40 @@ fn partitioning(
     })
 }
 
+/// An unfinished pack's listing directory: kept, and said so, if it holds
+/// a finished input (the same command reuses it); else removed.
+fn keep_or_remove_listing(dir: &std::path::Path) {
+    match brand_pack::listing::inputs_kept(dir) {
+        0 => {
+            let _ = brand_pack::listing::remove(dir);
+        }
+        n => eprintln!(
+            "brand: the listing of {n} input(s) is kept in {}: the same command reuses it (delete it to start over)",
+            dir.display()
+        ),
+    }
+}
+
 fn pack_cmd(a: &PackArgs) -> brand_format::Result<ExitCode> {
-    remove_unfinished_pack_on_interrupt()?;
+    // Inputs that can only be read in order (gzip, zstd, Parquet, objects)
+    // are listed once: a pack into a local OUT keeps its listing and spool
+    // in `.OUT.listing` until it is installed, for a rerun after a crash.
+    let listing_dir = match brand_store::Location::of_path(&a.out)? {
+        brand_store::Location::Dir(_) => Some(brand_pack::listing::dir_for(&a.out)?),
+        brand_store::Location::Url(_) => None,
+    };
+    remove_unfinished_pack_on_interrupt(listing_dir.clone())?;
+    let result = pack_listed(a, listing_dir.clone());
+    if let Some(dir) = &listing_dir {
+        match &result {
+            Ok(_) => brand_pack::listing::remove(dir)?,
+            Err(_) => keep_or_remove_listing(dir),
+        }
+    }
+    result
+}
+
+fn pack_listed(a: &PackArgs, listing_dir: Option<PathBuf>) -> brand_format::Result<ExitCode> {
     // A pack to a URL: the URL is checked first (a dataset there without
     // --force fails before any input is read), and each segment is uploaded
     // as soon as it is written, then removed here.
@@ -465,7 +501,10 @@ fn pack_cmd(a: &PackArgs) -> brand_format::Result<ExitCode> {
         }
         _ => None,
     };
-    let source = open_source(a)?;
+    if listing_dir.is_some() {
+        brand_pack::check_output(&a.out, a.force)?;
+    }
+    let source = open_source(a, listing_dir)?;
     let partitions = match a.partitions {
         Some(w) => Some(partitioning(w, &a.memory, source.len() as u64, a.chunk_size)?),
         None => None,

@@ -96,6 +96,10 @@ pub struct ImportOptions {
     pub label: Option<String>,
     /// Where inputs that can only be read in order are spooled while packing.
     pub spool_dir: PathBuf,
+    /// Where tar, MDS and Parquet keep their listing and spool for a later
+    /// run of the same import to reuse (`crate::listing`; the CLI's
+    /// `.OUT.listing`); None: an anonymous spool in `spool_dir`.
+    pub listing_dir: Option<PathBuf>,
 }
 
 impl ImportOptions {
@@ -106,6 +110,7 @@ impl ImportOptions {
             field: None,
             label: None,
             spool_dir: spool_dir.to_path_buf(),
+            listing_dir: None,
         }
     }
 }
@@ -161,6 +166,7 @@ pub fn open(format: Format, inputs: &[PathBuf], opts: &ImportOptions) -> Result<
                 },
                 label: crate::tar::TarLabel::parse(opts.label.as_deref().unwrap_or("none"))?,
                 spool_dir: opts.spool_dir.clone(),
+                listing_dir: opts.listing_dir.clone(),
             };
             Box::new(crate::tar::TarSource::open(inputs, &tar)?)
         }
@@ -169,6 +175,7 @@ pub fn open(format: Format, inputs: &[PathBuf], opts: &ImportOptions) -> Result<
                 field: opts.field.clone(),
                 label: opts.label.clone(),
                 spool_dir: opts.spool_dir.clone(),
+                listing_dir: opts.listing_dir.clone(),
             };
             Box::new(crate::mds::MdsSource::open(single()?, &mds)?)
         }
@@ -177,6 +184,7 @@ pub fn open(format: Format, inputs: &[PathBuf], opts: &ImportOptions) -> Result<
                 field: opts.field.clone(),
                 label: opts.label.clone(),
                 spool_dir: opts.spool_dir.clone(),
+                listing_dir: opts.listing_dir.clone(),
             };
             Box::new(crate::parquet::ParquetSource::open(inputs, &parquet)?)
         }

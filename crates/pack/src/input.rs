@@ -57,6 +57,27 @@ impl Input {
         }
     }
 
+    /// What says the input is the one listed before: its size and
+    /// modification time, or an object's size and entity tag.
+    pub fn identity(&self) -> Result<String> {
+        match self {
+            Input::File(p) => {
+                let meta = fs::metadata(p).at(p)?;
+                let mtime = meta
+                    .modified()
+                    .ok()
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                    .map_or(0, |d| d.as_nanos());
+                Ok(format!("{} bytes, modified {mtime} ns", meta.len()))
+            }
+            Input::Object(o) => Ok(format!(
+                "{} bytes, entity tag {}",
+                o.info.size,
+                o.info.e_tag.as_deref().unwrap_or("none")
+            )),
+        }
+    }
+
     /// The whole input in memory (a small file: an MDS `index.json`).
     pub fn read_all(&self) -> Result<Vec<u8>> {
         match self {

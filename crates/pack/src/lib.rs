@@ -14,6 +14,7 @@ pub mod files;
 pub mod import;
 pub mod input;
 pub mod inspect;
+pub mod listing;
 pub mod lmdb;
 pub mod mds;
 mod parallel;
@@ -350,6 +351,18 @@ fn remove_stale(out: &Path) -> Result<Vec<PathBuf>> {
     Ok(resumable)
 }
 
+/// Whether a pack may write `out`: it does not exist, or `force` and it is
+/// a dataset [`pack`] may replace. Callers check it before a long listing.
+pub fn check_output(out: &Path, force: bool) -> Result<()> {
+    if out.exists() && !force {
+        return Err(Error::config(format!(
+            "{} already exists (use --force to replace it)",
+            out.display()
+        )));
+    }
+    check_replaceable(out)
+}
+
 /// `--force` replaces a brand dataset (a directory with a manifest.toml) or
 /// an empty directory, nothing else: a typo must not delete a user's files.
 fn check_replaceable(out: &Path) -> Result<()> {
@@ -471,13 +484,7 @@ pub fn pack_with(source: &dyn Source, out: &Path, opts: &PackOptions, hooks: &Ho
     check_options(opts)?;
     let k = opts.chunk_size;
     let stale = remove_stale(out)?;
-    if out.exists() && !opts.force {
-        return Err(Error::config(format!(
-            "{} already exists (use --force to replace it)",
-            out.display()
-        )));
-    }
-    check_replaceable(out)?;
+    check_output(out, opts.force)?;
     let n = source.len();
     if n == 0 {
         return Err(Error::config("the input has no samples"));

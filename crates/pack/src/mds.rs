@@ -27,14 +27,15 @@
 
 use std::borrow::Cow;
 use std::fs::File;
-use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::io::{self, BufReader, Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
 use super::input::{Input, InputDir};
-use super::source::{Entries, Ints, PayloadFile, Payloads, Source};
+use super::listing::Listing;
+use super::source::{Payloads, Source};
 use brand_format::error::{Error, IoContext, Result};
 
 /// Largest label value read into memory (`str_int` is decimal text).
@@ -58,6 +59,9 @@ pub struct MdsOptions {
     /// Where a zstd shard's payloads are spooled (an anonymous file, gone
     /// when the source is dropped or the process ends).
     pub spool_dir: PathBuf,
+    /// Where the listing is kept for a later run to reuse, spool included
+    /// (`crate::listing`); None: nowhere.
+    pub listing_dir: Option<PathBuf>,
 }
 
 #[derive(Deserialize)]
@@ -157,15 +161,15 @@ impl MdsSource {
                 index.version
             )));
         }
+        let what = format!(
+            "mds field {:?} label {:?} index {}",
+            options.field,
+            options.label,
+            index_file.identity()?
+        );
         let mut scan = Scan {
-            options,
-            entries: Entries::new(),
-            offsets: Vec::new(),
-            lens: Ints::default(),
-            spool: None,
-            spool_len: 0,
+            listing: Listing::new(&options.spool_dir, options.listing_dir.as_deref(), &what)?,
         };
-        let mut shards = Vec::with_capacity(index.shards.len());
         let mut field: Option<String> = options.field.clone();
         for (k, value) in index.shards.iter().enumerate() {
             let at = || format!("index.json shard {k}");
@@ -182,35 +186,21 @@ impl MdsSource {
             let layout =
                 Layout::of(&info, &mut field, options).map_err(|what| Error::input(&index_path, at(), what))?;
             let (file, compressed) = shard_file(&root, &info).map_err(|what| Error::input(&index_path, at(), what))?;
-            let first = scan.offsets.len();
+            if scan.listing.reuse(&file)?.is_some() {
+                continue;
+            }
             scan.shard(&file, compressed, &info, &layout)?;
-            shards.push(PayloadFile {
-                path: file.path().to_path_buf(),
-                first,
-                spooled: compressed || file.object().is_some(),
-            });
+            let spooled = compressed || file.object().is_some();
+            scan.listing.input_done(&file, spooled, serde_json::Value::Null)?;
         }
-        if scan.offsets.is_empty() {
+        if scan.listing.len() == 0 {
             return Err(Error::input(
                 &index_path,
-                format!("{} shard(s)", shards.len()),
+                format!("{} shard(s)", index.shards.len()),
                 "no samples in the MDS dataset",
             ));
         }
-        let spool = match scan.spool.take() {
-            Some(writer) => Some(writer.into_inner().map_err(|e| e.into_error()).at(&options.spool_dir)?),
-            None => None,
-        };
-        let mut payloads = Payloads {
-            files: shards,
-            entries: scan.entries,
-            offsets: scan.offsets,
-            lens: scan.lens,
-            spool,
-            noun: "sample",
-            format: "MDS",
-        };
-        payloads.shrink_to_fit();
+        let payloads = scan.listing.finish("sample", "MDS")?;
         Ok(MdsSource { payloads })
     }
 }
@@ -440,16 +430,11 @@ impl Stream {
 }
 
 /// State of the scan in `open`: the listing so far.
-struct Scan<'a> {
-    options: &'a MdsOptions,
-    entries: Entries,
-    offsets: Vec<u64>,
-    lens: Ints,
-    spool: Option<BufWriter<File>>,
-    spool_len: u64,
+struct Scan {
+    listing: Listing,
 }
 
-impl Scan<'_> {
+impl Scan {
     /// Lists one shard's samples.
     fn shard(&mut self, input: &Input, compressed: bool, info: &ShardInfo, layout: &Layout) -> Result<()> {
         let path = input.path();
@@ -601,6 +586,7 @@ impl Scan<'_> {
                 ));
             }
             let mut label = -1;
+            let mut payload_at = (0, 0);
             for (c, &size) in column_sizes.iter().enumerate() {
                 let at = stream.pos;
                 if c == layout.payload {
@@ -612,9 +598,7 @@ impl Scan<'_> {
                         }
                         at
                     };
-                    self.offsets.push(offset);
-                    // A u32 size: fits an i64.
-                    self.lens.push(size as i64);
+                    payload_at = (offset, size);
                 } else if let Some((_, encoding)) = layout.label.as_ref().filter(|(l, _)| *l == c) {
                     if size > MAX_LABEL_BYTES {
                         return Err(error(sample_at(), format!("a {size}-byte {encoding} label")));
@@ -628,7 +612,8 @@ impl Scan<'_> {
                     return Err(ended(at, &sample_at()));
                 }
             }
-            self.entries.push(format!("{}:{i}", layout.basename).as_bytes(), label);
+            let key = format!("{}:{i}", layout.basename);
+            self.listing.push(key.as_bytes(), label, payload_at.0, payload_at.1);
         }
         if compressed {
             // The zstd frame must hold the whole shard: a shard cut after
@@ -661,20 +646,11 @@ impl Scan<'_> {
         of_shard: &str,
         sample_at: &dyn Fn() -> String,
     ) -> Result<u64> {
-        let spool_dir = &self.options.spool_dir;
-        if self.spool.is_none() {
-            let file = tempfile::tempfile_in(spool_dir).at(spool_dir)?;
-            self.spool = Some(BufWriter::with_capacity(1 << 20, file));
-        }
-        let spool = self
-            .spool
-            .as_mut()
-            .ok_or_else(|| Error::config("internal: no spool file"))?;
-        let offset = self.spool_len;
+        let (spool, offset) = self.listing.spool()?;
         let at = stream.pos;
         match stream.copy_to(size, spool) {
             Ok(true) => {
-                self.spool_len += size;
+                self.listing.spooled(size);
                 Ok(offset)
             }
             Ok(false) => Err(Error::input(
@@ -685,7 +661,7 @@ impl Scan<'_> {
             Err(e) => Err(Error::input(
                 path,
                 format!("{} (byte {at}{of_shard})", sample_at()),
-                format!("copying to the spool in {}: {e}", spool_dir.display()),
+                format!("copying to the spool in {}: {e}", self.listing.spool_place().display()),
             )),
         }
     }

@@ -22,7 +22,7 @@
 
 use std::borrow::Cow;
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use ::parquet::basic::{ConvertedType, LogicalType, Type as PhysicalType};
@@ -33,7 +33,8 @@ use ::parquet::file::serialized_reader::SerializedFileReader;
 use ::parquet::schema::types::SchemaDescriptor;
 
 use super::input::Input;
-use super::source::{Entries, Ints, PayloadFile, Payloads, Source};
+use super::listing::Listing;
+use super::source::{Payloads, Source};
 use brand_format::error::{Error, IoContext, Result};
 
 /// Rows decoded at a time: bounds the memory of one batch of payloads.
@@ -50,6 +51,9 @@ pub struct ParquetOptions {
     /// Where the payloads are spooled (an anonymous file, gone when the
     /// source is dropped or the process ends).
     pub spool_dir: PathBuf,
+    /// Where the listing is kept for a later run to reuse, spool included
+    /// (`crate::listing`); None: nowhere.
+    pub listing_dir: Option<PathBuf>,
 }
 
 /// The rows of one or more Parquet files, in file order and then row order.
@@ -73,21 +77,26 @@ impl ParquetSource {
         let Some(first_input) = paths.first() else {
             return Err(Error::config("no Parquet input given"));
         };
-        let spool_dir = &options.spool_dir;
-        let spool = tempfile::tempfile_in(spool_dir).at(spool_dir)?;
+        let what = format!("parquet field {:?} label {:?}", options.field, options.label);
         let mut scan = Scan {
             options,
-            entries: Entries::new(),
-            offsets: Vec::new(),
-            lens: Ints::default(),
+            listing: Listing::new(&options.spool_dir, options.listing_dir.as_deref(), &what)?,
             label_names: None,
-            spool: BufWriter::with_capacity(1 << 20, spool),
-            spool_len: 0,
         };
-        let mut files = Vec::with_capacity(inputs.len());
+        let count = inputs.len();
         for input in inputs {
+            if let Some(state) = scan.listing.reuse(&input)? {
+                // The first file's class names, kept with it.
+                let names: Option<Vec<String>> = serde_json::from_value(state).map_err(|e| {
+                    Error::input(input.path(), "its kept listing", format!("class names unreadable: {e}"))
+                })?;
+                if let Some(names) = names {
+                    scan.label_names.get_or_insert(names);
+                }
+                continue;
+            }
             let path = input.path().to_path_buf();
-            let first = scan.offsets.len();
+            let first_file = scan.label_names.is_none();
             // The decoder is another crate's: should damaged input make it
             // panic, that is this file's error, not a crash.
             let scanned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| scan.file(&input)));
@@ -101,30 +110,20 @@ impl ParquetSource {
                     ));
                 }
             }
-            files.push(PayloadFile {
-                path,
-                first,
-                spooled: true,
-            });
+            let names = match (&scan.label_names, first_file) {
+                (Some(names), true) => serde_json::Value::from(names.clone()),
+                _ => serde_json::Value::Null,
+            };
+            scan.listing.input_done(&input, true, names)?;
         }
-        if scan.offsets.is_empty() {
+        if scan.listing.len() == 0 {
             return Err(Error::input(
                 first_input,
-                format!("{} input file(s)", files.len()),
+                format!("{count} input file(s)"),
                 "no rows in the Parquet input",
             ));
         }
-        let spool = scan.spool.into_inner().map_err(|e| e.into_error()).at(spool_dir)?;
-        let mut payloads = Payloads {
-            files,
-            entries: scan.entries,
-            offsets: scan.offsets,
-            lens: scan.lens,
-            spool: Some(spool),
-            noun: "row",
-            format: "Parquet",
-        };
-        payloads.shrink_to_fit();
+        let payloads = scan.listing.finish("row", "Parquet")?;
         Ok(ParquetSource {
             payloads,
             label_names: scan.label_names.unwrap_or_default(),
@@ -293,13 +292,9 @@ pub(crate) fn huggingface_class_names(text: &str, label: &str, path: &Path) -> O
 /// State of the scan in `open`: the listing so far.
 struct Scan<'a> {
     options: &'a ParquetOptions,
-    entries: Entries,
-    offsets: Vec<u64>,
-    lens: Ints,
+    listing: Listing,
     /// Class names from the first file (None: not seen yet).
     label_names: Option<Vec<String>>,
-    spool: BufWriter<File>,
-    spool_len: u64,
 }
 
 impl Scan<'_> {
@@ -512,17 +507,16 @@ impl Scan<'_> {
                     ));
                 }
                 let data = bytes.data();
-                self.spool.write_all(data).map_err(|e| {
-                    Error::input(
+                let (spool, offset) = self.listing.spool()?;
+                if let Err(e) = spool.write_all(data) {
+                    return Err(Error::input(
                         path,
                         format!("row {row}"),
-                        format!("copying to the spool in {}: {e}", self.options.spool_dir.display()),
-                    )
-                })?;
-                self.offsets.push(self.spool_len);
-                self.lens.push(data.len() as i64);
-                self.spool_len += data.len() as u64;
-                self.entries.push(format!("{file_name}:{row}").as_bytes(), label);
+                        format!("copying to the spool in {}: {e}", self.listing.spool_place().display()),
+                    ));
+                }
+                self.listing.spooled(data.len() as u64);
+                self.listing.push(format!("{file_name}:{row}").as_bytes(), label, offset, data.len() as u64);
             }
             done += batch as u64;
         }

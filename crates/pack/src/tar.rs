@@ -35,11 +35,12 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::io::{self, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 
 use super::input::Input;
-use super::source::{Entries, Ints, PayloadFile, Payloads, Source};
+use super::listing::Listing;
+use super::source::{Payloads, Source};
 use brand_format::error::{Error, IoContext, Result};
 
 pub const BLOCK: u64 = 512;
@@ -102,6 +103,9 @@ pub struct TarOptions {
     /// Where a gzipped tar's payloads are spooled (an anonymous file, gone
     /// when the source is dropped or the process ends).
     pub spool_dir: PathBuf,
+    /// Where the listing is kept for a later run to reuse, spool included
+    /// (`crate::listing`); None: nowhere.
+    pub listing_dir: Option<PathBuf>,
 }
 
 impl TarOptions {
@@ -307,44 +311,32 @@ impl TarSource {
         let Some(first_input) = paths.first() else {
             return Err(Error::config("no tar input given"));
         };
+        let what = format!("tar fields {:?} label {:?}", options.fields, options.label);
         let mut scan = Scan {
             options,
-            entries: Entries::new(),
-            offsets: Vec::new(),
-            lens: Ints::default(),
+            listing: Listing::new(&options.spool_dir, options.listing_dir.as_deref(), &what)?,
             dir_names: HashMap::new(),
-            spool: None,
-            spool_len: 0,
         };
-        let mut files = Vec::with_capacity(inputs.len());
+        let count = inputs.len();
         for input in inputs {
-            let first = scan.offsets.len();
+            if let Some(state) = scan.listing.reuse(&input)? {
+                scan.restore_dir_names(&input, state)?;
+                continue;
+            }
+            let names_before = scan.dir_names.len();
             let spooled = scan.file(&input)?;
-            let path = input.path().to_path_buf();
-            files.push(PayloadFile { path, first, spooled });
+            let state = scan.dir_names_since(names_before);
+            scan.listing.input_done(&input, spooled, state)?;
         }
-        if scan.offsets.is_empty() {
+        if scan.listing.len() == 0 {
             return Err(Error::input(
                 first_input,
-                format!("{} input file(s)", files.len()),
+                format!("{count} input file(s)"),
                 "no samples in the tar input",
             ));
         }
         let label_names = scan.number_dir_labels();
-        let spool = match scan.spool.take() {
-            Some(writer) => Some(writer.into_inner().map_err(|e| e.into_error()).at(&options.spool_dir)?),
-            None => None,
-        };
-        let mut payloads = Payloads {
-            files,
-            entries: scan.entries,
-            offsets: scan.offsets,
-            lens: scan.lens,
-            spool,
-            noun: "sample",
-            format: "tar",
-        };
-        payloads.shrink_to_fit();
+        let payloads = scan.listing.finish("sample", "tar")?;
         Ok(TarSource { payloads, label_names })
     }
 }
@@ -478,14 +470,9 @@ struct Group {
 /// State of the scan in `open`: the listing so far.
 struct Scan<'a> {
     options: &'a TarOptions,
-    entries: Entries,
-    offsets: Vec<u64>,
-    lens: Ints,
+    listing: Listing,
     /// `--label dir`: provisional label (order of first appearance) by name.
     dir_names: HashMap<Vec<u8>, i64>,
-    spool: Option<BufWriter<File>>,
-    /// Bytes written to the spool so far.
-    spool_len: u64,
 }
 
 impl Scan<'_> {
@@ -776,28 +763,20 @@ impl Scan<'_> {
             None
         };
         if archive.spool && is_candidate {
-            let spool_dir = &self.options.spool_dir;
-            if self.spool.is_none() {
-                let file = tempfile::tempfile_in(spool_dir).at(spool_dir)?;
-                self.spool = Some(BufWriter::with_capacity(1 << 20, file));
-            }
-            let spool = self
-                .spool
-                .as_mut()
-                .ok_or_else(|| Error::config("internal: no spool file"))?;
-            data_offset = self.spool_len;
+            let (spool, offset) = self.listing.spool()?;
+            data_offset = offset;
             let complete = match &label_text {
                 Some(text) => spool.write_all(text).map(|()| true),
                 None => stream.copy_to(size, spool),
             };
             match complete {
-                Ok(true) => self.spool_len += size,
+                Ok(true) => self.listing.spooled(size),
                 Ok(false) => return Ok(false),
                 // The stream or the spool: say which.
                 Err(e) => {
                     return Err(archive.error(
                         member_at(),
-                        format!("copying to the spool in {}: {e}", spool_dir.display()),
+                        format!("copying to the spool in {}: {e}", self.listing.spool_place().display()),
                     ));
                 }
             }
@@ -891,15 +870,38 @@ impl Scan<'_> {
                 *self.dir_names.entry(name).or_insert(next)
             }
         };
-        let size = i64::try_from(payload.size)
+        i64::try_from(payload.size)
             .map_err(|_| archive.error(sample_at(), format!("payload of {} bytes", payload.size)))?;
-        self.entries.push(&group.key, label);
-        self.offsets.push(payload.offset);
-        self.lens.push(size);
+        self.listing.push(&group.key, label, payload.offset, payload.size);
         group.key.clear();
         group.members.clear();
         group.label_text = None;
         group.dir_name = None;
+        Ok(())
+    }
+
+    /// `--label dir`: the names first seen since there were `before`, in
+    /// the order they were (what the listing journal keeps per input).
+    fn dir_names_since(&self, before: usize) -> serde_json::Value {
+        let mut new: Vec<(&Vec<u8>, i64)> = self
+            .dir_names
+            .iter()
+            .filter(|&(_, &id)| id >= before as i64)
+            .map(|(name, &id)| (name, id))
+            .collect();
+        new.sort_by_key(|&(_, id)| id);
+        serde_json::Value::from(new.into_iter().map(|(name, _)| serde_json::Value::from(name.clone())).collect::<Vec<_>>())
+    }
+
+    /// Takes back the names a reused input saw first ([`Scan::dir_names_since`]).
+    fn restore_dir_names(&mut self, input: &Input, state: serde_json::Value) -> Result<()> {
+        let names: Vec<Vec<u8>> = serde_json::from_value(state).map_err(|e| {
+            Error::input(input.path(), "its kept listing", format!("class names unreadable: {e}"))
+        })?;
+        for name in names {
+            let next = self.dir_names.len() as i64;
+            self.dir_names.entry(name).or_insert(next);
+        }
         Ok(())
     }
 
@@ -915,7 +917,7 @@ impl Scan<'_> {
         for (new, (_, provisional)) in sorted.iter().enumerate() {
             rank[*provisional as usize] = new as i64;
         }
-        self.entries.relabel(|provisional| rank[provisional as usize]);
+        self.listing.entries.relabel(|provisional| rank[provisional as usize]);
         sorted
             .into_iter()
             .map(|(name, _)| String::from_utf8_lossy(&name).into_owned())
