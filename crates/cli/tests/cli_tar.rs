@@ -4,9 +4,10 @@
 
 use std::io::Write;
 use std::path::Path;
+use std::process::Output;
 
 mod common;
-use common::{fails, hidden_entries, ok, s};
+use common::{brand, fails, hidden_entries, ok, s};
 
 /// A ustar archive of `(name, bytes)` members, with its end blocks.
 fn tar(members: &[(&str, &[u8])]) -> Vec<u8> {
@@ -183,4 +184,95 @@ fn damaged_tars_and_wrong_flags_are_one_named_error_and_leave_nothing() {
     // Tar flags on another source.
     let err = fails(&["pack", "--from", "dir", s(t.path()), "--field", "jpg", "-o", s(&out)]);
     assert!(err.contains("--field and --label apply to --from tar"), "{err}");
+}
+
+/// A pack whose listing stops at a damaged input keeps what it listed
+/// before it in `.OUT.listing`; the rerun reuses those inputs instead of
+/// reading them again (shown by replacing them with junk of the same size
+/// and time: a read would fail) and writes the dataset an uninterrupted
+/// pack writes. Other options, or an input with another time, are read again.
+#[test]
+fn a_rerun_reuses_the_inputs_an_earlier_pack_listed() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let gz = |bytes: &[u8]| {
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        enc.write_all(bytes).expect("gzip");
+        enc.finish().expect("gzip")
+    };
+    let shards = t.path().join("shards");
+    std::fs::create_dir(&shards).expect("mkdir");
+    let paths: Vec<std::path::PathBuf> = (0..4).map(|k| shards.join(format!("shard-{k}.tar.gz"))).collect();
+    let good: Vec<Vec<u8>> = (0..4).map(|k| gz(&shard(k * 30, 30).0)).collect();
+    let write_all = || {
+        for (p, bytes) in paths.iter().zip(&good) {
+            std::fs::write(p, bytes).expect("write");
+        }
+    };
+    write_all();
+    let pack = |out: &Path, field: &str| -> Output { brand(&pack_args(&paths, field, out)) };
+    let reference = t.path().join("reference");
+    let done = pack(&reference, "jpg");
+    assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+
+    let parent = t.path().join("out");
+    std::fs::create_dir(&parent).expect("mkdir");
+    let out = parent.join("ds");
+    // Shard 2 cut short: the pack fails there and keeps shards 0 and 1.
+    let fail_at_shard_2 = |field: &str| {
+        std::fs::write(&paths[2], &good[2][..good[2].len() / 2]).expect("cut");
+        let failed = pack(&out, field);
+        let err = String::from_utf8_lossy(&failed.stderr).into_owned();
+        assert_eq!(failed.status.code(), Some(1), "{err}");
+        assert!(err.contains("shard-2.tar.gz"), "{err}");
+        assert!(err.contains("the listing of 2 input(s) is kept"), "{err}");
+        assert_eq!(hidden_entries(&parent), [".ds.listing"]);
+        assert!(!out.exists());
+    };
+    // Not a gzip stream (its magic, then a method it cannot be) of the
+    // same size, modification time kept or not.
+    let spoil = |k: usize, keep_time: bool| {
+        let mtime = std::fs::metadata(&paths[k]).and_then(|m| m.modified()).expect("mtime");
+        let mut junk = vec![0u8; good[k].len()];
+        junk[..2].copy_from_slice(&[0x1f, 0x8b]);
+        std::fs::write(&paths[k], junk).expect("spoil");
+        if keep_time {
+            let f = std::fs::File::options().write(true).open(&paths[k]).expect("open");
+            f.set_modified(mtime).expect("set mtime");
+        }
+    };
+
+    fail_at_shard_2("jpg");
+    spoil(0, true);
+    spoil(1, true);
+    std::fs::write(&paths[2], &good[2]).expect("mend");
+    let done = pack(&out, "jpg");
+    assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+    for name in ["data-00000.brd", "index.bin"] {
+        let read = |dir: &Path| std::fs::read(dir.join(name)).expect("dataset file");
+        assert!(read(&reference) == read(&out), "{name} differs from the uninterrupted pack's");
+    }
+    assert!(hidden_entries(&parent).is_empty(), "{:?}", hidden_entries(&parent));
+    std::fs::remove_dir_all(&out).expect("rm");
+
+    // Another --field: the kept listing is not this pack's; shard 0 is read.
+    write_all();
+    fail_at_shard_2("jpg");
+    spoil(0, true);
+    let err = fails(&pack_args(&paths, "jpg;txt", &out));
+    assert!(err.contains("shard-0.tar.gz"), "{err}");
+
+    // Shard 1 with another time: read again (shard 0 is reused).
+    write_all();
+    fail_at_shard_2("jpg");
+    spoil(1, false);
+    let err = fails(&pack_args(&paths, "jpg", &out));
+    assert!(err.contains("shard-1.tar.gz"), "{err}");
+    assert!(!err.contains("shard-0.tar.gz"), "{err}");
+}
+
+fn pack_args<'a>(paths: &'a [std::path::PathBuf], field: &'a str, out: &'a Path) -> Vec<&'a str> {
+    let mut args: Vec<&str> = vec!["pack", "--from", "tar"];
+    args.extend(paths.iter().map(|p| s(p)));
+    args.extend(["--field", field, "--label", "cls", "-o", s(out)]);
+    args
 }

@@ -35,6 +35,7 @@ const COMMIT_EVERY: Duration = Duration::from_secs(2);
 
 /// The listing of the inputs so far: what [`Payloads`] will hold, and the
 /// spool being written.
+/// Fields drop in order: `spool` (flushing it) before `journal`.
 pub(crate) struct Listing {
     pub entries: Entries,
     pub offsets: Vec<u64>,
@@ -440,8 +441,9 @@ impl ListingJournal {
         let spool_path = self.dir.join(SPOOL_FILE);
         if let Some(s) = spool {
             s.flush().at(&spool_path)?;
-            s.get_ref().sync_data().at(&spool_path)?;
         }
+        // The journal's handle: one file, whichever descriptor wrote it.
+        self.spool.sync_data().at(&spool_path)?;
         let rows_path = self.dir.join(ROWS_FILE);
         self.rows.flush().at(&rows_path)?;
         self.rows.get_ref().sync_data().at(&rows_path)?;
@@ -459,6 +461,18 @@ impl ListingJournal {
         crate::write_synced(&tmp, &bytes)?;
         std::fs::rename(&tmp, &path).at(&path)?;
         crate::sync_dir(&self.dir)
+    }
+}
+
+/// A listing that ends early (an error in a later input, a panic) still
+/// records the inputs it finished: the rerun starts after them. The spool's
+/// writer was dropped (flushed) before, as it is declared before the
+/// journal in [`Listing`].
+impl Drop for ListingJournal {
+    fn drop(&mut self) {
+        if let Err(e) = self.commit(None) {
+            tracing::warn!("{}: the listing's last inputs are not kept: {e}", self.dir.display());
+        }
     }
 }
 
