@@ -269,7 +269,10 @@ pub fn _pack(
         field,
         label,
         spool_dir: target.scratch_dir(),
-        listing_dir: listing_dir.clone(),
+        listing: brand_pack::listing::ListingOptions {
+            dir: listing_dir.clone(),
+            on_input: None,
+        },
     };
     // Listing a large input takes a while: on the pack's thread, without the GIL.
     let result = target.pack(

@@ -22,6 +22,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use brand_pack::import::{Format, ImportOptions};
+use brand_pack::listing::{InputListed, ListingOptions, OnInput};
 use brand_pack::{PackOptions, Partitioning, source::Source};
 use brand_plan::Memory;
 
@@ -377,9 +378,42 @@ fn open_source(a: &PackArgs, listing_dir: Option<PathBuf>) -> brand_format::Resu
         field: a.field.clone(),
         label: a.label.clone(),
         spool_dir,
-        listing_dir,
+        listing: listing_options(listing_dir),
     };
     brand_pack::import::open(a.from.format(), &a.inputs, &opts)
+}
+
+/// The listing kept in `dir`, and its progress: a bar of inputs on a
+/// terminal, a line per input with `-v`, and one line when an earlier
+/// pack's listing is reused.
+fn listing_options(dir: Option<PathBuf>) -> ListingOptions {
+    let bar: std::sync::Mutex<Option<ProgressBar>> = std::sync::Mutex::new(None);
+    let said_reused = std::sync::atomic::AtomicBool::new(false);
+    let place = dir.as_ref().map(|d| d.display().to_string()).unwrap_or_default();
+    let on_input = move |l: &InputListed<'_>| {
+        if l.reused && !said_reused.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            eprintln!("brand: reusing the inputs an earlier pack listed (kept in {place})");
+        }
+        tracing::info!(
+            "{} input {} of {}: {} ({} samples so far)",
+            if l.reused { "reused" } else { "listed" },
+            l.done,
+            l.of,
+            l.path.display(),
+            l.samples
+        );
+        if let Ok(mut bar) = bar.lock() {
+            let bar = bar.get_or_insert_with(|| progress_bar(l.of as u64, "list"));
+            bar.set_position(l.done as u64);
+            if l.done >= l.of {
+                bar.finish_and_clear();
+            }
+        }
+    };
+    ListingOptions {
+        dir,
+        on_input: Some(OnInput(std::sync::Arc::new(on_input))),
+    }
 }
 
 /// SIGINT and SIGTERM during a pack remove its unfinished output (or keep it

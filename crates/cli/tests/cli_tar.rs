@@ -245,11 +245,26 @@ fn a_rerun_reuses_the_inputs_an_earlier_pack_listed() {
     spoil(0, true);
     spoil(1, true);
     std::fs::write(&paths[2], &good[2]).expect("mend");
-    let done = pack(&out, "jpg");
-    assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+    let verbose: Vec<&str> = ["-v"].into_iter().chain(pack_args(&paths, "jpg", &out)).collect();
+    let done = brand(&verbose);
+    let said = String::from_utf8_lossy(&done.stderr);
+    assert!(done.status.success(), "{said}");
+    // Progress per input (-v), and the reuse said once.
+    assert_eq!(
+        said.matches("reusing the inputs an earlier pack listed").count(),
+        1,
+        "{said}"
+    );
+    for (verb, k) in [("reused", 1), ("reused", 2), ("listed", 3), ("listed", 4)] {
+        let line = format!("{verb} input {k} of 4: {}", s(&paths[k - 1]));
+        assert!(said.contains(&line), "no {line:?} in {said}");
+    }
     for name in ["data-00000.brd", "index.bin"] {
         let read = |dir: &Path| std::fs::read(dir.join(name)).expect("dataset file");
-        assert!(read(&reference) == read(&out), "{name} differs from the uninterrupted pack's");
+        assert!(
+            read(&reference) == read(&out),
+            "{name} differs from the uninterrupted pack's"
+        );
     }
     assert!(hidden_entries(&parent).is_empty(), "{:?}", hidden_entries(&parent));
     std::fs::remove_dir_all(&out).expect("rm");

@@ -8,6 +8,7 @@ use std::str::FromStr;
 use brand_format::error::{Error, Result};
 
 use crate::files::FileSource;
+use crate::listing::ListingOptions;
 use crate::source::Source;
 
 /// An input format.
@@ -98,8 +99,9 @@ pub struct ImportOptions {
     pub spool_dir: PathBuf,
     /// Where tar, MDS and Parquet keep their listing and spool for a later
     /// run of the same import to reuse (`crate::listing`; the CLI's
-    /// `.OUT.listing`); None: an anonymous spool in `spool_dir`.
-    pub listing_dir: Option<PathBuf>,
+    /// `.OUT.listing`; default: nowhere, an anonymous spool in
+    /// `spool_dir`), and who hears of each input listed.
+    pub listing: ListingOptions,
 }
 
 impl ImportOptions {
@@ -110,7 +112,7 @@ impl ImportOptions {
             field: None,
             label: None,
             spool_dir: spool_dir.to_path_buf(),
-            listing_dir: None,
+            listing: ListingOptions::default(),
         }
     }
 }
@@ -166,7 +168,7 @@ pub fn open(format: Format, inputs: &[PathBuf], opts: &ImportOptions) -> Result<
                 },
                 label: crate::tar::TarLabel::parse(opts.label.as_deref().unwrap_or("none"))?,
                 spool_dir: opts.spool_dir.clone(),
-                listing_dir: opts.listing_dir.clone(),
+                listing: opts.listing.clone(),
             };
             Box::new(crate::tar::TarSource::open(inputs, &tar)?)
         }
@@ -175,7 +177,7 @@ pub fn open(format: Format, inputs: &[PathBuf], opts: &ImportOptions) -> Result<
                 field: opts.field.clone(),
                 label: opts.label.clone(),
                 spool_dir: opts.spool_dir.clone(),
-                listing_dir: opts.listing_dir.clone(),
+                listing: opts.listing.clone(),
             };
             Box::new(crate::mds::MdsSource::open(single()?, &mds)?)
         }
@@ -184,7 +186,7 @@ pub fn open(format: Format, inputs: &[PathBuf], opts: &ImportOptions) -> Result<
                 field: opts.field.clone(),
                 label: opts.label.clone(),
                 spool_dir: opts.spool_dir.clone(),
-                listing_dir: opts.listing_dir.clone(),
+                listing: opts.listing.clone(),
             };
             Box::new(crate::parquet::ParquetSource::open(inputs, &parquet)?)
         }

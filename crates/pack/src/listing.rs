@@ -33,6 +33,41 @@ const SPOOL_FILE: &str = "spool";
 /// the end of the listing): at most this much listing is lost to a crash.
 const COMMIT_EVERY: Duration = Duration::from_secs(2);
 
+/// Where a listing is kept and who hears of its progress: the tar, MDS
+/// and Parquet importers' options carry one.
+#[derive(Debug, Clone, Default)]
+pub struct ListingOptions {
+    /// Where the listing is kept for a later run to reuse, spool included;
+    /// None: nowhere (an anonymous spool).
+    pub dir: Option<PathBuf>,
+    /// Called after each input is listed or reused.
+    pub on_input: Option<OnInput>,
+}
+
+/// What [`ListingOptions::on_input`] hears after each input.
+#[derive(Debug)]
+pub struct InputListed<'a> {
+    pub path: &'a Path,
+    /// Inputs listed or reused so far, this one included.
+    pub done: usize,
+    /// Inputs in all.
+    pub of: usize,
+    /// Samples listed so far.
+    pub samples: usize,
+    /// Whether it was taken from an earlier run's listing, not read.
+    pub reused: bool,
+}
+
+/// A callback per input listed.
+#[derive(Clone)]
+pub struct OnInput(pub std::sync::Arc<dyn Fn(&InputListed<'_>) + Send + Sync>);
+
+impl std::fmt::Debug for OnInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OnInput")
+    }
+}
+
 /// The listing of the inputs so far: what [`Payloads`] will hold, and the
 /// spool being written.
 /// Fields drop in order: `spool` (flushing it) before `journal`.
@@ -47,14 +82,19 @@ pub(crate) struct Listing {
     spool_dir: PathBuf,
     /// Samples of the inputs recorded so far: where the next input's start.
     files_end: usize,
+    on_input: Option<OnInput>,
+    /// Inputs in all (for progress).
+    inputs: usize,
+    /// Every input's path and identity, in order.
+    identities: String,
     journal: Option<ListingJournal>,
 }
 
 impl Listing {
     /// An empty listing spooling into `spool_dir` (an anonymous file), or,
     /// with a journal, into the journal's directory.
-    pub fn new(spool_dir: &Path, listing_dir: Option<&Path>, what: &str) -> Result<Listing> {
-        let journal = match listing_dir {
+    pub fn new(spool_dir: &Path, options: &ListingOptions, inputs: usize, what: &str) -> Result<Listing> {
+        let journal = match options.dir.as_deref() {
             Some(dir) => Some(ListingJournal::open(
                 dir,
                 &format!("brand {} {what}", env!("CARGO_PKG_VERSION")),
@@ -70,6 +110,9 @@ impl Listing {
             spool_len: 0,
             spool_dir: spool_dir.to_path_buf(),
             files_end: 0,
+            on_input: options.on_input.clone(),
+            inputs,
+            identities: String::new(),
             journal,
         })
     }
@@ -131,14 +174,23 @@ impl Listing {
         // Checked whole before any of it is taken: rows that do not parse
         // mean this input and the rest are listed again.
         if let Err(what) = parse_rows(&rows, record.samples, |_, _, _, _| {}) {
-            let journal = self.journal.as_mut().ok_or_else(|| Error::config("internal: no journal"))?;
-            tracing::warn!("{}: {what}; listing {} again", journal.dir.display(), input.path().display());
+            let journal = self
+                .journal
+                .as_mut()
+                .ok_or_else(|| Error::config("internal: no journal"))?;
+            tracing::warn!(
+                "{}: {what}; listing {} again",
+                journal.dir.display(),
+                input.path().display()
+            );
             journal.stop_reusing()?;
             return Ok(None);
         }
         let first = self.offsets.len();
-        parse_rows(&rows, record.samples, |key, label, offset, len| self.push(key, label, offset, len))
-            .map_err(Error::config)?;
+        parse_rows(&rows, record.samples, |key, label, offset, len| {
+            self.push(key, label, offset, len)
+        })
+        .map_err(Error::config)?;
         self.files.push(PayloadFile {
             path: input.path().to_path_buf(),
             first,
@@ -146,6 +198,7 @@ impl Listing {
         });
         self.files_end = self.offsets.len();
         self.spool_len = record.spool_end;
+        self.heard(input, true)?;
         Ok(Some(record.state))
     }
 
@@ -160,6 +213,7 @@ impl Listing {
             first,
             spooled,
         });
+        self.heard(input, false)?;
         let Some(journal) = self.journal.as_mut() else {
             return Ok(());
         };
@@ -184,6 +238,28 @@ impl Listing {
         journal.append(record, &rows)?;
         if journal.last_commit.elapsed() >= COMMIT_EVERY {
             journal.commit(self.spool.as_mut())?;
+        }
+        Ok(())
+    }
+
+    /// Every input's path and identity (size and time, or entity tag), in
+    /// order: a pack's checkpoint holds only for the same
+    /// ([`crate::source::Source::inputs_identity`]).
+    pub fn identities(&self) -> &str {
+        &self.identities
+    }
+
+    fn heard(&mut self, input: &Input, reused: bool) -> Result<()> {
+        self.identities
+            .push_str(&format!("{}\t{}\n", input.path().display(), input.identity()?));
+        if let Some(OnInput(f)) = &self.on_input {
+            f(&InputListed {
+                path: input.path(),
+                done: self.files.len(),
+                of: self.inputs,
+                samples: self.offsets.len(),
+                reused,
+            });
         }
         Ok(())
     }
@@ -218,7 +294,11 @@ impl Listing {
 
 /// Calls `push` with each of the `samples` rows in `rows` (key length u32,
 /// key, label i64, offset u64, length u64; little-endian).
-fn parse_rows(mut rows: &[u8], samples: u64, mut push: impl FnMut(&[u8], i64, u64, u64)) -> std::result::Result<(), String> {
+fn parse_rows(
+    mut rows: &[u8],
+    samples: u64,
+    mut push: impl FnMut(&[u8], i64, u64, u64),
+) -> std::result::Result<(), String> {
     fn take<'a>(rows: &mut &'a [u8], n: usize) -> std::result::Result<&'a [u8], String> {
         if rows.len() < n {
             return Err("its rows are cut short".into());
@@ -228,7 +308,10 @@ fn parse_rows(mut rows: &[u8], samples: u64, mut push: impl FnMut(&[u8], i64, u6
         Ok(head)
     }
     fn word(rows: &mut &[u8], n: usize) -> std::result::Result<u64, String> {
-        Ok(take(rows, n)?.iter().rev().fold(0u64, |acc, &x| (acc << 8) | u64::from(x)))
+        Ok(take(rows, n)?
+            .iter()
+            .rev()
+            .fold(0u64, |acc, &x| (acc << 8) | u64::from(x)))
     }
     for _ in 0..samples {
         let key_len = word(&mut rows, 4)? as usize;
@@ -329,7 +412,8 @@ impl ListingJournal {
             .inputs
             .iter()
             .take_while(|r| {
-                let fits = r.rows_end >= last.0 && r.spool_end >= last.1 && r.rows_end <= rows_len && r.spool_end <= spool_len;
+                let fits =
+                    r.rows_end >= last.0 && r.spool_end >= last.1 && r.rows_end <= rows_len && r.spool_end <= spool_len;
                 last = (r.rows_end, r.spool_end);
                 fits
             })
@@ -407,7 +491,11 @@ impl ListingJournal {
         self.reusing = false;
         self.committed.inputs.truncate(self.next);
         self.write_state()?;
-        let (rows_end, spool_end) = self.committed.inputs.last().map_or((0, 0), |r| (r.rows_end, r.spool_end));
+        let (rows_end, spool_end) = self
+            .committed
+            .inputs
+            .last()
+            .map_or((0, 0), |r| (r.rows_end, r.spool_end));
         let rows_path = self.dir.join(ROWS_FILE);
         let file = self.rows.get_mut();
         file.set_len(rows_end).at(&rows_path)?;
@@ -498,7 +586,10 @@ fn read_state(dir: &Path, what: &str) -> JournalState {
             JournalState::default()
         }
         Err(e) => {
-            tracing::warn!("{}: not a listing journal ({e}); listing every input again", path.display());
+            tracing::warn!(
+                "{}: not a listing journal ({e}); listing every input again",
+                path.display()
+            );
             JournalState::default()
         }
     }

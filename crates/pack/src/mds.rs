@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use super::input::{Input, InputDir};
-use super::listing::Listing;
+use super::listing::{Listing, ListingOptions};
 use super::source::{Payloads, Source};
 use brand_format::error::{Error, IoContext, Result};
 
@@ -59,9 +59,9 @@ pub struct MdsOptions {
     /// Where a zstd shard's payloads are spooled (an anonymous file, gone
     /// when the source is dropped or the process ends).
     pub spool_dir: PathBuf,
-    /// Where the listing is kept for a later run to reuse, spool included
-    /// (`crate::listing`); None: nowhere.
-    pub listing_dir: Option<PathBuf>,
+    /// Where the listing is kept for a later run to reuse, and who hears
+    /// of each input listed (`crate::listing`).
+    pub listing: ListingOptions,
 }
 
 #[derive(Deserialize)]
@@ -143,6 +143,8 @@ fn decode_label(encoding: &str, bytes: &[u8]) -> std::result::Result<i64, String
 #[derive(Debug)]
 pub struct MdsSource {
     payloads: Payloads,
+    /// Every input's path and identity ([`Source::inputs_identity`]).
+    inputs_identity: String,
 }
 
 impl MdsSource {
@@ -168,7 +170,7 @@ impl MdsSource {
             index_file.identity()?
         );
         let mut scan = Scan {
-            listing: Listing::new(&options.spool_dir, options.listing_dir.as_deref(), &what)?,
+            listing: Listing::new(&options.spool_dir, &options.listing, index.shards.len(), &what)?,
         };
         let mut field: Option<String> = options.field.clone();
         for (k, value) in index.shards.iter().enumerate() {
@@ -200,8 +202,12 @@ impl MdsSource {
                 "no samples in the MDS dataset",
             ));
         }
+        let inputs_identity = scan.listing.identities().to_string();
         let payloads = scan.listing.finish("sample", "MDS")?;
-        Ok(MdsSource { payloads })
+        Ok(MdsSource {
+            payloads,
+            inputs_identity,
+        })
     }
 }
 
@@ -224,6 +230,10 @@ impl Source for MdsSource {
 
     fn read(&self, i: usize) -> Result<Vec<u8>> {
         self.payloads.read(i)
+    }
+
+    fn inputs_identity(&self) -> &str {
+        &self.inputs_identity
     }
 
     fn listing_bytes(&self) -> usize {

@@ -33,7 +33,7 @@ use ::parquet::file::serialized_reader::SerializedFileReader;
 use ::parquet::schema::types::SchemaDescriptor;
 
 use super::input::Input;
-use super::listing::Listing;
+use super::listing::{Listing, ListingOptions};
 use super::source::{Payloads, Source};
 use brand_format::error::{Error, IoContext, Result};
 
@@ -51,15 +51,17 @@ pub struct ParquetOptions {
     /// Where the payloads are spooled (an anonymous file, gone when the
     /// source is dropped or the process ends).
     pub spool_dir: PathBuf,
-    /// Where the listing is kept for a later run to reuse, spool included
-    /// (`crate::listing`); None: nowhere.
-    pub listing_dir: Option<PathBuf>,
+    /// Where the listing is kept for a later run to reuse, and who hears
+    /// of each input listed (`crate::listing`).
+    pub listing: ListingOptions,
 }
 
 /// The rows of one or more Parquet files, in file order and then row order.
 #[derive(Debug)]
 pub struct ParquetSource {
     payloads: Payloads,
+    /// Every input's path and identity ([`Source::inputs_identity`]).
+    inputs_identity: String,
     label_names: Vec<String>,
 }
 
@@ -80,7 +82,7 @@ impl ParquetSource {
         let what = format!("parquet field {:?} label {:?}", options.field, options.label);
         let mut scan = Scan {
             options,
-            listing: Listing::new(&options.spool_dir, options.listing_dir.as_deref(), &what)?,
+            listing: Listing::new(&options.spool_dir, &options.listing, inputs.len(), &what)?,
             label_names: None,
         };
         let count = inputs.len();
@@ -123,9 +125,11 @@ impl ParquetSource {
                 "no rows in the Parquet input",
             ));
         }
+        let inputs_identity = scan.listing.identities().to_string();
         let payloads = scan.listing.finish("row", "Parquet")?;
         Ok(ParquetSource {
             payloads,
+            inputs_identity,
             label_names: scan.label_names.unwrap_or_default(),
         })
     }
@@ -154,6 +158,10 @@ impl Source for ParquetSource {
 
     fn label_names(&self) -> Vec<String> {
         self.label_names.clone()
+    }
+
+    fn inputs_identity(&self) -> &str {
+        &self.inputs_identity
     }
 
     fn listing_bytes(&self) -> usize {
@@ -516,7 +524,12 @@ impl Scan<'_> {
                     ));
                 }
                 self.listing.spooled(data.len() as u64);
-                self.listing.push(format!("{file_name}:{row}").as_bytes(), label, offset, data.len() as u64);
+                self.listing.push(
+                    format!("{file_name}:{row}").as_bytes(),
+                    label,
+                    offset,
+                    data.len() as u64,
+                );
             }
             done += batch as u64;
         }

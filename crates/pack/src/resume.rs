@@ -100,6 +100,7 @@ pub(crate) fn fingerprint(source: &dyn Source, opts: &PackOptions) -> String {
         source.label(i).hash(&mut h);
     }
     source.label_names().hash(&mut h);
+    source.inputs_identity().hash(&mut h);
     format!("{:016x}", h.finish())
 }
 

@@ -45,6 +45,13 @@ pub trait Source: Sync {
         Vec::new()
     }
 
+    /// What identifies the inputs beyond their names (tar, MDS, Parquet:
+    /// every input file's size and time, or object's entity tag), for a
+    /// pack's checkpoint; empty where the source does not say.
+    fn inputs_identity(&self) -> &str {
+        ""
+    }
+
     /// Heap bytes the source holds to list its samples (keys, labels,
     /// locations), for memory accounting; 0 where the source does not say.
     fn listing_bytes(&self) -> usize {

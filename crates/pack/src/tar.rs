@@ -39,7 +39,7 @@ use std::io::{self, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 
 use super::input::Input;
-use super::listing::Listing;
+use super::listing::{Listing, ListingOptions};
 use super::source::{Payloads, Source};
 use brand_format::error::{Error, IoContext, Result};
 
@@ -103,9 +103,9 @@ pub struct TarOptions {
     /// Where a gzipped tar's payloads are spooled (an anonymous file, gone
     /// when the source is dropped or the process ends).
     pub spool_dir: PathBuf,
-    /// Where the listing is kept for a later run to reuse, spool included
-    /// (`crate::listing`); None: nowhere.
-    pub listing_dir: Option<PathBuf>,
+    /// Where the listing is kept for a later run to reuse, and who hears
+    /// of each input listed (`crate::listing`).
+    pub listing: ListingOptions,
 }
 
 impl TarOptions {
@@ -294,6 +294,8 @@ fn ends_with_tar(name: &[u8]) -> bool {
 #[derive(Debug)]
 pub struct TarSource {
     payloads: Payloads,
+    /// Every input's path and identity ([`Source::inputs_identity`]).
+    inputs_identity: String,
     label_names: Vec<String>,
 }
 
@@ -314,7 +316,7 @@ impl TarSource {
         let what = format!("tar fields {:?} label {:?}", options.fields, options.label);
         let mut scan = Scan {
             options,
-            listing: Listing::new(&options.spool_dir, options.listing_dir.as_deref(), &what)?,
+            listing: Listing::new(&options.spool_dir, &options.listing, inputs.len(), &what)?,
             dir_names: HashMap::new(),
         };
         let count = inputs.len();
@@ -336,8 +338,13 @@ impl TarSource {
             ));
         }
         let label_names = scan.number_dir_labels();
+        let inputs_identity = scan.listing.identities().to_string();
         let payloads = scan.listing.finish("sample", "tar")?;
-        Ok(TarSource { payloads, label_names })
+        Ok(TarSource {
+            payloads,
+            inputs_identity,
+            label_names,
+        })
     }
 }
 
@@ -364,6 +371,10 @@ impl Source for TarSource {
 
     fn label_names(&self) -> Vec<String> {
         self.label_names.clone()
+    }
+
+    fn inputs_identity(&self) -> &str {
+        &self.inputs_identity
     }
 
     fn listing_bytes(&self) -> usize {
@@ -890,14 +901,17 @@ impl Scan<'_> {
             .map(|(name, &id)| (name, id))
             .collect();
         new.sort_by_key(|&(_, id)| id);
-        serde_json::Value::from(new.into_iter().map(|(name, _)| serde_json::Value::from(name.clone())).collect::<Vec<_>>())
+        serde_json::Value::from(
+            new.into_iter()
+                .map(|(name, _)| serde_json::Value::from(name.clone()))
+                .collect::<Vec<_>>(),
+        )
     }
 
     /// Takes back the names a reused input saw first ([`Scan::dir_names_since`]).
     fn restore_dir_names(&mut self, input: &Input, state: serde_json::Value) -> Result<()> {
-        let names: Vec<Vec<u8>> = serde_json::from_value(state).map_err(|e| {
-            Error::input(input.path(), "its kept listing", format!("class names unreadable: {e}"))
-        })?;
+        let names: Vec<Vec<u8>> = serde_json::from_value(state)
+            .map_err(|e| Error::input(input.path(), "its kept listing", format!("class names unreadable: {e}")))?;
         for name in names {
             let next = self.dir_names.len() as i64;
             self.dir_names.entry(name).or_insert(next);

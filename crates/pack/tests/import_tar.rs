@@ -108,7 +108,7 @@ fn options(dir: &Path, fields: &str, label: TarLabel) -> TarOptions {
         },
         label,
         spool_dir: dir.to_path_buf(),
-        listing_dir: None,
+        listing: Default::default(),
     }
 }
 
