@@ -83,7 +83,13 @@ def pack(
     removed before the exception propagates, and no dataset is left. A
     process killed mid-pack (SIGKILL, out of memory) leaves its work
     directory with a checkpoint instead: the same ``brand.pack`` call, or
-    ``brand pack`` with the same options, goes on from there. Errors
+    ``brand pack`` with the same options, goes on from there. The tar, mds
+    and parquet sources keep what they have listed (keys, labels and the
+    spooled payloads of ``.tar.gz``, zstd shards, Parquet and objects) in
+    ``.OUT.listing`` beside ``out`` until the dataset is in place: after an
+    error, Ctrl-C or a kill that came once an input was finished, the same
+    call reuses the inputs listed unchanged instead of reading them again
+    (delete the directory to start over). Errors
     are ``brand.BrandError`` subclasses naming the file concerned
     (``FormatError`` for a malformed input, ``NotFoundError``,
     ``ConfigError`` for an option or an existing ``out``).

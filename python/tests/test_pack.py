@@ -182,6 +182,50 @@ def test_a_corrupt_input_found_mid_pack_leaves_nothing(tmp_path):
     assert not (tmp_path / "ds").exists() and leftovers(tmp_path, "ds") == []
 
 
+def test_a_rerun_reuses_the_gzipped_tars_an_earlier_pack_listed(tmp_path):
+    """brand.pack keeps what it listed before a damaged input in `.OUT.listing`,
+    and the same call, once the input is mended, reads only the rest: the
+    first two shards are replaced by junk of the same size and time, which a
+    read would refuse, and the dataset equals an uninterrupted pack's."""
+    import gzip
+    import io
+    import tarfile
+
+    shards = []
+    for k in range(4):
+        raw = io.BytesIO()
+        with tarfile.open(fileobj=raw, mode="w") as tar:
+            for i in range(25):
+                for ext, body in (("jpg", os.urandom(300 + i)), ("cls", str((k + i) % 5).encode())):
+                    info = tarfile.TarInfo(f"s{k}-{i:03}.{ext}")
+                    info.size = len(body)
+                    tar.addfile(info, io.BytesIO(body))
+        path = tmp_path / f"shard-{k}.tar.gz"
+        good = gzip.compress(raw.getvalue())
+        path.write_bytes(good)
+        shards.append((path, good))
+    inputs = [str(p) for p, _ in shards]
+    brand.pack(inputs, tmp_path / "reference", source="tar", field="jpg", label="cls")
+
+    out = tmp_path / "out" / "ds"
+    out.parent.mkdir()
+    path2, good2 = shards[2]
+    path2.write_bytes(good2[: len(good2) // 2])
+    with pytest.raises(brand.BrandError, match=path2.name):
+        brand.pack(inputs, out, source="tar", field="jpg", label="cls")
+    assert not out.exists()
+    assert sorted(p.name for p in out.parent.iterdir()) == [".ds.listing"]
+    for path, good in shards[:2]:
+        st = path.stat()
+        path.write_bytes(b"\x1f\x8b" + bytes(len(good) - 2))
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    path2.write_bytes(good2)
+    brand.pack(inputs, out, source="tar", field="jpg", label="cls")
+    for name in ("data-00000.brd", "index.bin"):
+        assert (out / name).read_bytes() == (tmp_path / "reference" / name).read_bytes(), name
+    assert sorted(p.name for p in out.parent.iterdir()) == ["ds"]
+
+
 def test_an_existing_dataset_is_refused_unless_force(dataset, tmp_path):
     files, _ = dataset
     brand.pack(files, tmp_path / "ds", seed=1)
