@@ -647,3 +647,95 @@ fn a_cache_reads_a_url_once_for_the_jobs_attached_to_it() {
     let status = cache.wait().expect("cache");
     assert!(status.success(), "{status}");
 }
+
+/// A dataset at an `http(s)://` URL (a public bucket: a second server on the
+/// same directory that takes unsigned requests, and no credentials in the
+/// environment) reads as from `s3://`: exactly once over 2 epochs in the
+/// same order, the same bytes; a tar object there packs as the local file.
+/// A missing dataset is an error naming the URL.
+#[test]
+fn a_dataset_at_an_http_url_reads_and_packs_without_credentials() {
+    let f = Fixture::new();
+    let public = Server::start(
+        &f.root.join("s3"),
+        Options {
+            anonymous: true,
+            ..Options::default()
+        },
+    )
+    .expect("start the public server");
+    let url = format!("{}/bkt/sets/ds", public.endpoint());
+    let bare = |args: &[&str]| -> Output {
+        Command::new(env!("CARGO_BIN_EXE_brand"))
+            .args(args)
+            .env("RUST_BACKTRACE", "0")
+            .env("AWS_CONFIG_FILE", f.root.join("no-aws-config"))
+            .env("AWS_SHARED_CREDENTIALS_FILE", f.root.join("no-aws-credentials"))
+            .env("XDG_CACHE_HOME", f.root.join("http-cache"))
+            .env_remove("AWS_ENDPOINT_URL")
+            .env_remove("AWS_ACCESS_KEY_ID")
+            .env_remove("AWS_SECRET_ACCESS_KEY")
+            .output()
+            .expect("run brand")
+    };
+    let out = bare(&["read", &url, "--json", "--epochs", "2", "--memory", "10%"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let epochs: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("json");
+    assert_exactly_once(&epochs, 2);
+    let local = common::ok(&["read", s(&f.local), "--json", "--epochs", "2", "--memory", "10%"]);
+    let local: Vec<serde_json::Value> = serde_json::from_slice(&local.stdout).expect("json");
+    for (a, b) in epochs.iter().zip(&local) {
+        assert_eq!(a["order"], b["order"]);
+    }
+    for id in [0u64, 150, SAMPLES - 1] {
+        let remote = bare(&["cat", &url, &id.to_string()]);
+        assert!(remote.status.success(), "{}", stderr(&remote));
+        let local = common::ok(&["cat", s(&f.local), &id.to_string()]);
+        assert!(remote.stdout == local.stdout, "sample {id} differs");
+    }
+    // A tar object as a pack's input.
+    let mut tar = Vec::new();
+    for (name, body) in [("a.txt", &b"first"[..]), ("b.txt", b"second")] {
+        let mut block = [0u8; 512];
+        block[..name.len()].copy_from_slice(name.as_bytes());
+        block[124..136].copy_from_slice(format!("{:011o}\0", body.len()).as_bytes());
+        block[156] = b'0';
+        block[257..263].copy_from_slice(b"ustar\0");
+        block[148..156].fill(b' ');
+        let sum: u32 = block.iter().map(|&b| u32::from(b)).sum();
+        block[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+        tar.extend(block);
+        tar.extend_from_slice(body);
+        tar.resize(tar.len().next_multiple_of(512), 0);
+    }
+    tar.extend([0; 1024]);
+    put_object(&f, "shards/one.tar", tar.clone());
+    std::fs::write(f.root.join("one.tar"), &tar).expect("write");
+    let from_url = f.root.join("from-url");
+    let out = bare(&[
+        "pack",
+        "--from",
+        "tar",
+        &format!("{}/bkt/shards/one.tar", public.endpoint()),
+        "-o",
+        s(&from_url),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let from_file = f.root.join("from-file");
+    common::ok(&["pack", "--from", "tar", s(&f.root.join("one.tar")), "-o", s(&from_file)]);
+    for name in ["data-00000.brd", "index.bin"] {
+        let read = |d: &PathBuf| std::fs::read(d.join(name)).expect("dataset file");
+        assert!(read(&from_url) == read(&from_file), "{name} differs");
+    }
+    // HTTP lists nothing: a prefix is refused by name, at once (no retries).
+    let prefix = format!("{}/bkt/shards/", public.endpoint());
+    let out = bare(&["pack", "--from", "tar", &prefix, "-o", s(&f.root.join("none"))]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("names one object"), "{err}");
+    let missing = format!("{}/bkt/sets/none", public.endpoint());
+    let out = bare(&["inspect", &missing]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains(&missing) && !err.contains("panicked"), "{err}");
+}

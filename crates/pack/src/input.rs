@@ -166,6 +166,20 @@ pub fn expand(inputs: &[PathBuf], keep: fn(&[u8]) -> bool, kinds: &str, hint: &s
     for path in inputs {
         if let Some((url, prefix_only)) = url_of(path)? {
             let objects = stores.of(&url)?;
+            // Plain HTTP(S) has no listing: a URL there names one object.
+            if url.scheme == brand_store::location::Scheme::Http {
+                if prefix_only {
+                    return Err(Error::config(format!(
+                        "{}: an http(s) URL names one object (HTTP servers list nothing; give each object's URL, or use the bucket's s3://, gs:// or az:// URL)",
+                        path.display()
+                    )));
+                }
+                match objects.head(&url.prefix)? {
+                    Some(info) => files.push(object(&objects, info)),
+                    None => return Err(nothing_under(&url)),
+                }
+                continue;
+            }
             // A prefix first (some servers answer a HEAD of a "directory"
             // with 500), else the object of that name.
             let (listed, prefixes) = objects.list(&url.prefix, false)?;

@@ -367,7 +367,8 @@ fn classify(e: &object_store::Error) -> Failure {
                     with_code("access refused: check the credentials (AWS_ACCESS_KEY_ID, AWS_PROFILE, …)"),
                 ),
                 Some(s) => {
-                    let retryable = s >= 500 || s == 429 || s == 408;
+                    // 501 and 505 say what the server cannot do, every time.
+                    let retryable = (s >= 500 && s != 501 && s != 505) || s == 429 || s == 408;
                     Failure::new(
                         s.to_string(),
                         retryable,

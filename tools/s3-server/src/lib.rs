@@ -40,6 +40,10 @@ pub struct Options {
     /// The region a request's signature must name (a request signed for
     /// another region gets 400 `AuthorizationHeaderMalformed`, as on S3).
     pub region: String,
+    /// Serve requests without a signature (and no others): a public bucket,
+    /// as a reader of `https://host/bucket/key` URLs sees one. Another
+    /// server on the same directory can take signed uploads.
+    pub anonymous: bool,
 }
 
 impl Default for Options {
@@ -49,6 +53,7 @@ impl Default for Options {
             secret_key: "brand-test-sk".to_owned(),
             port: 0,
             region: "us-east-1".to_owned(),
+            anonymous: false,
         }
     }
 }
@@ -313,7 +318,9 @@ impl Server {
                 Arc::clone(&shared),
                 opts.region,
             ));
-            b.set_auth(SimpleAuth::from_single(opts.access_key, opts.secret_key));
+            if !opts.anonymous {
+                b.set_auth(SimpleAuth::from_single(opts.access_key, opts.secret_key));
+            }
             b.build()
         };
 

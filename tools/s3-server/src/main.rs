@@ -27,6 +27,10 @@ struct Args {
     /// The region requests must be signed for.
     #[arg(long, default_value = "us-east-1")]
     region: String,
+    /// Serve unsigned requests (a public bucket, for `https://` URLs) instead
+    /// of requests signed with the keys above.
+    #[arg(long)]
+    anonymous: bool,
     /// Do not stop at the end of stdin (by default it does, so that a parent
     /// that dies does not leave it running).
     #[arg(long)]
@@ -40,6 +44,7 @@ fn main() -> ExitCode {
         secret_key: args.secret_key,
         port: args.port,
         region: args.region,
+        anonymous: args.anonymous,
     };
     let server = match Server::start(&args.dir, opts) {
         Ok(s) => s,
