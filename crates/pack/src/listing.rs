@@ -22,7 +22,7 @@ use brand_format::error::{Error, IoContext, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::input::Input;
-use crate::source::{Entries, Ints, PayloadFile, Payloads};
+use crate::source::{Entries, Ints, Listed, ListedFormat, PayloadFile, Payloads};
 
 /// The journal's record of the inputs listed so far.
 pub const JOURNAL_FILE: &str = "journal.json";
@@ -242,13 +242,6 @@ impl Listing {
         Ok(())
     }
 
-    /// Every input's path and identity (size and time, or entity tag), in
-    /// order: a pack's checkpoint holds only for the same
-    /// ([`crate::source::Source::inputs_identity`]).
-    pub fn identities(&self) -> &str {
-        &self.identities
-    }
-
     fn heard(&mut self, input: &Input, reused: bool) -> Result<()> {
         self.identities
             .push_str(&format!("{}\t{}\n", input.path().display(), input.identity()?));
@@ -266,7 +259,7 @@ impl Listing {
 
     /// The finished listing: spool flushed (and, with a journal, every
     /// input recorded durably).
-    pub fn finish(mut self, noun: &'static str, format: &'static str) -> Result<Payloads> {
+    pub fn finish<F: ListedFormat>(mut self, label_names: Vec<String>) -> Result<Listed<F>> {
         if let Some(journal) = self.journal.as_mut() {
             journal.stop_reusing()?;
             journal.commit(self.spool.as_mut())?;
@@ -279,16 +272,21 @@ impl Listing {
             (None, None) => None,
         };
         let mut payloads = Payloads {
-            files: self.files,
-            entries: self.entries,
-            offsets: self.offsets,
-            lens: self.lens,
+            files: std::mem::take(&mut self.files),
+            entries: std::mem::take(&mut self.entries),
+            offsets: std::mem::take(&mut self.offsets),
+            lens: std::mem::take(&mut self.lens),
             spool,
-            noun,
-            format,
+            noun: F::NOUN,
+            format: F::NAME,
         };
         payloads.shrink_to_fit();
-        Ok(payloads)
+        Ok(Listed {
+            payloads,
+            label_names,
+            inputs_identity: std::mem::take(&mut self.identities),
+            format: std::marker::PhantomData,
+        })
     }
 }
 

@@ -25,7 +25,6 @@
 //! or a shard is trusted: counts, offsets and sizes are checked against each
 //! other and the file before use.
 
-use std::borrow::Cow;
 use std::fs::File;
 use std::io::{self, BufReader, Read, Write};
 use std::os::unix::fs::FileExt;
@@ -35,7 +34,7 @@ use serde::Deserialize;
 
 use super::input::{Input, InputDir};
 use super::listing::{Listing, ListingOptions};
-use super::source::{Payloads, Source};
+use super::source::{Listed, ListedFormat};
 use brand_format::error::{Error, IoContext, Result};
 
 /// Largest label value read into memory (`str_int` is decimal text).
@@ -137,15 +136,20 @@ fn decode_label(encoding: &str, bytes: &[u8]) -> std::result::Result<i64, String
     })
 }
 
+/// `--from mds`'s samples ([`Listed`]).
+#[derive(Debug)]
+pub struct Mds;
+
+impl ListedFormat for Mds {
+    const KIND: &'static str = "mds";
+    const NAME: &'static str = "MDS";
+    const NOUN: &'static str = "sample";
+}
+
 /// The samples of an MDS dataset, in shard order. Per sample: its key
 /// (`shard basename:index`) in an arena with its label, its payload's offset
 /// (in the shard, or in the spool for a compressed one) and length.
-#[derive(Debug)]
-pub struct MdsSource {
-    payloads: Payloads,
-    /// Every input's path and identity ([`Source::inputs_identity`]).
-    inputs_identity: String,
-}
+pub type MdsSource = Listed<Mds>;
 
 impl MdsSource {
     /// Lists the samples of the MDS dataset at `input`: a directory holding
@@ -202,42 +206,7 @@ impl MdsSource {
                 "no samples in the MDS dataset",
             ));
         }
-        let inputs_identity = scan.listing.identities().to_string();
-        let payloads = scan.listing.finish("sample", "MDS")?;
-        Ok(MdsSource {
-            payloads,
-            inputs_identity,
-        })
-    }
-}
-
-impl Source for MdsSource {
-    fn kind(&self) -> &'static str {
-        "mds"
-    }
-
-    fn len(&self) -> usize {
-        self.payloads.len()
-    }
-
-    fn key(&self, i: usize) -> Cow<'_, [u8]> {
-        self.payloads.key(i)
-    }
-
-    fn label(&self, i: usize) -> i64 {
-        self.payloads.label(i)
-    }
-
-    fn read(&self, i: usize) -> Result<Vec<u8>> {
-        self.payloads.read(i)
-    }
-
-    fn inputs_identity(&self) -> &str {
-        &self.inputs_identity
-    }
-
-    fn listing_bytes(&self) -> usize {
-        self.payloads.heap_bytes()
+        scan.listing.finish(Vec::new())
     }
 }
 

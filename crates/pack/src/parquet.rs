@@ -20,7 +20,6 @@
 //! spool directory, and read from there: the footer comes first in a
 //! Parquet reader's order, last in the file.
 
-use std::borrow::Cow;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -34,7 +33,7 @@ use ::parquet::schema::types::SchemaDescriptor;
 
 use super::input::Input;
 use super::listing::{Listing, ListingOptions};
-use super::source::{Payloads, Source};
+use super::source::{Listed, ListedFormat};
 use brand_format::error::{Error, IoContext, Result};
 
 /// Rows decoded at a time: bounds the memory of one batch of payloads.
@@ -56,14 +55,18 @@ pub struct ParquetOptions {
     pub listing: ListingOptions,
 }
 
-/// The rows of one or more Parquet files, in file order and then row order.
+/// `--from parquet`'s samples ([`Listed`]).
 #[derive(Debug)]
-pub struct ParquetSource {
-    payloads: Payloads,
-    /// Every input's path and identity ([`Source::inputs_identity`]).
-    inputs_identity: String,
-    label_names: Vec<String>,
+pub struct Parquet;
+
+impl ListedFormat for Parquet {
+    const KIND: &'static str = "parquet";
+    const NAME: &'static str = "Parquet";
+    const NOUN: &'static str = "row";
 }
+
+/// The rows of one or more Parquet files, in file order and then row order.
+pub type ParquetSource = Listed<Parquet>;
 
 impl ParquetSource {
     /// Lists (and spools) the rows of `paths`: Parquet files, or
@@ -125,47 +128,7 @@ impl ParquetSource {
                 "no rows in the Parquet input",
             ));
         }
-        let inputs_identity = scan.listing.identities().to_string();
-        let payloads = scan.listing.finish("row", "Parquet")?;
-        Ok(ParquetSource {
-            payloads,
-            inputs_identity,
-            label_names: scan.label_names.unwrap_or_default(),
-        })
-    }
-}
-
-impl Source for ParquetSource {
-    fn kind(&self) -> &'static str {
-        "parquet"
-    }
-
-    fn len(&self) -> usize {
-        self.payloads.len()
-    }
-
-    fn key(&self, i: usize) -> Cow<'_, [u8]> {
-        self.payloads.key(i)
-    }
-
-    fn label(&self, i: usize) -> i64 {
-        self.payloads.label(i)
-    }
-
-    fn read(&self, i: usize) -> Result<Vec<u8>> {
-        self.payloads.read(i)
-    }
-
-    fn label_names(&self) -> Vec<String> {
-        self.label_names.clone()
-    }
-
-    fn inputs_identity(&self) -> &str {
-        &self.inputs_identity
-    }
-
-    fn listing_bytes(&self) -> usize {
-        self.payloads.heap_bytes()
+        scan.listing.finish(scan.label_names.unwrap_or_default())
     }
 }
 

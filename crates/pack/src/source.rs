@@ -252,6 +252,63 @@ mod tests {
     }
 }
 
+/// An importer whose listing is [`Payloads`] (tar, MDS, Parquet, Arrow):
+/// what it and its samples are called.
+pub trait ListedFormat: Send + Sync + std::fmt::Debug {
+    /// [`Source::kind`]: "tar".
+    const KIND: &'static str;
+    /// The input's name in errors: "tar", "MDS".
+    const NAME: &'static str;
+    /// What a sample is called in errors: "sample", "row".
+    const NOUN: &'static str;
+}
+
+/// The samples an importer listed: where each one's bytes are, its key and
+/// label; the class names; every input's identity. One [`Source`] for every
+/// [`ListedFormat`].
+#[derive(Debug)]
+pub struct Listed<F> {
+    pub(crate) payloads: Payloads,
+    pub(crate) label_names: Vec<String>,
+    /// Every input's path and identity ([`Source::inputs_identity`]).
+    pub(crate) inputs_identity: String,
+    pub(crate) format: std::marker::PhantomData<F>,
+}
+
+impl<F: ListedFormat> Source for Listed<F> {
+    fn kind(&self) -> &'static str {
+        F::KIND
+    }
+
+    fn len(&self) -> usize {
+        self.payloads.len()
+    }
+
+    fn key(&self, i: usize) -> Cow<'_, [u8]> {
+        self.payloads.key(i)
+    }
+
+    fn label(&self, i: usize) -> i64 {
+        self.payloads.label(i)
+    }
+
+    fn read(&self, i: usize) -> Result<Vec<u8>> {
+        self.payloads.read(i)
+    }
+
+    fn label_names(&self) -> Vec<String> {
+        self.label_names.clone()
+    }
+
+    fn inputs_identity(&self) -> &str {
+        &self.inputs_identity
+    }
+
+    fn listing_bytes(&self) -> usize {
+        self.payloads.heap_bytes()
+    }
+}
+
 /// A file samples' payloads lie in, from sample `first` on: read in place,
 /// or (`spooled`) copied into the spool in order, once, because the input
 /// can only be read in order (gzip, zstd, Parquet pages, an object).

@@ -32,7 +32,6 @@
 //! accepts it. Nothing read from an archive is trusted: every size and
 //! offset is checked arithmetic, checked against the file before use.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, BufReader, Read, Write};
@@ -40,7 +39,7 @@ use std::path::{Path, PathBuf};
 
 use super::input::Input;
 use super::listing::{Listing, ListingOptions};
-use super::source::{Payloads, Source};
+use super::source::{Listed, ListedFormat};
 use brand_format::error::{Error, IoContext, Result};
 
 pub const BLOCK: u64 = 512;
@@ -287,17 +286,21 @@ fn ends_with_tar(name: &[u8]) -> bool {
 
 // ---- the source ----
 
+/// `--from tar`'s samples ([`Listed`]).
+#[derive(Debug)]
+pub struct Tar;
+
+impl ListedFormat for Tar {
+    const KIND: &'static str = "tar";
+    const NAME: &'static str = "tar";
+    const NOUN: &'static str = "sample";
+}
+
 /// Samples of one or more tar archives, in file order and then archive
 /// order. Per sample: its key in an arena with its label, its payload's
 /// offset (8 bytes; in the archive, or in the spool for one read in order) and
 /// length (as narrow as the lengths allow).
-#[derive(Debug)]
-pub struct TarSource {
-    payloads: Payloads,
-    /// Every input's path and identity ([`Source::inputs_identity`]).
-    inputs_identity: String,
-    label_names: Vec<String>,
-}
+pub type TarSource = Listed<Tar>;
 
 impl TarSource {
     /// Lists the samples of `paths`: tar or gzipped tar files, or
@@ -338,47 +341,7 @@ impl TarSource {
             ));
         }
         let label_names = scan.number_dir_labels();
-        let inputs_identity = scan.listing.identities().to_string();
-        let payloads = scan.listing.finish("sample", "tar")?;
-        Ok(TarSource {
-            payloads,
-            inputs_identity,
-            label_names,
-        })
-    }
-}
-
-impl Source for TarSource {
-    fn kind(&self) -> &'static str {
-        "tar"
-    }
-
-    fn len(&self) -> usize {
-        self.payloads.len()
-    }
-
-    fn key(&self, i: usize) -> Cow<'_, [u8]> {
-        self.payloads.key(i)
-    }
-
-    fn label(&self, i: usize) -> i64 {
-        self.payloads.label(i)
-    }
-
-    fn read(&self, i: usize) -> Result<Vec<u8>> {
-        self.payloads.read(i)
-    }
-
-    fn label_names(&self) -> Vec<String> {
-        self.label_names.clone()
-    }
-
-    fn inputs_identity(&self) -> &str {
-        &self.inputs_identity
-    }
-
-    fn listing_bytes(&self) -> usize {
-        self.payloads.heap_bytes()
+        scan.listing.finish(label_names)
     }
 }
 
