@@ -138,6 +138,16 @@ impl Listing {
                 Some(j) => j.spool_for_append()?,
                 None => tempfile::tempfile_in(&self.spool_dir).at(&self.spool_dir)?,
             };
+            // Appends land at the file's end: it must be where the next
+            // payload's offset says.
+            let len = file.metadata().at(self.spool_place())?.len();
+            if len != self.spool_len {
+                return Err(Error::config(format!(
+                    "internal: the spool in {} holds {len} bytes, the listing {}",
+                    self.spool_place().display(),
+                    self.spool_len
+                )));
+            }
             self.spool = Some(BufWriter::with_capacity(1 << 20, file));
         }
         let len = self.spool_len;
@@ -183,7 +193,7 @@ impl Listing {
                 journal.dir.display(),
                 input.path().display()
             );
-            journal.stop_reusing()?;
+            journal.drop_from(journal.next - 1)?;
             return Ok(None);
         }
         let first = self.offsets.len();
@@ -486,7 +496,14 @@ impl ListingJournal {
         if !self.reusing {
             return Ok(());
         }
+        self.drop_from(self.next)
+    }
+
+    /// Keeps the first `kept` recorded inputs (all of them reused) and
+    /// drops the rest; input `kept` is the next to list.
+    fn drop_from(&mut self, kept: usize) -> Result<()> {
         self.reusing = false;
+        self.next = kept;
         self.committed.inputs.truncate(self.next);
         self.write_state()?;
         let (rows_end, spool_end) = self
@@ -619,5 +636,132 @@ pub fn remove(dir: &Path) -> Result<()> {
     match std::fs::remove_dir_all(dir) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(dir, e)),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Lists `inputs` (each: its samples' keys) into a listing kept in
+    /// `dir`, reusing what it can; returns how many inputs were reused and
+    /// the listing's keys.
+    fn list(dir: &Path, inputs: &[(PathBuf, Vec<&str>)]) -> (usize, Vec<Vec<u8>>) {
+        let options = ListingOptions {
+            dir: Some(dir.to_path_buf()),
+            on_input: None,
+        };
+        let mut listing = Listing::new(dir, &options, inputs.len(), "test").expect("listing");
+        let mut reused = 0;
+        for (path, keys) in inputs {
+            let input = Input::File(path.clone());
+            if listing.reuse(&input).expect("reuse").is_some() {
+                reused += 1;
+                continue;
+            }
+            for key in keys {
+                let (spool, offset) = listing.spool().expect("spool");
+                spool.write_all(key.as_bytes()).expect("spool");
+                listing.spooled(key.len() as u64);
+                listing.push(key.as_bytes(), 1, offset, key.len() as u64);
+            }
+            listing.input_done(&input, true, serde_json::Value::Null).expect("done");
+        }
+        let listed: Listed<Tar> = listing.finish(Vec::new()).expect("finish");
+        let keys = (0..listed.payloads.len())
+            .map(|i| listed.payloads.key(i).to_vec())
+            .collect();
+        for i in 0..listed.payloads.len() {
+            assert_eq!(listed.payloads.read(i).expect("read"), listed.payloads.key(i).to_vec());
+        }
+        (reused, keys)
+    }
+
+    #[derive(Debug)]
+    struct Tar;
+    impl ListedFormat for Tar {
+        const KIND: &'static str = "test";
+        const NAME: &'static str = "test";
+        const NOUN: &'static str = "sample";
+    }
+
+    #[test]
+    fn a_listing_is_reused_while_whole_and_listed_again_when_damaged() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let inputs: Vec<(PathBuf, Vec<&str>)> = [vec!["a0", "a1"], vec!["b0"], vec!["c0", "c1", "c2"]]
+            .into_iter()
+            .enumerate()
+            .map(|(k, keys)| {
+                let path = t.path().join(format!("in{k}"));
+                std::fs::write(&path, format!("input {k}")).expect("write");
+                (path, keys)
+            })
+            .collect();
+        let dir = t.path().join("listing");
+        let want: Vec<Vec<u8>> = ["a0", "a1", "b0", "c0", "c1", "c2"]
+            .iter()
+            .map(|k| k.as_bytes().to_vec())
+            .collect();
+        assert_eq!(list(&dir, &inputs), (0, want.clone()));
+        assert_eq!(list(&dir, &inputs), (3, want.clone()));
+        // The last input's rows cut short: the first two are reused.
+        let rows = dir.join(ROWS_FILE);
+        let len = std::fs::metadata(&rows).expect("rows").len();
+        std::fs::File::options()
+            .write(true)
+            .open(&rows)
+            .expect("open")
+            .set_len(len - 3)
+            .expect("cut");
+        assert_eq!(list(&dir, &inputs), (2, want.clone()));
+        // Garbage rows for the second input (its length kept): it and the
+        // rest are listed again, and the result is still whole.
+        let mut bytes = std::fs::read(&rows).expect("rows");
+        let first_input_rows = 2 * (4 + 2 + 8 + 8 + 8);
+        bytes[first_input_rows..first_input_rows + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        std::fs::write(&rows, &bytes).expect("write");
+        assert_eq!(list(&dir, &inputs), (1, want.clone()));
+        // The spool cut inside the second input's payloads (the first's
+        // are its 4 bytes): only the first is reused.
+        let spool = dir.join(SPOOL_FILE);
+        std::fs::File::options()
+            .write(true)
+            .open(&spool)
+            .expect("open")
+            .set_len(5)
+            .expect("cut");
+        assert_eq!(list(&dir, &inputs), (1, want.clone()));
+        // A journal that is not JSON, or of another import: nothing reused.
+        std::fs::write(dir.join(JOURNAL_FILE), b"{not json").expect("write");
+        assert_eq!(list(&dir, &inputs), (0, want.clone()));
+        let other = ListingOptions {
+            dir: Some(dir.clone()),
+            on_input: None,
+        };
+        drop(Listing::new(&dir, &other, 3, "another").expect("listing"));
+        assert_eq!(list(&dir, &inputs), (0, want.clone()));
+        // An input changed since: it and those after it are listed again.
+        assert_eq!(list(&dir, &inputs), (3, want.clone()));
+        std::fs::write(&inputs[1].0, "changed, and longer").expect("write");
+        assert_eq!(list(&dir, &inputs), (1, want));
+    }
+
+    #[test]
+    fn a_second_listing_of_one_directory_is_refused_while_the_first_is_open() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let options = ListingOptions {
+            dir: Some(t.path().join("listing")),
+            on_input: None,
+        };
+        let first = Listing::new(t.path(), &options, 1, "test").expect("first");
+        let Err(e) = Listing::new(t.path(), &options, 1, "test") else {
+            panic!("a second listing of the same directory")
+        };
+        assert!(
+            e.to_string().contains("another pack into the same output is running"),
+            "{e}"
+        );
+        drop(first);
+        Listing::new(t.path(), &options, 1, "test").expect("free again");
     }
 }
