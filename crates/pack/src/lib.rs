@@ -144,8 +144,9 @@ impl Drop for TempDir {
     }
 }
 
-/// `.NAME.packing-PID` beside `out` and `out`'s parent.
-fn temp_name(out: &Path) -> Result<(PathBuf, String)> {
+/// `out`'s parent directory and the name of a hidden entry there for
+/// `out` (`.NAME.WHAT`): where a pack keeps its work beside its output.
+pub(crate) fn beside(out: &Path, what: &str) -> Result<(PathBuf, String)> {
     let name = out
         .file_name()
         .ok_or_else(|| Error::config(format!("{}: output must name a directory", out.display())))?;
@@ -153,7 +154,12 @@ fn temp_name(out: &Path) -> Result<(PathBuf, String)> {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    Ok((parent, format!(".{}.packing-", name.to_string_lossy())))
+    Ok((parent, format!(".{}.{what}", name.to_string_lossy())))
+}
+
+/// `.NAME.packing-PID` beside `out` and `out`'s parent.
+fn temp_name(out: &Path) -> Result<(PathBuf, String)> {
+    beside(out, "packing-")
 }
 
 fn temp_dir_for(out: &Path) -> Result<TempDir> {

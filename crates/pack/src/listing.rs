@@ -612,14 +612,8 @@ fn read_state(dir: &Path, what: &str) -> JournalState {
 
 /// `.NAME.listing` beside `out`: where a pack into `out` keeps its listing.
 pub fn dir_for(out: &Path) -> Result<PathBuf> {
-    let name = out
-        .file_name()
-        .ok_or_else(|| Error::config(format!("{}: output must name a directory", out.display())))?;
-    let parent = match out.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    Ok(parent.join(format!(".{}.listing", name.to_string_lossy())))
+    let (parent, name) = crate::beside(out, "listing")?;
+    Ok(parent.join(name))
 }
 
 /// How many inputs the listing directory `dir` holds durably (0 for none).
