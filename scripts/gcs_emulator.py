@@ -121,6 +121,8 @@ class Handler(emu.RequestHandler):
         bucket, name, query = target
         try:
             getattr(self, "xml_" + self.command.lower())(bucket, name, query)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client left (a GET it no longer needs): nobody to answer
         except Exception as e:  # a shim bug shows as a 500 naming it, never a hang
             logging.exception("shim")
             self._error(500, "InternalError", repr(e))
@@ -222,9 +224,13 @@ class Handler(emu.RequestHandler):
             if upload is None:
                 return self._error(404, "NoSuchUpload", "The specified upload does not exist.")
             parts = upload[2]
-            listed = [int(p.findtext("PartNumber")) for p in ET.fromstring(self._body()).iter("Part")]
-            if not listed or listed != sorted(listed) or any(n not in parts for n in listed):
+            listed = [(int(p.findtext("PartNumber")), p.findtext("ETag"))
+                      for p in ET.fromstring(self._body()).iter("Part")]
+            numbers = [n for n, _ in listed]
+            if not listed or numbers != sorted(numbers) or any(
+                    n not in parts or tag != '"%s"' % hashlib.md5(parts[n]).hexdigest() for n, tag in listed):
                 return self._error(400, "InvalidPart", "parts %s, uploaded %s" % (listed, sorted(parts)))
+            listed = numbers
             data = b"".join(parts[n] for n in listed)
             obj = emu_objects._make_object_resource(
                 "http://%s:%d" % self.server.server_address, bucket, name, "application/octet-stream", str(len(data)))
