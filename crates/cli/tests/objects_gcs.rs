@@ -73,7 +73,11 @@ impl Emulator {
         if !line.starts_with("listening on") {
             let _ = child.kill();
             let status = child.wait();
-            panic!("the GCS emulator ({python:?}) did not start within {START_LIMIT:?}: {line:?}, {status:?}");
+            panic!(
+                "the GCS emulator ({python:?} {}) did not say it listens within {START_LIMIT:?} \
+                 (its first line: {line:?}; {status:?}; its stderr is above)",
+                script.display()
+            );
         }
         let tmp = tempfile::tempdir().expect("tempdir");
         Some(Emulator { child, port, tmp })
