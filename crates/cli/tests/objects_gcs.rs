@@ -26,6 +26,8 @@ const SAMPLES: u64 = 300;
 /// How long the emulator may take to start, and one request to answer.
 const START_LIMIT: Duration = Duration::from_secs(30);
 const REQUEST_LIMIT: Duration = Duration::from_secs(30);
+/// How long a refused command may take (the S3 tests allow 20 s).
+const FAIL_LIMIT: Duration = Duration::from_secs(20);
 
 /// The emulator, killed on drop, and a scratch directory.
 struct Emulator {
@@ -174,12 +176,16 @@ impl Emulator {
         out
     }
 
-    /// A command that must fail cleanly: exit 1, no panic. Returns stderr.
+    /// A command that must fail cleanly and soon: exit 1, no panic, within
+    /// `FAIL_LIMIT`. Returns stderr.
     fn fails(&self, cmd: &mut Command) -> String {
+        let start = std::time::Instant::now();
         let out = cmd.output().expect("run brand");
+        let took = start.elapsed();
         let err = stderr(&out);
         assert_eq!(out.status.code(), Some(1), "{cmd:?}: {err}");
         assert!(!err.contains("panicked"), "{err}");
+        assert!(took < FAIL_LIMIT, "{cmd:?} took {took:?}: {err}");
         err
     }
 }
