@@ -49,8 +49,11 @@ lint:
 	cargo fmt --manifest-path fuzz/Cargo.toml --check
 	cargo clippy --locked --manifest-path fuzz/Cargo.toml --all-targets -- -D warnings
 
+# The gs:// tests (crates/cli/tests/objects_gcs.rs) run a GCS emulator with the python of
+# scripts/gcs-emulator.sh (gcp-storage-emulator from PyPI in a venv outside the repo).
 rust-test:
-	cargo test --workspace --locked
+	gcs_python=$$(scripts/gcs-emulator.sh)
+	BRAND_GCS_PYTHON=$$gcs_python cargo test --workspace --locked
 
 # Tests against real TensorFlow, all in tf-op/tests (the venv lives outside the repo, see
 # scripts/tf-venv.sh; tf-op/test.sh): the brand wheel built and installed there, brand.tf's op

@@ -13,7 +13,11 @@
 //!   R2, s3s): requests are path-style; a plain-HTTP endpoint needs
 //!   `AWS_ALLOW_HTTP=true`.
 //! * GCS: `GOOGLE_SERVICE_ACCOUNT`/`GOOGLE_APPLICATION_CREDENTIALS`, else the
-//!   metadata server. Azure: `AZURE_STORAGE_ACCOUNT_NAME` with a key, SAS,
+//!   metadata server. An emulator: `STORAGE_EMULATOR_HOST` (`host:port` or
+//!   a URL, as Google's client libraries take it; requests unsigned), or
+//!   `GOOGLE_BASE_URL` with credentials as above (plain HTTP needs
+//!   `GOOGLE_ALLOW_HTTP=true`). The server must speak GCS's XML API, which
+//!   object_store uses. Azure: `AZURE_STORAGE_ACCOUNT_NAME` with a key, SAS,
 //!   client secret, workload or managed identity.
 //!
 //! object_store's own retries are off (brand's [`get`](crate::get) retries,
@@ -157,12 +161,58 @@ fn build(url: &ObjectUrl, stall: Duration, retries: RetryConfig) -> std::result:
                     .map_err(clean)?,
             )
         }
-        // The same for GCS and Azure: their builders from the environment,
-        // the client settings over them (the builders share no trait).
-        Scheme::Gcs => from_env!(
-            object_store::gcp::GoogleCloudStorageBuilder,
-            object_store::gcp::GoogleConfigKey
-        ),
+        Scheme::Gcs => {
+            use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey as K};
+            let mut b = GoogleCloudStorageBuilder::from_env();
+            let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+            match (env("GOOGLE_BASE_URL"), env("STORAGE_EMULATOR_HOST")) {
+                // Google's own client libraries send an emulator's requests,
+                // unsigned, to STORAGE_EMULATOR_HOST; so does brand, unless
+                // GOOGLE_BASE_URL names the server itself.
+                (None, Some(host)) => {
+                    let base = if host.contains("://") {
+                        host
+                    } else {
+                        format!("http://{host}")
+                    };
+                    b = b
+                        .with_config(K::BaseUrl, base.trim_end_matches('/'))
+                        .with_config(K::SkipSignature, "true");
+                }
+                // object_store allows plain HTTP for GCS by default; a bearer
+                // token must not cross it unasked, as S3's keys do not.
+                (Some(base), _)
+                    if base.to_ascii_lowercase().starts_with("http://")
+                        && !env("GOOGLE_ALLOW_HTTP").is_some_and(|v| v.eq_ignore_ascii_case("true")) =>
+                {
+                    return Err(format!(
+                        "the endpoint {} is plain HTTP; set GOOGLE_ALLOW_HTTP=true to allow it",
+                        redact(&base)
+                    ));
+                }
+                _ => {}
+            }
+            if b.get_config_value(&K::SkipSignature)
+                .is_some_and(|v| v.eq_ignore_ascii_case("true"))
+            {
+                // object_store 0.14 skips the signature on GETs, HEADs,
+                // listings and DELETEs but still asks the metadata server for
+                // a token to PUT with: an empty one, as `disable_oauth` gives.
+                b = b.with_credentials(Arc::new(object_store::StaticCredentialProvider::new(
+                    object_store::gcp::GcpCredential { bearer: String::new() },
+                )));
+            }
+            for (k, v) in client {
+                b = b.with_config(K::Client(k), v);
+            }
+            Arc::new(
+                b.with_url(url.root.clone())
+                    .with_retry(retries.clone())
+                    .build()
+                    .map_err(clean)?,
+            )
+        }
+        // Azure: its builder from the environment, the client settings over it.
         Scheme::Azure => from_env!(
             object_store::azure::MicrosoftAzureBuilder,
             object_store::azure::AzureConfigKey
