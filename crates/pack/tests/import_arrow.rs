@@ -342,6 +342,7 @@ fn options(field: Option<&str>, label: Option<&str>) -> ArrowOptions {
     ArrowOptions {
         field: field.map(str::to_string),
         label: label.map(str::to_string),
+        ..ArrowOptions::default()
     }
 }
 
