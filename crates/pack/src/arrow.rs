@@ -12,15 +12,15 @@
 //! column's validity and value-offset buffers and the label column's
 //! values; each sample's bytes stay where they are, and `read` is one
 //! positioned read at (file, offset, length) — no spool, no copy.
+//! Compressed bodies (LZ4_FRAME or ZSTD `BodyCompression`) are refused with
+//! a named error: `datasets` never writes them, and a spool would be a copy
+//! of the dataset.
 //!
 //! An input may be an object in a store, or a prefix of them
 //! ([`crate::input`]): `.arrow` objects, or a `save_to_disk` layout.
 //! Reading in place needs random access, so each object is fetched first,
 //! whole and in order, into the spool (an anonymous file in the directory
 //! the caller names, gone when the source is dropped), and read there.
-//! Compressed bodies (LZ4_FRAME or ZSTD `BodyCompression`) are refused with
-//! a named error: `datasets` never writes them, and a spool would be a copy
-//! of the dataset.
 //!
 //! The flatbuffer metadata is parsed here, every offset bounds-checked
 //! (the `arrow-ipc` crate would bring arrow-array/-buffer/-data/-schema and
