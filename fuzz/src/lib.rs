@@ -346,6 +346,7 @@ pub fn arrow(data: &[u8]) {
     let options = ArrowOptions {
         field: (choice & 1 == 1).then(|| "image".to_string()),
         label: (choice & 2 == 2).then(|| "label".to_string()),
+        ..ArrowOptions::default()
     };
     if let Ok(src) = ArrowSource::open(std::slice::from_ref(&path), &options) {
         for i in 0..src.len().min(1000) {

@@ -55,10 +55,11 @@ def pack(
     """Packs ``inputs`` into the dataset ``out``, as ``brand pack`` does (the
     same options, the same bytes for the same inputs and seed).
 
-    ``inputs``: one path, or several for ``source="tfrecord"``, ``"tar"`` and
-    ``"parquet"``; for ``"tar"``, ``"mds"`` and ``"parquet"`` a URL too
-    (``s3://bucket/shards/``: an object, or a prefix listed as a directory),
-    each object read once, in order, by large ranged GETs.
+    ``inputs``: one path, or several for ``source="tfrecord"``, ``"tar"``,
+    ``"parquet"`` and ``"arrow"``; for ``"tar"``, ``"mds"``, ``"parquet"`` and
+    ``"arrow"`` a URL too (``s3://bucket/shards/``: an object, or a prefix
+    listed as a directory), each object read once, in order, by large ranged
+    GETs.
     ``out``: the dataset directory to create, or a URL (``s3://bucket/prefix``,
     ``gs://…``, ``az://…``): packed in ``staging`` (default: the system's
     temporary directory), then uploaded.

@@ -1,4 +1,4 @@
-//! `brand pack --from tar|mds|parquet s3://…`: inputs in object storage,
+//! `brand pack --from tar|mds|parquet|arrow s3://…`: inputs in object storage,
 //! read from a real S3 server (tools/s3-server on 127.0.0.1, SigV4 on, the
 //! objects uploaded through the S3 API) by `brand` processes configured the
 //! way users configure them (`AWS_ENDPOINT_URL`, keys in the environment).
@@ -7,6 +7,8 @@
 //! counts the requests: each object is HEADed (s3s-fs lists no entity tags;
 //! S3 does, and then there is no HEAD) and read by GETs of 8 MiB.
 
+#[path = "../../pack/tests/arrow_ipc/mod.rs"]
+mod arrow_ipc;
 mod common;
 
 use std::path::{Path, PathBuf};
@@ -513,6 +515,134 @@ fn parquet_files_pack_from_a_prefix_as_from_their_directory() {
     let err = store.fails(&strs(&pack("s3://bkt/hub", &out)), &out);
     assert!(
         err.contains("s3://bkt/hub") && err.contains("no .parquet objects under the prefix"),
+        "{err}"
+    );
+}
+
+/// The manifest's class names.
+fn label_names(ds: &Path) -> Vec<String> {
+    let m = brand_format::manifest::Manifest::load(&ds.join("manifest.toml")).expect("manifest");
+    m.label_names
+}
+
+#[test]
+fn arrow_save_to_disk_and_a_prefix_of_arrow_files_pack_as_their_directories() {
+    use arrow_ipc::{NAMES, file_format, hf_stream, rows, save_to_disk};
+    let store = Store::new();
+    let t = &store.root;
+    // state.json lists 00001 first; class names only in dataset_info.json.
+    let hf = t.join("hf/train");
+    save_to_disk(
+        &hf,
+        &[
+            ("data-00001-of-00002.arrow", rows(1, 23)),
+            ("data-00000-of-00002.arrow", rows(0, 30)),
+        ],
+        false,
+    );
+    store.put_dir(&t.join("hf"), "hf");
+    // Plain .arrow files (stream and file format), and what a listing
+    // skips: another extension, a hidden file, a file one level down.
+    let plain = t.join("plain");
+    std::fs::create_dir_all(plain.join("sub")).expect("mkdir");
+    std::fs::write(plain.join("a.arrow"), hf_stream(&rows(2, 17), 5, Some(&NAMES))).expect("write");
+    std::fs::write(
+        plain.join("b.arrow"),
+        file_format(&hf_stream(&rows(3, 9), 4, Some(&NAMES))),
+    )
+    .expect("write");
+    std::fs::write(plain.join("README.txt"), "not arrow").expect("write");
+    std::fs::write(plain.join(".c.arrow"), "hidden").expect("write");
+    std::fs::write(plain.join("sub/d.arrow"), "below").expect("write");
+    store.put_dir(&plain, "plain");
+    let pack = |input: &str, out: &Path| {
+        vec![
+            "pack".to_string(),
+            "--from".into(),
+            "arrow".into(),
+            input.into(),
+            "--field".into(),
+            "image".into(),
+            "--label".into(),
+            "label".into(),
+            "-o".into(),
+            s(out).into(),
+            "--chunk-size".into(),
+            "8".into(),
+        ]
+    };
+    for (dir, urls) in [
+        (&hf, ["s3://bkt/hf/train", "s3://bkt/hf/train/"]),
+        (&plain, ["s3://bkt/plain", "s3://bkt/plain/"]),
+    ] {
+        let local = t.join(format!(
+            "local-{}",
+            dir.file_name().and_then(|n| n.to_str()).expect("name")
+        ));
+        ok(&strs(&pack(s(dir), &local)));
+        assert_eq!(label_names(&local), NAMES);
+        for (i, url) in urls.iter().enumerate() {
+            let out = t.join(format!("{}-{i}", s(&local)));
+            store.server.reset_stats();
+            store.ok(&strs(&pack(url, &out)));
+            assert_same_dataset(&local, &out);
+            assert_eq!(label_names(&out), NAMES, "{url}");
+            assert_eq!(provenance_inputs(&out), [url.to_string()]);
+            let stats = store.server.stats();
+            eprintln!("{url}: {stats:?}");
+            // One listing; the two data files (and state.json and
+            // dataset_info.json) each one GET.
+            let gets = if dir == &hf { 4 } else { 2 };
+            assert_eq!((stats.list_requests, stats.get_requests), (1, gets), "{url}: {stats:?}");
+        }
+    }
+    // One object by its URL, beside a local file: the same as both local.
+    let (local, remote) = (t.join("local-two"), t.join("remote-two"));
+    let mut args = pack(s(&plain.join("b.arrow")), &local);
+    args.insert(3, s(&plain.join("a.arrow")).into());
+    ok(&strs(&args));
+    let mut args = pack("s3://bkt/plain/b.arrow", &remote);
+    args.insert(3, s(&plain.join("a.arrow")).into());
+    store.ok(&strs(&args));
+    assert_same_dataset(&local, &remote);
+
+    // A missing prefix, one without .arrow files, a data file missing, a
+    // DatasetDict: named errors, nothing left.
+    let out = t.join("none");
+    let err = store.fails(&strs(&pack("s3://bkt/nothing/here", &out)), &out);
+    assert!(
+        err.contains("s3://bkt/nothing/here") && err.contains("nothing under this prefix"),
+        "{err}"
+    );
+    store.put("other/notes.txt", b"no arrow here".to_vec());
+    let err = store.fails(&strs(&pack("s3://bkt/other", &out)), &out);
+    assert!(
+        err.contains("s3://bkt/other") && err.contains("no .arrow objects under the prefix (and no state.json)"),
+        "{err}"
+    );
+    store.put("dict/dataset_dict.json", br#"{"splits": ["train", "test"]}"#.to_vec());
+    let err = store.fails(&strs(&pack("s3://bkt/dict/", &out)), &out);
+    assert!(
+        err.contains("s3://bkt/dict/dataset_dict.json")
+            && err.contains("DatasetDict of splits [train, test]")
+            && err.contains("s3://bkt/dict/train"),
+        "{err}"
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    use object_store::ObjectStoreExt;
+    rt.block_on(
+        store
+            .client()
+            .delete(&object_store::path::Path::from("hf/train/data-00000-of-00002.arrow")),
+    )
+    .expect("delete");
+    let err = store.fails(&strs(&pack("s3://bkt/hf/train", &out)), &out);
+    assert!(
+        err.contains("s3://bkt/hf/train/state.json")
+            && err.contains("s3://bkt/hf/train/data-00000-of-00002.arrow, which does not exist"),
         "{err}"
     );
 }

@@ -16,6 +16,12 @@
 //! a named error: `datasets` never writes them, and a spool would be a copy
 //! of the dataset.
 //!
+//! An input may be an object in a store, or a prefix of them
+//! ([`crate::input`]): `.arrow` objects, or a `save_to_disk` layout.
+//! Reading in place needs random access, so each object is fetched first,
+//! whole and in order, into the spool (an anonymous file in the directory
+//! the caller names, gone when the source is dropped), and read there.
+//!
 //! The flatbuffer metadata is parsed here, every offset bounds-checked
 //! (the `arrow-ipc` crate would bring arrow-array/-buffer/-data/-schema and
 //! their build time for the few tables read here). Nothing read from a file
@@ -23,13 +29,15 @@
 //! the file, node lengths against the batch, value offsets for order.
 
 use std::borrow::Cow;
-use std::fs::{self, File};
+use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+use std::rc::Rc;
 
 use serde::Deserialize;
 
+use super::input::{self, Given, InputDir};
 use super::source::{Entries, Ints, PayloadFile, Payloads, Source};
 use brand_format::error::{Error, IoContext, Result};
 
@@ -49,6 +57,9 @@ pub struct ArrowOptions {
     pub field: Option<String>,
     /// The label column (an integer column); None: no label (-1).
     pub label: Option<String>,
+    /// Where objects are fetched to (an anonymous file, gone when the
+    /// source is dropped); unused for local files.
+    pub spool_dir: PathBuf,
 }
 
 /// The rows of one or more Arrow IPC files, in file order and then row
@@ -61,17 +72,18 @@ pub struct ArrowSource {
 }
 
 /// One file to read and the name its keys carry.
-struct Input {
-    path: PathBuf,
+struct ArrowInput {
+    input: input::Input,
     name: String,
-    /// The `dataset_info.json` beside it, if any.
-    info: Option<PathBuf>,
+    /// The `dataset_info.json` beside it, if any: its bytes.
+    info: Option<Rc<Vec<u8>>>,
 }
 
 impl ArrowSource {
     /// Lists the rows of `paths`: `.arrow` files, `save_to_disk`
     /// directories (files in `state.json` order), or directories whose
-    /// `.arrow` files are taken in name order.
+    /// `.arrow` files are taken in name order; URLs of such objects or
+    /// prefixes (fetched to the spool first).
     pub fn open(paths: &[PathBuf], options: &ArrowOptions) -> Result<Self> {
         let Some(first_input) = paths.first() else {
             return Err(Error::config("no Arrow input given"));
@@ -83,15 +95,17 @@ impl ArrowSource {
             offsets: Vec::new(),
             lens: Ints::default(),
             label_names: None,
+            spool: None,
+            spool_len: 0,
         };
         let mut files = Vec::with_capacity(inputs.len());
         for input in &inputs {
             let first = scan.offsets.len();
             scan.file(input)?;
             files.push(PayloadFile {
-                path: input.path.clone(),
+                path: input.input.path().to_path_buf(),
                 first,
-                spooled: false,
+                spooled: input.input.object().is_some(),
             });
         }
         if scan.offsets.is_empty() {
@@ -106,7 +120,7 @@ impl ArrowSource {
             entries: scan.entries,
             offsets: scan.offsets,
             lens: scan.lens,
-            spool: None,
+            spool: scan.spool,
             noun: "row",
             format: "Arrow",
         };
@@ -166,100 +180,98 @@ struct DatasetDictJson {
 
 /// Files to read: each file as given; a `save_to_disk` directory's files in
 /// `state.json` order; another directory's `.arrow` files (not hidden) by
-/// name. A `DatasetDict` directory is refused, naming its splits.
-fn expand_inputs(paths: &[PathBuf]) -> Result<Vec<Input>> {
+/// name. A `DatasetDict` directory is refused, naming its splits. Prefixes
+/// are directories here ([`input::given`]).
+fn expand_inputs(paths: &[PathBuf]) -> Result<Vec<ArrowInput>> {
     let mut files = Vec::new();
-    for path in paths {
-        if !fs::metadata(path).at(path)?.is_dir() {
-            let name = path
-                .file_name()
-                .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-            files.push(Input {
-                path: path.clone(),
-                name,
-                info: None,
-            });
-            continue;
-        }
-        let dict = path.join("dataset_dict.json");
-        if dict.is_file() {
-            let text = fs::read(&dict).at(&dict)?;
-            let splits = serde_json::from_slice::<DatasetDictJson>(&text)
+    for given in input::given(paths)? {
+        let dir = match given {
+            Given::File(file) => {
+                let name = String::from_utf8_lossy(&file.file_name()).into_owned();
+                files.push(ArrowInput {
+                    input: file,
+                    name,
+                    info: None,
+                });
+                continue;
+            }
+            Given::Dir(dir) => dir,
+        };
+        if let Some(dict) = small_file(&dir, "dataset_dict.json")? {
+            let splits = serde_json::from_slice::<DatasetDictJson>(&dict.1)
                 .map(|d| d.splits)
                 .unwrap_or_default();
             let example = splits.first().map_or("train", String::as_str);
             return Err(Error::input(
-                &dict,
+                dict.0.path(),
                 "dataset_dict.json",
                 format!(
                     "a DatasetDict of splits [{}]: pack one split, naming its directory (e.g. {})",
                     splits.join(", "),
-                    path.join(example).display()
+                    dir.path().join(example).display()
                 ),
             ));
         }
-        let info = Some(path.join("dataset_info.json")).filter(|p| p.is_file());
-        let state = path.join("state.json");
-        if state.is_file() {
-            let text = fs::read(&state).at(&state)?;
+        let info = small_file(&dir, "dataset_info.json")?.map(|(_, bytes)| Rc::new(bytes));
+        if let Some((state, text)) = small_file(&dir, "state.json")? {
+            let state = state.path();
             let parsed: StateJson = serde_json::from_slice(&text).map_err(|e| {
                 Error::input(
-                    &state,
+                    state,
                     "state.json",
                     format!("not a datasets state.json (malformed JSON or no _data_files): {e}"),
                 )
             })?;
             if parsed.data_files.is_empty() {
-                return Err(Error::input(&state, "state.json", "_data_files lists no file"));
+                return Err(Error::input(state, "state.json", "_data_files lists no file"));
             }
             for (k, data_file) in parsed.data_files.into_iter().enumerate() {
-                let file = crate::input::InputDir::Local(path.to_path_buf())
-                    .show(&data_file.filename)
-                    .map_err(|what| Error::input(&state, format!("_data_files[{k}]"), what))?;
-                files.push(Input {
-                    path: file,
+                let at = format!("_data_files[{k}]");
+                let listed = dir
+                    .file(&data_file.filename)
+                    .map_err(|what| Error::input(state, at.as_str(), what))?;
+                let Some(file) = listed else {
+                    let missing = dir.show(&data_file.filename).unwrap_or_default();
+                    return Err(Error::input(
+                        state,
+                        at,
+                        format!("lists {}, which does not exist", missing.display()),
+                    ));
+                };
+                files.push(ArrowInput {
+                    input: file,
                     name: data_file.filename,
                     info: info.clone(),
                 });
             }
             continue;
         }
-        let mut in_dir = Vec::new();
-        for dir_entry in fs::read_dir(path).at(path)? {
-            let file = dir_entry.at(path)?.path();
-            let name = file
-                .file_name()
-                .map_or(&[][..], |n| n.as_encoded_bytes())
-                .to_ascii_lowercase();
-            if name.ends_with(b".arrow") && !name.starts_with(b".") && fs::metadata(&file).at(&file)?.is_file() {
-                in_dir.push(file);
-            }
-        }
-        in_dir.sort_by(|a, b| a.file_name().cmp(&b.file_name()));
+        let in_dir = dir.files(|name| name.ends_with(b".arrow"))?;
         if in_dir.is_empty() {
-            return Err(Error::input(
-                path,
-                "listing",
-                "no .arrow files (and no state.json) in the directory",
-            ));
+            return Err(dir.none_of(".arrow", " (and no state.json)"));
         }
-        files.extend(in_dir.into_iter().map(|file| {
-            Input {
-                name: file
-                    .file_name()
-                    .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
-                path: file,
-                info: info.clone(),
-            }
+        files.extend(in_dir.into_iter().map(|file| ArrowInput {
+            name: String::from_utf8_lossy(&file.file_name()).into_owned(),
+            input: file,
+            info: info.clone(),
         }));
     }
     Ok(files)
 }
 
+/// The file `name` of `dir`, if there is one, and its bytes (a small JSON
+/// file: `state.json`, `dataset_info.json`).
+fn small_file(dir: &InputDir, name: &str) -> Result<Option<(input::Input, Vec<u8>)>> {
+    let Some(file) = dir.file(name).map_err(|what| Error::input(dir.path(), name, what))? else {
+        return Ok(None);
+    };
+    let bytes = file.read_all()?;
+    Ok(Some((file, bytes)))
+}
+
 /// Class names of `label` in a `dataset_info.json` (`features.<label>.names`).
-fn dataset_info_class_names(info: &Path, label: &str) -> Option<Vec<String>> {
-    let text = fs::read(info).ok()?;
-    let json: serde_json::Value = serde_json::from_slice(&text).ok()?;
+fn dataset_info_class_names(info: &[u8], label: &str) -> Option<Vec<String>> {
+    let json: serde_json::Value = serde_json::from_slice(info).ok()?;
     let names = json.get("features")?.get(label)?.get("names")?.as_array()?;
     names.iter().map(|n| n.as_str().map(str::to_string)).collect()
 }
@@ -706,12 +718,17 @@ struct Scan<'a> {
     lens: Ints,
     /// Class names from the first file (None: not seen yet).
     label_names: Option<Vec<String>>,
+    /// The objects fetched so far, one after another (None: none yet).
+    spool: Option<File>,
+    spool_len: u64,
 }
 
-/// Reads one file's messages.
+/// Reads one file's messages: a local file, or an object's bytes in the
+/// spool from `base` on. Offsets are the file's own (errors name them).
 struct FileReader<'a> {
-    file: File,
-    path: &'a Path,
+    file: &'a File,
+    base: u64,
+    path: &'a std::path::Path,
     pos: u64,
     /// Where the messages end (the file's end, or a file format's footer).
     end: u64,
@@ -728,7 +745,7 @@ impl FileReader<'_> {
         buf.try_reserve_exact(n)
             .map_err(|_| self.fail(at(), format!("cannot allocate {len} bytes")))?;
         buf.resize(n, 0);
-        self.file.read_exact_at(&mut buf, offset).map_err(|e| {
+        self.read_exact_at(&mut buf, offset).map_err(|e| {
             self.fail(
                 at(),
                 if e.kind() == io::ErrorKind::UnexpectedEof {
@@ -739,6 +756,14 @@ impl FileReader<'_> {
             )
         })?;
         Ok(buf)
+    }
+
+    /// `buf.len()` bytes at the file's byte `offset`.
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let at = offset
+            .checked_add(self.base)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::UnexpectedEof, "offset past the end"))?;
+        self.file.read_exact_at(buf, at)
     }
 
     /// The next message, or None at the end-of-stream marker (or, `eos`
@@ -818,19 +843,37 @@ impl FileReader<'_> {
 }
 
 impl Scan<'_> {
-    fn file(&mut self, input: &Input) -> Result<()> {
-        let path = input.path.as_path();
-        let file = File::open(path).at(path)?;
-        let file_len = file.metadata().at(path)?.len();
+    fn file(&mut self, input: &ArrowInput) -> Result<()> {
+        let path = input.input.path();
+        let (file, base, file_len) = match input.input.object() {
+            Some(object) => {
+                // Appended to the spool, whole and in order, and read there
+                // (through a second handle: the scan below borrows `self`).
+                let spool_dir = &self.options.spool_dir;
+                let spool = match &mut self.spool {
+                    Some(spool) => spool,
+                    None => self.spool.insert(tempfile::tempfile_in(spool_dir).at(spool_dir)?),
+                };
+                let base = self.spool_len;
+                let len = object.copy_to(spool, spool_dir)?;
+                self.spool_len += len;
+                (spool.try_clone().at(spool_dir)?, base, len)
+            }
+            None => {
+                let file = File::open(path).at(path)?;
+                let len = file.metadata().at(path)?.len();
+                (file, 0, len)
+            }
+        };
         let mut reader = FileReader {
-            file,
+            file: &file,
+            base,
             path,
             pos: 0,
             end: file_len,
         };
         let mut head = [0u8; 8];
-        let is_file_format =
-            file_len >= 8 && reader.file.read_exact_at(&mut head, 0).is_ok() && head.starts_with(b"ARROW1");
+        let is_file_format = file_len >= 8 && reader.read_exact_at(&mut head, 0).is_ok() && head.starts_with(b"ARROW1");
         if is_file_format {
             // Magic and padding, the stream, the footer, its length, magic.
             let tail = if file_len >= 18 {
@@ -917,7 +960,7 @@ impl Scan<'_> {
     }
 
     /// The file's columns and class names.
-    fn schema(&mut self, schema: Table<'_>, input: &Input) -> fb::Res<(Columns, Vec<String>)> {
+    fn schema(&mut self, schema: Table<'_>, input: &ArrowInput) -> fb::Res<(Columns, Vec<String>)> {
         if schema.i16(0, 0)? == 1 {
             return Err("a big-endian schema: brand reads little-endian Arrow files".into());
         }
@@ -937,7 +980,7 @@ impl Scan<'_> {
                 }
             }
             names = metadata
-                .and_then(|text| crate::parquet::huggingface_class_names(&text, label, &input.path))
+                .and_then(|text| crate::parquet::huggingface_class_names(&text, label, input.input.path()))
                 .or_else(|| {
                     input
                         .info
@@ -1190,7 +1233,7 @@ impl Scan<'_> {
                     ),
                 ));
             }
-            self.offsets.push(start);
+            self.offsets.push(reader.base + start);
             self.lens.push((end - start) as i64);
             self.entries.push(format!("{file_name}:{row}").as_bytes(), label);
         }

@@ -66,7 +66,7 @@ impl Format {
 
     /// Whether inputs may be objects in a store (`s3://…`; `crate::input`).
     fn reads_objects(self) -> bool {
-        matches!(self, Format::Tar | Format::Mds | Format::Parquet)
+        matches!(self, Format::Tar | Format::Mds | Format::Parquet | Format::Arrow)
     }
 
     /// Whether `--field` and `--label` mean something for the format.
@@ -118,7 +118,7 @@ impl ImportOptions {
 }
 
 /// The samples of `inputs` read as `format`. An input is a path, or for
-/// tar, mds and parquet a URL of an object or a prefix (`crate::input`).
+/// tar, mds, parquet and arrow a URL of an object or a prefix (`crate::input`).
 pub fn open(format: Format, inputs: &[PathBuf], opts: &ImportOptions) -> Result<Box<dyn Source>> {
     if !format.takes_field_and_label() && (opts.field.is_some() || opts.label.is_some()) {
         let takes: Vec<_> = Format::ALL
@@ -144,7 +144,7 @@ pub fn open(format: Format, inputs: &[PathBuf], opts: &ImportOptions) -> Result<
     let is_url = |p: &&PathBuf| matches!(brand_store::Location::of_path(p), Ok(brand_store::Location::Url(_)));
     if let Some(url) = inputs.iter().find(is_url).filter(|_| !format.reads_objects()) {
         return Err(Error::config(format!(
-            "--from {} reads local files, and {} is a URL (--from tar, mds and parquet read object storage)",
+            "--from {} reads local files, and {} is a URL (--from tar, mds, parquet and arrow read object storage)",
             format.name(),
             url.display()
         )));
@@ -194,6 +194,7 @@ pub fn open(format: Format, inputs: &[PathBuf], opts: &ImportOptions) -> Result<
             let arrow = crate::arrow::ArrowOptions {
                 field: opts.field.clone(),
                 label: opts.label.clone(),
+                spool_dir: opts.spool_dir.clone(),
             };
             Box::new(crate::arrow::ArrowSource::open(inputs, &arrow)?)
         }

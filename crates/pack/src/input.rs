@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
@@ -109,6 +109,38 @@ impl StoredObject {
     }
 }
 
+impl StoredObject {
+    /// Copies the whole object, read in order, to `out` (a file in
+    /// `out_dir`, as errors name it); returns the bytes copied.
+    pub fn copy_to(&self, out: &mut impl Write, out_dir: &Path) -> Result<u64> {
+        let mut reader = self.reader();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut copied = 0u64;
+        loop {
+            let n = match reader.read(&mut buf) {
+                Ok(0) => return Ok(copied),
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    return Err(Error::input(
+                        &self.url,
+                        format!("byte {copied}"),
+                        format!("reading: {e}"),
+                    ));
+                }
+            };
+            out.write_all(buf.get(..n).unwrap_or(&[])).map_err(|e| {
+                Error::input(
+                    &self.url,
+                    format!("byte {copied}"),
+                    format!("copying to an anonymous file in {}: {e}", out_dir.display()),
+                )
+            })?;
+            copied += n as u64;
+        }
+    }
+}
+
 /// Stores connected to so far, one per bucket.
 #[derive(Default)]
 struct Stores(Vec<(String, Arc<Objects>)>);
@@ -155,84 +187,87 @@ fn nothing_under(url: &ObjectUrl) -> Error {
     )
 }
 
+/// An input as given: a file (or object), or a directory (or prefix) of
+/// files.
+pub enum Given {
+    File(Input),
+    Dir(InputDir),
+}
+
+/// Each of `inputs` as given. A URL is a prefix if anything is under it
+/// (listed once, its objects directly under it), else the object of that
+/// name; one ending in `/` is only ever a prefix.
+pub fn given(inputs: &[PathBuf]) -> Result<Vec<Given>> {
+    let mut stores = Stores::default();
+    inputs.iter().map(|path| given_one(path, &mut stores)).collect()
+}
+
+fn given_one(path: &Path, stores: &mut Stores) -> Result<Given> {
+    let Some((url, prefix_only)) = url_of(path)? else {
+        return Ok(if fs::metadata(path).at(path)?.is_dir() {
+            Given::Dir(InputDir::Local(path.to_path_buf()))
+        } else {
+            Given::File(Input::File(path.to_path_buf()))
+        });
+    };
+    let objects = stores.of(&url)?;
+    // Plain HTTP(S) has no listing: a URL there names one object.
+    if url.scheme == brand_store::location::Scheme::Http {
+        if prefix_only {
+            return Err(Error::config(format!(
+                "{}: an http(s) URL names one object (HTTP servers list nothing; give each object's URL, or use the bucket's s3://, gs:// or az:// URL)",
+                path.display()
+            )));
+        }
+        return match objects.head(&url.prefix)? {
+            Some(info) => Ok(Given::File(object(&objects, info))),
+            None => Err(nothing_under(&url)),
+        };
+    }
+    // A prefix first (some servers answer a HEAD of a "directory" with
+    // 500), else the object of that name.
+    let (listed, prefixes) = objects.list(&url.prefix, false)?;
+    if listed.is_empty() && prefixes.is_empty() {
+        return match objects.head(&url.prefix)? {
+            Some(info) if !prefix_only => Ok(Given::File(object(&objects, info))),
+            _ => Err(nothing_under(&url)),
+        };
+    }
+    let listing = by_relative_key(&url.prefix, listed);
+    Ok(Given::Dir(InputDir::Prefix { objects, url, listing }))
+}
+
+/// Objects listed under `prefix`, by key relative to it.
+fn by_relative_key(prefix: &str, listed: Vec<ObjectInfo>) -> HashMap<String, ObjectInfo> {
+    let strip = if prefix.is_empty() {
+        String::new()
+    } else {
+        format!("{prefix}/")
+    };
+    listed
+        .into_iter()
+        .filter_map(|info| Some((info.key.strip_prefix(&strip)?.to_string(), info)))
+        .collect()
+}
+
 /// Each of `inputs` as given: a file, or a directory's files (not hidden,
 /// not in subdirectories) whose lower-cased names `keep` accepts, sorted by
 /// name; a URL is an object, or a prefix listed the same way. A directory
 /// or prefix with none is an error: "no {kinds} files in the
 /// directory{hint}".
 pub fn expand(inputs: &[PathBuf], keep: fn(&[u8]) -> bool, kinds: &str, hint: &str) -> Result<Vec<Input>> {
-    let mut stores = Stores::default();
     let mut files = Vec::new();
-    for path in inputs {
-        if let Some((url, prefix_only)) = url_of(path)? {
-            let objects = stores.of(&url)?;
-            // Plain HTTP(S) has no listing: a URL there names one object.
-            if url.scheme == brand_store::location::Scheme::Http {
-                if prefix_only {
-                    return Err(Error::config(format!(
-                        "{}: an http(s) URL names one object (HTTP servers list nothing; give each object's URL, or use the bucket's s3://, gs:// or az:// URL)",
-                        path.display()
-                    )));
+    for input in given(inputs)? {
+        match input {
+            Given::File(file) => files.push(file),
+            Given::Dir(dir) => {
+                let in_dir = dir.files(keep)?;
+                if in_dir.is_empty() {
+                    return Err(dir.none_of(kinds, hint));
                 }
-                match objects.head(&url.prefix)? {
-                    Some(info) => files.push(object(&objects, info)),
-                    None => return Err(nothing_under(&url)),
-                }
-                continue;
-            }
-            // A prefix first (some servers answer a HEAD of a "directory"
-            // with 500), else the object of that name.
-            let (listed, prefixes) = objects.list(&url.prefix, false)?;
-            if listed.is_empty() && prefixes.is_empty() {
-                match objects.head(&url.prefix)? {
-                    Some(info) if !prefix_only => files.push(object(&objects, info)),
-                    _ => return Err(nothing_under(&url)),
-                }
-                continue;
-            }
-            let before = files.len();
-            for info in listed {
-                let name = info.file_name().as_bytes().to_ascii_lowercase();
-                if keep(&name) && !name.starts_with(b".") {
-                    files.push(object(&objects, info));
-                }
-            }
-            // Sorted by file name as a directory's files are (the listing
-            // is by key, which under one prefix is the same order).
-            files[before..].sort_by_key(Input::file_name);
-            if files.len() == before {
-                return Err(Error::input(
-                    url.url(),
-                    "listing",
-                    format!("no {kinds} objects under the prefix{hint}"),
-                ));
-            }
-            continue;
-        }
-        if !fs::metadata(path).at(path)?.is_dir() {
-            files.push(Input::File(path.clone()));
-            continue;
-        }
-        let mut in_dir = Vec::new();
-        for dir_entry in fs::read_dir(path).at(path)? {
-            let file = dir_entry.at(path)?.path();
-            let name = file
-                .file_name()
-                .map_or(&[][..], |n| n.as_encoded_bytes())
-                .to_ascii_lowercase();
-            if keep(&name) && !name.starts_with(b".") && fs::metadata(&file).at(&file)?.is_file() {
-                in_dir.push(file);
+                files.extend(in_dir);
             }
         }
-        in_dir.sort_by(|a, b| a.file_name().cmp(&b.file_name()));
-        if in_dir.is_empty() {
-            return Err(Error::input(
-                path,
-                "listing",
-                format!("no {kinds} files in the directory{hint}"),
-            ));
-        }
-        files.extend(in_dir.into_iter().map(Input::File));
     }
     Ok(files)
 }
@@ -258,6 +293,55 @@ impl InputDir {
             InputDir::Local(_) => shown.is_file().then_some(Input::File(shown)),
             InputDir::Prefix { objects, listing, .. } => listing.get(name).map(|info| object(objects, info.clone())),
         })
+    }
+
+    /// What errors name: the directory, or the prefix's URL.
+    pub fn path(&self) -> PathBuf {
+        match self {
+            InputDir::Local(root) => root.clone(),
+            InputDir::Prefix { url, .. } => PathBuf::from(url.url()),
+        }
+    }
+
+    /// The files directly in the directory (not hidden, not in
+    /// subdirectories) whose lower-cased names `keep` accepts, sorted by
+    /// name (a listing is by key, which under one prefix is that order).
+    pub fn files(&self, keep: fn(&[u8]) -> bool) -> Result<Vec<Input>> {
+        let wanted = |name: &[u8]| {
+            let name = name.to_ascii_lowercase();
+            keep(&name) && !name.starts_with(b".")
+        };
+        let mut files = Vec::new();
+        match self {
+            InputDir::Local(root) => {
+                for dir_entry in fs::read_dir(root).at(root)? {
+                    let file = dir_entry.at(root)?.path();
+                    let name = file.file_name().map_or(&[][..], |n| n.as_encoded_bytes());
+                    if wanted(name) && fs::metadata(&file).at(&file)?.is_file() {
+                        files.push(Input::File(file));
+                    }
+                }
+            }
+            InputDir::Prefix { objects, listing, .. } => {
+                for (name, info) in listing {
+                    if !name.contains('/') && wanted(name.as_bytes()) {
+                        files.push(object(objects, info.clone()));
+                    }
+                }
+            }
+        }
+        files.sort_by_cached_key(Input::file_name);
+        Ok(files)
+    }
+
+    /// The error for a directory without the files wanted: "no {kinds}
+    /// files in the directory{hint}" (objects under the prefix).
+    pub fn none_of(&self, kinds: &str, hint: &str) -> Error {
+        let what = match self {
+            InputDir::Local(_) => format!("no {kinds} files in the directory{hint}"),
+            InputDir::Prefix { .. } => format!("no {kinds} objects under the prefix{hint}"),
+        };
+        Error::input(self.path(), "listing", what)
     }
 
     /// Where `name` is (a path, or a URL), refusing names that leave the
@@ -309,15 +393,7 @@ pub fn file_in_dir(input: &Path, file_name: &str) -> Result<(Input, InputDir)> {
         prefix: dir_prefix.clone(),
         ..url.clone()
     };
-    let strip = if dir_prefix.is_empty() {
-        String::new()
-    } else {
-        format!("{dir_prefix}/")
-    };
-    let listing: HashMap<String, ObjectInfo> = listed
-        .into_iter()
-        .filter_map(|info| Some((info.key.strip_prefix(&strip)?.to_string(), info)))
-        .collect();
+    let listing = by_relative_key(&dir_prefix, listed);
     let file = match named {
         Some(info) => info,
         None => listing.get(file_name).cloned().ok_or_else(|| {
