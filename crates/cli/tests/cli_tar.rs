@@ -9,26 +9,6 @@ use std::process::Output;
 mod common;
 use common::{brand, fails, hidden_entries, ok, s};
 
-/// A ustar archive of `(name, bytes)` members, with its end blocks.
-fn tar(members: &[(&str, &[u8])]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for (name, bytes) in members {
-        let mut block = [0u8; 512];
-        block[..name.len()].copy_from_slice(name.as_bytes());
-        block[124..136].copy_from_slice(format!("{:011o}\0", bytes.len()).as_bytes());
-        block[156] = b'0';
-        block[257..263].copy_from_slice(b"ustar\0");
-        block[148..156].fill(b' ');
-        let sum: u32 = block.iter().map(|&b| u32::from(b)).sum();
-        block[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
-        out.extend(block);
-        out.extend_from_slice(bytes);
-        out.resize(out.len().next_multiple_of(512), 0);
-    }
-    out.extend([0; 1024]);
-    out
-}
-
 /// A sample's key, label and payload.
 type Sample = (String, i64, Vec<u8>);
 
@@ -49,7 +29,7 @@ fn shard(first: usize, n: usize) -> (Vec<u8>, Vec<Sample>) {
         members.push((jpg, bytes));
         members.push((cls_name, cls.as_bytes()));
     }
-    (tar(&members), samples)
+    (common::ustar(&members), samples)
 }
 
 fn check_by_key(ds: &Path, want: &[Sample]) {
@@ -164,7 +144,7 @@ fn damaged_tars_and_wrong_flags_are_one_named_error_and_leave_nothing() {
         (good.clone(), &[], &["3 members (txt, jpg, cls)", "--field"]),
         // A label that is no integer.
         (
-            tar(&[("x.jpg", b"1"), ("x.cls", b"one")]),
+            common::ustar(&[("x.jpg", &b"1"[..]), ("x.cls", b"one")]),
             &["--field", "jpg", "--label", "cls"],
             &["sample \"x\"", "\"one\" is not an integer"],
         ),

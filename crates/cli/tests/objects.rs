@@ -694,21 +694,7 @@ fn a_dataset_at_an_http_url_reads_and_packs_without_credentials() {
         assert!(remote.stdout == local.stdout, "sample {id} differs");
     }
     // A tar object as a pack's input.
-    let mut tar = Vec::new();
-    for (name, body) in [("a.txt", &b"first"[..]), ("b.txt", b"second")] {
-        let mut block = [0u8; 512];
-        block[..name.len()].copy_from_slice(name.as_bytes());
-        block[124..136].copy_from_slice(format!("{:011o}\0", body.len()).as_bytes());
-        block[156] = b'0';
-        block[257..263].copy_from_slice(b"ustar\0");
-        block[148..156].fill(b' ');
-        let sum: u32 = block.iter().map(|&b| u32::from(b)).sum();
-        block[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
-        tar.extend(block);
-        tar.extend_from_slice(body);
-        tar.resize(tar.len().next_multiple_of(512), 0);
-    }
-    tar.extend([0; 1024]);
+    let tar = common::ustar(&[("a.txt", &b"first"[..]), ("b.txt", b"second")]);
     put_object(&f, "shards/one.tar", tar.clone());
     std::fs::write(f.root.join("one.tar"), &tar).expect("write");
     let from_url = f.root.join("from-url");

@@ -173,26 +173,6 @@ fn provenance_inputs(ds: &Path) -> Vec<String> {
     m.provenance.inputs
 }
 
-/// A ustar archive of `(name, bytes)` members, with its end blocks.
-fn tar(members: &[(String, Vec<u8>)]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for (name, bytes) in members {
-        let mut block = [0u8; 512];
-        block[..name.len()].copy_from_slice(name.as_bytes());
-        block[124..136].copy_from_slice(format!("{:011o}\0", bytes.len()).as_bytes());
-        block[156] = b'0';
-        block[257..263].copy_from_slice(b"ustar\0");
-        block[148..156].fill(b' ');
-        let sum: u32 = block.iter().map(|&b| u32::from(b)).sum();
-        block[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
-        out.extend(block);
-        out.extend_from_slice(bytes);
-        out.resize(out.len().next_multiple_of(512), 0);
-    }
-    out.extend([0; 1024]);
-    out
-}
-
 /// A WebDataset shard of samples `first..first + n` (`.txt`, `.jpg`, `.cls`
 /// each), payloads of `bytes` bytes and more.
 fn shard(first: usize, n: usize, bytes: usize) -> Vec<u8> {
@@ -204,7 +184,7 @@ fn shard(first: usize, n: usize, bytes: usize) -> Vec<u8> {
         members.push((format!("{key}.jpg"), payload));
         members.push((format!("{key}.cls"), (i % 7).to_string().into_bytes()));
     }
-    tar(&members)
+    common::ustar(&members)
 }
 
 fn gzip(bytes: &[u8]) -> Vec<u8> {

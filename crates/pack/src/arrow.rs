@@ -28,7 +28,6 @@
 //! is trusted: buffer offsets are checked against the body, bodies against
 //! the file, node lengths against the batch, value offsets for order.
 
-use std::borrow::Cow;
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -38,7 +37,7 @@ use std::rc::Rc;
 use serde::Deserialize;
 
 use super::input::{self, Given, InputDir};
-use super::source::{Entries, Ints, PayloadFile, Payloads, Source};
+use super::source::{Entries, Ints, Listed, ListedFormat, PayloadFile, Payloads};
 use brand_format::error::{Error, IoContext, Result};
 
 /// Deepest nesting of schema fields followed (a damaged schema cannot
@@ -62,14 +61,20 @@ pub struct ArrowOptions {
     pub spool_dir: PathBuf,
 }
 
+/// `--from arrow`'s samples ([`Listed`]).
+#[derive(Debug)]
+pub struct Arrow;
+
+impl ListedFormat for Arrow {
+    const KIND: &'static str = "arrow";
+    const NAME: &'static str = "Arrow";
+    const NOUN: &'static str = "row";
+}
+
 /// The rows of one or more Arrow IPC files, in file order and then row
 /// order. Per row: its key (`file:row`) and label in an arena, its payload's
-/// offset in its file and its length.
-#[derive(Debug)]
-pub struct ArrowSource {
-    payloads: Payloads,
-    label_names: Vec<String>,
-}
+/// offset in its file (or in the spool, for an object) and its length.
+pub type ArrowSource = Listed<Arrow>;
 
 /// One file to read and the name its keys carry.
 struct ArrowInput {
@@ -99,9 +104,15 @@ impl ArrowSource {
             spool_len: 0,
         };
         let mut files = Vec::with_capacity(inputs.len());
+        let mut inputs_identity = String::new();
         for input in &inputs {
             let first = scan.offsets.len();
             scan.file(input)?;
+            inputs_identity.push_str(&format!(
+                "{}\t{}\n",
+                input.input.path().display(),
+                input.input.identity()?
+            ));
             files.push(PayloadFile {
                 path: input.input.path().to_path_buf(),
                 first,
@@ -121,44 +132,16 @@ impl ArrowSource {
             offsets: scan.offsets,
             lens: scan.lens,
             spool: scan.spool,
-            noun: "row",
-            format: "Arrow",
+            noun: Arrow::NOUN,
+            format: Arrow::NAME,
         };
         payloads.shrink_to_fit();
-        Ok(ArrowSource {
+        Ok(Listed {
             payloads,
             label_names: scan.label_names.unwrap_or_default(),
+            inputs_identity,
+            format: std::marker::PhantomData,
         })
-    }
-}
-
-impl Source for ArrowSource {
-    fn kind(&self) -> &'static str {
-        "arrow"
-    }
-
-    fn len(&self) -> usize {
-        self.payloads.len()
-    }
-
-    fn key(&self, i: usize) -> Cow<'_, [u8]> {
-        self.payloads.key(i)
-    }
-
-    fn label(&self, i: usize) -> i64 {
-        self.payloads.label(i)
-    }
-
-    fn read(&self, i: usize) -> Result<Vec<u8>> {
-        self.payloads.read(i)
-    }
-
-    fn label_names(&self) -> Vec<String> {
-        self.label_names.clone()
-    }
-
-    fn listing_bytes(&self) -> usize {
-        self.payloads.heap_bytes()
     }
 }
 

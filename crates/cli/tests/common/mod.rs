@@ -94,3 +94,24 @@ pub fn addresses(n: usize) -> Vec<String> {
     }
     out
 }
+
+/// A ustar archive of `(name, bytes)` members, with its end blocks.
+pub fn ustar<N: AsRef<str>, B: AsRef<[u8]>>(members: &[(N, B)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, bytes) in members {
+        let (name, bytes) = (name.as_ref(), bytes.as_ref());
+        let mut block = [0u8; 512];
+        block[..name.len()].copy_from_slice(name.as_bytes());
+        block[124..136].copy_from_slice(format!("{:011o}\0", bytes.len()).as_bytes());
+        block[156] = b'0';
+        block[257..263].copy_from_slice(b"ustar\0");
+        block[148..156].fill(b' ');
+        let sum: u32 = block.iter().map(|&b| u32::from(b)).sum();
+        block[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+        out.extend(block);
+        out.extend_from_slice(bytes);
+        out.resize(out.len().next_multiple_of(512), 0);
+    }
+    out.extend([0; 1024]);
+    out
+}
