@@ -276,25 +276,7 @@ impl Scan<'_> {
                 // Fetched in order into an anonymous file, read from there.
                 let spool_dir = &self.options.spool_dir;
                 let mut local = tempfile::tempfile_in(spool_dir).at(spool_dir)?;
-                let mut reader = object.reader();
-                let mut buf = vec![0u8; 1 << 20];
-                let mut copied = 0u64;
-                loop {
-                    let n = match std::io::Read::read(&mut reader, &mut buf) {
-                        Ok(0) => break,
-                        Ok(n) => n,
-                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                        Err(e) => return Err(Error::input(path, format!("byte {copied}"), format!("reading: {e}"))),
-                    };
-                    local.write_all(&buf[..n]).map_err(|e| {
-                        Error::input(
-                            path,
-                            format!("byte {copied}"),
-                            format!("copying to an anonymous file in {}: {e}", spool_dir.display()),
-                        )
-                    })?;
-                    copied += n as u64;
-                }
+                object.copy_to(&mut local, spool_dir)?;
                 local
             }
             None => File::open(path).at(path)?,
