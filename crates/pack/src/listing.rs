@@ -181,9 +181,15 @@ impl Listing {
         let Some((record, rows)) = journal.reuse(input)? else {
             return Ok(None);
         };
-        // Checked whole before any of it is taken: rows that do not parse
-        // mean this input and the rest are listed again.
-        if let Err(what) = parse_rows(&rows, record.samples, |_, _, _, _| {}) {
+        // Checked whole before any of it is taken: rows that are not what
+        // was written, or do not parse, mean this input and the rest are
+        // listed again.
+        let checked = if crc32c::crc32c(&rows) == record.rows_crc {
+            parse_rows(&rows, record.samples, |_, _, _, _| {})
+        } else {
+            Err("its rows are damaged (checksum)".to_string())
+        };
+        if let Err(what) = checked {
             let journal = self
                 .journal
                 .as_mut()
@@ -208,7 +214,7 @@ impl Listing {
         });
         self.files_end = self.offsets.len();
         self.spool_len = record.spool_end;
-        self.heard(input, true)?;
+        self.heard(input, &record.identity, true);
         Ok(Some(record.state))
     }
 
@@ -223,7 +229,8 @@ impl Listing {
             first,
             spooled,
         });
-        self.heard(input, false)?;
+        let identity = input.identity()?;
+        self.heard(input, &identity, false);
         let Some(journal) = self.journal.as_mut() else {
             return Ok(());
         };
@@ -238,9 +245,10 @@ impl Listing {
         }
         let record = InputRecord {
             path: input.path().display().to_string(),
-            identity: input.identity()?,
+            identity,
             samples: (self.offsets.len() - first) as u64,
             rows_end: 0,
+            rows_crc: crc32c::crc32c(&rows),
             spool_end: self.spool_len,
             spooled,
             state,
@@ -252,9 +260,11 @@ impl Listing {
         Ok(())
     }
 
-    fn heard(&mut self, input: &Input, reused: bool) -> Result<()> {
+    /// Notes `input`'s identity (for [`Listed::inputs_identity`]) and tells
+    /// `on_input`.
+    fn heard(&mut self, input: &Input, identity: &str, reused: bool) {
         self.identities
-            .push_str(&format!("{}\t{}\n", input.path().display(), input.identity()?));
+            .push_str(&format!("{}\t{identity}\n", input.path().display()));
         if let Some(OnInput(f)) = &self.on_input {
             f(&InputListed {
                 path: input.path(),
@@ -264,7 +274,6 @@ impl Listing {
                 reused,
             });
         }
-        Ok(())
     }
 
     /// The finished listing: spool flushed (and, with a journal, every
@@ -345,6 +354,8 @@ struct InputRecord {
     samples: u64,
     /// Where its rows end in `rows` (they start where the previous input's end).
     rows_end: u64,
+    /// crc32c of its rows: rows damaged in place are not taken.
+    rows_crc: u32,
     /// The spool's length after it.
     spool_end: u64,
     spooled: bool,
@@ -733,6 +744,13 @@ mod tests {
             on_input: None,
         };
         drop(Listing::new(&dir, &other, 3, "another").expect("listing"));
+        assert_eq!(list(&dir, &inputs), (0, want.clone()));
+        // A label changed in place (the rows still parse): the checksum
+        // refuses them, and the first input on are listed again.
+        assert_eq!(list(&dir, &inputs), (3, want.clone()));
+        let mut bytes = std::fs::read(&rows).expect("rows");
+        bytes[4 + 2] ^= 1;
+        std::fs::write(&rows, &bytes).expect("write");
         assert_eq!(list(&dir, &inputs), (0, want.clone()));
         // An input changed since: it and those after it are listed again.
         assert_eq!(list(&dir, &inputs), (3, want.clone()));
