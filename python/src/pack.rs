@@ -281,10 +281,12 @@ pub fn _pack(
         &opts,
         progress.as_ref(),
     );
-    if let Some(dir) = &listing_dir
-        && (result.is_ok() || brand_pack::listing::inputs_kept(dir) == 0)
-    {
-        brand_pack::listing::remove(dir).map_err(to_py)?;
+    if let Some(dir) = &listing_dir {
+        let settled = brand_pack::listing::settle(dir, result.is_ok());
+        // A failed pack's own error is the one to raise.
+        if result.is_ok() {
+            settled.map_err(to_py)?;
+        }
     }
     result
 }

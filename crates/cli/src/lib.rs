@@ -495,14 +495,13 @@ fn partitioning(
 /// An unfinished pack's listing directory: kept, and said so, if it holds
 /// a finished input (the same command reuses it); else removed.
 fn keep_or_remove_listing(dir: &std::path::Path) {
-    match brand_pack::listing::inputs_kept(dir) {
-        0 => {
-            let _ = brand_pack::listing::remove(dir);
-        }
-        n => eprintln!(
+    match brand_pack::listing::settle(dir, false) {
+        Ok(0) => {}
+        Ok(n) => eprintln!(
             "brand: the listing of {n} input(s) is kept in {}: the same command reuses it (delete it to start over)",
             dir.display()
         ),
+        Err(e) => eprintln!("brand: {e}"),
     }
 }
 
@@ -518,7 +517,9 @@ fn pack_cmd(a: &PackArgs) -> brand_format::Result<ExitCode> {
     let result = pack_listed(a, listing_dir.clone());
     if let Some(dir) = &listing_dir {
         match &result {
-            Ok(_) => brand_pack::listing::remove(dir)?,
+            Ok(_) => {
+                brand_pack::listing::settle(dir, true)?;
+            }
             Err(_) => keep_or_remove_listing(dir),
         }
     }

@@ -628,20 +628,25 @@ pub fn dir_for(out: &Path) -> Result<PathBuf> {
 }
 
 /// How many inputs the listing directory `dir` holds durably (0 for none).
-pub fn inputs_kept(dir: &Path) -> usize {
+fn inputs_kept(dir: &Path) -> usize {
     std::fs::read(dir.join(JOURNAL_FILE))
         .ok()
         .and_then(|b| serde_json::from_slice::<JournalState>(&b).ok())
         .map_or(0, |s| s.inputs.len())
 }
 
-/// Removes a listing directory (after its pack is installed, or when it
-/// holds no finished input).
-pub fn remove(dir: &Path) -> Result<()> {
-    match std::fs::remove_dir_all(dir) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(dir, e)),
-        _ => Ok(()),
+/// Ends a pack's use of its listing directory: removed once the dataset
+/// is installed (`installed`), or when it holds no finished input; else
+/// kept for the next run. Returns how many inputs it keeps.
+pub fn settle(dir: &Path, installed: bool) -> Result<usize> {
+    let kept = if installed { 0 } else { inputs_kept(dir) };
+    if kept == 0 {
+        match std::fs::remove_dir_all(dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(Error::io(dir, e)),
+            _ => {}
+        }
     }
+    Ok(kept)
 }
 
 #[cfg(test)]
