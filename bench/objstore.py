@@ -430,6 +430,7 @@ def run_one(a, net: Net, groups: Groups, meta: dict, loader: str, rnd: int, extr
                        brand_store_requests=m.get("store_requests"), brand_store_bytes=m.get("store_bytes_fetched"),
                        brand_store_retries=m.get("store_retries"), get_p50_ms=m.get("store_get_p50_ms"),
                        get_p99_ms=m.get("store_get_p99_ms"), reads_issued=m.get("reads_issued"),
+                       in_flight_limit_end=m.get("store_gets_in_flight_limit"),
                        refills=m.get("refills"), recovery_reads=m.get("recovery_reads"),
                        bytes_read=m.get("bytes_read"), wall_s=wall, local_disk_peak=0,
                        # brand's clock starts once the dataset is open (manifest and index fetched);
@@ -625,20 +626,31 @@ def report(res: dict, out: Path):
     if res.get("goals"):
         L += ["", "## Goals", ""] + [f"- {g}" for g in res["goals"]]
     if res.get("sweep"):
-        L += ["", "## brand alone: --gets-in-flight × --get-size (useful MB/s, median over sweep rounds)", ""]
+        L += ["", "## brand alone: --gets-in-flight × --get-size (useful MB/s, median (min–max) over sweep rounds; "
+              "auto: the limit at the epoch's end in brackets)", ""]
         sizes = sorted({r["get_size"] for r in res["sweep"]})
-        infl = sorted({r["in_flight"] for r in res["sweep"]})
+        infl = sorted({str(r["in_flight"]) for r in res["sweep"]}, key=in_flight_order)
         L.append("| in flight | " + " | ".join(f"{s // MIB} MiB" for s in sizes) + " |")
         L.append("|---" * (len(sizes) + 1) + "|")
         for i in infl:
             cells = []
             for s in sizes:
-                v = [r["useful_mb_per_sec"] for r in res["sweep"] if r["get_size"] == s and r["in_flight"] == i
-                     and r.get("useful_mb_per_sec")]
-                cells.append(f"{statistics.median(v):.1f}" if v else "–")
+                rs = [r for r in res["sweep"] if r["get_size"] == s and str(r["in_flight"]) == i
+                      and r.get("useful_mb_per_sec")]
+                v = [r["useful_mb_per_sec"] for r in rs]
+                cell = f"{statistics.median(v):.1f} ({min(v):.1f}–{max(v):.1f})" if v else "–"
+                ends = [r["in_flight_limit_end"] for r in rs if r.get("in_flight_limit_end") is not None]
+                if i == "auto" and ends:
+                    cell += f" [{', '.join(str(e) for e in ends)}]"
+                cells.append(cell)
             L.append(f"| {i} | " + " | ".join(cells) + " |")
     (out / "objstore-results.md").write_text("\n".join(L) + "\n")
     plot(res, out / "objstore.png")
+
+
+def in_flight_order(i: str):
+    """Sweep points in order: numbers ascending, then auto."""
+    return (1, 0) if i == "auto" else (0, int(i))
 
 
 def plot(res: dict, path: Path):
@@ -665,9 +677,13 @@ def plot(res: dict, path: Path):
             pts = {}
             for r in res["sweep"]:
                 if r["get_size"] == s and r.get("useful_mb_per_sec"):
-                    pts.setdefault(r["in_flight"], []).append(r["useful_mb_per_sec"])
-            xs = sorted(pts)
-            ax.plot(xs, [statistics.median(pts[x]) for x in xs], marker="o", label=f"{s // MIB} MiB GETs")
+                    pts.setdefault(str(r["in_flight"]), []).append(r["useful_mb_per_sec"])
+            xs = sorted((x for x in pts if x != "auto"), key=in_flight_order)
+            line = ax.plot([int(x) for x in xs], [statistics.median(pts[x]) for x in xs], marker="o",
+                           label=f"{s // MIB} MiB GETs")
+            if "auto" in pts:
+                ax.axhline(statistics.median(pts["auto"]), color=line[0].get_color(), ls=":", lw=1.5,
+                           label=f"{s // MIB} MiB GETs, auto")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("GETs in flight")
         ax.set_title("brand: useful MB/s")
@@ -836,15 +852,17 @@ def main():
                       f"{r.get('useful_mb_per_sec') or 0:.1f} MB/s, GETs {r.get('server_gets')}, "
                       f"disp {r.get('chunk_mate_dispersion')}, first {r.get('first_batch_s')}", file=sys.stderr)
             save()
-        infl = [int(x) for x in a.sweep_in_flight.split(",") if x]
+        infl = [x for x in a.sweep_in_flight.split(",") if x]  # "auto" or a number
         sizes = [int(x) * MIB for x in a.sweep_get_mib.split(",") if x]
         for srnd in range(a.sweep_rounds):
             combos = [(i, s) for i in infl for s in sizes]
             random.Random(srnd).shuffle(combos)
             for i, s in combos:
-                ra = max(64 * MIB, min(512 * MIB, i * s))
+                # Read-ahead enough for i whole GETs (auto: up to 256 of them; the default 64 MiB
+                # holds 256 of the ~170 KB GETs read_gap = auto makes).
+                ra = 64 * MIB if i == "auto" else max(64 * MIB, min(512 * MIB, int(i) * s))
                 r = run_one(a, net, groups, meta, a.sweep_loader, 100 + srnd,
-                            ["--gets-in-flight", str(i), "--get-size", str(s), "--readahead", str(ra)],
+                            ["--gets-in-flight", i, "--get-size", str(s), "--readahead", str(ra)],
                             limit_extra=ra)
                 r.update(in_flight=i, get_size=s, readahead=ra)
                 sweep.append(r)

@@ -142,7 +142,7 @@ pub fn device(a: &DeviceArgs) -> Result<()> {
                 io_timeout: Duration::from_secs(60),
                 // A dataset in object storage: qd GETs in flight of bs bytes each.
                 store: brand_io::StoreSettings {
-                    gets_in_flight: qd,
+                    gets_in_flight: brand_io::GetsInFlight::Fixed(qd),
                     get_bytes: bs,
                     ..Default::default()
                 },

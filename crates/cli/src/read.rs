@@ -64,9 +64,10 @@ pub struct ReadArgs {
     /// Attach to the `brand cache` at this socket instead of reading storage.
     #[arg(long)]
     cache: Option<String>,
-    /// A dataset at a URL: most ranged GETs in flight (1..=1024; default 32).
+    /// A dataset at a URL: ranged GETs in flight, "auto" (the default:
+    /// sized as they complete, enough to fill the link) or at most 1..=1024.
     #[arg(long)]
-    gets_in_flight: Option<usize>,
+    gets_in_flight: Option<String>,
     /// A dataset at a URL: neighbouring reads merge into GETs of at most this ("8MiB").
     #[arg(long)]
     get_size: Option<String>,
@@ -141,7 +142,7 @@ fn config(a: &ReadArgs) -> brand_format::Result<LoaderConfig> {
             ("io_backend", Flag::Text(&a.io_backend)),
             ("decode_threads", int(a.decode_threads)),
             ("cache", Flag::Text(&a.cache)),
-            ("gets_in_flight", int(a.gets_in_flight)),
+            ("gets_in_flight", Flag::Text(&a.gets_in_flight)),
             ("get_size", Flag::Text(&a.get_size)),
         ],
         true,

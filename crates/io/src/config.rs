@@ -70,6 +70,38 @@ impl std::str::FromStr for ReadGapSetting {
     }
 }
 
+/// How many GETs a dataset at a URL keeps in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GetsInFlight {
+    /// Sized as GETs complete: grown while first bytes show no queue,
+    /// shrunk when they do (`brand_store::limiter`).
+    Auto,
+    /// At most this many (halved while the store throttles).
+    Fixed(usize),
+}
+
+impl std::str::FromStr for GetsInFlight {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(GetsInFlight::Auto),
+            n => n
+                .parse()
+                .map(GetsInFlight::Fixed)
+                .map_err(|_| Error::config(format!("gets in flight {s:?}: expected auto or a whole number"))),
+        }
+    }
+}
+
+impl std::fmt::Display for GetsInFlight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GetsInFlight::Auto => f.write_str("auto"),
+            GetsInFlight::Fixed(n) => write!(f, "{n}"),
+        }
+    }
+}
+
 /// The I/O settings a user chooses; [`engine_config`](Self::engine_config)
 /// makes the engine's from them.
 #[derive(Debug, Clone)]
@@ -97,9 +129,9 @@ pub struct IoConfig {
 /// How the object-storage backend reads (a dataset at a URL only).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StoreSettings {
-    /// Most GETs in flight (the limiter halves it while the store
-    /// throttles). Key `gets_in_flight`.
-    pub gets_in_flight: usize,
+    /// GETs in flight: sized as they complete, or at most a number. Key
+    /// `gets_in_flight`.
+    pub gets_in_flight: GetsInFlight,
     /// Neighbouring extents merge into GETs of at most this many bytes, and
     /// a longer extent is fetched in parts of this size. Key `get_size`.
     pub get_bytes: u64,
@@ -110,12 +142,11 @@ pub struct StoreSettings {
 }
 
 impl Default for StoreSettings {
-    /// 8 MiB GETs (AWS's guidance for S3 byte ranges), 32 in flight (a
-    /// 10 Gbit/s link at ~60 MB/s per stream needs ~20), 10 s without a
-    /// byte, 10 retries.
+    /// 8 MiB GETs (AWS's guidance for S3 byte ranges), GETs in flight
+    /// sized as they complete, 10 s without a byte, 10 retries.
     fn default() -> Self {
         StoreSettings {
-            gets_in_flight: 32,
+            gets_in_flight: GetsInFlight::Auto,
             get_bytes: 8 << 20,
             stall_timeout: Duration::from_secs(10),
             retries: 10,

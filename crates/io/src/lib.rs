@@ -36,5 +36,5 @@ pub mod session;
 mod threads;
 mod uring;
 
-pub use config::{IoBackend, IoConfig, ReadGapSetting, StoreSettings};
+pub use config::{GetsInFlight, IoBackend, IoConfig, ReadGapSetting, StoreSettings};
 pub use session::ReadSession;

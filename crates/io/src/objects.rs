@@ -7,9 +7,12 @@
 //!   GET of at most
 //!   `get_bytes` (8 MiB by default: AWS's guidance for S3); an extent
 //!   longer than that is fetched in `get_bytes` parts at once.
-//! * GETs in flight are limited by brand-store's `Limiter`: `gets_in_flight`
-//!   at most, halved when the store throttles, grown back as GETs succeed;
-//!   the loader's read-ahead bounds the bytes in flight as for a disk.
+//! * GETs in flight are limited by brand-store's `Limiter`: by default
+//!   sized as GETs complete (enough to fill the link, no more: every extra
+//!   GET delays the ones the loader needs first), or at most
+//!   `gets_in_flight`; halved when the store throttles, grown back as GETs
+//!   succeed. The loader's read-ahead bounds the bytes in flight as for a
+//!   disk.
 //! * Each GET is retried, resumed, hedged and pinned to the segment's
 //!   entity tag as `brand_store::get` says; the body is copied once, into a
 //!   page-aligned buffer, and records are decoded from it (crc32c, zstd) as
@@ -26,10 +29,12 @@ use brand_format::decode::ExtentBytes;
 use brand_format::error::{Error, Result};
 use brand_format::extents::{get_parts, group_touching};
 use brand_store::Connection;
-use brand_store::get::{self, GetCounters, GetPolicy, Limiter};
+use brand_store::get::{self, GetCounters, GetPolicy};
+use brand_store::limiter::{Limiter, Permit};
 use brand_store::location::Location;
 use brand_store::runtime::IoRuntime;
 
+use crate::config::GetsInFlight;
 use crate::job::{Completion, Job, Shared, Started, StoreStats};
 use crate::read::reads_in_place;
 
@@ -68,7 +73,10 @@ pub(crate) fn start(shared: Shared) -> Result<Started> {
     let conn = Connection::new(&url, policy.stall)?;
     let stats = Arc::new(StoreStats {
         counters: GetCounters::default(),
-        limiter: Arc::new(Limiter::new(shared.cfg.store.gets_in_flight)),
+        limiter: Arc::new(match shared.cfg.store.gets_in_flight {
+            GetsInFlight::Auto => Limiter::adaptive(),
+            GetsInFlight::Fixed(n) => Limiter::new(n),
+        }),
     });
     let _ = shared.stats.store.set(stats.clone());
     let rt = IoRuntime::new(RUNTIME_THREADS)?;
@@ -170,7 +178,7 @@ impl Ctx {
         get_parts(g.end - g.start, self.shared.cfg.store.get_bytes) as usize
     }
 
-    async fn read(self: Arc<Self>, group: Group, permits: Vec<get::Permit>) {
+    async fn read(self: Arc<Self>, group: Group, permits: Vec<Permit>) {
         let ds = &self.shared.ds;
         let len = (group.end - group.start) as usize;
         let mut buf = AlignedBuf::for_extent(len);

@@ -28,7 +28,8 @@
 //! decode_threads = 2    # threads decompressing zstd records read by io_uring, 0..=64 (0: on the io thread);
 //!                       # default: the cores the (at most 2) io threads leave, at most 8
 //! io_timeout = 60       # seconds a read may take before it is an error, (0, 86400]
-//! gets_in_flight = 32   # a dataset at a URL: most ranged GETs in flight, 1..=1024 (halved while the store throttles)
+//! gets_in_flight = "auto" # a dataset at a URL: ranged GETs in flight, "auto" (sized as they complete: enough
+//!                       # to fill the link) or at most 1..=1024; halved while the store throttles
 //! get_size = "8MiB"     # a dataset at a URL: neighbouring reads merge into GETs of at most this, 64KiB..=1GiB
 //! stall_timeout = 10    # a dataset at a URL: seconds without a byte before a GET is retried, (0, 3600]
 //! on_corrupt = "error"  # "error" (fail when the sample is due) or "skip" (leave it out, counted)
@@ -218,7 +219,12 @@ impl LoaderConfig {
                 self.io.io_timeout = Duration::try_from_secs_f64(secs)
                     .map_err(|_| Error::config(format!("io_timeout {secs} outside (0, 86400] seconds")))?;
             }
-            "gets_in_flight" => self.io.store.gets_in_flight = v.whole()?,
+            "gets_in_flight" => {
+                self.io.store.gets_in_flight = match v.value {
+                    toml::Value::Integer(_) => brand_io::GetsInFlight::Fixed(v.whole()?),
+                    _ => v.text()?.parse()?,
+                }
+            }
             "get_size" => self.io.store.get_bytes = v.bytes()?,
             "stall_timeout" => {
                 let secs = v.seconds()?;
@@ -277,8 +283,10 @@ impl LoaderConfig {
         if !(timeout > 0.0 && timeout <= MAX_IO_TIMEOUT_SECS) {
             return outside("io_timeout", format!("{timeout}s"), "(0, 86400] seconds");
         }
-        if !(1..=MAX_GETS_IN_FLIGHT).contains(&io.store.gets_in_flight) {
-            return outside("gets_in_flight", io.store.gets_in_flight.to_string(), "1..=1024");
+        if let brand_io::GetsInFlight::Fixed(n) = io.store.gets_in_flight
+            && !(1..=MAX_GETS_IN_FLIGHT).contains(&n)
+        {
+            return outside("gets_in_flight", n.to_string(), "auto or 1..=1024");
         }
         if !(MIN_GET_BYTES..=MAX_GET_BYTES).contains(&io.store.get_bytes) {
             return outside("get_size", io.store.get_bytes.to_string(), "64KiB..=1GiB");
@@ -413,12 +421,15 @@ mod tests {
                 c.io.store.get_bytes,
                 c.io.store.stall_timeout
             ),
-            (8, 16 << 20, Duration::from_millis(500))
+            (brand_io::GetsInFlight::Fixed(8), 16 << 20, Duration::from_millis(500))
         );
         assert_eq!(c.on_corrupt, OnCorrupt::Skip);
         let d = LoaderConfig::from_toml("").expect("empty is all defaults");
         assert_eq!(d.plan.memory, DEFAULT_MEMORY);
         assert_eq!(d.io.read_gap, ReadGapSetting::Auto);
+        assert_eq!(d.io.store.gets_in_flight, brand_io::GetsInFlight::Auto);
+        let auto = LoaderConfig::from_toml("gets_in_flight = \"auto\"").expect("auto");
+        assert_eq!(auto.io.store.gets_in_flight, brand_io::GetsInFlight::Auto);
         assert_eq!((d.run_length, d.plan.run_length), (RunLength::Records(1), 1));
         let auto = LoaderConfig::from_toml("run_length = \"auto\"").expect("auto");
         assert_eq!((auto.run_length, auto.plan.run_length), (RunLength::Auto, 1));
@@ -483,6 +494,7 @@ mod tests {
             ("io_timeout = \"1s\"", "io_timeout"),
             ("gets_in_flight = 0", "gets_in_flight"),
             ("gets_in_flight = 1025", "gets_in_flight"),
+            ("gets_in_flight = \"many\"", "gets in flight \"many\""),
             ("get_size = \"32KiB\"", "get_size"),
             ("get_size = \"2GiB\"", "get_size"),
             ("stall_timeout = 0", "stall_timeout"),

@@ -8,10 +8,9 @@
 //! error rather than a mix of two datasets. After the retries, the error
 //! names the object, the byte range and the last status.
 //!
-//! [`Limiter`] holds the GETs in flight to a limit that halves when the
-//! store throttles (503 SlowDown, 429) and grows back by one per limit's
-//! worth of successes; [`GetCounters`] counts requests, bytes, retries by
-//! cause, hedges and latencies for the loader's metrics.
+//! Each GET tells its [`Limiter`] how it went (a throttle; its bytes and
+//! first byte); [`GetCounters`] counts requests, bytes, retries by cause,
+//! hedges and latencies for the loader's metrics.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -24,6 +23,7 @@ use futures_util::StreamExt;
 use object_store::{GetOptions, GetRange, ObjectMeta, ObjectStoreExt};
 
 use crate::connect::{Connection, redact};
+use crate::limiter::Limiter;
 
 /// How GETs are retried and bounded.
 #[derive(Debug, Clone)]
@@ -178,118 +178,6 @@ impl Histogram {
             }
         }
         Self::low(Self::BUCKETS - 1)
-    }
-}
-
-/// The GETs in flight, limited: the limit starts at `max`, halves when the
-/// store throttles (at most once per limit's worth of completions, so one
-/// burst of 503s is one cut) and grows by one per limit's worth of
-/// successes back to `max`.
-#[derive(Debug)]
-pub struct Limiter {
-    state: Mutex<LimiterState>,
-    freed: tokio::sync::Notify,
-    max: usize,
-}
-
-#[derive(Debug)]
-struct LimiterState {
-    limit: usize,
-    in_flight: usize,
-    /// Completions since the last change of the limit.
-    since_change: usize,
-}
-
-/// One GET's place in flight; dropped, it frees the place.
-pub struct Permit(std::sync::Arc<Limiter>);
-
-impl Drop for Permit {
-    fn drop(&mut self) {
-        if let Ok(mut s) = self.0.state.lock() {
-            s.in_flight -= 1;
-        }
-        self.0.freed.notify_one();
-    }
-}
-
-impl Limiter {
-    pub fn new(max: usize) -> Limiter {
-        let max = max.max(1);
-        Limiter {
-            state: Mutex::new(LimiterState {
-                limit: max,
-                in_flight: 0,
-                since_change: 0,
-            }),
-            freed: tokio::sync::Notify::new(),
-            max,
-        }
-    }
-
-    pub fn limit(&self) -> usize {
-        self.state.lock().map_or(self.max, |s| s.limit)
-    }
-
-    /// A place in flight, waiting for one. Callers take places in the
-    /// order GETs should start (the plan's), then start them: a task that
-    /// waited for its place itself would start in the scheduler's order.
-    pub async fn acquire(self: &std::sync::Arc<Self>) -> Permit {
-        loop {
-            let freed = self.freed.notified();
-            {
-                let Ok(mut s) = self.state.lock() else {
-                    return Permit(self.clone());
-                };
-                if s.in_flight < s.limit {
-                    s.in_flight += 1;
-                    return Permit(self.clone());
-                }
-            }
-            freed.await;
-        }
-    }
-
-    /// A place in flight if one is free now (never waits).
-    pub fn try_acquire(self: &std::sync::Arc<Self>) -> Option<Permit> {
-        let mut s = self.state.lock().ok()?;
-        if s.in_flight < s.limit {
-            s.in_flight += 1;
-            Some(Permit(self.clone()))
-        } else {
-            None
-        }
-    }
-
-    fn succeeded(&self) {
-        let grew = match self.state.lock() {
-            Ok(mut s) => {
-                s.since_change += 1;
-                if s.since_change >= s.limit && s.limit < self.max {
-                    s.limit += 1;
-                    s.since_change = 0;
-                    true
-                } else {
-                    false
-                }
-            }
-            Err(_) => false,
-        };
-        if grew {
-            self.freed.notify_one();
-        }
-    }
-
-    fn throttled(&self) {
-        if let Ok(mut s) = self.state.lock()
-            && (s.since_change >= s.limit / 2 || s.limit == self.max)
-        {
-            let before = s.limit;
-            s.limit = (s.limit / 2).max(1);
-            s.since_change = 0;
-            if s.limit != before {
-                tracing::info!("object store throttled: GETs in flight {before} → {}", s.limit);
-            }
-        }
     }
 }
 
@@ -561,10 +449,12 @@ pub async fn get_into(
     );
     let path = conn.url.object(name);
     let started = Instant::now();
-    let (mut done, mut attempt) = (0usize, 0u32);
+    let (mut done, mut attempt, mut first_byte) = (0usize, 0u32, None);
     while done < dst.len() {
         let from = range.start + done as u64;
-        let (got, failure) = attempt_once(conn, &path, from..range.end, e_tag, &mut dst[done..], p, counters).await;
+        let into = &mut dst[done..];
+        let (got, failure) =
+            attempt_once(conn, &path, from..range.end, e_tag, into, p, counters, &mut first_byte).await;
         done += got;
         let Some(failure) = failure else { continue };
         if failure.throttle() {
@@ -586,12 +476,13 @@ pub async fn get_into(
         attempt += 1;
     }
     counters.latency.record(started.elapsed());
-    limiter.succeeded();
+    limiter.succeeded(dst.len() as u64, first_byte);
     Ok(())
 }
 
 /// One request for `range` into `dst`: how many bytes it brought, and why it
-/// stopped short if it did.
+/// stopped short if it did; `first_byte` is set when its headers came.
+#[allow(clippy::too_many_arguments)]
 async fn attempt_once(
     conn: &Connection,
     path: &object_store::path::Path,
@@ -600,6 +491,7 @@ async fn attempt_once(
     dst: &mut [u8],
     p: &GetPolicy,
     counters: &GetCounters,
+    first_byte: &mut Option<Duration>,
 ) -> (usize, Option<Failure>) {
     use std::io::ErrorKind as K;
     let opts = GetOptions {
@@ -641,7 +533,9 @@ async fn attempt_once(
         Ok(Err(e)) => return (0, Some(classify(&e))),
         Ok(Ok(r)) => r,
     };
-    counters.first_byte.record(asked.elapsed());
+    let waited = asked.elapsed();
+    counters.first_byte.record(waited);
+    *first_byte = Some(waited);
     if let (Some(want), Some(got)) = (e_tag, result.meta.e_tag.as_deref())
         && want != got
     {
@@ -740,29 +634,6 @@ mod tests {
             s3_code("<Error><Code>SlowDown</Code></Error>").as_deref(),
             Some("SlowDown")
         );
-    }
-
-    #[tokio::test(flavor = "current_thread")]
-    async fn the_limiter_halves_on_throttling_and_grows_back() {
-        let l = std::sync::Arc::new(Limiter::new(8));
-        assert_eq!(l.limit(), 8);
-        l.throttled();
-        assert_eq!(l.limit(), 4);
-        // A burst of 503s right after is the same congestion: one cut.
-        l.throttled();
-        assert_eq!(l.limit(), 4);
-        for _ in 0..4 {
-            l.succeeded();
-        }
-        assert_eq!(l.limit(), 5);
-        let permits: Vec<_> = futures_util::future::join_all((0..5).map(|_| l.acquire())).await;
-        assert_eq!(permits.len(), 5);
-        // A sixth waits until one is dropped.
-        let sixth = tokio::time::timeout(Duration::from_millis(20), l.acquire()).await;
-        assert!(sixth.is_err());
-        assert!(l.try_acquire().is_none());
-        drop(permits);
-        assert!(tokio::time::timeout(Duration::from_secs(1), l.acquire()).await.is_ok());
     }
 
     #[test]

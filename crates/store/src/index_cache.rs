@@ -17,7 +17,8 @@ use brand_format::error::Result;
 use brand_format::index::Index;
 
 use crate::connect::Connection;
-use crate::get::{self, GetCounters, GetPolicy, Limiter};
+use crate::get::{self, GetCounters, GetPolicy};
+use crate::limiter::Limiter;
 
 /// Where fetched indexes are kept (None: nowhere writable is known).
 pub fn cache_dir() -> Option<PathBuf> {

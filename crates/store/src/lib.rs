@@ -14,8 +14,9 @@
 //!   GET, retries with backoff on 5xx, 429 and broken connections, bodies
 //!   resumed where they were cut, a hedged second GET for a slow first
 //!   byte, the object pinned to the entity tag it was opened with;
-//!   [`get::Limiter`] adapts the GETs in flight (halved on throttling);
 //!   [`get::GetCounters`] counts what happened.
+//! * [`limiter`]: how many GETs are in flight — sized from their first
+//!   bytes and rate as they complete (or fixed), halved on throttling.
 //! * [`open`]: a dataset from a URL: manifest and index fetched, every
 //!   segment's entity tag and size pinned.
 //! * [`index_cache`]: a fetched index kept in a local file and mapped
@@ -27,6 +28,7 @@
 pub mod connect;
 pub mod get;
 pub mod index_cache;
+pub mod limiter;
 pub mod location;
 pub mod open;
 pub mod runtime;
@@ -34,7 +36,8 @@ pub mod sequential;
 pub mod upload;
 
 pub use connect::Connection;
-pub use get::{GetCounters, GetPolicy, GetReport, Limiter};
+pub use get::{GetCounters, GetPolicy, GetReport};
+pub use limiter::Limiter;
 pub use location::{Location, ObjectUrl};
 pub use open::{for_each_chunk, open, open_any, read_sample};
 pub use sequential::{ObjectInfo, ObjectReader, Objects, ReadAhead};

@@ -10,7 +10,8 @@ use brand_format::error::{Error, Result};
 use brand_format::manifest::Manifest;
 
 use crate::connect::Connection;
-use crate::get::{self, GetCounters, GetPolicy, Limiter};
+use crate::get::{self, GetCounters, GetPolicy};
+use crate::limiter::Limiter;
 use crate::location::{Location, ObjectUrl};
 use crate::runtime::IoRuntime;
 

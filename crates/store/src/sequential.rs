@@ -16,7 +16,8 @@ use brand_format::error::{Error, Result};
 use futures_util::StreamExt;
 
 use crate::connect::Connection;
-use crate::get::{self, GetCounters, GetPolicy, GetReport, Limiter};
+use crate::get::{self, GetCounters, GetPolicy, GetReport};
+use crate::limiter::Limiter;
 use crate::location::ObjectUrl;
 use crate::runtime::IoRuntime;
 

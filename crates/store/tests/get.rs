@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use brand_s3_server::{Options, Server};
 use brand_store::Connection;
-use brand_store::get::{self, GetCounters, GetPolicy, Limiter};
+use brand_store::Limiter;
+use brand_store::get::{self, GetCounters, GetPolicy};
 use brand_store::location::Location;
 use brand_store::runtime::IoRuntime;
 

@@ -1,0 +1,449 @@
+//! How many GETs are in flight. A store's cost is its time to first byte:
+//! to fill a link, enough GETs must be waiting for theirs while others
+//! transfer — but every GET beyond that only shares the link with the
+//! GETs the reader needs first, and makes them later. So the number is
+//! sized from what the GETs do, as TCP Vegas sizes a window:
+//!
+//! * while first bytes come as fast as the fastest seen recently (no queue
+//!   anywhere on the path) and the limit is what holds GETs back, it grows
+//!   by half per window (a window: as many GETs as the limit);
+//! * when the window's median first byte is well above that, a queue is
+//!   building (the link or the store is full): it shrinks by a quarter;
+//! * it is never more than what Little's law says fills the link four
+//!   times over (4 × delivered bytes/s × fastest first byte ÷ mean GET +
+//!   4), so large GETs, and a path whose queues do not show in the first
+//!   byte (drops, not delay, or a queue there from the start), stay near
+//!   the link's rate, not at the maximum;
+//! * a 503 SlowDown or 429 halves it, at most once per window (a burst is
+//!   one cut), and a ceiling then grows back by one per window's worth of
+//!   successes, as AWS asks of clients.
+//!
+//! The base first byte is the fastest seen; when no first byte has come
+//! near it for a while (a queue that never drains, or a path that got
+//! slower), two windows run at the minimum to measure it again, as BBR
+//! does. A fixed limit (`gets_in_flight = N`) keeps only the last rule.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The adaptive limit's bounds and start.
+pub const AUTO_START: usize = 8;
+pub const AUTO_MIN: usize = 4;
+pub const AUTO_MAX: usize = 256;
+
+/// Windows without a first byte near the base before the base is measured
+/// again (a path that got slower for good is noticed after this many).
+const BASE_REFRESH: usize = 64;
+
+/// The GETs in flight, limited (see the module's text).
+#[derive(Debug)]
+pub struct Limiter {
+    state: Mutex<State>,
+    freed: tokio::sync::Notify,
+}
+
+#[derive(Debug)]
+struct State {
+    in_flight: usize,
+    /// The store's ceiling: `max`, halved on throttling, grown back by one
+    /// per ceiling's worth of successes.
+    ceiling: usize,
+    max: usize,
+    /// Completions since the ceiling last changed.
+    since_cut: usize,
+    /// `None`: a fixed limit.
+    sizing: Option<Sizing>,
+}
+
+impl State {
+    fn limit(&self) -> usize {
+        match &self.sizing {
+            Some(s) => s.target.min(self.ceiling),
+            None => self.ceiling,
+        }
+    }
+}
+
+/// One GET's place in flight; dropped, it frees the place.
+pub struct Permit(Arc<Limiter>);
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.0.state.lock() {
+            s.in_flight -= 1;
+        }
+        self.0.freed.notify_one();
+    }
+}
+
+impl Limiter {
+    /// At most `max` GETs in flight (halved while the store throttles).
+    pub fn new(max: usize) -> Limiter {
+        Self::with(max.max(1), None)
+    }
+
+    /// A limit sized as GETs complete, from [`AUTO_START`] within
+    /// [`AUTO_MIN`]..=[`AUTO_MAX`].
+    pub fn adaptive() -> Limiter {
+        Self::with(AUTO_MAX, Some(Sizing::new(AUTO_START, AUTO_MIN, AUTO_MAX)))
+    }
+
+    fn with(max: usize, sizing: Option<Sizing>) -> Limiter {
+        Limiter {
+            state: Mutex::new(State {
+                in_flight: 0,
+                ceiling: max,
+                max,
+                since_cut: 0,
+                sizing,
+            }),
+            freed: tokio::sync::Notify::new(),
+        }
+    }
+
+    pub fn limit(&self) -> usize {
+        self.state.lock().map_or(1, |s| s.limit())
+    }
+
+    /// A place in flight, waiting for one. Callers take places in the
+    /// order GETs should start (the plan's), then start them: a task that
+    /// waited for its place itself would start in the scheduler's order.
+    pub async fn acquire(self: &Arc<Self>) -> Permit {
+        loop {
+            let freed = self.freed.notified();
+            {
+                let Ok(mut s) = self.state.lock() else {
+                    return Permit(self.clone());
+                };
+                if s.in_flight < s.limit() {
+                    s.in_flight += 1;
+                    return Permit(self.clone());
+                }
+                if let Some(z) = &mut s.sizing {
+                    z.window.bound = true;
+                }
+            }
+            freed.await;
+        }
+    }
+
+    /// A place in flight if one is free now (never waits).
+    pub fn try_acquire(self: &Arc<Self>) -> Option<Permit> {
+        let mut s = self.state.lock().ok()?;
+        if s.in_flight < s.limit() {
+            s.in_flight += 1;
+            Some(Permit(self.clone()))
+        } else {
+            if let Some(z) = &mut s.sizing {
+                z.window.bound = true;
+            }
+            None
+        }
+    }
+
+    /// A GET of `bytes` completed; its (last) first byte took `first_byte`.
+    pub(crate) fn succeeded(&self, bytes: u64, first_byte: Option<Duration>) {
+        let grew = match self.state.lock() {
+            Ok(mut s) => {
+                let before = s.limit();
+                s.since_cut += 1;
+                if s.since_cut >= s.ceiling && s.ceiling < s.max {
+                    s.ceiling += 1;
+                    s.since_cut = 0;
+                }
+                if let Some(z) = &mut s.sizing {
+                    z.completed(Instant::now(), bytes, first_byte);
+                }
+                s.limit() > before
+            }
+            Err(_) => false,
+        };
+        if grew {
+            self.freed.notify_waiters();
+        }
+    }
+
+    /// The store said slow down (503, 429).
+    pub(crate) fn throttled(&self) {
+        if let Ok(mut s) = self.state.lock() {
+            let limit = s.limit();
+            if s.since_cut >= limit / 2 || s.ceiling == s.max {
+                s.ceiling = (limit / 2).max(1);
+                s.since_cut = 0;
+                if s.ceiling != limit {
+                    tracing::info!("object store throttled: GETs in flight {limit} → {}", s.ceiling);
+                }
+            }
+        }
+    }
+}
+
+/// The adaptive limit: pure arithmetic on what completed GETs report, so
+/// it is tested without a store.
+#[derive(Debug, Clone)]
+struct Sizing {
+    target: usize,
+    min: usize,
+    max: usize,
+    window: Window,
+    /// The fastest first byte seen (µs) while nothing queued: the path's own.
+    base_us: u64,
+    /// Windows since a first byte near `base_us` was last seen.
+    base_age: usize,
+    /// Windows left at the minimum to measure the base again, and the
+    /// target to go back to.
+    draining: Option<(usize, usize)>,
+}
+
+#[derive(Debug, Clone)]
+struct Window {
+    start: Option<Instant>,
+    bytes: u64,
+    gets: usize,
+    first_bytes_us: Vec<u64>,
+    /// A GET waited for a place: the limit, not the reader, held GETs back.
+    bound: bool,
+}
+
+impl Window {
+    fn new() -> Window {
+        Window {
+            start: None,
+            bytes: 0,
+            gets: 0,
+            first_bytes_us: Vec::new(),
+            bound: false,
+        }
+    }
+}
+
+impl Sizing {
+    fn new(start: usize, min: usize, max: usize) -> Sizing {
+        Sizing {
+            target: start.clamp(min, max),
+            min,
+            max,
+            window: Window::new(),
+            base_us: u64::MAX,
+            base_age: 0,
+            draining: None,
+        }
+    }
+
+    fn completed(&mut self, now: Instant, bytes: u64, first_byte: Option<Duration>) {
+        let w = &mut self.window;
+        let start = *w.start.get_or_insert(now);
+        w.bytes += bytes;
+        w.gets += 1;
+        if let Some(t) = first_byte {
+            w.first_bytes_us.push(t.as_micros().min(u64::MAX as u128) as u64);
+        }
+        if w.gets >= self.target.max(8) && !w.first_bytes_us.is_empty() {
+            let elapsed = now.saturating_duration_since(start);
+            self.close(elapsed);
+        }
+    }
+
+    /// The window's verdict on the target.
+    fn close(&mut self, elapsed: Duration) {
+        let mut w = std::mem::replace(&mut self.window, Window::new());
+        w.first_bytes_us.sort_unstable();
+        let fastest = w.first_bytes_us[0];
+        let median = w.first_bytes_us[w.first_bytes_us.len() / 2] as f64;
+        // Draining: the minimum in flight for two windows (the first lets
+        // the GETs queued before it finish), then the second's fastest first
+        // byte is the base.
+        if let Some((left, back_to)) = self.draining {
+            if left > 1 {
+                self.draining = Some((left - 1, back_to));
+            } else {
+                self.draining = None;
+                self.base_us = fastest;
+                self.base_age = 0;
+                self.target = back_to;
+            }
+            return;
+        }
+        if fastest as f64 <= self.base_us as f64 * 1.1 {
+            self.base_us = self.base_us.min(fastest);
+            self.base_age = 0;
+        } else {
+            self.base_age += 1;
+        }
+        let base = self.base_us as f64;
+        // Margins in µs too: at a base of 100 µs, scheduling noise alone is
+        // half of it.
+        let queue_building = median > base * 1.5 + 1_000.0;
+        let clear = median <= base * 1.2 + 500.0;
+        if queue_building {
+            self.target = self.target * 3 / 4;
+        } else if w.bound {
+            let want = if clear {
+                self.target + self.target.div_ceil(2)
+            } else {
+                self.target
+            };
+            // Little's law: GETs in flight = rate × time each waits ÷ size.
+            let secs = elapsed.as_secs_f64();
+            let fills_four_times = if secs > 0.0 && w.bytes > 0 {
+                let rate = w.bytes as f64 / secs;
+                let mean = w.bytes as f64 / w.gets as f64;
+                (4.0 * rate * (base / 1e6) / mean).ceil() as usize + 4
+            } else {
+                usize::MAX
+            };
+            self.target = want.min(fills_four_times);
+        }
+        self.target = self.target.clamp(self.min, self.max);
+        // A queue that never drains hides the path's own first byte: once in
+        // a while, drain it to see (BBR's ProbeRTT).
+        if self.base_age >= BASE_REFRESH {
+            self.draining = Some((2, self.target));
+            self.target = self.min;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const QUEUE: f64 = 0.02;
+
+    /// A path of `rate` bytes/s with first bytes after `rtt` when nothing
+    /// queues, and a queue in front of the link (of at most `QUEUE` s, as
+    /// a router's or tbf's) once more GETs are in flight than fill it: GETs
+    /// of `size` bytes, `n` at once, each window measured as the limiter
+    /// would see it.
+    fn run_window(z: &mut Sizing, rate: f64, rtt: f64, size: f64) -> f64 {
+        let n = z.target as f64;
+        // Time one GET holds its place unqueued: first byte + its transfer.
+        let alone = rtt + size / rate;
+        let fill = rate * alone / size; // GETs that fill the link
+        let (held, first) = if n <= fill {
+            (alone, rtt)
+        } else {
+            // Saturated: each GET is held n/fill times as long; the queue
+            // shows in the first byte.
+            let held = alone * n / fill;
+            (held, rtt + (held - alone).min(QUEUE))
+        };
+        let got = n * size / held; // bytes/s delivered
+        let gets = z.target.max(8);
+        let elapsed = Duration::from_secs_f64(gets as f64 * size / got);
+        z.window.bound = true;
+        z.window.bytes = (gets as f64 * size) as u64;
+        z.window.gets = gets;
+        z.window.first_bytes_us = (0..gets).map(|i| ((first + i as f64 * 1e-6) * 1e6) as u64).collect();
+        z.close(elapsed);
+        got
+    }
+
+    #[test]
+    fn small_gets_over_a_long_path_grow_until_the_link_is_full_and_stay_near_it() {
+        // 1 Gbit/s (125 MB/s), 20 ms, 170 KB GETs: ~16 GETs fill it.
+        let mut z = Sizing::new(AUTO_START, AUTO_MIN, AUTO_MAX);
+        let (rate, rtt, size) = (125e6, 0.02, 170e3);
+        let mut last = 0.0;
+        let mut targets = Vec::new();
+        for _ in 0..60 {
+            last = run_window(&mut z, rate, rtt, size);
+            targets.push(z.target);
+        }
+        assert!(last > 0.95 * rate, "{last} {targets:?}");
+        let fill = rate * (rtt + size / rate) / size;
+        let tail = &targets[30..];
+        assert!(
+            tail.iter().all(|&t| (t as f64) >= fill && (t as f64) <= 3.0 * fill),
+            "{fill} {targets:?}"
+        );
+    }
+
+    #[test]
+    fn a_path_that_gets_slower_for_good_is_measured_again_and_filled() {
+        let mut z = Sizing::new(AUTO_START, AUTO_MIN, AUTO_MAX);
+        for _ in 0..60 {
+            run_window(&mut z, 125e6, 0.02, 170e3);
+        }
+        // Three times the round trip from now on: every first byte looks
+        // queued against the old base until it is measured again.
+        let mut rates = Vec::new();
+        for _ in 0..300 {
+            rates.push(run_window(&mut z, 125e6, 0.06, 170e3));
+        }
+        let full = rates[200..].iter().filter(|&&r| r > 0.95 * 125e6).count();
+        assert!(full >= 95, "{full} of 100 windows full: {:?}", &rates[200..]);
+    }
+
+    #[test]
+    fn large_gets_need_few_in_flight_and_the_limit_comes_down_to_them() {
+        // 8 MiB GETs on the same path: one or two fill it, 16 only queue.
+        let mut z = Sizing::new(AUTO_START, AUTO_MIN, AUTO_MAX);
+        for _ in 0..40 {
+            run_window(&mut z, 125e6, 0.02, 8.0 * 1048576.0);
+        }
+        assert!(z.target <= 8, "{}", z.target);
+    }
+
+    #[test]
+    fn a_fast_wide_path_is_given_many_more_gets() {
+        // 10 Gbit/s at 50 ms with 100 KB GETs: ~630 fill it; the limit goes to its maximum.
+        let mut z = Sizing::new(AUTO_START, AUTO_MIN, AUTO_MAX);
+        for _ in 0..60 {
+            run_window(&mut z, 1.25e9, 0.05, 100e3);
+        }
+        assert_eq!(z.target, AUTO_MAX);
+    }
+
+    #[test]
+    fn a_reader_that_keeps_few_gets_waiting_does_not_grow_the_limit() {
+        let mut z = Sizing::new(AUTO_START, AUTO_MIN, AUTO_MAX);
+        for _ in 0..20 {
+            run_window(&mut z, 125e6, 0.02, 170e3);
+            // Nobody waited for a place: the rate says nothing about the link.
+            z.window.bound = false;
+            let before = z.target;
+            z.window.bytes = 1;
+            z.window.gets = 8;
+            z.window.first_bytes_us = vec![20_000; 8];
+            z.close(Duration::from_millis(100));
+            assert_eq!(z.target, before);
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_fixed_limit_halves_on_throttling_and_grows_back() {
+        let l = Arc::new(Limiter::new(8));
+        assert_eq!(l.limit(), 8);
+        l.throttled();
+        assert_eq!(l.limit(), 4);
+        // A burst of 503s right after is the same congestion: one cut.
+        l.throttled();
+        assert_eq!(l.limit(), 4);
+        for _ in 0..4 {
+            l.succeeded(4096, None);
+        }
+        assert_eq!(l.limit(), 5);
+        let permits: Vec<_> = futures_util::future::join_all((0..5).map(|_| l.acquire())).await;
+        assert_eq!(permits.len(), 5);
+        // A sixth waits until one is dropped.
+        let sixth = tokio::time::timeout(Duration::from_millis(20), l.acquire()).await;
+        assert!(sixth.is_err());
+        assert!(l.try_acquire().is_none());
+        drop(permits);
+        assert!(tokio::time::timeout(Duration::from_secs(1), l.acquire()).await.is_ok());
+    }
+
+    #[test]
+    fn throttling_cuts_an_adaptive_limit_below_its_target() {
+        let l = Limiter::adaptive();
+        assert_eq!(l.limit(), AUTO_START);
+        l.throttled();
+        assert_eq!(l.limit(), AUTO_START / 2);
+        // Grown back by one per limit's worth of successes.
+        for _ in 0..AUTO_START / 2 {
+            l.succeeded(4096, Some(Duration::from_millis(20)));
+        }
+        assert_eq!(l.limit(), AUTO_START / 2 + 1);
+    }
+}
