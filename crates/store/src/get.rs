@@ -476,7 +476,7 @@ pub async fn get_into(
         attempt += 1;
     }
     counters.latency.record(started.elapsed());
-    limiter.succeeded(dst.len() as u64, first_byte);
+    limiter.succeeded(dst.len() as u64, first_byte, started.elapsed());
     Ok(())
 }
 

@@ -4,16 +4,19 @@
 //! GETs the reader needs first, and makes them later. So the number is
 //! sized from what the GETs do, as TCP Vegas sizes a window:
 //!
-//! * while first bytes come as fast as the fastest seen recently (no queue
-//!   anywhere on the path) and the limit is what holds GETs back, it grows
-//!   by half per window (a window: as many GETs as the limit);
-//! * when the window's median first byte is well above that, a queue is
-//!   building (the link or the store is full): it shrinks by a quarter;
-//! * it is never more than what Little's law says fills the link four
-//!   times over (4 × delivered bytes/s × fastest first byte ÷ mean GET +
-//!   4), so large GETs, and a path whose queues do not show in the first
-//!   byte (drops, not delay, or a queue there from the start), stay near
-//!   the link's rate, not at the maximum;
+//! * it starts at 32 (what fills 1 Gbit/s at 20 ms with the ~170 KB GETs
+//!   `read_gap = auto` makes: measured, docs/bench/objstore-results.md);
+//! * while the window's median first byte is within 1.25× the base (the
+//!   fastest seen: no queue on the path) and GETs waited for a place, it
+//!   grows by half per window (a window: as many GETs as the limit);
+//! * when the median passes 2× the base, a queue is building (the link or
+//!   the store is full): it shrinks by a quarter;
+//! * it is never more than what keeps twice the link's worth in flight,
+//!   as BBR sizes its window: Little's law on the fastest recent delivery
+//!   rate and the time a GET takes unqueued (fastest first byte, then its
+//!   body at the fastest stream's rate: a store that caps each stream
+//!   needs more streams). Queues do not always show in the first byte (a
+//!   relay's or a server's buffers, drops): this is what stops those;
 //! * a 503 SlowDown or 429 halves it, at most once per window (a burst is
 //!   one cut), and a ceiling then grows back by one per window's worth of
 //!   successes, as AWS asks of clients.
@@ -27,7 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The adaptive limit's bounds and start.
-pub const AUTO_START: usize = 8;
+pub const AUTO_START: usize = 32;
 pub const AUTO_MIN: usize = 4;
 pub const AUTO_MAX: usize = 256;
 
@@ -142,7 +145,7 @@ impl Limiter {
     }
 
     /// A GET of `bytes` completed; its (last) first byte took `first_byte`.
-    pub(crate) fn succeeded(&self, bytes: u64, first_byte: Option<Duration>) {
+    pub(crate) fn succeeded(&self, bytes: u64, first_byte: Option<Duration>, took: Duration) {
         let grew = match self.state.lock() {
             Ok(mut s) => {
                 let before = s.limit();
@@ -152,7 +155,7 @@ impl Limiter {
                     s.since_cut = 0;
                 }
                 if let Some(z) = &mut s.sizing {
-                    z.completed(Instant::now(), bytes, first_byte);
+                    z.completed(Instant::now(), bytes, first_byte, took);
                 }
                 s.limit() > before
             }
@@ -193,6 +196,11 @@ struct Sizing {
     /// Windows left at the minimum to measure the base again, and the
     /// target to go back to.
     draining: Option<(usize, usize)>,
+    /// Bytes/s delivered by recent windows in which GETs waited for a
+    /// place, and the fastest body of a large GET in recent windows.
+    rates: [f64; RATE_WINDOWS],
+    stream_rates: [f64; RATE_WINDOWS],
+    windows: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -201,6 +209,9 @@ struct Window {
     bytes: u64,
     gets: usize,
     first_bytes_us: Vec<u64>,
+    /// The fastest body (bytes/s after the first byte) of a GET of at
+    /// least [`STREAM_PROBE_BYTES`].
+    stream_rate: f64,
     /// A GET waited for a place: the limit, not the reader, held GETs back.
     bound: bool,
 }
@@ -212,10 +223,18 @@ impl Window {
             bytes: 0,
             gets: 0,
             first_bytes_us: Vec::new(),
+            stream_rate: 0.0,
             bound: false,
         }
     }
 }
+
+/// A GET this large times one stream's rate (a smaller one's body is
+/// over before its rate means anything).
+const STREAM_PROBE_BYTES: u64 = 1 << 20;
+
+/// Windows the delivery rate and the stream rate are remembered over.
+const RATE_WINDOWS: usize = 8;
 
 impl Sizing {
     fn new(start: usize, min: usize, max: usize) -> Sizing {
@@ -227,16 +246,25 @@ impl Sizing {
             base_us: u64::MAX,
             base_age: 0,
             draining: None,
+            rates: [0.0; RATE_WINDOWS],
+            stream_rates: [0.0; RATE_WINDOWS],
+            windows: 0,
         }
     }
 
-    fn completed(&mut self, now: Instant, bytes: u64, first_byte: Option<Duration>) {
+    /// A GET of `bytes` completed `took` after it was asked for, its first
+    /// byte after `first_byte`.
+    fn completed(&mut self, now: Instant, bytes: u64, first_byte: Option<Duration>, took: Duration) {
         let w = &mut self.window;
         let start = *w.start.get_or_insert(now);
         w.bytes += bytes;
         w.gets += 1;
         if let Some(t) = first_byte {
             w.first_bytes_us.push(t.as_micros().min(u64::MAX as u128) as u64);
+            let body = took.saturating_sub(t).as_secs_f64();
+            if bytes >= STREAM_PROBE_BYTES && body > 0.0 {
+                w.stream_rate = w.stream_rate.max(bytes as f64 / body);
+            }
         }
         if w.gets >= self.target.max(8) && !w.first_bytes_us.is_empty() {
             let elapsed = now.saturating_duration_since(start);
@@ -270,11 +298,17 @@ impl Sizing {
         } else {
             self.base_age += 1;
         }
-        let base = self.base_us as f64;
+        let slot = self.windows % RATE_WINDOWS;
+        self.windows += 1;
+        let secs = elapsed.as_secs_f64();
+        let rate = if secs > 0.0 { w.bytes as f64 / secs } else { 0.0 };
+        self.rates[slot] = if w.bound { rate } else { 0.0 };
+        self.stream_rates[slot] = w.stream_rate;
+        let base = self.base_us as f64 / 1e6;
         // Margins in µs too: at a base of 100 µs, scheduling noise alone is
         // half of it.
-        let queue_building = median > base * 1.5 + 1_000.0;
-        let clear = median <= base * 1.2 + 500.0;
+        let queue_building = median > self.base_us as f64 * 2.0 + 1_000.0;
+        let clear = median <= self.base_us as f64 * 1.25 + 500.0;
         if queue_building {
             self.target = self.target * 3 / 4;
         } else if w.bound {
@@ -283,16 +317,7 @@ impl Sizing {
             } else {
                 self.target
             };
-            // Little's law: GETs in flight = rate × time each waits ÷ size.
-            let secs = elapsed.as_secs_f64();
-            let fills_four_times = if secs > 0.0 && w.bytes > 0 {
-                let rate = w.bytes as f64 / secs;
-                let mean = w.bytes as f64 / w.gets as f64;
-                (4.0 * rate * (base / 1e6) / mean).ceil() as usize + 4
-            } else {
-                usize::MAX
-            };
-            self.target = want.min(fills_four_times);
+            self.target = want.min(self.fills_twice(base, w.bytes as f64 / w.gets as f64));
         }
         self.target = self.target.clamp(self.min, self.max);
         // A queue that never drains hides the path's own first byte: once in
@@ -302,56 +327,112 @@ impl Sizing {
             self.target = self.min;
         }
     }
+
+    /// GETs of `mean` bytes that keep twice the link's worth in flight, by
+    /// Little's law: the fastest delivery rate recently × how long a GET
+    /// takes unqueued (the base first byte, then its body at one stream's
+    /// rate: a store that caps streams needs more of them) ÷ the GET's
+    /// size, + 2 for the GETs whose bodies are arriving.
+    fn fills_twice(&self, base: f64, mean: f64) -> usize {
+        let rate = self.rates.iter().copied().fold(0.0, f64::max);
+        if !(rate > 0.0 && mean > 0.0) {
+            return usize::MAX;
+        }
+        let stream = self.stream_rates.iter().copied().fold(0.0, f64::max);
+        let body = if stream > 0.0 { stream.min(rate) } else { rate };
+        let unqueued = base + mean / body;
+        (2.0 * rate * unqueued / mean).ceil() as usize + 2
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const QUEUE: f64 = 0.02;
+    /// A modelled path: `rate` bytes/s; first bytes after `rtt` when
+    /// nothing queues; each stream at most `stream` bytes/s (a store's cap);
+    /// a queue in front of the link of at most `queue` seconds that shows in
+    /// first bytes once more GETs are in flight than fill it (0: it does not
+    /// show, as with drops or buffers in a relay).
+    #[derive(Clone, Copy)]
+    struct Path {
+        rate: f64,
+        rtt: f64,
+        size: f64,
+        stream: f64,
+        queue: f64,
+    }
 
-    /// A path of `rate` bytes/s with first bytes after `rtt` when nothing
-    /// queues, and a queue in front of the link (of at most `QUEUE` s, as
-    /// a router's or tbf's) once more GETs are in flight than fill it: GETs
-    /// of `size` bytes, `n` at once, each window measured as the limiter
-    /// would see it.
-    fn run_window(z: &mut Sizing, rate: f64, rtt: f64, size: f64) -> f64 {
+    fn path(rate: f64, rtt: f64, size: f64) -> Path {
+        Path {
+            rate,
+            rtt,
+            size,
+            stream: f64::INFINITY,
+            queue: 0.02,
+        }
+    }
+
+    /// A reader's start: `target` GETs sent on an idle path, the first
+    /// bytes of the first ones before any queue formed.
+    fn started(p: Path) -> Sizing {
+        let mut z = Sizing::new(AUTO_START, AUTO_MIN, AUTO_MAX);
+        run(&mut z, p, true);
+        z
+    }
+
+    /// One window of `target` GETs (at least 8) as the limiter would see
+    /// it; the bytes/s delivered.
+    fn run_window(z: &mut Sizing, p: Path) -> f64 {
+        run(z, p, false)
+    }
+
+    fn run(z: &mut Sizing, p: Path, idle: bool) -> f64 {
         let n = z.target as f64;
-        // Time one GET holds its place unqueued: first byte + its transfer.
-        let alone = rtt + size / rate;
-        let fill = rate * alone / size; // GETs that fill the link
+        let body = p.stream.min(p.rate);
+        // Time one GET holds its place unqueued: first byte + its body.
+        let alone = p.rtt + p.size / body;
+        let fill = p.rate * alone / p.size; // GETs that fill the link
         let (held, first) = if n <= fill {
-            (alone, rtt)
+            (alone, p.rtt)
         } else {
             // Saturated: each GET is held n/fill times as long; the queue
-            // shows in the first byte.
-            let held = alone * n / fill;
-            (held, rtt + (held - alone).min(QUEUE))
+            // shows in the first byte up to `queue`.
+            let held = n * p.size / p.rate;
+            let queue = if idle { 0.0 } else { (held - alone).min(p.queue) };
+            (held, p.rtt + queue)
         };
-        let got = n * size / held; // bytes/s delivered
+        let got = n * p.size / held;
         let gets = z.target.max(8);
-        let elapsed = Duration::from_secs_f64(gets as f64 * size / got);
+        let elapsed = Duration::from_secs_f64(gets as f64 * p.size / got);
         z.window.bound = true;
-        z.window.bytes = (gets as f64 * size) as u64;
+        z.window.bytes = (gets as f64 * p.size) as u64;
         z.window.gets = gets;
         z.window.first_bytes_us = (0..gets).map(|i| ((first + i as f64 * 1e-6) * 1e6) as u64).collect();
+        if p.size >= STREAM_PROBE_BYTES as f64 {
+            z.window.stream_rate = p.size / (held - first);
+        }
         z.close(elapsed);
         got
     }
 
+    fn fill(p: Path) -> f64 {
+        p.rate * (p.rtt + p.size / p.stream.min(p.rate)) / p.size
+    }
+
     #[test]
-    fn small_gets_over_a_long_path_grow_until_the_link_is_full_and_stay_near_it() {
+    fn small_gets_over_a_long_path_settle_where_the_link_is_full() {
         // 1 Gbit/s (125 MB/s), 20 ms, 170 KB GETs: ~16 GETs fill it.
-        let mut z = Sizing::new(AUTO_START, AUTO_MIN, AUTO_MAX);
-        let (rate, rtt, size) = (125e6, 0.02, 170e3);
+        let p = path(125e6, 0.02, 170e3);
+        let mut z = started(p);
         let mut last = 0.0;
         let mut targets = Vec::new();
         for _ in 0..60 {
-            last = run_window(&mut z, rate, rtt, size);
+            last = run_window(&mut z, p);
             targets.push(z.target);
         }
-        assert!(last > 0.95 * rate, "{last} {targets:?}");
-        let fill = rate * (rtt + size / rate) / size;
+        assert!(last > 0.95 * p.rate, "{last} {targets:?}");
+        let fill = fill(p);
         let tail = &targets[30..];
         assert!(
             tail.iter().all(|&t| (t as f64) >= fill && (t as f64) <= 3.0 * fill),
@@ -361,15 +442,15 @@ mod tests {
 
     #[test]
     fn a_path_that_gets_slower_for_good_is_measured_again_and_filled() {
-        let mut z = Sizing::new(AUTO_START, AUTO_MIN, AUTO_MAX);
+        let mut z = started(path(125e6, 0.02, 170e3));
         for _ in 0..60 {
-            run_window(&mut z, 125e6, 0.02, 170e3);
+            run_window(&mut z, path(125e6, 0.02, 170e3));
         }
         // Three times the round trip from now on: every first byte looks
         // queued against the old base until it is measured again.
         let mut rates = Vec::new();
         for _ in 0..300 {
-            rates.push(run_window(&mut z, 125e6, 0.06, 170e3));
+            rates.push(run_window(&mut z, path(125e6, 0.06, 170e3)));
         }
         let full = rates[200..].iter().filter(|&&r| r > 0.95 * 125e6).count();
         assert!(full >= 95, "{full} of 100 windows full: {:?}", &rates[200..]);
@@ -377,29 +458,69 @@ mod tests {
 
     #[test]
     fn large_gets_need_few_in_flight_and_the_limit_comes_down_to_them() {
-        // 8 MiB GETs on the same path: one or two fill it, 16 only queue.
-        let mut z = Sizing::new(AUTO_START, AUTO_MIN, AUTO_MAX);
+        // 8 MiB GETs on the same path: one or two fill it, more only queue
+        // (here in a queue of up to 50 ms, which shows in first bytes).
+        let p = Path {
+            queue: 0.05,
+            ..path(125e6, 0.02, 8.0 * 1048576.0)
+        };
+        let mut z = started(p);
+        let mut last = 0.0;
         for _ in 0..40 {
-            run_window(&mut z, 125e6, 0.02, 8.0 * 1048576.0);
+            last = run_window(&mut z, p);
         }
-        assert!(z.target <= 8, "{}", z.target);
+        assert!(z.target <= 6, "{}", z.target);
+        assert!(last > 0.95 * p.rate, "{last}");
+    }
+
+    #[test]
+    fn a_queue_that_does_not_show_in_first_bytes_is_stopped_by_the_links_rate() {
+        let p = Path {
+            queue: 0.0,
+            ..path(125e6, 0.02, 170e3)
+        };
+        let mut z = started(p);
+        let mut last = 0.0;
+        for _ in 0..60 {
+            last = run_window(&mut z, p);
+        }
+        assert!(last > 0.95 * p.rate, "{last}");
+        let most = 2.5 * fill(p) + 3.0;
+        assert!((z.target as f64) <= most, "{} > {most}", z.target);
+    }
+
+    #[test]
+    fn a_store_that_caps_each_stream_gets_enough_streams_to_fill_the_link() {
+        // 10 Gbit/s, 30 ms to first byte, 90 MB/s a stream (S3's), 8 MiB
+        // GETs: ~17 fill it.
+        let p = Path {
+            stream: 90e6,
+            ..path(1.25e9, 0.03, 8.0 * 1048576.0)
+        };
+        let mut z = started(p);
+        let mut last = 0.0;
+        for _ in 0..60 {
+            last = run_window(&mut z, p);
+        }
+        assert!(last > 0.95 * p.rate, "{last} with {}", z.target);
+        assert!((z.target as f64) <= 2.5 * fill(p) + 3.0, "{}", z.target);
     }
 
     #[test]
     fn a_fast_wide_path_is_given_many_more_gets() {
         // 10 Gbit/s at 50 ms with 100 KB GETs: ~630 fill it; the limit goes to its maximum.
-        let mut z = Sizing::new(AUTO_START, AUTO_MIN, AUTO_MAX);
+        let mut z = started(path(1.25e9, 0.05, 100e3));
         for _ in 0..60 {
-            run_window(&mut z, 1.25e9, 0.05, 100e3);
+            run_window(&mut z, path(1.25e9, 0.05, 100e3));
         }
         assert_eq!(z.target, AUTO_MAX);
     }
 
     #[test]
     fn a_reader_that_keeps_few_gets_waiting_does_not_grow_the_limit() {
-        let mut z = Sizing::new(AUTO_START, AUTO_MIN, AUTO_MAX);
+        let mut z = started(path(125e6, 0.02, 170e3));
         for _ in 0..20 {
-            run_window(&mut z, 125e6, 0.02, 170e3);
+            run_window(&mut z, path(125e6, 0.02, 170e3));
             // Nobody waited for a place: the rate says nothing about the link.
             z.window.bound = false;
             let before = z.target;
@@ -421,7 +542,7 @@ mod tests {
         l.throttled();
         assert_eq!(l.limit(), 4);
         for _ in 0..4 {
-            l.succeeded(4096, None);
+            l.succeeded(4096, None, Duration::from_millis(1));
         }
         assert_eq!(l.limit(), 5);
         let permits: Vec<_> = futures_util::future::join_all((0..5).map(|_| l.acquire())).await;
@@ -442,7 +563,7 @@ mod tests {
         assert_eq!(l.limit(), AUTO_START / 2);
         // Grown back by one per limit's worth of successes.
         for _ in 0..AUTO_START / 2 {
-            l.succeeded(4096, Some(Duration::from_millis(20)));
+            l.succeeded(4096, Some(Duration::from_millis(20)), Duration::from_millis(21));
         }
         assert_eq!(l.limit(), AUTO_START / 2 + 1);
     }
