@@ -12,8 +12,8 @@
 //! * when the median passes 2× the base, a queue is building (the link or
 //!   the store is full): it shrinks by a quarter;
 //! * it is never more than what keeps twice the link's worth in flight,
-//!   as BBR sizes its window: Little's law on the fastest recent delivery
-//!   rate and the time a GET takes unqueued (fastest first byte, then its
+//!   as BBR sizes its window: Little's law on the recent delivery rate
+//!   and the time a GET takes unqueued (fastest first byte, then its
 //!   body at the fastest stream's rate: a store that caps each stream
 //!   needs more streams). Queues do not always show in the first byte (a
 //!   relay's or a server's buffers, drops): this is what stops those;
@@ -196,9 +196,11 @@ struct Sizing {
     /// Windows left at the minimum to measure the base again, and the
     /// target to go back to.
     draining: Option<(usize, usize)>,
-    /// Bytes/s delivered by recent windows in which GETs waited for a
-    /// place, and the fastest body of a large GET in recent windows.
-    rates: [f64; RATE_WINDOWS],
+    /// Bytes and seconds of recent windows in which GETs waited for a place
+    /// (their sum is the delivery rate: one window's alone swings with the
+    /// completions that happen to close it), and the fastest body of a
+    /// large GET in recent windows.
+    delivered: [(f64, f64); RATE_WINDOWS],
     stream_rates: [f64; RATE_WINDOWS],
     windows: usize,
 }
@@ -246,7 +248,7 @@ impl Sizing {
             base_us: u64::MAX,
             base_age: 0,
             draining: None,
-            rates: [0.0; RATE_WINDOWS],
+            delivered: [(0.0, 0.0); RATE_WINDOWS],
             stream_rates: [0.0; RATE_WINDOWS],
             windows: 0,
         }
@@ -301,8 +303,7 @@ impl Sizing {
         let slot = self.windows % RATE_WINDOWS;
         self.windows += 1;
         let secs = elapsed.as_secs_f64();
-        let rate = if secs > 0.0 { w.bytes as f64 / secs } else { 0.0 };
-        self.rates[slot] = if w.bound { rate } else { 0.0 };
+        self.delivered[slot] = if w.bound { (w.bytes as f64, secs) } else { (0.0, 0.0) };
         self.stream_rates[slot] = w.stream_rate;
         let base = self.base_us as f64 / 1e6;
         // Margins in µs too: at a base of 100 µs, scheduling noise alone is
@@ -329,12 +330,16 @@ impl Sizing {
     }
 
     /// GETs of `mean` bytes that keep twice the link's worth in flight, by
-    /// Little's law: the fastest delivery rate recently × how long a GET
+    /// Little's law: the delivery rate recently × how long a GET
     /// takes unqueued (the base first byte, then its body at one stream's
     /// rate: a store that caps streams needs more of them) ÷ the GET's
     /// size, + 2 for the GETs whose bodies are arriving.
     fn fills_twice(&self, base: f64, mean: f64) -> usize {
-        let rate = self.rates.iter().copied().fold(0.0, f64::max);
+        let (bytes, secs) = self
+            .delivered
+            .iter()
+            .fold((0.0, 0.0), |(b, s), &(wb, ws)| (b + wb, s + ws));
+        let rate = if secs > 0.0 { bytes / secs } else { 0.0 };
         if !(rate > 0.0 && mean > 0.0) {
             return usize::MAX;
         }

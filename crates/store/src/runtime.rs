@@ -11,10 +11,17 @@ pub struct IoRuntime {
 }
 
 impl IoRuntime {
-    /// A runtime of `threads` worker threads named `brand-store-N`.
+    /// A runtime of `threads` worker threads named `brand-store`, and at
+    /// most a thread per core (2..=8) for blocking work (decoding): tokio's
+    /// default of 512 made a thread per GET completing at once, and each
+    /// thread's allocator arena kept its freed buffers: reading 0.9 GB from
+    /// a local S3 server at 10 % memory, peak RSS 324 (289–346) MiB with
+    /// 13 threads, 274 (272–276) MiB with 2, at the same rate (5 rounds).
     pub fn new(threads: usize) -> Result<IoRuntime> {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads.max(1))
+            .max_blocking_threads(cores.clamp(2, 8))
             .thread_name("brand-store")
             .enable_all()
             .build()
