@@ -200,3 +200,59 @@ fn a_first_byte_slower_than_nearly_all_before_it_gets_a_hedged_second_get() {
     assert_eq!(r.hedges, 1, "{r:?}");
     assert_eq!(f.server.stats().get_requests, 62);
 }
+
+/// GETs of 4 KiB through `limiter`, as many as it lets out at once, the
+/// way the engine drives it (a place taken, then the GET started).
+fn drive(f: &Fixture, limiter: &std::sync::Arc<Limiter>, gets: usize) {
+    let c = std::sync::Arc::new(GetCounters::default());
+    f.rt.block_on(async {
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..gets {
+            let permit = limiter.acquire().await;
+            let (conn, c, l, e_tag) = (f.conn.clone(), c.clone(), limiter.clone(), f.e_tag.clone());
+            let at = (i % (SIZE / 4096)) as u64 * 4096;
+            tasks.spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let r = get::get_into(
+                    &conn,
+                    "data-0",
+                    at..at + 4096,
+                    e_tag.as_deref(),
+                    &mut buf,
+                    &policy(),
+                    &c,
+                    &l,
+                )
+                .await;
+                drop(permit);
+                r
+            });
+            while let Some(done) = tasks.try_join_next() {
+                done.expect("task").expect("get");
+            }
+        }
+        while let Some(done) = tasks.join_next().await {
+            done.expect("task").expect("get");
+        }
+    });
+}
+
+#[test]
+fn a_store_slow_to_answer_but_never_full_is_given_more_gets_in_flight() {
+    // Every first byte 40 ms away and no queue anywhere: more GETs in
+    // flight only bring more bytes, so the adaptive limit grows past its
+    // start; a fixed one stays where it was set.
+    let f = fixture();
+    f.server.faults().delay_gets(Duration::from_millis(40));
+    let auto = std::sync::Arc::new(Limiter::adaptive());
+    drive(&f, &auto, 2_000);
+    let fixed = std::sync::Arc::new(Limiter::new(32));
+    drive(&f, &fixed, 200);
+    f.server.faults().delay_gets(Duration::ZERO);
+    assert!(
+        auto.limit() >= 4 * brand_store::limiter::AUTO_START,
+        "{} after 2,000 GETs",
+        auto.limit()
+    );
+    assert_eq!(fixed.limit(), 32);
+}
