@@ -80,6 +80,18 @@ def test_a_url_resumes_from_a_state(s3):
     assert got == whole
 
 
+def test_gets_in_flight_are_sized_by_default_fixed_when_given_and_checked(s3):
+    _, url, _, _ = s3
+    with brand.Loader(url, **CFG) as auto, brand.Loader(url, gets_in_flight=8, **CFG) as fixed:
+        for loader in (auto, fixed):
+            assert sum(len(b.ids) for b in loader) == SAMPLES
+        assert 4 <= auto.metrics()["store_gets_in_flight_limit"] <= 256, auto.metrics()
+        assert fixed.metrics()["store_gets_in_flight_limit"] == 8, fixed.metrics()
+    for wrong in ("many", 0):
+        with pytest.raises(brand.ConfigError, match="gets_in_flight"):
+            brand.Loader(url, gets_in_flight=wrong, **CFG)
+
+
 def test_503_bursts_are_retried_and_reported_in_metrics(s3):
     server, url, _, _ = s3
     # The next 4 GETs of segments answer 503 (no other reader of this

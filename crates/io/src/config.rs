@@ -88,7 +88,7 @@ impl std::str::FromStr for GetsInFlight {
             n => n
                 .parse()
                 .map(GetsInFlight::Fixed)
-                .map_err(|_| Error::config(format!("gets in flight {s:?}: expected auto or a whole number"))),
+                .map_err(|_| Error::config(format!("gets_in_flight {s:?}: expected \"auto\" or a whole number"))),
         }
     }
 }

@@ -41,6 +41,9 @@ use crate::read::reads_in_place;
 /// Threads of the engine's runtime: HTTP and copying bodies, not decoding.
 const RUNTIME_THREADS: usize = 2;
 
+/// Most time a closing reader waits for its runtime's decoding to end.
+const SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 struct Ctx {
     shared: Shared,
     conn: Connection,
@@ -93,7 +96,9 @@ pub(crate) fn start(shared: Shared) -> Result<Started> {
         .spawn(move || {
             let _exit = exit_tx;
             rt.block_on(dispatch(job_rx, ctx));
-            drop(rt);
+            // Its connections' tasks stop before the engine says it exited:
+            // a request they had queued is not sent after the reader closed.
+            rt.shutdown(SHUTDOWN_WAIT);
         })
         .map_err(|e| Error::io("<brand-objects thread>", e))?;
     Ok(Started {

@@ -494,7 +494,10 @@ mod tests {
             ("io_timeout = \"1s\"", "io_timeout"),
             ("gets_in_flight = 0", "gets_in_flight"),
             ("gets_in_flight = 1025", "gets_in_flight"),
-            ("gets_in_flight = \"many\"", "gets in flight \"many\""),
+            (
+                "gets_in_flight = \"many\"",
+                "gets_in_flight \"many\": expected \"auto\"",
+            ),
             ("get_size = \"32KiB\"", "get_size"),
             ("get_size = \"2GiB\"", "get_size"),
             ("stall_timeout = 0", "stall_timeout"),

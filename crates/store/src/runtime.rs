@@ -36,6 +36,17 @@ impl IoRuntime {
         }
     }
 
+    /// Stops the runtime where blocking is allowed, waiting at most `limit`
+    /// for its threads: once this returns, none of its tasks runs, so no
+    /// request of a closed reader reaches the store after its close (a
+    /// GET's task is dropped, not finished; only blocking work is waited
+    /// for, up to `limit`).
+    pub fn shutdown(mut self, limit: std::time::Duration) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_timeout(limit);
+        }
+    }
+
     /// Runs `f` to completion on this runtime (from a thread outside it).
     pub fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
         self.handle().block_on(f)
