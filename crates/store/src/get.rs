@@ -3,7 +3,9 @@
 //! jittered exponential backoff on 5xx, 429, broken connections and stalls,
 //! a cut body resumed from the byte it stopped at (never started over), a
 //! hedged second GET when the first byte is slower than nearly all GETs so
-//! far, and every request pinned with `If-Match` to the entity tag the
+//! far, a body far slower than the GETs before it dropped and its rest
+//! asked for again (a connection that trickles never stalls), and every
+//! request pinned with `If-Match` to the entity tag the
 //! object had when the dataset was opened, so a replaced object is an
 //! error rather than a mix of two datasets. After the retries, the error
 //! names the object, the byte range and the last status.
@@ -38,7 +40,24 @@ pub struct GetPolicy {
     /// Hedge: a second GET when the first byte is slower than this at
     /// least, and than the slowest 1 % of first bytes so far.
     pub hedge_min: Duration,
+    /// A body that, after `slow_after` of it, has come this many times
+    /// slower than the median pace of recent GETs is dropped and its rest
+    /// asked for again (a new connection: the slow one is closed).
+    pub slow_factor: u32,
+    pub slow_after: Duration,
 }
+
+/// An attempt that brought at least this much (or the rest) made progress:
+/// its failure does not count against the retries, so a store that cuts
+/// every connection after some megabytes still delivers a large GET.
+const PROGRESS: usize = 64 << 10;
+
+/// Bodies of at least this size set the pace slow bodies are judged by
+/// (smaller ones are mostly their first byte).
+const PACE_MIN_BYTES: usize = 64 << 10;
+
+/// How many recent bodies the pace is the median of.
+const PACE_WINDOW: usize = 64;
 
 impl Default for GetPolicy {
     fn default() -> Self {
@@ -48,6 +67,8 @@ impl Default for GetPolicy {
             backoff: Duration::from_millis(100),
             backoff_max: Duration::from_secs(5),
             hedge_min: Duration::from_millis(50),
+            slow_factor: 16,
+            slow_after: Duration::from_secs(1),
         }
     }
 }
@@ -62,11 +83,17 @@ pub struct GetCounters {
     retries: AtomicU64,
     hedges: AtomicU64,
     hedges_won: AtomicU64,
-    /// Retries by cause: a status ("503"), "reset", "stall", "cut".
+    /// Retries by cause: a status ("503"), "reset", "stall", "cut", "slow".
     causes: Mutex<BTreeMap<String, u64>>,
     /// Whole GETs (first request to last byte) and first bytes, in µs.
     latency: Histogram,
     first_byte: Histogram,
+    /// The recent bodies' ns per byte (a ring), and their median once
+    /// there are 16 (0 before): the pace a slow body is judged against.
+    /// Recent, not all: a path that slows down for good sets a new pace.
+    paces: Mutex<Vec<u64>>,
+    pace_at: AtomicU64,
+    pace_median: AtomicU64,
 }
 
 /// A snapshot of [`GetCounters`] and the limiter.
@@ -104,6 +131,24 @@ impl GetCounters {
         self.retries.fetch_add(1, Ordering::Relaxed);
         if let Ok(mut c) = self.causes.lock() {
             *c.entry(cause.to_string()).or_default() += 1;
+        }
+    }
+
+    /// One body's pace: `bytes` in `took` from its first byte.
+    fn paced(&self, bytes: usize, took: Duration) {
+        let ns_per_byte = u64::try_from(took.as_nanos() / bytes.max(1) as u128).unwrap_or(u64::MAX);
+        let Ok(mut ring) = self.paces.lock() else { return };
+        let at = self.pace_at.fetch_add(1, Ordering::Relaxed) as usize;
+        if ring.len() < PACE_WINDOW {
+            ring.push(ns_per_byte);
+        } else {
+            ring[at % PACE_WINDOW] = ns_per_byte;
+        }
+        if ring.len() >= 16 {
+            let mut sorted = ring.clone();
+            let mid = sorted.len() / 2;
+            let (_, median, _) = sorted.select_nth_unstable(mid);
+            self.pace_median.store((*median).max(1), Ordering::Relaxed);
         }
     }
 
@@ -231,6 +276,27 @@ fn classify(e: &object_store::Error) -> Failure {
             K::InvalidData,
             "the object changed since the dataset was opened (its entity tag differs)",
         ),
+        // A server that ignores Range (a plain HTTP file server) or answers
+        // other bytes than asked will do so every time.
+        object_store::Error::NotSupported { .. } => Failure::new(
+            "range",
+            false,
+            K::Unsupported,
+            "the server does not answer byte ranges (HTTP Range; it sent the whole object): \
+             brand reads a dataset only from a server that does",
+        ),
+        _ if text.contains("non-partial response")
+            || text.contains("Content-Range")
+            || text.contains("CONTENT_RANGE")
+            || (text.contains("Requested ") && text.contains(", got ")) =>
+        {
+            Failure::new(
+                "range",
+                false,
+                K::InvalidData,
+                format!("the store answered other bytes than the range asked for: {text}"),
+            )
+        }
         object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. } => Failure::new(
             "403",
             false,
@@ -449,10 +515,13 @@ pub async fn get_into(
     );
     let path = conn.url.object(name);
     let started = Instant::now();
-    let (mut done, mut attempt, mut first_byte) = (0usize, 0u32, None);
+    // `attempt`: the failed attempts that made no progress, which the
+    // retries bound; `retried`: all of them.
+    let (mut done, mut attempt, mut retried, mut first_byte) = (0usize, 0u32, 0u32, None);
     while done < dst.len() {
         let from = range.start + done as u64;
         let into = &mut dst[done..];
+        let rest = into.len();
         let (got, failure) =
             attempt_once(conn, &path, from..range.end, e_tag, into, p, counters, &mut first_byte).await;
         done += got;
@@ -460,20 +529,24 @@ pub async fn get_into(
         if failure.throttle() {
             limiter.throttled();
         }
-        if !failure.retryable || attempt >= p.retries {
+        let progress = got >= PROGRESS.min(rest);
+        if !failure.retryable || (!progress && attempt >= p.retries) {
             return Err(object_error(
                 &conn.url.object_url(name),
                 Some(&range),
                 &failure,
-                attempt,
+                retried,
             ));
         }
         counters.retried(&failure.cause);
+        retried += 1;
         // Progress made: the store is answering, so resume at once.
-        if got == 0 {
-            tokio::time::sleep(backoff(p, attempt)).await;
+        if !progress {
+            if got == 0 {
+                tokio::time::sleep(backoff(p, attempt)).await;
+            }
+            attempt += 1;
         }
-        attempt += 1;
     }
     counters.latency.record(started.elapsed());
     limiter.succeeded(dst.len() as u64, first_byte, started.elapsed());
@@ -551,6 +624,10 @@ async fn attempt_once(
     }
     let mut body = result.into_stream();
     let mut got = 0usize;
+    let body_started = Instant::now();
+    // The pace is judged over windows of `slow_after`, so a body that turns
+    // slow halfway is caught as soon as one that starts slow.
+    let mut window = (body_started, 0usize);
     loop {
         match tokio::time::timeout(p.stall, body.next()).await {
             Err(_) => {
@@ -578,14 +655,57 @@ async fn attempt_once(
                 into.copy_from_slice(&bytes);
                 got += bytes.len();
                 counters.bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                let took = window.0.elapsed();
+                if took >= p.slow_after {
+                    let (came, rest) = (got - window.1, dst.len() - got);
+                    if let Some(f) = too_slow(counters, p, took, came, rest, range.start + got as u64) {
+                        return (got, Some(f));
+                    }
+                    window = (Instant::now(), got);
+                }
             }
         }
+    }
+    if got >= PACE_MIN_BYTES {
+        counters.paced(got, body_started.elapsed());
     }
     if got < dst.len() {
         let what = format!("the body ended at byte {} of {}", range.start + got as u64, range.end);
         return (got, Some(Failure::new("cut", true, K::UnexpectedEof, what)));
     }
     (got, None)
+}
+
+/// A body that brought `got` bytes in its last `took` (up to byte `at`),
+/// `slow_factor` times slower than the recent median pace, with `rest`
+/// bytes to go that would take it `slow_after` or more: a failure (retried
+/// from `at`), its pace kept so that a path slow for good becomes the new
+/// pace rather than being dropped again and again.
+fn too_slow(
+    counters: &GetCounters,
+    p: &GetPolicy,
+    took: Duration,
+    got: usize,
+    rest: usize,
+    at: u64,
+) -> Option<Failure> {
+    let median = counters.pace_median.load(Ordering::Relaxed);
+    if median == 0 {
+        return None;
+    }
+    let ns_per_byte = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX) / (got.max(1) as u64);
+    let rest_ns = u128::from(ns_per_byte) * rest as u128;
+    if ns_per_byte <= median.saturating_mul(u64::from(p.slow_factor)) || rest_ns < p.slow_after.as_nanos() {
+        return None;
+    }
+    counters.paced(got, took);
+    let what = format!(
+        "the body came at {:.0} KB/s up to byte {at}, over {}× slower than recent GETs ({:.1} MB/s)",
+        got as f64 / took.as_secs_f64() / 1e3,
+        p.slow_factor,
+        1e3 / median as f64,
+    );
+    Some(Failure::new("slow", true, std::io::ErrorKind::TimedOut, what))
 }
 
 fn object_error(url: &str, range: Option<&Range<u64>>, f: &Failure, retries: u32) -> Error {

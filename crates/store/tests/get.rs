@@ -106,6 +106,90 @@ fn a_cut_body_is_resumed_from_where_it_stopped() {
 }
 
 #[test]
+fn a_body_cut_again_and_again_is_resumed_while_each_attempt_brings_bytes() {
+    // A store (or a proxy) that drops every connection after 256 KiB: 12
+    // attempts for 3 MiB, more than the 5 retries, but each brings bytes.
+    let f = fixture();
+    f.server.faults().cut_bodies(11, 256 << 10);
+    let c = GetCounters::default();
+    let got = get(&f, 0..SIZE as u64, &c, &policy()).expect("get");
+    assert!(got == f.data, "bytes differ");
+    let r = c.report(None);
+    assert_eq!(r.retries_by_cause.get("cut"), Some(&11), "{r:?}");
+    assert_eq!(r.bytes, SIZE as u64, "{r:?}");
+    // Attempts that bring nothing still run out of retries.
+    f.server.faults().cut_bodies(6, 0);
+    let e = get(&f, 0..SIZE as u64, &c, &policy())
+        .expect_err("gives up")
+        .to_string();
+    assert!(e.contains("after 5 retries") && e.contains("cut"), "{e}");
+    f.server.faults().clear();
+}
+
+/// Sixteen 256 KiB GETs at the server's full speed: the pace slow bodies
+/// are judged against.
+fn set_the_pace(f: &Fixture, c: &GetCounters, p: &GetPolicy) {
+    for i in 0..16u64 {
+        let at = (i % 8) * (256 << 10);
+        get(f, at..at + (256 << 10), c, p).expect("get");
+    }
+}
+
+#[test]
+fn a_body_far_slower_than_recent_ones_is_dropped_and_its_rest_asked_for_again() {
+    let f = fixture();
+    let p = GetPolicy {
+        slow_after: Duration::from_millis(300),
+        ..policy()
+    };
+    let c = GetCounters::default();
+    set_the_pace(&f, &c, &p);
+    assert_eq!(c.report(None).retries, 0);
+    // 100 kB, then 8 KiB/s: never quiet for the stall timeout, but the
+    // rest would take six minutes.
+    f.server.faults().trickle_bodies(1, 100_000, 8 << 10);
+    let start = Instant::now();
+    let got = get(&f, 0..SIZE as u64, &c, &p).expect("get");
+    let took = start.elapsed();
+    assert!(got == f.data, "bytes differ");
+    let r = c.report(None);
+    assert_eq!(r.retries_by_cause.get("slow"), Some(&1), "{r:?}");
+    assert!(took < Duration::from_secs(30), "{took:?}");
+    // Resumed, not started over: only the trickled bytes came twice at most.
+    assert!(r.bytes < 16 * (256 << 10) + SIZE as u64 + (64 << 10), "{r:?}");
+}
+
+#[test]
+fn a_path_that_slows_down_for_good_sets_a_new_pace_rather_than_being_dropped_forever() {
+    let f = fixture();
+    // Windows of 200 ms: 10 of the server's trickled pieces each.
+    let p = GetPolicy {
+        slow_after: Duration::from_millis(200),
+        ..policy()
+    };
+    let c = GetCounters::default();
+    set_the_pace(&f, &c, &p);
+    // From now on every body comes at 4 MiB/s.
+    f.server.faults().trickle_bodies(1_000, 0, 4 << 20);
+    let mut slow_before = 0;
+    for i in 0..10 {
+        let got = get(&f, 0..SIZE as u64, &c, &p).expect("get");
+        assert!(got == f.data, "bytes differ");
+        let slow = c.report(None).retries_by_cause.get("slow").copied().unwrap_or(0);
+        if i == 9 {
+            // Dropped at first, then the slow pace is the pace.
+            assert!(slow_before > 0, "no body was judged slow");
+            assert_eq!(
+                slow, slow_before,
+                "the last GET was still dropped ({slow} drops in all)"
+            );
+        }
+        slow_before = slow;
+    }
+    f.server.faults().clear();
+}
+
+#[test]
 fn statuses_are_retried_with_backoff_and_counted_by_status() {
     let f = fixture();
     f.server.faults().fail_gets(2, 503);

@@ -84,7 +84,8 @@ fn error(msg: &str) -> String {
     serde_json::json!({ "error": msg }).to_string()
 }
 
-/// `fail=N&status=S`, `cut=N&after=B`, `stall=N&after=B`, `stall_all=1|0`,
+/// `fail=N&status=S`, `cut=N&after=B`, `stall=N&after=B`,
+/// `trickle=N&after=B&rate=BYTES_PER_SEC`, `stall_all=1|0`,
 /// `delay_ms=D`, `key_filter=SUBSTR` (empty: none); several may be given.
 fn set_faults(shared: &Shared, query: &str) -> Result<(), String> {
     let params: Vec<(String, String)> = query
@@ -109,6 +110,8 @@ fn set_faults(shared: &Shared, query: &str) -> Result<(), String> {
             "after",
             "stall",
             "stall_all",
+            "trickle",
+            "rate",
             "delay_ms",
             "key_filter",
         ]
@@ -116,8 +119,8 @@ fn set_faults(shared: &Shared, query: &str) -> Result<(), String> {
     }) {
         return Err(format!("unknown parameter {k:?}"));
     }
-    if get("cut").is_some() && get("stall").is_some() {
-        return Err("cut and stall take one `after` each: set them in two requests".to_owned());
+    if ["cut", "stall", "trickle"].iter().filter(|k| get(k).is_some()).count() > 1 {
+        return Err("cut, stall and trickle take one `after` each: set them in separate requests".to_owned());
     }
     let f = &shared.faults;
     // Everything parsed before anything is set.
@@ -129,6 +132,8 @@ fn set_faults(shared: &Shared, query: &str) -> Result<(), String> {
     let fail = get("fail").map(|_| num("fail", 0)).transpose()?;
     let cut = get("cut").map(|_| num("cut", 0)).transpose()?;
     let stall = get("stall").map(|_| num("stall", 0)).transpose()?;
+    let trickle = get("trickle").map(|_| num("trickle", 0)).transpose()?;
+    let rate = num("rate", 16 << 10)?;
     let stall_all = match get("stall_all") {
         None => None,
         Some("1" | "true") => Some(true),
@@ -144,6 +149,9 @@ fn set_faults(shared: &Shared, query: &str) -> Result<(), String> {
     }
     if let Some(n) = stall {
         f.stall_gets(n, after);
+    }
+    if let Some(n) = trickle {
+        f.trickle_bodies(n, after, rate);
     }
     if let Some(on) = stall_all {
         f.stall_all(on);

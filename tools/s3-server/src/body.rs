@@ -1,6 +1,7 @@
 //! A GetObject body that counts the bytes it hands on and, when told to,
 //! stops early: cut (an error, so the connection is dropped) or stalled
-//! (nothing more until the stalls are released or the server stops).
+//! (nothing more until the stalls are released or the server stops), or
+//! slows down: trickled (the rest at a few bytes at a time, never stalling).
 
 use std::future::Future;
 use std::io;
@@ -22,6 +23,9 @@ use crate::{Plan, Shared};
 /// How long a cut body waits between its last bytes and the cut.
 const CUT_FLUSH: Duration = Duration::from_millis(50);
 
+/// A trickled body's pace: 20 ms, then a fiftieth of its rate, and so on.
+const TRICKLE_TICK: Duration = Duration::from_millis(20);
+
 type Wait = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 pub(crate) struct FaultBody {
@@ -29,6 +33,12 @@ pub(crate) struct FaultBody {
     /// Bytes before the cut or the stall; `None`: no fault (any more).
     left: Option<u64>,
     cut: bool,
+    /// Bytes per second once `left` runs out, for a trickled body.
+    trickle: Option<u64>,
+    /// Trickling: each piece comes after a `TRICKLE_TICK` pause (`due`:
+    /// the pause before the next piece is over).
+    pacing: bool,
+    due: bool,
     /// While stalled: the release to wait for (for a cut: a short pause
     /// before it). In a mutex only to make the
     /// body `Sync`; polled through `get_mut`, never locked.
@@ -44,15 +54,19 @@ pub(crate) struct FaultBody {
 impl FaultBody {
     pub(crate) fn new(inner: StreamingBlob, plan: Plan, release: watch::Receiver<u64>, shared: Arc<Shared>) -> Self {
         let remaining = inner.remaining_length().exact();
-        let (left, cut) = match plan {
-            Plan::Serve => (None, false),
-            Plan::Cut(n) => (Some(n), true),
-            Plan::Stall(n) => (Some(n), false),
+        let (left, cut, trickle) = match plan {
+            Plan::Serve => (None, false, None),
+            Plan::Cut(n) => (Some(n), true, None),
+            Plan::Stall(n) => (Some(n), false, None),
+            Plan::Trickle { after, rate } => (Some(after), false, Some(rate)),
         };
         FaultBody {
             inner,
             left,
             cut,
+            trickle,
+            pacing: false,
+            due: false,
             stalled: None,
             release: Some(release),
             held: None,
@@ -62,7 +76,16 @@ impl FaultBody {
         }
     }
 
-    fn emit(&mut self, b: Bytes) -> Poll<Option<Result<Bytes, StdError>>> {
+    fn emit(&mut self, mut b: Bytes) -> Poll<Option<Result<Bytes, StdError>>> {
+        if self.pacing
+            && let Some(rate) = self.trickle
+        {
+            let piece = usize::try_from(rate / 50).unwrap_or(usize::MAX).max(1);
+            if b.len() > piece {
+                self.held = Some(b.split_off(piece));
+            }
+            self.due = false;
+        }
         let n = b.len();
         self.shared.counters.get_bytes.fetch_add(n as u64, Ordering::Relaxed);
         self.remaining = self.remaining.map(|r| r.saturating_sub(n));
@@ -96,12 +119,19 @@ impl Stream for FaultBody {
                     // hyper drops what it has not written yet when a body
                     // fails: give it time to flush the bytes before the cut.
                     this.stalled = Some(Mutex::new(Box::pin(tokio::time::sleep(CUT_FLUSH))));
+                } else if this.trickle.is_some() {
+                    this.pacing = true;
                 } else if let Some(mut release) = this.release.take() {
                     this.stalled = Some(Mutex::new(Box::pin(async move {
                         // An error is the sender gone: the server is stopping.
                         let _ = release.changed().await;
                     })));
                 }
+                continue;
+            }
+            if this.pacing && !this.due {
+                this.due = true;
+                this.stalled = Some(Mutex::new(Box::pin(tokio::time::sleep(TRICKLE_TICK))));
                 continue;
             }
             if let Some(b) = this.held.take() {

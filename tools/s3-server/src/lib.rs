@@ -142,6 +142,9 @@ struct FaultState {
     stall: u64,
     stall_after: u64,
     stall_all: bool,
+    trickle: u64,
+    trickle_after: u64,
+    trickle_rate: u64,
     delay_ms: u64,
 }
 
@@ -151,6 +154,11 @@ pub(crate) enum Plan {
     Serve,
     Cut(u64),
     Stall(u64),
+    /// After `after` bytes, the rest at `rate` bytes per second.
+    Trickle {
+        after: u64,
+        rate: u64,
+    },
 }
 
 /// Faults injected into GetObject; shared with the running server, so they
@@ -158,7 +166,8 @@ pub(crate) enum Plan {
 /// applies only to GETs whose key contains the key filter, when one is set.
 ///
 /// A GET suffers at most one counted fault: fail when it arrives, else,
-/// once its object is found (and `If-Match` holds), stall, else cut.
+/// once its object is found (and `If-Match` holds), stall, else cut, else
+/// trickle.
 /// `delay_gets` and `stall_all` apply before all that.
 pub struct Faults {
     state: Mutex<FaultState>,
@@ -213,6 +222,17 @@ impl Faults {
         let mut s = self.lock();
         s.stall = n;
         s.stall_after = after_bytes;
+    }
+
+    /// The next `n` matching GETs send their headers and `after_bytes` of the
+    /// body at full speed, then the rest at `bytes_per_sec` (at least one
+    /// byte every 20 ms): slow, but never quiet long enough to
+    /// look stalled.
+    pub fn trickle_bodies(&self, n: u64, after_bytes: u64, bytes_per_sec: u64) {
+        let mut s = self.lock();
+        s.trickle = n;
+        s.trickle_after = after_bytes;
+        s.trickle_rate = bytes_per_sec;
     }
 
     /// While on, every matching GET stalls before answering anything (no
@@ -275,6 +295,12 @@ impl Faults {
         } else if s.cut > 0 {
             s.cut -= 1;
             Plan::Cut(s.cut_after)
+        } else if s.trickle > 0 {
+            s.trickle -= 1;
+            Plan::Trickle {
+                after: s.trickle_after,
+                rate: s.trickle_rate,
+            }
         } else {
             Plan::Serve
         }

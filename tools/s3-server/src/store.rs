@@ -183,7 +183,7 @@ impl Store {
         plan: Plan,
         release: tokio::sync::watch::Receiver<u64>,
     ) -> S3Response<GetObjectOutput> {
-        if matches!(plan, Plan::Cut(_) | Plan::Stall(_)) {
+        if !matches!(plan, Plan::Serve) {
             self.count(&self.shared.counters.errors_injected);
         }
         if let Some(blob) = resp.output.body.take() {
