@@ -725,3 +725,68 @@ fn a_dataset_at_an_http_url_reads_and_packs_without_credentials() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains(&missing) && !err.contains("panicked"), "{err}");
 }
+
+/// An HTTP file server that ignores Range (as `python -m http.server`
+/// does): every GET answers 200 with the whole file under `dir`, HEAD its
+/// headers. Serves until the test process ends; returns its base URL.
+fn serve_without_ranges(dir: PathBuf) -> String {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let Ok(read) = conn.try_clone() else { continue };
+            let mut lines = BufReader::new(read);
+            let mut request = String::new();
+            if lines.read_line(&mut request).is_err() {
+                continue;
+            }
+            let mut line = String::new();
+            while lines.read_line(&mut line).is_ok_and(|n| n > 2) {
+                line.clear();
+            }
+            let mut parts = request.split_whitespace();
+            let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or("/"));
+            let body = std::fs::read(dir.join(path.trim_start_matches('/'))).ok();
+            let head = match &body {
+                Some(b) => format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nLast-Modified: Thu, 26 Nov 2026 00:00:00 GMT\r\nConnection: close\r\n\r\n",
+                    b.len()
+                ),
+                None => "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_owned(),
+            };
+            let _ = conn.write_all(head.as_bytes());
+            if method == "GET"
+                && let Some(b) = body
+            {
+                let _ = conn.write_all(&b);
+            }
+        }
+    });
+    base
+}
+
+/// A dataset on a server that ignores Range is refused at once, naming the
+/// object and why, rather than retried as a broken connection.
+#[test]
+fn a_dataset_on_a_server_that_ignores_byte_ranges_is_refused_at_once_by_name() {
+    let f = Fixture::new();
+    let base = serve_without_ranges(f.root.clone());
+    let url = format!("{base}/ds");
+    let start = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_brand"))
+        .args(["read", &url, "--memory", "10%"])
+        .env("RUST_BACKTRACE", "0")
+        .env("XDG_CACHE_HOME", f.root.join("http-cache"))
+        .output()
+        .expect("run brand");
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("{url}/manifest.toml")) && err.contains("does not answer byte ranges"),
+        "{err}"
+    );
+    assert!(!err.contains("retries"), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(10), "{:?}", start.elapsed());
+}
