@@ -67,7 +67,7 @@ python-test: build tools
 
 # brand's Python package (python/, its own cargo workspace): fmt and clippy of its extension
 # crate, its abi3 wheel built by maturin and installed into the test venv (scripts/py-venv.sh:
-# numpy, torch, torchdata, grain, pytest, maturin, the formats' writers, ray, jax; outside the
+# numpy, torch, torchdata, grain, pytest, maturin, the formats' writers, ray, jax, moto; outside the
 # repo), then python/tests against those real libraries, including the wheel in a fresh venv
 # without cargo; Azure against Azurite (scripts/azurite.sh: node and npm from apt when missing).
 PY_WHEELS := $(TARGET)/wheels
