@@ -6,6 +6,7 @@
 
 use std::alloc::{Layout, alloc, alloc_zeroed, dealloc};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::ALIGN;
 
@@ -16,8 +17,41 @@ pub const SAMPLE_ALIGN: usize = 64;
 /// recycled (see [`recycle`]); smaller ones are left to the allocator.
 const RECYCLE_MIN: usize = 64 << 10;
 
-/// Most bytes of freed sample buffers kept for reuse, process-wide.
-const RECYCLE_LIMIT: usize = 64 << 20;
+/// Most bytes of freed sample buffers kept for reuse, process-wide, until a
+/// reader sizes it ([`size_recycling`]); its bounds.
+const RECYCLE_DEFAULT: usize = 64 << 20;
+const RECYCLE_FLOOR: usize = 4 << 20;
+
+/// The recycler's limit in bytes; 0: [`RECYCLE_DEFAULT`].
+static RECYCLE_LIMIT: AtomicUsize = AtomicUsize::new(0);
+
+/// Sizes the recycler of large sample buffers for a reader whose memory and
+/// read-ahead come to `budget` bytes: a quarter of it, within 4..=64 MiB
+/// (the largest any reader of the process asked for). Freed buffers of
+/// sizes no later read wants (an object store's GETs vary in size) stay in
+/// the recycler until it is full: at 64 MiB whatever the budget, they were
+/// half of the RSS above the budget of a reader at `memory` 1 % over S3
+/// (151–181 MiB against 105–110 with 4 MiB).
+pub fn size_recycling(budget: u64) {
+    let want = usize::try_from(budget / 4)
+        .unwrap_or(usize::MAX)
+        .clamp(RECYCLE_FLOOR, RECYCLE_DEFAULT);
+    let _ = RECYCLE_LIMIT.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| {
+        (now == 0 || want > now).then_some(want)
+    });
+}
+
+/// Bytes the recycler of large sample buffers holds now, and its limit.
+pub fn recycling() -> (usize, usize) {
+    (recycle::held(), recycle_limit())
+}
+
+fn recycle_limit() -> usize {
+    match RECYCLE_LIMIT.load(Ordering::Relaxed) {
+        0 => RECYCLE_DEFAULT,
+        n => n,
+    }
+}
 
 /// Freed sample buffers kept for the next samples (or extent reads, see
 /// [`AlignedBuf::for_extent`]) of about their size. Every buffer in it is
@@ -30,7 +64,7 @@ const RECYCLE_LIMIT: usize = 64 << 20;
 /// or keeps it in per-thread arenas: with samples read into place on the
 /// io thread and copied on decode threads, a 16 MiB cache left peak RSS
 /// 20 % higher than this one (64 MiB, reuse within 1/8) on a 256 MiB budget.
-/// Bounded by [`RECYCLE_LIMIT`]; a buffer is reused only for a sample of at
+/// Bounded by [`size_recycling`]; a buffer is reused only for a sample of at
 /// most 1/8 less than its capacity, so the waste is small. Never blocks:
 /// when the lock is taken (or poisoned), buffers go to the allocator.
 mod recycle {
@@ -65,12 +99,17 @@ mod recycle {
         Some((ptr, cap))
     }
 
+    /// Bytes held (0 when the lock is busy).
+    pub fn held() -> usize {
+        CACHE.try_lock().map_or(0, |c| c.bytes)
+    }
+
     /// Keeps a freed buffer; false (the caller frees it) when full or busy.
     pub fn put(ptr: NonNull<u8>, cap: usize) -> bool {
         let Ok(mut c) = CACHE.try_lock() else {
             return false;
         };
-        if c.bytes + cap > super::RECYCLE_LIMIT {
+        if c.bytes + cap > super::recycle_limit() {
             return false;
         }
         c.bytes += cap;
@@ -99,8 +138,8 @@ mod small {
 
     use crossbeam_queue::ArrayQueue;
 
-    /// Most bytes of small buffers kept, process-wide: as many as the
-    /// large recycler's. At 16 MiB (4,096 samples of 4 KiB, fewer than a
+    /// Most bytes of small buffers kept, process-wide (not sized to the
+    /// reader as the large recycler is). At 16 MiB (4,096 samples of 4 KiB, fewer than a
     /// 64 MiB read-ahead holds) the held samples' count swung past it and
     /// the misses went to the allocator's heap growth (`sysmalloc`, page
     /// faults: ≈ 10 % of the CPU reading 4 KiB samples from tmpfs).

@@ -154,6 +154,7 @@ impl Loader {
         memory_bound: Option<u64>,
     ) -> Result<Self> {
         cfg.check()?;
+        brand_format::buffer::size_recycling(memory_bound.unwrap_or(0).saturating_add(cfg.readahead_bytes));
         // Registered buffers are read-ahead memory.
         let engine = cfg.io.engine_config(&ds, cfg.readahead_bytes);
         let reads = ReadSession::open(ds.clone(), engine, cfg.io.read_gap)?;
