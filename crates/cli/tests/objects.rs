@@ -286,6 +286,19 @@ fn missing_buckets_prefixes_and_refused_credentials_are_named_without_the_secret
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("access refused") && err.contains(&f.url), "{err}");
     assert!(!err.contains("XYZZY"), "the secret leaked: {err}");
+    // Signed for another region than the bucket's: S3's 400 comes to a
+    // HEAD without a body, so the error says what usually causes it.
+    let out = f
+        .command(&["inspect", &f.url])
+        .env("AWS_REGION", "eu-west-1")
+        .output()
+        .expect("run");
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&f.url) && err.contains("400") && err.contains("AWS_REGION is not the bucket's region"),
+        "{err}"
+    );
     let err = f.fails_within(&["read", "s3://user:SECRETPW@bkt/ds"], limit);
     assert!(!err.contains("SECRETPW"), "{err}");
 }

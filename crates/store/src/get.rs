@@ -323,11 +323,20 @@ fn classify(e: &object_store::Error) -> Failure {
                 Some(s) => {
                     // 501 and 505 say what the server cannot do, every time.
                     let retryable = (s >= 500 && s != 501 && s != 505) || s == 429 || s == 408;
+                    // A HEAD's answer has no body to name the cause: S3 answers a
+                    // request signed for another region than the bucket's 400
+                    // (AuthorizationHeaderMalformed) or 301.
+                    let hint = match (s, code.as_deref()) {
+                        (400, None | Some("AuthorizationHeaderMalformed")) | (301, _) => {
+                            "; with S3, most often AWS_REGION is not the bucket's region"
+                        }
+                        _ => "",
+                    };
                     Failure::new(
                         s.to_string(),
                         retryable,
                         K::Other,
-                        with_code(&format!("the store answered {s}")),
+                        format!("{}{hint}", with_code(&format!("the store answered {s}"))),
                     )
                 }
                 None => Failure::new("reset", true, K::ConnectionReset, text),
