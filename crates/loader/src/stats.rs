@@ -79,8 +79,8 @@ pub struct Metrics {
     /// A dataset in object storage (the rest 0 otherwise): requests sent
     /// (GETs, their retries, resumes and hedges; HEADs), body bytes
     /// fetched (`bytes_read` counts the extents the loader asked for),
-    /// retries and their causes (a status such as "503", "reset", "stall",
-    /// "cut"), hedged GETs, GET latency (first request to last byte) and
+    /// retries and their causes (a status such as "503", "connect", "reset", "stall",
+    /// "cut", "slow"), hedged GETs, GET latency (first request to last byte) and
     /// time to first byte, and the GETs-in-flight limit now.
     pub store_requests: u64,
     pub store_bytes_fetched: u64,

@@ -83,7 +83,7 @@ pub struct GetCounters {
     retries: AtomicU64,
     hedges: AtomicU64,
     hedges_won: AtomicU64,
-    /// Retries by cause: a status ("503"), "reset", "stall", "cut", "slow".
+    /// Retries by cause: a status ("503"), "connect", "reset", "stall", "cut", "slow".
     causes: Mutex<BTreeMap<String, u64>>,
     /// Whole GETs (first request to last byte) and first bytes, in µs.
     latency: Histogram,
@@ -229,7 +229,7 @@ impl Histogram {
 /// Why one attempt failed.
 #[derive(Debug)]
 struct Failure {
-    /// For the counters: a status ("503"), "reset", "stall", "cut".
+    /// For the counters: a status ("503"), "connect", "reset", "stall", "cut", "slow", "range".
     cause: String,
     retryable: bool,
     kind: std::io::ErrorKind,
@@ -339,10 +339,53 @@ fn classify(e: &object_store::Error) -> Failure {
                         format!("{}{hint}", with_code(&format!("the store answered {s}"))),
                     )
                 }
-                None => Failure::new("reset", true, K::ConnectionReset, text),
+                None => {
+                    // object_store's text stops at "error sending request":
+                    // the cause (refused, DNS, reset) is further down.
+                    let text = redact(&with_sources(e));
+                    if refused(e) {
+                        Failure::new("connect", true, K::ConnectionRefused, text)
+                    } else {
+                        Failure::new("reset", true, K::ConnectionReset, text)
+                    }
+                }
             }
         }
     }
+}
+
+/// An error's text followed by each of its sources' that adds to it.
+fn with_sources(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let more = s.to_string();
+        if !text.contains(&more) {
+            text = format!("{text}: {more}");
+        }
+        source = s.source();
+    }
+    text
+}
+
+/// Whether a connection could not be made at all (refused, or no such host).
+fn refused(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(e);
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::HostUnreachable
+            )
+        {
+            return true;
+        }
+        if s.to_string().contains("dns error") {
+            return true;
+        }
+        source = s.source();
+    }
+    false
 }
 
 /// The HTTP status in object_store's "status code: 503 …" text.

@@ -342,3 +342,43 @@ fn a_store_slow_to_answer_but_never_full_is_given_more_gets_in_flight() {
     );
     assert_eq!(fixed.limit(), 32);
 }
+
+#[test]
+fn an_endpoint_nobody_listens_on_is_named_as_refused_after_the_retries() {
+    let f = fixture();
+    // A port that was free a moment ago: nothing listens there.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let store = object_store::aws::AmazonS3Builder::new()
+        .with_endpoint(format!("http://127.0.0.1:{port}"))
+        .with_allow_http(true)
+        .with_bucket_name("bkt")
+        .with_region("us-east-1")
+        .with_access_key_id("brand-test-ak")
+        .with_secret_access_key("brand-test-sk")
+        .with_retry(object_store::RetryConfig {
+            max_retries: 0,
+            ..Default::default()
+        })
+        .build()
+        .expect("client");
+    let conn = Connection {
+        url: f.conn.url.clone(),
+        store: std::sync::Arc::new(store),
+    };
+    let c = GetCounters::default();
+    let l = std::sync::Arc::new(Limiter::new(4));
+    let mut buf = vec![0u8; 4096];
+    let p = GetPolicy { retries: 2, ..policy() };
+    let e =
+        f.rt.block_on(get::get_into(&conn, "data-0", 0..4096, None, &mut buf, &p, &c, &l))
+            .expect_err("nobody answers")
+            .to_string();
+    assert!(
+        e.contains("s3://bkt/obj/data-0") && e.contains("Connection refused") && e.contains("last cause: connect"),
+        "{e}"
+    );
+    assert_eq!(c.report(None).retries_by_cause.get("connect"), Some(&2));
+}
