@@ -47,9 +47,10 @@ pub struct GetPolicy {
     pub slow_after: Duration,
 }
 
-/// An attempt that brought at least this much (or the rest) made progress:
-/// its failure does not count against the retries, so a store that cuts
-/// every connection after some megabytes still delivers a large GET.
+/// An attempt that brought at least this much (or the rest) before its
+/// connection broke or was dropped as slow made progress: its failure does
+/// not count against the retries, so a store that cuts every connection
+/// after some megabytes still delivers a large GET.
 const PROGRESS: usize = 64 << 10;
 
 /// Bodies of at least this size set the pace slow bodies are judged by
@@ -581,7 +582,9 @@ pub async fn get_into(
         if failure.throttle() {
             limiter.throttled();
         }
-        let progress = got >= PROGRESS.min(rest);
+        // A stall took `stall` already: it always counts, or a store that
+        // stalls after every 64 KiB would hold a GET for len / 64 KiB stalls.
+        let progress = failure.cause != "stall" && got >= PROGRESS.min(rest);
         if !failure.retryable || (!progress && attempt >= p.retries) {
             return Err(object_error(
                 &conn.url.object_url(name),

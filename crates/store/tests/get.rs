@@ -382,3 +382,19 @@ fn an_endpoint_nobody_listens_on_is_named_as_refused_after_the_retries() {
     );
     assert_eq!(c.report(None).retries_by_cause.get("connect"), Some(&2));
 }
+
+#[test]
+fn stalls_use_up_retries_even_after_bytes_came() {
+    // A store that stalls every GET after 100 kB: each attempt brings bytes
+    // but waits out the stall timeout, so each counts against the retries.
+    let f = fixture();
+    f.server.faults().stall_gets(100, 100_000);
+    let c = GetCounters::default();
+    let p = GetPolicy { retries: 2, ..policy() };
+    let start = Instant::now();
+    let e = get(&f, 0..SIZE as u64, &c, &p).expect_err("gives up").to_string();
+    assert!(e.contains("stalled") && e.contains("after 2 retries"), "{e}");
+    // Three stalls of 400 ms, not one per 100 kB of the 3 MiB.
+    assert!(start.elapsed() < Duration::from_secs(4), "{:?}", start.elapsed());
+    f.server.faults().clear();
+}
