@@ -91,6 +91,14 @@ fn get(f: &Fixture, range: std::ops::Range<u64>, c: &GetCounters, p: &GetPolicy)
     Ok(buf)
 }
 
+/// The error of a GET that must fail (its bytes are not printed if it does not).
+fn get_err(f: &Fixture, range: std::ops::Range<u64>, c: &GetCounters, p: &GetPolicy) -> String {
+    match get(f, range, c, p) {
+        Ok(bytes) => panic!("the GET succeeded with {} bytes", bytes.len()),
+        Err(e) => e.to_string(),
+    }
+}
+
 #[test]
 fn a_cut_body_is_resumed_from_where_it_stopped() {
     let f = fixture();
@@ -119,9 +127,7 @@ fn a_body_cut_again_and_again_is_resumed_while_each_attempt_brings_bytes() {
     assert_eq!(r.bytes, SIZE as u64, "{r:?}");
     // Attempts that bring nothing still run out of retries.
     f.server.faults().cut_bodies(6, 0);
-    let e = get(&f, 0..SIZE as u64, &c, &policy())
-        .expect_err("gives up")
-        .to_string();
+    let e = get_err(&f, 0..SIZE as u64, &c, &policy());
     assert!(e.contains("after 5 retries") && e.contains("cut"), "{e}");
     f.server.faults().clear();
 }
@@ -204,7 +210,7 @@ fn statuses_are_retried_with_backoff_and_counted_by_status() {
     // More failures than retries: an error naming the object, the range and the last status.
     f.server.faults().fail_gets(10, 503);
     let p = GetPolicy { retries: 2, ..policy() };
-    let e = get(&f, 0..4096, &c, &p).expect_err("gives up").to_string();
+    let e = get_err(&f, 0..4096, &c, &p);
     assert!(
         e.contains("s3://bkt/obj/data-0") && e.contains("bytes 0..4096") && e.contains("503"),
         "{e}"
@@ -222,7 +228,7 @@ fn a_stalled_body_is_retried_after_the_stall_timeout_and_a_dead_server_is_an_err
     f.server.faults().stall_all(true);
     let start = Instant::now();
     let p = GetPolicy { retries: 2, ..policy() };
-    let e = get(&f, 0..4096, &c, &p).expect_err("no answer").to_string();
+    let e = get_err(&f, 0..4096, &c, &p);
     assert!(start.elapsed() < Duration::from_secs(5), "{:?}", start.elapsed());
     assert!(e.contains("no answer"), "{e}");
     f.server.faults().clear();
@@ -237,7 +243,7 @@ fn an_object_replaced_after_its_version_was_taken_is_refused() {
     other[0] ^= 1;
     f.rt.block_on(f.conn.store.put(&path, other.into())).expect("replace");
     let c = GetCounters::default();
-    let e = get(&f, 0..4096, &c, &policy()).expect_err("changed").to_string();
+    let e = get_err(&f, 0..4096, &c, &policy());
     assert!(e.contains("changed since the dataset was opened"), "{e}");
 }
 
@@ -392,7 +398,7 @@ fn stalls_use_up_retries_even_after_bytes_came() {
     let c = GetCounters::default();
     let p = GetPolicy { retries: 2, ..policy() };
     let start = Instant::now();
-    let e = get(&f, 0..SIZE as u64, &c, &p).expect_err("gives up").to_string();
+    let e = get_err(&f, 0..SIZE as u64, &c, &p);
     assert!(e.contains("stalled") && e.contains("after 2 retries"), "{e}");
     // Three stalls of 400 ms, not one per 100 kB of the 3 MiB.
     assert!(start.elapsed() < Duration::from_secs(4), "{:?}", start.elapsed());
