@@ -23,16 +23,11 @@ struct Fixture {
     e_tag: Option<String>,
 }
 
-/// A server with one object `bkt/obj/data-0` of SIZE bytes, uploaded
-/// through the S3 API, and a connection configured directly (the
-/// environment is the process's, shared by parallel tests).
-fn fixture() -> Fixture {
-    use object_store::ObjectStoreExt;
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let server = Server::start(&tmp.path().join("s3"), Options::default()).expect("server");
-    std::fs::create_dir_all(tmp.path().join("s3/bkt")).expect("bucket");
-    let store = object_store::aws::AmazonS3Builder::new()
-        .with_endpoint(server.endpoint())
+/// A client of bucket `bkt` at `endpoint`, with object_store's own retries
+/// off (brand's are under test).
+fn client(endpoint: &str) -> object_store::aws::AmazonS3 {
+    object_store::aws::AmazonS3Builder::new()
+        .with_endpoint(endpoint)
         .with_allow_http(true)
         .with_bucket_name("bkt")
         .with_region("us-east-1")
@@ -43,7 +38,18 @@ fn fixture() -> Fixture {
             ..Default::default()
         })
         .build()
-        .expect("client");
+        .expect("client")
+}
+
+/// A server with one object `bkt/obj/data-0` of SIZE bytes, uploaded
+/// through the S3 API, and a connection configured directly (the
+/// environment is the process's, shared by parallel tests).
+fn fixture() -> Fixture {
+    use object_store::ObjectStoreExt;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(&tmp.path().join("s3"), Options::default()).expect("server");
+    std::fs::create_dir_all(tmp.path().join("s3/bkt")).expect("bucket");
+    let store = client(&server.endpoint());
     let rt = IoRuntime::new(2).expect("runtime");
     let data: Vec<u8> = (0..SIZE).map(|i| (i * 7 + i / 4096) as u8).collect();
     let path = object_store::path::Path::from("obj/data-0");
@@ -357,22 +363,9 @@ fn an_endpoint_nobody_listens_on_is_named_as_refused_after_the_retries() {
         .and_then(|l| l.local_addr())
         .expect("a free port")
         .port();
-    let store = object_store::aws::AmazonS3Builder::new()
-        .with_endpoint(format!("http://127.0.0.1:{port}"))
-        .with_allow_http(true)
-        .with_bucket_name("bkt")
-        .with_region("us-east-1")
-        .with_access_key_id("brand-test-ak")
-        .with_secret_access_key("brand-test-sk")
-        .with_retry(object_store::RetryConfig {
-            max_retries: 0,
-            ..Default::default()
-        })
-        .build()
-        .expect("client");
     let conn = Connection {
         url: f.conn.url.clone(),
-        store: std::sync::Arc::new(store),
+        store: std::sync::Arc::new(client(&format!("http://127.0.0.1:{port}"))),
     };
     let c = GetCounters::default();
     let l = std::sync::Arc::new(Limiter::new(4));
