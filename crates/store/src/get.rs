@@ -14,7 +14,7 @@
 //! first byte); [`GetCounters`] counts requests, bytes, retries by cause,
 //! hedges and latencies for the loader's metrics.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::ops::Range;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -89,11 +89,10 @@ pub struct GetCounters {
     /// Whole GETs (first request to last byte) and first bytes, in µs.
     latency: Histogram,
     first_byte: Histogram,
-    /// The recent bodies' ns per byte (a ring), and their median once
-    /// there are 16 (0 before): the pace a slow body is judged against.
-    /// Recent, not all: a path that slows down for good sets a new pace.
-    paces: Mutex<Vec<u64>>,
-    pace_at: AtomicU64,
+    /// The recent bodies' ns per byte, and their median once there are 16
+    /// (0 before): the pace a slow body is judged against. Recent, not
+    /// all: a path that slows down for good sets a new pace.
+    paces: Mutex<VecDeque<u64>>,
     pace_median: AtomicU64,
 }
 
@@ -138,15 +137,13 @@ impl GetCounters {
     /// One body's pace: `bytes` in `took` from its first byte.
     fn paced(&self, bytes: usize, took: Duration) {
         let ns_per_byte = u64::try_from(took.as_nanos() / bytes.max(1) as u128).unwrap_or(u64::MAX);
-        let Ok(mut ring) = self.paces.lock() else { return };
-        let at = self.pace_at.fetch_add(1, Ordering::Relaxed) as usize;
-        if ring.len() < PACE_WINDOW {
-            ring.push(ns_per_byte);
-        } else {
-            ring[at % PACE_WINDOW] = ns_per_byte;
+        let Ok(mut recent) = self.paces.lock() else { return };
+        if recent.len() == PACE_WINDOW {
+            recent.pop_front();
         }
-        if ring.len() >= 16 {
-            let mut sorted = ring.clone();
+        recent.push_back(ns_per_byte);
+        if recent.len() >= 16 {
+            let mut sorted = Vec::from_iter(recent.iter().copied());
             let mid = sorted.len() / 2;
             let (_, median, _) = sorted.select_nth_unstable(mid);
             self.pace_median.store((*median).max(1), Ordering::Relaxed);
@@ -357,36 +354,29 @@ fn classify(e: &object_store::Error) -> Failure {
 
 /// An error's text followed by each of its sources' that adds to it.
 fn with_sources(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
+    chain(e).skip(1).fold(e.to_string(), |text, s| {
         let more = s.to_string();
-        if !text.contains(&more) {
-            text = format!("{text}: {more}");
+        if text.contains(&more) {
+            text
+        } else {
+            format!("{text}: {more}")
         }
-        source = s.source();
-    }
-    text
+    })
+}
+
+/// An error and its sources, outermost first.
+fn chain<'a>(e: &'a (dyn std::error::Error + 'static)) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    std::iter::successors(Some(e), |s| s.source())
 }
 
 /// Whether a connection could not be made at all (refused, or no such host).
 fn refused(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut source = Some(e);
-    while let Some(s) = source {
-        if let Some(io) = s.downcast_ref::<std::io::Error>()
-            && matches!(
-                io.kind(),
-                std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::HostUnreachable
-            )
-        {
-            return true;
-        }
-        if s.to_string().contains("dns error") {
-            return true;
-        }
-        source = s.source();
-    }
-    false
+    use std::io::ErrorKind as K;
+    chain(e).any(|s| {
+        s.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| matches!(io.kind(), K::ConnectionRefused | K::HostUnreachable))
+            || s.to_string().contains("dns error")
+    })
 }
 
 /// The HTTP status in object_store's "status code: 503 …" text.
