@@ -33,11 +33,10 @@ pub(crate) struct FaultBody {
     /// Bytes before the cut or the stall; `None`: no fault (any more).
     left: Option<u64>,
     cut: bool,
-    /// Bytes per second once `left` runs out, for a trickled body.
+    /// Bytes per second once `left` runs out, for a trickled body: each
+    /// piece then comes after a `TRICKLE_TICK` pause (`due`: the pause
+    /// before the next piece is over).
     trickle: Option<u64>,
-    /// Trickling: each piece comes after a `TRICKLE_TICK` pause (`due`:
-    /// the pause before the next piece is over).
-    pacing: bool,
     due: bool,
     /// While stalled: the release to wait for (for a cut: a short pause
     /// before it). In a mutex only to make the
@@ -65,7 +64,6 @@ impl FaultBody {
             left,
             cut,
             trickle,
-            pacing: false,
             due: false,
             stalled: None,
             release: Some(release),
@@ -76,8 +74,13 @@ impl FaultBody {
         }
     }
 
+    /// Trickling: a trickled body whose bytes at full speed are sent.
+    fn pacing(&self) -> bool {
+        self.trickle.is_some() && self.left.is_none()
+    }
+
     fn emit(&mut self, mut b: Bytes) -> Poll<Option<Result<Bytes, StdError>>> {
-        if self.pacing
+        if self.pacing()
             && let Some(rate) = self.trickle
         {
             let piece = usize::try_from(rate / 50).unwrap_or(usize::MAX).max(1);
@@ -119,9 +122,9 @@ impl Stream for FaultBody {
                     // hyper drops what it has not written yet when a body
                     // fails: give it time to flush the bytes before the cut.
                     this.stalled = Some(Mutex::new(Box::pin(tokio::time::sleep(CUT_FLUSH))));
-                } else if this.trickle.is_some() {
-                    this.pacing = true;
-                } else if let Some(mut release) = this.release.take() {
+                } else if this.trickle.is_none()
+                    && let Some(mut release) = this.release.take()
+                {
                     this.stalled = Some(Mutex::new(Box::pin(async move {
                         // An error is the sender gone: the server is stopping.
                         let _ = release.changed().await;
@@ -129,7 +132,7 @@ impl Stream for FaultBody {
                 }
                 continue;
             }
-            if this.pacing && !this.due {
+            if this.pacing() && !this.due {
                 this.due = true;
                 this.stalled = Some(Mutex::new(Box::pin(tokio::time::sleep(TRICKLE_TICK))));
                 continue;
