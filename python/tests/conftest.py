@@ -65,3 +65,26 @@ def corrupt_copy(dataset, tmp_path) -> pathlib.Path:
 
 def source_bytes(files: pathlib.Path, key: str) -> bytes:
     return (files / os.fsdecode(os.fsencode(key))).read_bytes()
+
+
+def assert_reads_as_local(url: str, files: pathlib.Path, ds: pathlib.Path, cfg: dict, epochs: int = 2) -> dict:
+    """Reads `url` and its local copy `ds` side by side for `epochs`: the same
+    ids in the same order (the order does not depend on where the bytes are),
+    each sample's bytes those of its source file, every sample once per epoch,
+    and bytes fetched from the store. Returns the URL loader's metrics."""
+    import brand
+
+    with brand.Loader(url, **cfg) as loader, brand.Loader(ds, **cfg) as local:
+        for epoch in range(epochs):
+            seen = []
+            for batch in loader:
+                same = next(local)
+                assert batch.ids.tolist() == same.ids.tolist(), "the order does not depend on where the bytes are"
+                for arr, key in zip(batch.samples, batch.keys):
+                    assert arr.tobytes() == source_bytes(files, key), key
+                seen += batch.ids.tolist()
+            assert next(local, None) is None, "the local copy's epoch ends there too"
+            assert sorted(seen) == list(range(SAMPLES)), f"epoch {epoch}"
+        m = loader.metrics()
+    assert m["store_requests"] > 0 and m["store_bytes_fetched"] > 0, m
+    return m

@@ -15,7 +15,7 @@ import pytest
 
 import brand
 
-from conftest import SAMPLES, brand_bin, source_bytes
+from conftest import SAMPLES, assert_reads_as_local, brand_bin
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "scripts"))
 import azurite  # noqa: E402
@@ -47,19 +47,7 @@ def az(dataset):
 
 def test_an_azure_url_reads_every_sample_once_per_epoch_with_its_bytes(az):
     _, url, files, ds = az
-    with brand.Loader(url, **CFG) as loader, brand.Loader(ds, **CFG) as local:
-        for epoch in range(2):
-            seen = []
-            for batch in loader:
-                same = next(local)
-                assert batch.ids.tolist() == same.ids.tolist(), "the order does not depend on where the bytes are"
-                for arr, key in zip(batch.samples, batch.keys):
-                    assert arr.tobytes() == source_bytes(files, key), key
-                seen += batch.ids.tolist()
-            assert next(local, None) is None, "the local copy's epoch ends there too"
-            assert sorted(seen) == list(range(SAMPLES)), f"epoch {epoch}"
-        m = loader.metrics()
-        assert m["store_requests"] > 0 and m["store_bytes_fetched"] > 0, m
+    assert_reads_as_local(url, files, ds, CFG)
 
 
 def test_verify_and_inspect_read_the_container(az):

@@ -15,7 +15,7 @@ import pytest
 
 import brand
 
-from conftest import SAMPLES, brand_bin, source_bytes
+from conftest import SAMPLES, assert_reads_as_local, brand_bin
 
 CFG = dict(batch_size=16, memory="20%", seed=7)
 BUCKET = "moto-bkt"
@@ -80,19 +80,7 @@ def moto(dataset, tmp_path_factory):
 
 def test_a_dataset_packed_to_moto_reads_exactly_once_in_the_local_order_with_its_bytes(moto):
     _, url, files, ds = moto
-    with brand.Loader(url, **CFG) as loader, brand.Loader(ds, **CFG) as local:
-        for epoch in range(2):
-            seen = []
-            for batch in loader:
-                same = next(local)
-                assert batch.ids.tolist() == same.ids.tolist()
-                for arr, key in zip(batch.samples, batch.keys):
-                    assert arr.tobytes() == source_bytes(files, key), key
-                seen += batch.ids.tolist()
-            assert next(local, None) is None
-            assert sorted(seen) == list(range(SAMPLES)), f"epoch {epoch}"
-        m = loader.metrics()
-        assert m["store_requests"] > 0, m
+    assert_reads_as_local(url, files, ds, CFG)
 
 
 def test_brand_verify_and_inspect_read_the_dataset_on_moto(moto):
