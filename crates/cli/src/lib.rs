@@ -674,8 +674,12 @@ fn verify_cmd(a: &VerifyArgs) -> brand_format::Result<ExitCode> {
             println!("{p}");
         }
         let verdict = if report.ok() { "OK" } else { "FAILED" };
+        let again = match report.fetched_again {
+            0 => String::new(),
+            n => format!("; {n} chunk(s) fetched again, damaged when first fetched"),
+        };
         println!(
-            "{verdict}: {} chunks, {} samples, {} problem(s)",
+            "{verdict}: {} chunks, {} samples, {} problem(s){again}",
             report.chunks,
             report.samples,
             report.problems.len()

@@ -225,6 +225,42 @@ fn bursts_of_503_and_cut_bodies_are_retried_and_counted_without_a_wrong_byte() {
 }
 
 #[test]
+fn a_record_damaged_on_the_way_is_fetched_again_and_one_damaged_every_time_is_an_error() {
+    let f = Fixture::new();
+    f.server.faults().set_key_filter(Some("data-"));
+    // One byte inverted 20 kB into the first GET of whole chunks, every
+    // record of which is read (all memory): a record fails its crc32c, and
+    // the GET is made again.
+    f.server.faults().flip_bytes(1, 20_000);
+    let epochs = f.read(&["--memory", "100%", "--read-gap", "whole"]);
+    assert_exactly_once(&epochs, 1);
+    assert_eq!(retries_of(&epochs, "crc"), 1, "{}", epochs[0]["metrics"]);
+    // `brand verify` and `brand cat` too: the dataset is whole.
+    f.server.faults().flip_bytes(1, 20_000);
+    let verify = f.run(&["verify", &f.url, "--json"]);
+    assert!(verify.status.success(), "{}", stderr(&verify));
+    let report: serde_json::Value = serde_json::from_slice(&verify.stdout).expect("verify --json");
+    assert_eq!(report["fetched_again"], 1, "{report}");
+    f.server.faults().flip_bytes(1, 100);
+    let remote = f.run(&["cat", &f.url, "7"]);
+    assert!(remote.status.success(), "{}", stderr(&remote));
+    assert!(remote.stdout == common::ok(&["cat", s(&f.local), "7"]).stdout);
+    // Damaged again, the damage is the object's: an error naming where.
+    f.server.faults().flip_bytes(u64::MAX, 20_000);
+    let err = f.fails_within(
+        &["read", &f.url, "--memory", "100%", "--read-gap", "whole"],
+        Duration::from_secs(30),
+    );
+    assert!(
+        err.contains("data-00000.brd: chunk") && err.contains("sample") && err.contains("crc32c mismatch"),
+        "{err}"
+    );
+    let verify = f.run(&["verify", &f.url]);
+    let out = String::from_utf8_lossy(&verify.stdout);
+    assert!(!verify.status.success() && out.contains("crc32c mismatch"), "{out}");
+}
+
+#[test]
 fn a_server_that_stops_answering_is_an_error_in_bounded_time() {
     let f = Fixture::new();
     f.server.faults().set_key_filter(Some("data-"));

@@ -177,49 +177,95 @@ fn coalesce(jobs: Vec<Job>, limit: u64) -> Vec<Group> {
         .collect()
 }
 
+impl Group {
+    /// Each job's completion: the fetch's error.
+    fn failed(self, e: &Error) -> Vec<Completion> {
+        self.jobs
+            .into_iter()
+            .map(|job| Completion {
+                tag: job.tag,
+                extent: job.extent,
+                result: Err(e.duplicate()),
+            })
+            .collect()
+    }
+}
+
 impl Ctx {
     /// GETs the group is fetched in.
     fn parts(&self, g: &Group) -> usize {
         get_parts(g.end - g.start, self.shared.cfg.store.get_bytes) as usize
     }
 
-    async fn read(self: Arc<Self>, group: Group, permits: Vec<Permit>) {
-        let ds = &self.shared.ds;
-        let len = (group.end - group.start) as usize;
-        let mut buf = AlignedBuf::for_extent(len);
-        self.shared.stats.pool_grew(buf.capacity() as u64);
-        let fetched = self.fetch(&group, &mut buf.spare_mut()[..len], permits.len()).await;
-        drop(permits);
-        let this = self.clone();
-        // Decoding (crc32c, zstd) is CPU work: off the runtime's threads.
-        let decoded = tokio::task::spawn_blocking(move || {
-            let cap = buf.capacity() as u64;
-            let completions = match fetched {
-                Ok(()) => {
-                    buf.set_len(len);
-                    this.decode(group, buf)
+    /// Fetches the group and hands its records on. A record that fails its
+    /// check (crc32c, zstd) is fetched once more before it is an error: a
+    /// byte damaged on its way here is not the object's, and one bad byte on
+    /// the network should not end a run. Damaged again, it is the object's.
+    async fn read(self: Arc<Self>, mut group: Group, permits: Vec<Permit>) {
+        let places = permits.len();
+        let mut permits = Some(permits);
+        for last in [false, true] {
+            let len = (group.end - group.start) as usize;
+            let mut buf = AlignedBuf::for_extent(len);
+            self.shared.stats.pool_grew(buf.capacity() as u64);
+            let fetched = self.fetch(&group, &mut buf.spare_mut()[..len], places).await;
+            drop(permits.take());
+            let (segment, start, end) = (group.segment, group.start, group.end);
+            let this = self.clone();
+            // Decoding (crc32c, zstd) is CPU work: off the runtime's threads.
+            let decoded = tokio::task::spawn_blocking(move || {
+                let cap = buf.capacity() as u64;
+                let completions = match fetched {
+                    Ok(()) => {
+                        buf.set_len(len);
+                        this.decode(group, buf)
+                    }
+                    Err(e) => group.failed(&e),
+                };
+                this.shared.stats.pool_shrank(cap);
+                this.hand_on(completions, last)
+            })
+            .await;
+            match decoded {
+                Ok(Some(damaged)) => {
+                    self.stats.counters.retried("crc");
+                    let jobs = damaged
+                        .into_iter()
+                        .map(|c| Job {
+                            tag: c.tag,
+                            extent: c.extent,
+                        })
+                        .collect();
+                    group = Group {
+                        segment,
+                        start,
+                        end,
+                        jobs,
+                    };
                 }
-                Err(e) => group
-                    .jobs
-                    .into_iter()
-                    .map(|job| Completion {
-                        tag: job.tag,
-                        extent: job.extent,
-                        result: Err(e.duplicate()),
-                    })
-                    .collect(),
-            };
-            this.shared.stats.pool_shrank(cap);
-            for c in completions {
-                if this.shared.done.send(c).is_err() {
-                    break;
+                Ok(None) => return,
+                Err(e) => {
+                    let ds = self.shared.ds.dir().display();
+                    tracing::error!("{ds}: decoding a GET's records failed: {e}");
+                    return;
                 }
             }
-        })
-        .await;
-        if let Err(e) = decoded {
-            tracing::error!("{}: decoding a GET's records failed: {e}", ds.dir().display());
         }
+    }
+
+    /// Sends the completions on, or returns them unsent when a record is
+    /// damaged and this was not the `last` fetch.
+    fn hand_on(&self, completions: Vec<Completion>, last: bool) -> Option<Vec<Completion>> {
+        if !last && let Some(first) = damaged(&completions) {
+            tracing::warn!("{first}: fetching its bytes again");
+            return Some(completions);
+        }
+        for c in completions {
+            if self.shared.done.send(c).is_err() {
+                break;
+            }
+        }
+        None
     }
 
     /// The group's bytes into `dst`: one GET, or `get_bytes` parts, `places` at once.
@@ -282,6 +328,16 @@ impl Ctx {
             })
             .collect()
     }
+}
+
+/// The first record error of a fetch that decoded, if one is damaged bytes
+/// (an error of the whole GET is the store's, already retried).
+fn damaged(completions: &[Completion]) -> Option<&Error> {
+    completions
+        .iter()
+        .filter_map(|c| c.result.as_ref().ok())
+        .flatten()
+        .find_map(|(_, r)| r.as_ref().err().filter(|e| matches!(e, Error::Corrupt { .. })))
 }
 
 #[cfg(test)]

@@ -45,6 +45,9 @@ pub struct VerifyReport {
     pub chunks: u64,
     pub samples: u64,
     pub bytes_read: u64,
+    /// Chunks of a dataset in object storage fetched a second time because
+    /// their first fetch failed a check (the problems are the second's).
+    pub fetched_again: u64,
     pub problems: Vec<Problem>,
 }
 
@@ -282,6 +285,7 @@ fn report(ds: &Dataset, held: &[u64], bytes_read: u64, mut problems: Vec<Problem
         chunks: held.len() as u64,
         samples: held.iter().map(|&c| ds.index.chunk_records(c) as u64).sum(),
         bytes_read,
+        fetched_again: 0,
         problems,
     }
 }
@@ -293,6 +297,7 @@ fn verify_objects(ds: &Dataset, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<
     let held = held_chunks(ds);
     let total = held.len() as u64;
     let (mut problems, mut bytes_read, mut done) = (Vec::new(), 0u64, 0u64);
+    let mut damaged = Vec::new();
     brand_store::for_each_chunk(ds, &held, &mut |c, bytes| {
         done += 1;
         if done.is_multiple_of(64) || done == total {
@@ -301,12 +306,29 @@ fn verify_objects(ds: &Dataset, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<
         match bytes {
             Ok(buf) => {
                 bytes_read += buf.len() as u64;
-                check_chunk_bytes(ds, c, &buf, &mut problems);
+                let mut found = Vec::new();
+                check_chunk_bytes(ds, c, &buf, &mut found);
+                if !found.is_empty() {
+                    damaged.push(c);
+                }
             }
             Err(e) => problems.push(chunk_problem(ds, c, format!("cannot fetch the chunk: {e}"))),
         }
     })?;
-    Ok(report(ds, &held, bytes_read, problems))
+    // Bytes damaged on the way are not the dataset's: a chunk that fails a
+    // check is fetched once more, and what that fetch shows is the answer.
+    if !damaged.is_empty() {
+        brand_store::for_each_chunk(ds, &damaged, &mut |c, bytes| match bytes {
+            Ok(buf) => {
+                bytes_read += buf.len() as u64;
+                check_chunk_bytes(ds, c, &buf, &mut problems);
+            }
+            Err(e) => problems.push(chunk_problem(ds, c, format!("cannot fetch the chunk again: {e}"))),
+        })?;
+    }
+    let mut r = report(ds, &held, bytes_read, problems);
+    r.fetched_again = damaged.len() as u64;
+    Ok(r)
 }
 
 /// `read_exact_at` with a message that says how far the file got.

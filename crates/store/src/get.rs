@@ -84,7 +84,8 @@ pub struct GetCounters {
     retries: AtomicU64,
     hedges: AtomicU64,
     hedges_won: AtomicU64,
-    /// Retries by cause: a status ("503"), "connect", "reset", "stall", "cut", "slow".
+    /// Retries by cause: a status ("503"), "connect", "reset", "stall", "cut",
+    /// "slow", and "crc" (bytes fetched again because a record was damaged).
     causes: Mutex<BTreeMap<String, u64>>,
     /// Whole GETs (first request to last byte) and first bytes, in µs.
     latency: Histogram,
@@ -127,7 +128,8 @@ impl GetCounters {
         }
     }
 
-    fn retried(&self, cause: &str) {
+    /// Counts a retry of `cause`.
+    pub fn retried(&self, cause: &str) {
         self.retries.fetch_add(1, Ordering::Relaxed);
         if let Ok(mut c) = self.causes.lock() {
             *c.entry(cause.to_string()).or_default() += 1;

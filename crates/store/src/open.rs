@@ -145,10 +145,18 @@ pub fn read_sample(ds: &Dataset, id: u64) -> Result<Vec<u8>> {
     let conn = Connection::new(&url, policy.stall)?;
     let (counters, limiter) = (GetCounters::default(), Limiter::new(1));
     let mut buf = vec![0u8; len as usize];
-    let range = offset..offset + len as u64;
-    rt.block_on(get::get_into(
-        &conn, name, range, e_tag, &mut buf, &policy, &counters, &limiter,
-    ))?;
+    let fetch = |buf: &mut [u8]| {
+        let range = offset..offset + len as u64;
+        rt.block_on(get::get_into(
+            &conn, name, range, e_tag, buf, &policy, &counters, &limiter,
+        ))
+    };
+    fetch(&mut buf)?;
+    // Damaged bytes are fetched once more, as the engine does (objects.rs):
+    // the damage may be the network's; damaged again, it is the object's.
+    if let Err(Error::Corrupt { .. }) = ds.decode(id, &buf, true) {
+        fetch(&mut buf)?;
+    }
     ds.decode(id, &buf, true).map(|b| b.to_vec())
 }
 

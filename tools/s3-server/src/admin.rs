@@ -85,7 +85,7 @@ fn error(msg: &str) -> String {
 }
 
 /// `fail=N&status=S`, `cut=N&after=B`, `stall=N&after=B`,
-/// `trickle=N&after=B&rate=BYTES_PER_SEC`, `stall_all=1|0`,
+/// `trickle=N&after=B&rate=BYTES_PER_SEC`, `flip=N&after=B`, `stall_all=1|0`,
 /// `delay_ms=D`, `key_filter=SUBSTR` (empty: none); several may be given.
 fn set_faults(shared: &Shared, query: &str) -> Result<(), String> {
     let params: Vec<(String, String)> = query
@@ -112,6 +112,7 @@ fn set_faults(shared: &Shared, query: &str) -> Result<(), String> {
             "stall_all",
             "trickle",
             "rate",
+            "flip",
             "delay_ms",
             "key_filter",
         ]
@@ -119,8 +120,13 @@ fn set_faults(shared: &Shared, query: &str) -> Result<(), String> {
     }) {
         return Err(format!("unknown parameter {k:?}"));
     }
-    if ["cut", "stall", "trickle"].iter().filter(|k| get(k).is_some()).count() > 1 {
-        return Err("cut, stall and trickle take one `after` each: set them in separate requests".to_owned());
+    if ["cut", "stall", "trickle", "flip"]
+        .iter()
+        .filter(|k| get(k).is_some())
+        .count()
+        > 1
+    {
+        return Err("cut, stall, trickle and flip take one `after` each: set them in separate requests".to_owned());
     }
     let f = &shared.faults;
     // Everything parsed before anything is set.
@@ -134,6 +140,7 @@ fn set_faults(shared: &Shared, query: &str) -> Result<(), String> {
     let stall = get("stall").map(|_| num("stall", 0)).transpose()?;
     let trickle = get("trickle").map(|_| num("trickle", 0)).transpose()?;
     let rate = num("rate", 16 << 10)?;
+    let flip = get("flip").map(|_| num("flip", 0)).transpose()?;
     let stall_all = match get("stall_all") {
         None => None,
         Some("1" | "true") => Some(true),
@@ -152,6 +159,9 @@ fn set_faults(shared: &Shared, query: &str) -> Result<(), String> {
     }
     if let Some(n) = trickle {
         f.trickle_bodies(n, after, rate);
+    }
+    if let Some(n) = flip {
+        f.flip_bytes(n, after);
     }
     if let Some(on) = stall_all {
         f.stall_all(on);

@@ -1,7 +1,8 @@
 //! A GetObject body that counts the bytes it hands on and, when told to,
 //! stops early: cut (an error, so the connection is dropped) or stalled
 //! (nothing more until the stalls are released or the server stops), or
-//! slows down: trickled (the rest at a few bytes at a time, never stalling).
+//! slows down: trickled (the rest at a few bytes at a time, never stalling),
+//! or arrives damaged: one byte flipped.
 
 use std::future::Future;
 use std::io;
@@ -38,6 +39,9 @@ pub(crate) struct FaultBody {
     /// before the next piece is over).
     trickle: Option<u64>,
     due: bool,
+    /// The body offset of the byte to invert, and the bytes sent so far.
+    flip: Option<u64>,
+    sent: u64,
     /// While stalled: the release to wait for (for a cut: a short pause
     /// before it). In a mutex only to make the
     /// body `Sync`; polled through `get_mut`, never locked.
@@ -53,8 +57,12 @@ pub(crate) struct FaultBody {
 impl FaultBody {
     pub(crate) fn new(inner: StreamingBlob, plan: Plan, release: watch::Receiver<u64>, shared: Arc<Shared>) -> Self {
         let remaining = inner.remaining_length().exact();
+        let flip = match plan {
+            Plan::Flip(at) => Some(at),
+            _ => None,
+        };
         let (left, cut, trickle) = match plan {
-            Plan::Serve => (None, false, None),
+            Plan::Serve | Plan::Flip(_) => (None, false, None),
             Plan::Cut(n) => (Some(n), true, None),
             Plan::Stall(n) => (Some(n), false, None),
             Plan::Trickle { after, rate } => (Some(after), false, Some(rate)),
@@ -65,6 +73,8 @@ impl FaultBody {
             cut,
             trickle,
             due: false,
+            flip,
+            sent: 0,
             stalled: None,
             release: Some(release),
             held: None,
@@ -90,6 +100,16 @@ impl FaultBody {
             self.due = false;
         }
         let n = b.len();
+        if let Some(at) = self.flip
+            && let Some(i) = at.checked_sub(self.sent).and_then(|i| usize::try_from(i).ok())
+            && i < n
+        {
+            let mut damaged = b.to_vec();
+            damaged[i] ^= 0xff;
+            b = Bytes::from(damaged);
+            self.flip = None;
+        }
+        self.sent += n as u64;
         self.shared.counters.get_bytes.fetch_add(n as u64, Ordering::Relaxed);
         self.remaining = self.remaining.map(|r| r.saturating_sub(n));
         Poll::Ready(Some(Ok(b)))

@@ -145,6 +145,8 @@ struct FaultState {
     trickle: u64,
     trickle_after: u64,
     trickle_rate: u64,
+    flip: u64,
+    flip_at: u64,
     delay_ms: u64,
 }
 
@@ -159,6 +161,8 @@ pub(crate) enum Plan {
         after: u64,
         rate: u64,
     },
+    /// The body's byte at this offset inverted, the rest as stored.
+    Flip(u64),
 }
 
 /// Faults injected into GetObject; shared with the running server, so they
@@ -167,7 +171,7 @@ pub(crate) enum Plan {
 ///
 /// A GET suffers at most one counted fault: fail when it arrives, else,
 /// once its object is found (and `If-Match` holds), stall, else cut, else
-/// trickle.
+/// trickle, else flip.
 /// `delay_gets` and `stall_all` apply before all that.
 pub struct Faults {
     state: Mutex<FaultState>,
@@ -233,6 +237,15 @@ impl Faults {
         s.trickle = n;
         s.trickle_after = after_bytes;
         s.trickle_rate = bytes_per_sec;
+    }
+
+    /// The next `n` matching GETs send their body's byte at offset `at`
+    /// inverted (a shorter body goes as stored, and counts): damage on the
+    /// way, which only the records' checksums can tell.
+    pub fn flip_bytes(&self, n: u64, at: u64) {
+        let mut s = self.lock();
+        s.flip = n;
+        s.flip_at = at;
     }
 
     /// While on, every matching GET stalls before answering anything (no
@@ -301,6 +314,9 @@ impl Faults {
                 after: s.trickle_after,
                 rate: s.trickle_rate,
             }
+        } else if s.flip > 0 {
+            s.flip -= 1;
+            Plan::Flip(s.flip_at)
         } else {
             Plan::Serve
         }
