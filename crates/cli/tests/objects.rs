@@ -261,6 +261,54 @@ fn a_record_damaged_on_the_way_is_fetched_again_and_one_damaged_every_time_is_an
 }
 
 #[test]
+fn a_dataset_of_many_segments_is_opened_from_a_listing_not_a_head_each() {
+    let f = Fixture::new();
+    let files = f.root.join("large-files");
+    gen_samples_with(&files, 40, "500", "600", "2", 5);
+    let url = "s3://bkt/sets/many";
+    let pack = [
+        "pack",
+        s(&files),
+        "-o",
+        url,
+        "--chunk-size",
+        "1",
+        "--segment-mib",
+        "1",
+        "--staging",
+        s(&f.root),
+    ];
+    let out = f.run(&pack);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let segments = std::fs::read_dir(f.root.join("s3/bkt/sets/many"))
+        .expect("objects")
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("data-"))
+        .count() as u64;
+    assert!(segments > 16, "{segments} segments");
+    let read = || {
+        f.server.reset_stats();
+        let out = f.run(&["read", url, "--json", "--memory", "25%"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let epochs: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("read --json");
+        assert_eq!(epochs[0]["samples"], 40, "{}", epochs[0]);
+        assert_eq!(epochs[0]["exactly_once"], true, "{}", epochs[0]);
+        f.server.stats()
+    };
+    // A listing (and a HEAD that checks its entity tags are a HEAD's), not
+    // a HEAD per segment; every GET is pinned (If-Match) to the listed tags.
+    let listed = read();
+    assert!(
+        listed.list_requests >= 1 && listed.head_requests < 5,
+        "{segments} segments: {listed:?}"
+    );
+    // A credential that may read but not list: a HEAD per segment.
+    f.server.faults().deny_list(true);
+    let headed = read();
+    assert!(headed.head_requests >= segments, "{segments} segments: {headed:?}");
+}
+
+#[test]
 fn a_server_that_stops_answering_is_an_error_in_bounded_time() {
     let f = Fixture::new();
     f.server.faults().set_key_filter(Some("data-"));

@@ -485,10 +485,11 @@ pub async fn list(
             ),
         };
         if !failure.retryable || attempt >= p.retries {
+            // `prefix` is a key prefix from the bucket's root, not the URL's.
             let url = if prefix.is_empty() {
-                conn.url.url()
+                conn.url.root.clone()
             } else {
-                conn.url.object_url(prefix)
+                format!("{}/{prefix}", conn.url.root)
             };
             return Err(object_error(&url, None, &failure, attempt));
         }

@@ -14,6 +14,7 @@ use crate::get::{self, GetCounters, GetPolicy};
 use crate::limiter::Limiter;
 use crate::location::{Location, ObjectUrl};
 use crate::runtime::IoRuntime;
+use object_store::ObjectMeta;
 
 /// Opens the whole dataset at `location` (a path or a URL); a partition is
 /// refused as [`Dataset::open`] refuses it.
@@ -43,6 +44,13 @@ pub fn open_any(location: impl AsRef<Path>) -> Result<Dataset> {
 /// Most HEADs of segment objects in flight at open.
 const HEADS_IN_FLIGHT: usize = 16;
 
+/// Above this many segments, their sizes and entity tags come from a
+/// listing of the prefix (a request per 1,000 objects), not a HEAD each: a
+/// dataset of 25,000 segments opened by every rank and DataLoader worker
+/// would send bursts of HEADs a store throttles (S3: 5,500 a second per
+/// prefix), and take a round trip per 16 segments to open.
+const LIST_ABOVE: usize = HEADS_IN_FLIGHT;
+
 /// The dataset under `url`: manifest, index and every segment's version.
 pub fn open_url(url: &ObjectUrl, policy: &GetPolicy) -> Result<Dataset> {
     let rt = IoRuntime::new(1)?;
@@ -60,23 +68,13 @@ pub fn open_url(url: &ObjectUrl, policy: &GetPolicy) -> Result<Dataset> {
         };
         let manifest = Manifest::from_bytes(bytes, &manifest_url)?;
         let index = crate::index_cache::index(&conn, policy, &counters, &limiter).await?;
-        let heads = manifest
-            .segments
-            .iter()
-            .map(|s| get::head(&conn, &s.name, policy, &counters));
-        let metas = futures_util::future::join_all(heads).await;
+        let metas = segment_metas(&conn, &manifest, policy, &counters).await?;
         let mut versions = Vec::with_capacity(metas.len());
         for (seg, meta) in manifest.segments.iter().zip(metas) {
-            let meta = match meta {
-                Ok(m) => m,
-                // A partition's store holds only its own segments.
-                Err(Error::Io { source, .. })
-                    if source.kind() == std::io::ErrorKind::NotFound && manifest.partition.is_some() =>
-                {
-                    versions.push(ObjectVersion { e_tag: None, size: 0 });
-                    continue;
-                }
-                Err(e) => return Err(e),
+            // A partition's store holds only its own segments.
+            let Some(meta) = meta else {
+                versions.push(ObjectVersion { e_tag: None, size: 0 });
+                continue;
             };
             if meta.size != seg.bytes {
                 return Err(Error::format(
@@ -95,6 +93,86 @@ pub fn open_url(url: &ObjectUrl, policy: &GetPolicy) -> Result<Dataset> {
         }
         Dataset::from_parts(PathBuf::from(url.url()), manifest, index, Origin::Objects(versions))
     })
+}
+
+/// Each segment's object (size, entity tag), in the manifest's order;
+/// `None` for one a partition's store does not hold. Listed when there are
+/// many (see [`LIST_ABOVE`]), else, or where a listing is refused (a
+/// credential may read objects without listing them) or its entity tags
+/// differ from a HEAD's, a HEAD each, [`HEADS_IN_FLIGHT`] at a time.
+async fn segment_metas(
+    conn: &Connection,
+    manifest: &Manifest,
+    policy: &GetPolicy,
+    counters: &GetCounters,
+) -> Result<Vec<Option<ObjectMeta>>> {
+    use futures_util::StreamExt;
+    let names: Vec<&str> = manifest.segments.iter().map(|s| s.name.as_str()).collect();
+    let listed = if names.len() > LIST_ABOVE {
+        listed_metas(conn, &names, policy, counters).await
+    } else {
+        None
+    };
+    let trusted = listed.is_some();
+    let mut metas = listed.unwrap_or_else(|| vec![None; names.len()]);
+    // A listing is consistent (S3, GCS, Azure): what it lacks is absent,
+    // which a partition's store may be; a whole dataset's HEAD names it.
+    let to_head: Vec<usize> = (0..names.len())
+        .filter(|&i| metas[i].is_none() && !(trusted && manifest.partition.is_some()))
+        .collect();
+    let mut heads = futures_util::stream::iter(to_head)
+        .map(|i| {
+            let name = names[i];
+            async move { (i, get::head(conn, name, policy, counters).await) }
+        })
+        .buffer_unordered(HEADS_IN_FLIGHT);
+    while let Some((i, head)) = heads.next().await {
+        match head {
+            Ok(m) => metas[i] = Some(m),
+            Err(Error::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound && manifest.partition.is_some() => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(metas)
+}
+
+/// The segments' objects from a listing of the dataset's prefix, if it is
+/// allowed and its entity tags are those a HEAD (and `If-Match`) sees:
+/// checked on one segment, for stores whose listings spell them otherwise.
+async fn listed_metas(
+    conn: &Connection,
+    names: &[&str],
+    policy: &GetPolicy,
+    counters: &GetCounters,
+) -> Option<Vec<Option<ObjectMeta>>> {
+    let (objects, _) = match get::list(conn, &conn.url.prefix, false, policy, counters).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::info!("{}: listing refused ({e}); a HEAD per segment instead", conn.url);
+            return None;
+        }
+    };
+    let mut by_name: std::collections::HashMap<String, ObjectMeta> = objects
+        .into_iter()
+        .filter_map(|m| Some((m.location.filename()?.to_string(), m)))
+        .collect();
+    let metas: Vec<Option<ObjectMeta>> = names.iter().map(|n| by_name.remove(*n)).collect();
+    let (i, listed) = metas.iter().enumerate().find_map(|(i, m)| Some((i, m.as_ref()?)))?;
+    let head = get::head(conn, names[i], policy, counters).await.ok()?;
+    if head.e_tag.is_none() || head.e_tag != listed.e_tag || head.size != listed.size {
+        tracing::info!(
+            "{}: the listing's entity tag and size of {} ({:?}, {}) are not a HEAD's ({:?}, {}); a HEAD per segment instead",
+            conn.url,
+            names[i],
+            listed.e_tag,
+            listed.size,
+            head.e_tag,
+            head.size
+        );
+        return None;
+    }
+    Some(metas)
 }
 
 /// Why there is no manifest under the URL: no bucket, nothing under the

@@ -86,6 +86,7 @@ fn error(msg: &str) -> String {
 
 /// `fail=N&status=S`, `cut=N&after=B`, `stall=N&after=B`,
 /// `trickle=N&after=B&rate=BYTES_PER_SEC`, `flip=N&after=B`, `stall_all=1|0`,
+/// `deny_list=1|0`,
 /// `delay_ms=D`, `key_filter=SUBSTR` (empty: none); several may be given.
 fn set_faults(shared: &Shared, query: &str) -> Result<(), String> {
     let params: Vec<(String, String)> = query
@@ -110,6 +111,7 @@ fn set_faults(shared: &Shared, query: &str) -> Result<(), String> {
             "after",
             "stall",
             "stall_all",
+            "deny_list",
             "trickle",
             "rate",
             "flip",
@@ -141,12 +143,14 @@ fn set_faults(shared: &Shared, query: &str) -> Result<(), String> {
     let trickle = get("trickle").map(|_| num("trickle", 0)).transpose()?;
     let rate = num("rate", 16 << 10)?;
     let flip = get("flip").map(|_| num("flip", 0)).transpose()?;
-    let stall_all = match get("stall_all") {
-        None => None,
-        Some("1" | "true") => Some(true),
-        Some("0" | "false") => Some(false),
-        Some(v) => return Err(format!("stall_all: 1 or 0, not {v:?}")),
+    let switch = |name: &str| match get(name) {
+        None => Ok(None),
+        Some("1" | "true") => Ok(Some(true)),
+        Some("0" | "false") => Ok(Some(false)),
+        Some(v) => Err(format!("{name}: 1 or 0, not {v:?}")),
     };
+    let stall_all = switch("stall_all")?;
+    let deny_list = switch("deny_list")?;
     let delay = get("delay_ms").map(|_| num("delay_ms", 0)).transpose()?;
     if let Some(n) = fail {
         f.fail_gets(n, status);
@@ -165,6 +169,9 @@ fn set_faults(shared: &Shared, query: &str) -> Result<(), String> {
     }
     if let Some(on) = stall_all {
         f.stall_all(on);
+    }
+    if let Some(on) = deny_list {
+        f.deny_list(on);
     }
     if let Some(ms) = delay {
         f.delay_gets(Duration::from_millis(ms));

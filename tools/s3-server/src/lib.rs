@@ -147,6 +147,7 @@ struct FaultState {
     trickle_rate: u64,
     flip: u64,
     flip_at: u64,
+    deny_list: bool,
     delay_ms: u64,
 }
 
@@ -246,6 +247,16 @@ impl Faults {
         let mut s = self.lock();
         s.flip = n;
         s.flip_at = at;
+    }
+
+    /// While on, listings are refused (AccessDenied), as for a credential
+    /// that may read objects but not list them.
+    pub fn deny_list(&self, on: bool) {
+        self.lock().deny_list = on;
+    }
+
+    pub(crate) fn list_denied(&self) -> bool {
+        self.lock().deny_list
     }
 
     /// While on, every matching GET stalls before answering anything (no

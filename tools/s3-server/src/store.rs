@@ -115,7 +115,6 @@ impl S3 for Store {
         head_object(HeadObjectInput) -> HeadObjectOutput, head_requests;
         list_buckets(ListBucketsInput) -> ListBucketsOutput, other_requests;
         list_objects(ListObjectsInput) -> ListObjectsOutput, list_requests;
-        list_objects_v2(ListObjectsV2Input) -> ListObjectsV2Output, list_requests;
         put_object(PutObjectInput) -> PutObjectOutput, put_requests;
         create_multipart_upload(CreateMultipartUploadInput) -> CreateMultipartUploadOutput, other_requests;
         upload_part(UploadPartInput) -> UploadPartOutput, put_requests;
@@ -123,6 +122,36 @@ impl S3 for Store {
         list_parts(ListPartsInput) -> ListPartsOutput, other_requests;
         complete_multipart_upload(CompleteMultipartUploadInput) -> CompleteMultipartUploadOutput, other_requests;
         abort_multipart_upload(AbortMultipartUploadInput) -> AbortMultipartUploadOutput, other_requests;
+    }
+
+    /// s3s-fs's listing, with each object's entity tag as S3's has (s3s-fs
+    /// leaves it out); refused while the `deny_list` fault is on.
+    async fn list_objects_v2(&self, req: S3Request<ListObjectsV2Input>) -> S3Result<S3Response<ListObjectsV2Output>> {
+        self.count(&self.shared.counters.list_requests);
+        self.check_region(&req)?;
+        if self.shared.faults.list_denied() {
+            self.count(&self.shared.counters.errors_injected);
+            return Err(S3Error::with_message(
+                S3ErrorCode::AccessDenied,
+                "listing refused by brand-s3-server",
+            ));
+        }
+        let bucket = req.input.bucket.clone();
+        let template = req.clone().map_input(|_| ());
+        let mut resp = self.inner.list_objects_v2(req).await?;
+        for object in resp.output.contents.iter_mut().flatten() {
+            let Some(key) = object.key.clone().filter(|_| object.e_tag.is_none()) else {
+                continue;
+            };
+            let head = HeadObjectInput::builder()
+                .bucket(bucket.clone())
+                .key(key)
+                .build()
+                .map_err(|e| S3Error::with_message(S3ErrorCode::InternalError, e.to_string()))?;
+            let head = self.inner.head_object(template.clone().map_input(|()| head)).await?;
+            object.e_tag = head.output.e_tag;
+        }
+        Ok(resp)
     }
 
     async fn get_object(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
