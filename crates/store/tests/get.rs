@@ -397,3 +397,29 @@ fn stalls_use_up_retries_even_after_bytes_came() {
     assert!(start.elapsed() < Duration::from_secs(4), "{:?}", start.elapsed());
     f.server.faults().clear();
 }
+
+#[test]
+fn a_whole_object_larger_than_a_part_comes_in_parts_each_resumed_alone() {
+    use object_store::ObjectStoreExt;
+    let f = fixture();
+    let size = 2 * get::WHOLE_PART + 12345;
+    let data: Vec<u8> = (0..size).map(|i| (i * 31 + i / 1000) as u8).collect();
+    let path = object_store::path::Path::from("obj/index.bin");
+    f.rt.block_on(f.conn.store.put(&path, data.clone().into()))
+        .expect("put");
+    // One part's body is cut: it alone is resumed.
+    f.server.faults().cut_bodies(1, 1 << 20);
+    f.server.reset_stats();
+    let c = GetCounters::default();
+    let l = std::sync::Arc::new(Limiter::new(4));
+    let (got, meta) =
+        f.rt.block_on(get::get_whole(&f.conn, "index.bin", &policy(), &c, &l))
+            .expect("get_whole");
+    assert_eq!(meta.size, size as u64);
+    assert!(got == data, "bytes differ");
+    let stats = f.server.stats();
+    // Three parts (the cut one twice), every byte once, after one HEAD.
+    assert_eq!((stats.head_requests, stats.get_requests), (1, 4), "{stats:?}");
+    assert_eq!(stats.get_bytes, size as u64, "{stats:?}");
+    assert_eq!(c.report(None).retries_by_cause.get("cut"), Some(&1));
+}
