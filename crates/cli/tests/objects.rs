@@ -309,6 +309,32 @@ fn a_dataset_of_many_segments_is_opened_from_a_listing_not_a_head_each() {
 }
 
 #[test]
+fn processes_opening_a_url_at_once_fetch_its_index_once_between_them() {
+    let f = Fixture::new();
+    // The index's GETs slowed, so that every open overlaps the first fetch.
+    f.server.faults().set_key_filter(Some("index.bin"));
+    f.server.faults().delay_gets(Duration::from_millis(500));
+    let _ = std::fs::remove_dir_all(f.root.join("cache"));
+    f.server.reset_stats();
+    let opens: Vec<std::process::Child> = (0..6)
+        .map(|_| {
+            f.command(&["inspect", &f.url])
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn")
+        })
+        .collect();
+    for open in opens {
+        let out = open.wait_with_output().expect("wait");
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    // A GET of the manifest each, and of the index once.
+    let stats = f.server.stats();
+    assert_eq!(stats.get_requests, 7, "{stats:?}");
+}
+
+#[test]
 fn a_server_that_stops_answering_is_an_error_in_bounded_time() {
     let f = Fixture::new();
     f.server.faults().set_key_filter(Some("data-"));

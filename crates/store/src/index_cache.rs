@@ -8,7 +8,8 @@
 //! `$BRAND_INDEX_CACHE`, else `$XDG_CACHE_HOME/brand/index`, else
 //! `~/.cache/brand/index`; written to a temporary name and renamed, so a
 //! reader never maps half a file. Where none can be written, the index is
-//! held on the heap (and `index_heap_bytes` says so).
+//! held on the heap (and `index_heap_bytes` says so). A lock file beside it
+//! makes one process of the machine fetch a version while the others wait.
 
 use std::path::{Path, PathBuf};
 
@@ -47,10 +48,18 @@ pub async fn index(
     let index_url = PathBuf::from(conn.url.object_url(INDEX_FILE));
     let meta = get::head(conn, INDEX_FILE, p, counters).await?;
     let cached = cache_dir().map(|d| d.join(file_name(&conn.url.url(), meta.e_tag.as_deref(), meta.size)));
-    if let Some(path) = &cached
-        && let Ok(idx) = Index::load(path)
-        && idx.file_bytes() == meta.size
-    {
+    let kept = |path: &Path| Index::load(path).ok().filter(|idx| idx.file_bytes() == meta.size);
+    if let Some(idx) = cached.as_deref().and_then(kept) {
+        return Ok(idx);
+    }
+    // One process of the machine fetches a version, the others wait for it
+    // and map its file: every rank and DataLoader worker opening a dataset
+    // at once would each fetch (and hold) an index of hundreds of MB.
+    let _fetching = match &cached {
+        Some(path) => lock(path).await,
+        None => None,
+    };
+    if let Some(idx) = cached.as_deref().and_then(kept) {
         return Ok(idx);
     }
     let bytes = get::get_version(conn, INDEX_FILE, &meta, p, counters, limiter).await?;
@@ -70,6 +79,26 @@ pub async fn index(
             Ok(fetched)
         }
     }
+}
+
+/// The lock of the version kept at `path` (a lock file beside it, locked
+/// with `flock`, which a process that dies releases), once this process
+/// holds it; `None` where no lock file can be made (then it fetches alone).
+async fn lock(path: &Path) -> Option<std::fs::File> {
+    let dir = path.parent()?;
+    std::fs::create_dir_all(dir).ok()?;
+    let name = path.file_name()?.to_string_lossy();
+    let lock_path = dir.join(format!(".{name}.lock"));
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(lock_path)
+        .ok()?;
+    tokio::task::spawn_blocking(move || file.lock().map(|()| file))
+        .await
+        .ok()?
+        .ok()
 }
 
 /// Writes `bytes` to `path` through a temporary name in the same directory.
