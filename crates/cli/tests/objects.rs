@@ -288,7 +288,7 @@ fn a_dataset_of_many_segments_is_opened_from_a_listing_not_a_head_each() {
     assert!(segments > 16, "{segments} segments");
     let read = || {
         f.server.reset_stats();
-        let out = f.run(&["read", url, "--json", "--memory", "25%"]);
+        let out = f.run(&["read", url, "--json", "--memory", "25%", "--read-gap", "whole"]);
         assert!(out.status.success(), "{}", stderr(&out));
         let epochs: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("read --json");
         assert_eq!(epochs[0]["samples"], 40, "{}", epochs[0]);
