@@ -78,3 +78,25 @@ def test_a_missing_container_or_prefix_is_a_typed_error_naming_the_url(az):
         brand.Loader("az://nocontainer/ds", **CFG)
     with pytest.raises(brand.NotFoundError, match="az://bkt/nope"):
         brand.Loader("az://bkt/nope", **CFG)
+
+
+def test_a_dataset_of_many_segments_opens_from_the_containers_listing(az, tmp_path):
+    """Above 16 segments an open takes their entity tags from one listing, not a HEAD each:
+    Azure lists the tags bare and quotes them in a HEAD, which brand reconciles (else it
+    falls back to a HEAD per segment, and says so at -v)."""
+    server, _, _, _ = az
+    files = tmp_path / "large"
+    subprocess.run([brand_bin(), "gen", str(files), "--samples", "40", "--mean-kib", "500", "--min-kib", "400",
+                    "--max-kib", "600", "--seed", "3"], check=True, capture_output=True)
+    url = f"{server.container('many')}/ds"
+    pack = subprocess.run([brand_bin(), "pack", str(files), "-o", url, "--chunk-size", "1", "--segment-mib", "1"],
+                          capture_output=True, text=True)
+    assert pack.returncode == 0, pack.stderr
+    inspect = subprocess.run([brand_bin(), "-v", "inspect", url, "--json"], capture_output=True, text=True)
+    assert inspect.returncode == 0, inspect.stderr
+    assert json.loads(inspect.stdout)["segments"] > 16
+    assert "a HEAD per segment instead" not in inspect.stderr, inspect.stderr
+    # Every GET pinned (If-Match) to a listed tag, as spelled for it.
+    with brand.Loader(url, batch_size=8, memory="50%", seed=1) as loader:
+        ids = [i for b in loader for i in b.ids.tolist()]
+    assert sorted(ids) == list(range(40))

@@ -157,10 +157,15 @@ async fn listed_metas(
         .into_iter()
         .filter_map(|m| Some((m.location.filename()?.to_string(), m)))
         .collect();
-    let metas: Vec<Option<ObjectMeta>> = names.iter().map(|n| by_name.remove(*n)).collect();
+    let mut metas: Vec<Option<ObjectMeta>> = names.iter().map(|n| by_name.remove(*n)).collect();
     let (i, listed) = metas.iter().enumerate().find_map(|(i, m)| Some((i, m.as_ref()?)))?;
     let head = get::head(conn, names[i], policy, counters).await.ok()?;
-    if head.e_tag.is_none() || head.e_tag != listed.e_tag || head.size != listed.size {
+    let bare = |m: &ObjectMeta| m.e_tag.as_deref().map(|t| t.trim_matches('"').to_string());
+    let Some(like) = head
+        .e_tag
+        .as_deref()
+        .filter(|_| bare(&head) == bare(listed) && head.size == listed.size)
+    else {
         tracing::info!(
             "{}: the listing's entity tag and size of {} ({:?}, {}) are not a HEAD's ({:?}, {}); a HEAD per segment instead",
             conn.url,
@@ -171,8 +176,23 @@ async fn listed_metas(
             head.size
         );
         return None;
+    };
+    // The tags as a HEAD spells them, for If-Match: Azure lists them bare
+    // and quotes them in a HEAD's ETag.
+    for m in metas.iter_mut().flatten() {
+        m.e_tag = m.e_tag.take().map(|t| spelled_like(&t, like));
     }
     Some(metas)
+}
+
+/// Entity tag `tag` quoted as `like` is (or bare, as it is).
+fn spelled_like(tag: &str, like: &str) -> String {
+    let bare = tag.trim_matches('"');
+    if like.starts_with('"') {
+        format!("\"{bare}\"")
+    } else {
+        bare.to_string()
+    }
 }
 
 /// Why there is no manifest under the URL: no bucket, nothing under the
