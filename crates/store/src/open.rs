@@ -158,6 +158,14 @@ async fn listed_metas(
         .filter_map(|m| Some((m.location.filename()?.to_string(), m)))
         .collect();
     let mut metas: Vec<Option<ObjectMeta>> = names.iter().map(|n| by_name.remove(*n)).collect();
+    // Every GET is pinned to its segment's tag: a listing without them is no use.
+    if metas.iter().flatten().any(|m| m.e_tag.is_none()) {
+        tracing::info!(
+            "{}: the listing gives no entity tags; a HEAD per segment instead",
+            conn.url
+        );
+        return None;
+    }
     let (i, listed) = metas.iter().enumerate().find_map(|(i, m)| Some((i, m.as_ref()?)))?;
     let head = get::head(conn, names[i], policy, counters).await.ok()?;
     let bare = |m: &ObjectMeta| m.e_tag.as_deref().map(|t| t.trim_matches('"').to_string());
