@@ -260,9 +260,11 @@ pub fn read_sample(ds: &Dataset, id: u64) -> Result<Vec<u8>> {
     fetch(&mut buf)?;
     // Damaged bytes are fetched once more, as the engine does (objects.rs):
     // the damage may be the network's; damaged again, it is the object's.
-    if let Err(Error::Corrupt { .. }) = ds.decode(id, &buf, true) {
-        fetch(&mut buf)?;
+    match ds.decode(id, &buf, true) {
+        Err(Error::Corrupt { .. }) => {}
+        decoded => return decoded.map(|b| b.to_vec()),
     }
+    fetch(&mut buf)?;
     ds.decode(id, &buf, true).map(|b| b.to_vec())
 }
 

@@ -57,15 +57,12 @@ pub(crate) struct FaultBody {
 impl FaultBody {
     pub(crate) fn new(inner: StreamingBlob, plan: Plan, release: watch::Receiver<u64>, shared: Arc<Shared>) -> Self {
         let remaining = inner.remaining_length().exact();
-        let flip = match plan {
-            Plan::Flip(at) => Some(at),
-            _ => None,
-        };
-        let (left, cut, trickle) = match plan {
-            Plan::Serve | Plan::Flip(_) => (None, false, None),
-            Plan::Cut(n) => (Some(n), true, None),
-            Plan::Stall(n) => (Some(n), false, None),
-            Plan::Trickle { after, rate } => (Some(after), false, Some(rate)),
+        let (left, cut, trickle, flip) = match plan {
+            Plan::Serve => (None, false, None, None),
+            Plan::Cut(n) => (Some(n), true, None, None),
+            Plan::Stall(n) => (Some(n), false, None, None),
+            Plan::Trickle { after, rate } => (Some(after), false, Some(rate), None),
+            Plan::Flip(at) => (None, false, None, Some(at)),
         };
         FaultBody {
             inner,
