@@ -194,6 +194,43 @@ fn a_dataset_packed_to_s3_reads_back_exactly_once_with_every_byte_equal() {
     opens(1);
 }
 
+/// `read_gap = auto` measures a store by fetching from it: for a dataset too
+/// small for a full probe, about the dataset's size at most (it fetched
+/// 161 MB for a 20 MB dataset), and nothing once the gap is kept.
+#[test]
+fn the_read_gap_probe_of_a_small_dataset_fetches_at_most_about_its_size() {
+    let f = Fixture::new();
+    let data: u64 = walk(&f.local)
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "brd"))
+        .map(|p| std::fs::metadata(p).expect("segment").len())
+        .sum();
+    let index = std::fs::metadata(f.local.join("index.bin")).expect("index").len();
+    // (bytes, GETs) at the server beyond the read's own: the probe's, the
+    // manifest and index, and read-ahead into an epoch not read.
+    let beyond_the_read = || {
+        f.server.reset_stats();
+        let epochs = f.read(&["--memory", "10%"]);
+        assert_exactly_once(&epochs, 1);
+        let stats = f.server.stats();
+        let (bytes, gets) = (
+            metric(&epochs[0], "store_bytes_fetched"),
+            metric(&epochs[0], "store_requests"),
+        );
+        (
+            stats.get_bytes.saturating_sub(bytes),
+            stats.get_requests.saturating_sub(gets),
+        )
+    };
+    let (probed, _) = beyond_the_read();
+    assert!(
+        probed <= index + data + data / 4,
+        "the probe and the open fetched {probed} bytes for a dataset of {data}"
+    );
+    let (_, gets) = beyond_the_read();
+    assert!(gets < 16, "{gets} GETs beyond the read once the gap is kept");
+}
+
 #[test]
 fn bursts_of_503_and_cut_bodies_are_retried_and_counted_without_a_wrong_byte() {
     let f = Fixture::new();

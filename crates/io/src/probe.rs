@@ -5,8 +5,13 @@
 //! what is used); on throttled or network storage it grows past a chunk
 //! (read whole chunks, as the paper does).
 //!
+//! On a store every byte the probe reads is fetched (and billed), so it
+//! reads at most about the dataset's size: a probe of a dataset too small
+//! for a full one is kept apart from full ones, and a larger dataset in the
+//! same place measures again.
+//!
 //! Results are cached per device (st_dev), queue depth, O_DIRECT and blkio
-//! cgroup: in memory for the process, and in `read-gap.toml` under the
+//! cgroup (per bucket, endpoint and GETs in flight for a store): in memory for the process, and in `read-gap.toml` under the
 //! first writable of `$XDG_CACHE_HOME/brand`, `~/.cache/brand` and a
 //! per-user directory under the system temp dir. A cache that cannot be
 //! read or written never fails the open.
@@ -35,6 +40,9 @@ pub struct ProbeResult {
     pub large_bytes_per_sec: f64,
     /// The break-even gap in bytes (a multiple of 4 KiB).
     pub gap: u64,
+    /// Fewer reads than a full probe, to fetch at most about the dataset's
+    /// size from a store.
+    pub bounded: bool,
 }
 
 /// Small reads per round at most (fewer if the time budget runs out first).
@@ -50,13 +58,31 @@ const MIN_READS: usize = 8;
 /// The gap never exceeds this: beyond it, whole chunks are the better read anyway.
 const MAX_GAP: u64 = 64 << 20;
 
+/// The bytes one measurement of a probe of `ds` may read, where it is
+/// bounded: on a store, a sixth of the dataset (three rounds of small and
+/// large reads then fetch about its size), when that is less than a full
+/// probe reads.
+fn byte_budget(ds: &Dataset) -> Option<u64> {
+    let budget = ds.manifest.segments.iter().map(|s| s.bytes).sum::<u64>() / 6;
+    (ds.is_remote() && budget < LARGE * LARGE_READS as u64).then_some(budget)
+}
+
 /// Seconds per read of `len` bytes at random aligned offsets over the
-/// dataset's segments, keeping `queue_depth` reads in flight; stops after
-/// `max` reads or [`ROUND_SECS`].
-fn time_reads(engine: &Engine, ds: &Dataset, len: u64, max: usize, queue_depth: usize, seed: u64) -> Result<f64> {
+/// dataset's segments (shorter in a shorter segment), keeping `queue_depth`
+/// reads in flight; stops after `max` reads, [`ROUND_SECS`] or (past two
+/// reads) `max_bytes`. Returns seconds and bytes per read.
+fn time_reads(
+    engine: &Engine,
+    ds: &Dataset,
+    len: u64,
+    (max, max_bytes): (usize, u64),
+    queue_depth: usize,
+    seed: u64,
+) -> Result<(f64, f64)> {
     let mut rng = Prng::stream(seed, &[0x9e0b, len]);
     let sizes: Vec<u64> = ds.manifest.segments.iter().map(|s| s.bytes).collect();
-    let mut submit = |tag: u64| {
+    // Submits one read; returns its length.
+    let mut submit = |tag: u64| -> Result<u64> {
         let seg = rng.below(sizes.len() as u64) as usize;
         let len = len.min(sizes[seg]).div_ceil(ALIGN) * ALIGN;
         let blocks = (sizes[seg].saturating_sub(len) / ALIGN).max(1);
@@ -69,24 +95,29 @@ fn time_reads(engine: &Engine, ds: &Dataset, len: u64, max: usize, queue_depth: 
                 len,
                 records: Records::new(),
             },
-        })
+        })?;
+        Ok(len)
     };
     let start = Instant::now();
-    let (mut submitted, mut completed) = (0usize, 0usize);
-    while submitted < max.min(queue_depth) {
-        submit(submitted as u64)?;
+    let (mut submitted, mut completed, mut bytes) = (0usize, 0usize, 0u64);
+    let within = |submitted: usize, bytes: u64| submitted < max && (submitted < 2 || bytes < max_bytes);
+    while submitted < queue_depth && within(submitted, bytes) {
+        bytes += submit(submitted as u64)?;
         submitted += 1;
     }
     while completed < submitted {
         engine.recv()?.result?;
         completed += 1;
         let time_left = start.elapsed().as_secs_f64() < ROUND_SECS || submitted < MIN_READS;
-        if submitted < max && time_left {
-            submit(submitted as u64)?;
+        if within(submitted, bytes) && time_left {
+            bytes += submit(submitted as u64)?;
             submitted += 1;
         }
     }
-    Ok(start.elapsed().as_secs_f64() / completed as f64)
+    Ok((
+        start.elapsed().as_secs_f64() / completed as f64,
+        bytes as f64 / completed as f64,
+    ))
 }
 
 /// Measures the device under `ds` (no cache) through an engine set up as
@@ -101,14 +132,20 @@ pub fn measure(ds: Arc<Dataset>, io: &EngineConfig) -> Result<ProbeResult> {
             ..io.clone()
         },
     )?;
+    let budget = byte_budget(&ds);
+    let max_bytes = budget.unwrap_or(u64::MAX) / 2;
+    // Two large reads at least: no longer than half the bytes allowed.
+    let large_len = (max_bytes / 2).clamp(ALIGN, LARGE);
     // Best of three: other load only ever makes a run slower.
     let mut small = f64::INFINITY;
-    let mut large = f64::INFINITY;
+    let mut bandwidth = 0f64;
     for round in 0..3 {
-        small = small.min(time_reads(&engine, &ds, ALIGN, SMALL_READS, queue_depth, round)?);
-        large = large.min(time_reads(&engine, &ds, LARGE, LARGE_READS, queue_depth, round)?);
+        let (secs, _) = time_reads(&engine, &ds, ALIGN, (SMALL_READS, max_bytes), queue_depth, round)?;
+        small = small.min(secs);
+        // Segments shorter than LARGE are read whole: a rate, not a time.
+        let (secs, bytes) = time_reads(&engine, &ds, large_len, (LARGE_READS, max_bytes), queue_depth, round)?;
+        bandwidth = bandwidth.max(bytes / secs);
     }
-    let bandwidth = LARGE as f64 / large;
     // A request's cost beyond its own 4 KiB of transfer, in bytes of transfer.
     let overhead_bytes = ((small - ALIGN as f64 / bandwidth) * bandwidth).max(0.0);
     let gap = ((overhead_bytes / ALIGN as f64).round() as u64 * ALIGN).min(MAX_GAP);
@@ -116,6 +153,7 @@ pub fn measure(ds: Arc<Dataset>, io: &EngineConfig) -> Result<ProbeResult> {
         small_request_secs: small,
         large_bytes_per_sec: bandwidth,
         gap,
+        bounded: budget.is_some(),
     })
 }
 
@@ -192,28 +230,43 @@ pub fn auto_gap(ds: Arc<Dataset>, io: &EngineConfig) -> Result<u64> {
     } else {
         device_key(&ds, io)?
     };
+    // A probe bounded by a small dataset is kept apart: a larger dataset in
+    // the same place measures in full; a small one takes either.
+    let bounded_key = format!("{key}-small-dataset");
+    let bounded = byte_budget(&ds).is_some();
+    let keys: &[&str] = if bounded { &[&key, &bounded_key] } else { &[&key] };
     let remembered = |k: &str| MEASURED.lock().ok()?.as_ref()?.get(k).copied();
     let remember = |k: &str, gap: u64| {
         if let Ok(mut m) = MEASURED.lock() {
             m.get_or_insert_with(HashMap::new).insert(k.to_string(), gap);
         }
     };
-    if let Some(gap) = remembered(&key) {
+    if let Some(gap) = keys.iter().find_map(|k| remembered(k)) {
         return Ok(gap);
     }
-    if let Some(gap) = cache_paths().iter().find_map(|p| load_cache(p).get(&key).copied()) {
-        remember(&key, gap);
+    let caches: Vec<_> = cache_paths().iter().map(|p| load_cache(p)).collect();
+    if let Some((k, gap)) = keys
+        .iter()
+        .find_map(|k| caches.iter().find_map(|c| Some((*k, *c.get(*k)?))))
+    {
+        remember(k, gap);
         return Ok(gap);
     }
     let r = measure(ds, io)?;
     tracing::info!(
-        "read_gap probe: {:.1} µs per 4 KiB request, {:.2} GB/s large reads → gap {} KiB",
+        "read_gap probe{}: {:.1} µs per 4 KiB request, {:.2} GB/s large reads → gap {} KiB",
+        if r.bounded {
+            " (bounded by the dataset's size)"
+        } else {
+            ""
+        },
         r.small_request_secs * 1e6,
         r.large_bytes_per_sec / 1e9,
         r.gap >> 10
     );
-    remember(&key, r.gap);
-    store(&key, r.gap);
+    let key = if r.bounded { &bounded_key } else { &key };
+    remember(key, r.gap);
+    store(key, r.gap);
     Ok(r.gap)
 }
 
