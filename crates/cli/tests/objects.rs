@@ -541,12 +541,33 @@ fn pack_to_a_url_refuses_to_replace_a_dataset_without_force_and_replaces_it_whol
     let out = pack(false);
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("already holds a dataset"), "{}", stderr(&out));
+    // The first version's index is kept in the user's cache…
+    let cache = f.root.join("cache/brand/index");
+    let cached = || -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(&cache)
+            .expect("index cache")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    assert!(f.run(&["inspect", &f.url]).status.success());
+    let first = cached();
+    assert_eq!(first.len(), 2, "the index and its lock file: {first:?}");
     let out = pack(true);
     assert!(out.status.success(), "{}", stderr(&out));
     let inspect = f.run(&["inspect", &f.url, "--json"]);
     let summary: serde_json::Value = serde_json::from_slice(&inspect.stdout).expect("json");
     assert_eq!(summary["chunk_size"].as_u64(), Some(16), "{summary}");
     assert_exactly_once(&f.read(&["--memory", "10%"]), 1);
+    // …and replaced by the second's, lock file and all.
+    let second = cached();
+    assert_eq!(second.len(), 2, "{second:?}");
+    assert!(second.iter().all(|n| !first.contains(n)), "{first:?} then {second:?}");
+    let kept = second.iter().find(|n| !n.starts_with('.')).expect("the index");
+    let index = std::fs::read(f.root.join("s3/bkt/sets/ds/index.bin")).expect("index");
+    assert!(std::fs::read(cache.join(kept)).expect("kept") == index);
     // Nothing of the staging is left behind.
     let left: Vec<_> = std::fs::read_dir(&f.root)
         .expect("root")

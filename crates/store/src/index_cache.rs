@@ -10,6 +10,9 @@
 //! reader never maps half a file. Where none can be written, the index is
 //! held on the heap (and `index_heap_bytes` says so). A lock file beside it
 //! makes one process of the machine fetch a version while the others wait.
+//! A version kept replaces the dataset's others (a process that mapped one
+//! keeps its mapping), so a dataset packed again does not leave its old
+//! index behind on every machine that read it.
 
 use std::path::{Path, PathBuf};
 
@@ -29,11 +32,36 @@ pub fn cache_dir() -> Option<PathBuf> {
         .or_else(|| env("HOME").map(|h| h.join(".cache/brand/index")))
 }
 
-/// The file name of one version of one dataset's index.
+/// The file name of one version of one dataset's index: the dataset's
+/// part (8 hex digits) then the version's.
 fn file_name(url: &str, e_tag: Option<&str>, size: u64) -> String {
     let a = crc32c::crc32c(url.as_bytes());
     let b = crc32c::crc32c_append(a ^ 0x5bd1_e995, e_tag.unwrap_or("").as_bytes());
     format!("{a:08x}{b:08x}-{size}.index")
+}
+
+/// Removes the files of the dataset's versions other than the one kept at
+/// `path`, their lock files, and `path`'s own temporary files (their
+/// writers died: the caller holds `path`'s lock). Best effort: a file that
+/// cannot be removed stays.
+fn remove_others(path: &Path) {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
+        return;
+    };
+    let Some(dataset) = name.get(..8) else { return };
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let file = e.file_name();
+        let Some(file) = file.to_str() else { continue };
+        let other_version = file.starts_with(dataset) && file.ends_with(".index") && file != name;
+        let others_lock = file.starts_with(&format!(".{dataset}"))
+            && file.ends_with(".index.lock")
+            && file != format!(".{name}.lock");
+        let dead_write = file.starts_with(&format!(".{name}.")) && file.ends_with(".tmp");
+        if other_version || others_lock || dead_write {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
 }
 
 /// The index of the dataset `conn` points at: mapped from the cache when
@@ -69,7 +97,10 @@ pub async fn index(
         return Ok(fetched);
     };
     match store(&path, &bytes).and_then(|()| Index::load(&path).map_err(std::io::Error::other)) {
-        Ok(mapped) => Ok(mapped),
+        Ok(mapped) => {
+            remove_others(&path);
+            Ok(mapped)
+        }
         Err(e) => {
             tracing::warn!(
                 "{}: cannot keep the index in {} ({e}); holding it in memory",
@@ -126,5 +157,42 @@ mod tests {
         assert_ne!(a, super::file_name("s3://b/ds2", Some("\"e1\""), 100));
         assert_ne!(a, super::file_name("s3://b/ds", Some("\"e1\""), 101));
         assert_eq!(a, super::file_name("s3://b/ds", Some("\"e1\""), 100));
+    }
+
+    #[test]
+    fn a_version_kept_removes_the_datasets_others_and_dead_writes_only() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let kept = super::file_name("s3://b/ds", Some("e2"), 100);
+        let old = super::file_name("s3://b/ds", Some("e1"), 90);
+        let another = super::file_name("s3://b/other", Some("e1"), 90);
+        let names = [
+            kept.clone(),
+            format!(".{kept}.lock"),
+            format!(".{kept}.4242.tmp"),
+            old.clone(),
+            format!(".{old}.lock"),
+            another.clone(),
+            format!(".{another}.lock"),
+            "read-gap.toml".to_string(),
+        ];
+        for n in &names {
+            std::fs::write(t.path().join(n), b"x").expect("write");
+        }
+        super::remove_others(&t.path().join(&kept));
+        let mut left: Vec<String> = std::fs::read_dir(t.path())
+            .expect("dir")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        let mut want = vec![
+            kept.clone(),
+            format!(".{kept}.lock"),
+            another.clone(),
+            format!(".{another}.lock"),
+            "read-gap.toml".to_string(),
+        ];
+        want.sort();
+        assert_eq!(left, want);
     }
 }
