@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use brand_s3_server::{Options, Server};
+use brand_s3_server::{Listing, Options, Server};
 use common::{gen_samples_with, s};
 
 const SAMPLES: u64 = 300;
@@ -345,10 +345,16 @@ fn a_dataset_of_many_segments_is_opened_from_a_listing_not_a_head_each() {
         listed.list_requests >= 1 && listed.head_requests < 5,
         "{segments} segments: {listed:?}"
     );
-    // A credential that may read but not list: a HEAD per segment.
-    f.server.faults().deny_list(true);
-    let headed = read();
-    assert!(headed.head_requests >= segments, "{segments} segments: {headed:?}");
+    // A credential that may read but not list, or a listing without entity
+    // tags (nothing to pin GETs to): a HEAD per segment.
+    for listing in [Listing::Denied, Listing::Untagged] {
+        f.server.faults().set_listing(listing);
+        let headed = read();
+        assert!(
+            headed.head_requests >= segments,
+            "{listing:?}, {segments} segments: {headed:?}"
+        );
+    }
 }
 
 #[test]

@@ -11,7 +11,7 @@ use hyper::body::Incoming;
 use s3s::service::S3Service;
 use s3s::{Body, HttpError, HttpResponse};
 
-use crate::Shared;
+use crate::{Listing, Shared};
 
 #[derive(Clone)]
 pub(crate) struct Service {
@@ -86,7 +86,7 @@ fn error(msg: &str) -> String {
 
 /// `fail=N&status=S`, `cut=N&after=B`, `stall=N&after=B`,
 /// `trickle=N&after=B&rate=BYTES_PER_SEC`, `flip=N&after=B`, `stall_all=1|0`,
-/// `deny_list=1|0`,
+/// `listing=tagged|untagged|denied`,
 /// `delay_ms=D`, `key_filter=SUBSTR` (empty: none); several may be given.
 fn set_faults(shared: &Shared, query: &str) -> Result<(), String> {
     let params: Vec<(String, String)> = query
@@ -111,7 +111,7 @@ fn set_faults(shared: &Shared, query: &str) -> Result<(), String> {
             "after",
             "stall",
             "stall_all",
-            "deny_list",
+            "listing",
             "trickle",
             "rate",
             "flip",
@@ -150,7 +150,13 @@ fn set_faults(shared: &Shared, query: &str) -> Result<(), String> {
         Some(v) => Err(format!("{name}: 1 or 0, not {v:?}")),
     };
     let stall_all = switch("stall_all")?;
-    let deny_list = switch("deny_list")?;
+    let listing = match get("listing") {
+        None => None,
+        Some("tagged") => Some(Listing::Tagged),
+        Some("untagged") => Some(Listing::Untagged),
+        Some("denied") => Some(Listing::Denied),
+        Some(v) => return Err(format!("listing: tagged, untagged or denied, not {v:?}")),
+    };
     let delay = get("delay_ms").map(|_| num("delay_ms", 0)).transpose()?;
     if let Some(n) = fail {
         f.fail_gets(n, status);
@@ -170,8 +176,8 @@ fn set_faults(shared: &Shared, query: &str) -> Result<(), String> {
     if let Some(on) = stall_all {
         f.stall_all(on);
     }
-    if let Some(on) = deny_list {
-        f.deny_list(on);
+    if let Some(listing) = listing {
+        f.set_listing(listing);
     }
     if let Some(ms) = delay {
         f.delay_gets(Duration::from_millis(ms));

@@ -147,8 +147,21 @@ struct FaultState {
     trickle_rate: u64,
     flip: u64,
     flip_at: u64,
-    deny_list: bool,
+    listing: Listing,
     delay_ms: u64,
+}
+
+/// How ListObjectsV2 answers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub enum Listing {
+    /// As S3 does: every object with its entity tag.
+    #[default]
+    Tagged,
+    /// Without entity tags, as s3s-fs and some S3-compatible servers list.
+    Untagged,
+    /// Refused (AccessDenied), as for a credential that may read objects
+    /// but not list them.
+    Denied,
 }
 
 /// How one GET's body is to be sent.
@@ -249,14 +262,13 @@ impl Faults {
         s.flip_at = at;
     }
 
-    /// While on, listings are refused (AccessDenied), as for a credential
-    /// that may read objects but not list them.
-    pub fn deny_list(&self, on: bool) {
-        self.lock().deny_list = on;
+    /// How listings answer from now on.
+    pub fn set_listing(&self, listing: Listing) {
+        self.lock().listing = listing;
     }
 
-    pub(crate) fn list_denied(&self) -> bool {
-        self.lock().deny_list
+    pub(crate) fn listing(&self) -> Listing {
+        self.lock().listing
     }
 
     /// While on, every matching GET stalls before answering anything (no

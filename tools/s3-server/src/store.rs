@@ -12,6 +12,7 @@ use s3s::dto::*;
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
 use s3s_fs::FileSystem;
 
+use crate::Listing;
 use crate::body::{FaultBody, FileBody};
 use crate::{Plan, Shared};
 
@@ -125,11 +126,13 @@ impl S3 for Store {
     }
 
     /// s3s-fs's listing, with each object's entity tag as S3's has (s3s-fs
-    /// leaves it out); refused while the `deny_list` fault is on.
+    /// leaves it out), unless the faults ask for a listing untagged or
+    /// refused.
     async fn list_objects_v2(&self, req: S3Request<ListObjectsV2Input>) -> S3Result<S3Response<ListObjectsV2Output>> {
         self.count(&self.shared.counters.list_requests);
         self.check_region(&req)?;
-        if self.shared.faults.list_denied() {
+        let listing = self.shared.faults.listing();
+        if listing == Listing::Denied {
             self.count(&self.shared.counters.errors_injected);
             return Err(S3Error::with_message(
                 S3ErrorCode::AccessDenied,
@@ -139,6 +142,12 @@ impl S3 for Store {
         let bucket = req.input.bucket.clone();
         let template = req.clone().map_input(|_| ());
         let mut resp = self.inner.list_objects_v2(req).await?;
+        if listing == Listing::Untagged {
+            for object in resp.output.contents.iter_mut().flatten() {
+                object.e_tag = None;
+            }
+            return Ok(resp);
+        }
         for object in resp.output.contents.iter_mut().flatten() {
             let Some(key) = object.key.clone().filter(|_| object.e_tag.is_none()) else {
                 continue;
