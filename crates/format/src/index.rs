@@ -149,8 +149,14 @@ impl Index {
     /// Maps `path` and checks it (a few bytes a sample are read: the
     /// columns, not the keys).
     pub fn load(path: &Path) -> Result<Self> {
+        Self::load_named(path, path)
+    }
+
+    /// [`load`](Self::load) of a copy of another file: what the copy's
+    /// bytes hold wrong is named as `name`'s (a fetched index: its URL).
+    pub fn load_named(path: &Path, name: &Path) -> Result<Self> {
         let mapped = Mapped::open(path)?;
-        Self::parse(Backing::Mapped(mapped), path)
+        Self::parse(Backing::Mapped(mapped), name)
     }
 
     /// Parses `index.bin` bytes (copied); `path` only names the file in

@@ -508,8 +508,30 @@ pub async fn get_whole(
     limiter: &std::sync::Arc<Limiter>,
 ) -> Result<(Vec<u8>, ObjectMeta)> {
     let meta = head(conn, name, p, counters).await?;
-    let buf = get_version(conn, name, &meta, p, counters, limiter).await?;
+    let buf = get_version_held(conn, name, &meta, p, counters, limiter).await?;
     Ok((buf, meta))
+}
+
+/// [`get_version`] into a buffer of its own: an error naming the object,
+/// not an abort, when its size is more than can be allocated.
+pub async fn get_version_held(
+    conn: &Connection,
+    name: &str,
+    meta: &ObjectMeta,
+    p: &GetPolicy,
+    counters: &GetCounters,
+    limiter: &std::sync::Arc<Limiter>,
+) -> Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    usize::try_from(meta.size)
+        .ok()
+        .and_then(|n| buf.try_reserve_exact(n).ok().map(|()| buf.resize(n, 0)))
+        .ok_or_else(|| {
+            let too_large = format!("{} bytes: more than this process can allocate", meta.size);
+            Error::io(conn.url.object_url(name), std::io::Error::other(too_large))
+        })?;
+    get_version(conn, name, meta, &mut buf, p, counters, limiter).await?;
+    Ok(buf)
 }
 
 /// Parts a whole object is fetched in, at once (as many as the limiter
@@ -518,18 +540,20 @@ pub async fn get_whole(
 pub const WHOLE_PART: usize = 8 << 20;
 
 /// The whole object `name` as `meta` (from a HEAD) describes it, pinned to
-/// its entity tag, in [`WHOLE_PART`]s, each holding a place in flight.
+/// its entity tag, into `dst` (exactly its size), in [`WHOLE_PART`]s, each
+/// holding a place in flight.
 pub async fn get_version(
     conn: &Connection,
     name: &str,
     meta: &ObjectMeta,
+    dst: &mut [u8],
     p: &GetPolicy,
     counters: &GetCounters,
     limiter: &std::sync::Arc<Limiter>,
-) -> Result<Vec<u8>> {
+) -> Result<()> {
     use futures_util::TryStreamExt;
-    let mut buf = vec![0u8; meta.size as usize];
-    let parts = buf.chunks_mut(WHOLE_PART).enumerate().map(|(i, dst)| async move {
+    assert_eq!(dst.len() as u64, meta.size, "{name} into a buffer of {}", dst.len());
+    let parts = dst.chunks_mut(WHOLE_PART).enumerate().map(|(i, dst)| async move {
         let _permit = limiter.acquire().await;
         let from = (i * WHOLE_PART) as u64;
         let range = from..from + dst.len() as u64;
@@ -539,8 +563,7 @@ pub async fn get_version(
         // The limiter bounds the parts in flight; this, the parts waiting.
         .buffer_unordered(crate::limiter::AUTO_MAX)
         .try_collect::<()>()
-        .await?;
-    Ok(buf)
+        .await
 }
 
 /// Bytes `range` of object `name` into `dst` (exactly their length),

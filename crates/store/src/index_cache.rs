@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use brand_format::INDEX_FILE;
 use brand_format::error::Result;
 use brand_format::index::Index;
+use brand_format::mapped::MappedMut;
 
 use crate::connect::Connection;
 use crate::get::{self, GetCounters, GetPolicy};
@@ -40,8 +41,8 @@ fn file_name(url: &str, e_tag: Option<&str>, size: u64) -> String {
     format!("{a:08x}{b:08x}-{size}.index")
 }
 
-/// Removes the files of the dataset's versions other than the one kept at
-/// `path`, their lock files, and `path`'s own temporary files (their
+/// Removes the files of the dataset's versions other than the one to be
+/// kept at `path`, their lock files, and `path`'s temporary files (their
 /// writers died: the caller holds `path`'s lock). Best effort: a file that
 /// cannot be removed stays.
 fn remove_others(path: &Path) {
@@ -90,26 +91,71 @@ pub async fn index(
     if let Some(idx) = cached.as_deref().and_then(kept) {
         return Ok(idx);
     }
-    let bytes = get::get_version(conn, INDEX_FILE, &meta, p, counters, limiter).await?;
-    // Checked before it is kept: a damaged fetch is an error naming the URL.
-    let fetched = Index::from_bytes(&bytes, &index_url)?;
     let Some(path) = cached else {
-        return Ok(fetched);
+        return on_heap(conn, &meta, p, counters, limiter).await;
     };
-    match store(&path, &bytes).and_then(|()| Index::load(&path).map_err(std::io::Error::other)) {
-        Ok(mapped) => {
-            remove_others(&path);
-            Ok(mapped)
-        }
+    // Fetched into the file itself (page cache, not heap: an index of
+    // hundreds of MB would otherwise be held twice over while it is written).
+    let tmp = temporary(&path);
+    remove_others(&path);
+    let fetched = match allocate(&tmp, meta.size) {
+        Ok(mut mapped) => get::get_version(conn, INDEX_FILE, &meta, mapped.bytes_mut(), p, counters, limiter).await,
         Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
             tracing::warn!(
                 "{}: cannot keep the index in {} ({e}); holding it in memory",
                 index_url.display(),
                 path.display()
             );
-            Ok(fetched)
+            return on_heap(conn, &meta, p, counters, limiter).await;
         }
+    };
+    // Checked before it is kept: a damaged fetch is an error naming the URL.
+    let checked = fetched.and_then(|()| Index::load_named(&tmp, &index_url));
+    let kept = checked.and_then(|idx| {
+        std::fs::rename(&tmp, &path).map_err(|e| brand_format::error::Error::io(&path, e))?;
+        Ok(idx)
+    });
+    if kept.is_err() {
+        let _ = std::fs::remove_file(&tmp);
     }
+    kept
+}
+
+/// The index fetched onto the heap (where no file can hold it).
+async fn on_heap(
+    conn: &Connection,
+    meta: &object_store::ObjectMeta,
+    p: &GetPolicy,
+    counters: &GetCounters,
+    limiter: &std::sync::Arc<Limiter>,
+) -> Result<Index> {
+    let index_url = PathBuf::from(conn.url.object_url(INDEX_FILE));
+    let bytes = get::get_version_held(conn, INDEX_FILE, meta, p, counters, limiter).await?;
+    Index::from_vec(bytes, &index_url)
+}
+
+/// A new file at `path` of `len` bytes, allocated and mapped writable.
+fn allocate(path: &Path, len: u64) -> std::io::Result<MappedMut> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)?;
+    let len = usize::try_from(len).map_err(std::io::Error::other)?;
+    MappedMut::allocate(&file, len)
+}
+
+/// The temporary name the version kept at `path` is written under (this
+/// process's: a dead writer's is removed by the next one).
+fn temporary(path: &Path) -> PathBuf {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
+    dir.join(format!(".{name}.{}.tmp", std::process::id()))
 }
 
 /// The lock of the version kept at `path` (a lock file beside it, locked
@@ -130,22 +176,6 @@ async fn lock(path: &Path) -> Option<std::fs::File> {
         .await
         .ok()?
         .ok()
-}
-
-/// Writes `bytes` to `path` through a temporary name in the same directory.
-fn store(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!(
-        ".{}.{}.tmp",
-        path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default(),
-        std::process::id()
-    ));
-    let written = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path));
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written
 }
 
 #[cfg(test)]
