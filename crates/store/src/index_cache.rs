@@ -42,25 +42,49 @@ fn file_name(url: &str, e_tag: Option<&str>, size: u64) -> String {
 }
 
 /// Removes the files of the dataset's versions other than the one to be
-/// kept at `path`, their lock files, and `path`'s temporary files (their
-/// writers died: the caller holds `path`'s lock). Best effort: a file that
-/// cannot be removed stays.
+/// kept at `path` that nobody is fetching (their lock is free: a process
+/// that mapped one keeps its mapping), with their lock and temporary files,
+/// and `path`'s temporary files (their writers died: the caller holds
+/// `path`'s lock). Best effort: a file that cannot be removed stays.
 fn remove_others(path: &Path) {
     let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
         return;
     };
     let Some(dataset) = name.get(..8) else { return };
     let Ok(entries) = std::fs::read_dir(dir) else { return };
+    // Every file of a version: `V`, `.V.lock`, `.V.PID.tmp`.
+    let mut versions: std::collections::BTreeMap<String, Vec<PathBuf>> = Default::default();
     for e in entries.flatten() {
         let file = e.file_name();
         let Some(file) = file.to_str() else { continue };
-        let other_version = file.starts_with(dataset) && file.ends_with(".index") && file != name;
-        let others_lock = file.starts_with(&format!(".{dataset}"))
-            && file.ends_with(".index.lock")
-            && file != format!(".{name}.lock");
-        let dead_write = file.starts_with(&format!(".{name}.")) && file.ends_with(".tmp");
-        if other_version || others_lock || dead_write {
-            let _ = std::fs::remove_file(e.path());
+        let bare = file.strip_prefix('.').unwrap_or(file);
+        let Some(end) = bare.find(".index").map(|i| i + ".index".len()) else {
+            continue;
+        };
+        if bare.starts_with(dataset) {
+            versions.entry(bare[..end].to_string()).or_default().push(e.path());
+        }
+    }
+    // The version's lock, held while its files go (None: being fetched).
+    let free = |version: &str| {
+        let lock = dir.join(format!(".{version}.lock"));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(lock);
+        file.ok().filter(|f| f.try_lock().is_ok())
+    };
+    for (version, files) in versions {
+        let own = version == name;
+        let held = if own { None } else { free(&version) };
+        if !own && held.is_none() {
+            continue;
+        }
+        for f in files {
+            if !own || f.to_string_lossy().ends_with(".tmp") {
+                let _ = std::fs::remove_file(f);
+            }
         }
     }
 }
@@ -190,17 +214,24 @@ mod tests {
     }
 
     #[test]
-    fn a_version_kept_removes_the_datasets_others_and_dead_writes_only() {
+    fn a_version_kept_removes_the_datasets_others_nobody_fetches_and_dead_writes() {
         let t = tempfile::tempdir().expect("tempdir");
         let kept = super::file_name("s3://b/ds", Some("e2"), 100);
         let old = super::file_name("s3://b/ds", Some("e1"), 90);
         let another = super::file_name("s3://b/other", Some("e1"), 90);
+        // A version another process is fetching: its lock held.
+        let fetching = super::file_name("s3://b/ds", Some("e3"), 80);
+        let lock = std::fs::File::create(t.path().join(format!(".{fetching}.lock"))).expect("lock");
+        lock.lock().expect("locked");
         let names = [
             kept.clone(),
             format!(".{kept}.lock"),
             format!(".{kept}.4242.tmp"),
             old.clone(),
             format!(".{old}.lock"),
+            format!(".{old}.4243.tmp"),
+            fetching.clone(),
+            format!(".{fetching}.4244.tmp"),
             another.clone(),
             format!(".{another}.lock"),
             "read-gap.toml".to_string(),
@@ -218,6 +249,9 @@ mod tests {
         let mut want = vec![
             kept.clone(),
             format!(".{kept}.lock"),
+            fetching.clone(),
+            format!(".{fetching}.lock"),
+            format!(".{fetching}.4244.tmp"),
             another.clone(),
             format!(".{another}.lock"),
             "read-gap.toml".to_string(),
