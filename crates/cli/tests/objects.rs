@@ -383,6 +383,64 @@ fn processes_opening_a_url_at_once_fetch_its_index_once_between_them() {
     assert_eq!(stats.get_requests, 7, "{stats:?}");
 }
 
+/// The first open of a dataset on a machine fetches its index into the
+/// cache file through a mapping (page cache), not onto the heap: with the
+/// process's private writable memory (RLIMIT_DATA, which shared file
+/// mappings do not count) below the index's size, it opens (a process
+/// needs ~30 MiB of its own); fetched into a Vec, it aborts with "memory
+/// allocation of … bytes failed".
+#[test]
+fn the_first_open_of_a_large_index_holds_none_of_it_on_the_heap() {
+    let f = Fixture::new();
+    let records = f.root.join("records");
+    common::ok(&[
+        "gen",
+        s(&records),
+        "--samples",
+        "1000000",
+        "--mean-bytes",
+        "64",
+        "--min-bytes",
+        "32",
+        "--max-bytes",
+        "96",
+        "--format",
+        "tfrecord",
+    ]);
+    let sources: Vec<String> = walk(&records).iter().map(|p| s(p).to_string()).collect();
+    let url = "s3://bkt/sets/large-index";
+    let mut pack = vec!["pack", "--from", "tfrecord"];
+    pack.extend(sources.iter().map(String::as_str));
+    pack.extend(["-o", url, "--staging", s(&f.root)]);
+    let out = f.run(&pack);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let index = std::fs::metadata(f.root.join("s3/bkt/sets/large-index/index.bin"))
+        .expect("index")
+        .len();
+    const DATA_LIMIT: u64 = 48 << 20;
+    assert!(index > DATA_LIMIT, "an index of {index} bytes");
+    let _ = std::fs::remove_dir_all(f.root.join("cache"));
+    let mut inspect = f.command(&["inspect", url]);
+    // SAFETY: setrlimit is async-signal-safe and touches no memory of the
+    // parent; the closure only calls it between fork and exec.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        inspect.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: DATA_LIMIT,
+                rlim_max: DATA_LIMIT,
+            };
+            if libc::setrlimit(libc::RLIMIT_DATA, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = inspect.output().expect("run brand");
+    assert!(out.status.success(), "{:?}: {}", out.status, stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("1000000"));
+}
+
 #[test]
 fn a_server_that_stops_answering_is_an_error_in_bounded_time() {
     let f = Fixture::new();
