@@ -164,13 +164,19 @@ enum Source {
 }
 
 impl Source {
-    fn open(ds: Arc<Dataset>, cfg: &LoaderConfig, epoch: u64) -> brand_format::Result<Self> {
+    /// Reads epochs `epochs.start` on; no read-ahead past `epochs.end`.
+    fn open(ds: Arc<Dataset>, cfg: &LoaderConfig, epochs: std::ops::Range<u64>) -> brand_format::Result<Self> {
+        let epoch = epochs.start;
         Ok(match &cfg.cache {
             Some(socket) => {
                 let ids = IdBits::new(ds.index.samples());
                 Source::Attached(Box::new(Attached::open(ds, cfg, socket, Served { epoch, ids })?))
             }
-            None => Source::Alone(Box::new(Loader::open(ds, cfg, LoaderState { epoch, served: 0 })?)),
+            None => {
+                let mut loader = Loader::open(ds, cfg, LoaderState { epoch, served: 0 })?;
+                loader.set_last_epoch(epochs.end.checked_sub(1));
+                Source::Alone(Box::new(loader))
+            }
         })
     }
 
@@ -225,7 +231,7 @@ pub fn run_epochs(
         opening,
     } = run;
     let n = ds.index.samples();
-    let mut loader = Source::open(ds.clone(), cfg, start_epoch)?;
+    let mut loader = Source::open(ds.clone(), cfg, start_epoch..start_epoch.saturating_add(epochs))?;
     let mut open_secs = Some(opening.elapsed().as_secs_f64());
     let mut order = measure_order.then(|| OrderMeter::new(&ds.index));
     let mut batch_ids = Vec::new();

@@ -10,7 +10,8 @@
 //! ([`brand_plan::Geometry::rank_memory_bytes`], its slots in decoded
 //! bytes) plus `readahead` bounds the decoded bytes the loader holds
 //! (samples in memory plus reads in flight). The next epoch is planned in
-//! the background and read ahead across the boundary within the same bounds.
+//! the background and read ahead across the boundary within the same bounds
+//! (not past a last epoch the caller names: [`Loader::set_last_epoch`]).
 //!
 //! Checkpoints ([`checkpoint`]) belong here: a loader's state saved as a
 //! blob bound to its dataset and plan, restored on the same world or, from

@@ -264,6 +264,15 @@ impl Loader {
         self.memory_bound
     }
 
+    /// Reads ahead no further than the end of `epoch`, the last this run
+    /// takes (`None`: every epoch is read ahead into the next). Only bytes
+    /// fetched change: a batch asked for after it is served as ever, its
+    /// epoch's reads starting then. Read-ahead into an epoch nobody takes
+    /// is up to `readahead` bytes fetched for nothing (GETs, on a store).
+    pub fn set_last_epoch(&mut self, epoch: Option<u64>) {
+        self.plan.set_last_epoch(epoch);
+    }
+
     /// Jumps to the start of `epoch` (dropping anything read ahead).
     pub fn start_epoch(&mut self, epoch: u64) -> Result<()> {
         self.check_process()?;

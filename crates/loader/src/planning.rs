@@ -128,6 +128,9 @@ pub(crate) struct PlanFeed {
     state: FeedState,
     /// The epoch events are taken of.
     epoch: u64,
+    /// The last epoch the consumer will take: past its end, the next epoch
+    /// starts only when asked for, never as read-ahead.
+    last: Option<u64>,
 }
 
 enum FeedState {
@@ -148,12 +151,20 @@ impl PlanFeed {
             planning: None,
             state: FeedState::Start { warm: true },
             epoch,
+            last: None,
         }
+    }
+
+    /// Takes no step of an epoch after `last` while the consumer has other
+    /// steps to take (see [`PlanFeed::next`]).
+    pub fn set_last_epoch(&mut self, last: Option<u64>) {
+        self.last = last;
     }
 
     /// The next event. `served` is what the consumer already took of
     /// `epoch` if it is the feed's (a resume); `busy` says the consumer has
-    /// other steps to take, so an unfinished background plan is not waited for.
+    /// other steps to take, so an unfinished background plan is not waited
+    /// for, nor an epoch after the last started.
     pub fn next(&mut self, consumer_epoch: u64, served: u64, busy: bool) -> Result<Next> {
         loop {
             match &mut self.state {
@@ -172,7 +183,8 @@ impl PlanFeed {
                 }
                 FeedState::Between => {
                     let ready = self.planning.as_ref().is_none_or(|(_, h)| h.is_finished());
-                    if !ready && busy {
+                    let past_last = self.last.is_some_and(|last| self.epoch > last);
+                    if (!ready || past_last) && busy {
                         return Ok(Next::NotYet);
                     }
                     self.start_running(true, 0)?;

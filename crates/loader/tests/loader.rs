@@ -291,6 +291,41 @@ fn brand_order_is_the_plans_whatever_the_read_gap_and_queue_depth() {
     );
 }
 
+/// A last epoch set: no read of the next epoch is issued before it is asked
+/// for, and asked for, it is served as ever (the same order, every sample).
+#[test]
+fn no_read_ahead_past_the_last_epoch_and_the_next_still_served_when_asked() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let ds = make_dataset(t.path(), 400);
+    let c = LoaderConfig {
+        plan: plan_cfg(Policy::Brand, Memory::Percent(10.0), 0, 1),
+        ..cfg(ReadGapSetting::Whole, 8, 64 << 20)
+    };
+    let run = |readahead: u64, last: Option<u64>| {
+        let c = LoaderConfig {
+            readahead_bytes: readahead,
+            ..c.clone()
+        };
+        let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
+        l.set_last_epoch(last);
+        let e0 = collect_epoch(&mut l, &ds);
+        let issued_in_e0 = l.metrics().reads_issued;
+        let e1 = collect_epoch(&mut l, &ds);
+        (issued_in_e0, e0, e1)
+    };
+    // Epoch 0's own reads: with no read-ahead, each is issued when reached.
+    let (own, e0, e1) = run(0, None);
+    let (ahead, a0, a1) = run(64 << 20, None);
+    let (bounded, b0, b1) = run(64 << 20, Some(0));
+    assert!(
+        ahead > own,
+        "read-ahead crosses into epoch 1: {ahead} reads, {own} of epoch 0"
+    );
+    assert_eq!(bounded, own, "no read of epoch 1 before it is asked for");
+    assert_eq!((&a0, &a1), (&e0, &e1));
+    assert_eq!((b0, b1), (e0, e1));
+}
+
 #[test]
 fn resume_through_the_real_plan_at_any_batch() {
     let t = tempfile::tempdir().expect("tempdir");
