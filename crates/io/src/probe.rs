@@ -11,9 +11,10 @@
 //! same place measures again.
 //!
 //! Results are cached per device (st_dev), queue depth, O_DIRECT and blkio
-//! cgroup (per bucket, endpoint and GETs in flight for a store): in memory for the process, and in `read-gap.toml` under the
-//! first writable of `$XDG_CACHE_HOME/brand`, `~/.cache/brand` and a
-//! per-user directory under the system temp dir. A cache that cannot be
+//! cgroup (per bucket, endpoint and GETs in flight for a store): in memory
+//! for the process, and in `read-gap.toml` under the first writable of
+//! `$XDG_CACHE_HOME/brand`, `~/.cache/brand` and a per-user directory
+//! under the system temp dir. A cache that cannot be
 //! read or written never fails the open.
 
 use std::collections::{BTreeMap, HashMap};

@@ -115,7 +115,8 @@ pub async fn index(
     if let Some(idx) = cached.as_deref().and_then(kept) {
         return Ok(idx);
     }
-    let Some(path) = cached else {
+    // (An empty object is no index: the parse names it.)
+    let Some(path) = cached.filter(|_| meta.size > 0) else {
         return on_heap(conn, &meta, p, counters, limiter).await;
     };
     // Fetched into the file itself (page cache, not heap: an index of
