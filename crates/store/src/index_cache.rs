@@ -10,9 +10,9 @@
 //! reader never maps half a file. Where none can be written, the index is
 //! held on the heap (and `index_heap_bytes` says so). A lock file beside it
 //! makes one process of the machine fetch a version while the others wait.
-//! A version kept replaces the dataset's others (a process that mapped one
-//! keeps its mapping), so a dataset packed again does not leave its old
-//! index behind on every machine that read it.
+//! A fetch removes the dataset's other versions that nobody is fetching (a
+//! process that mapped one keeps its mapping), so a dataset packed again
+//! does not leave its old index behind on every machine that read it.
 
 use std::path::{Path, PathBuf};
 
@@ -66,15 +66,7 @@ fn remove_others(path: &Path) {
         }
     }
     // The version's lock, held while its files go (None: being fetched).
-    let free = |version: &str| {
-        let lock = dir.join(format!(".{version}.lock"));
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(lock);
-        file.ok().filter(|f| f.try_lock().is_ok())
-    };
+    let free = |version: &str| lock_file(dir, version).ok().filter(|f| f.try_lock().is_ok());
     for (version, files) in versions {
         let own = version == name;
         let held = if own { None } else { free(&version) };
@@ -189,18 +181,21 @@ fn temporary(path: &Path) -> PathBuf {
 async fn lock(path: &Path) -> Option<std::fs::File> {
     let dir = path.parent()?;
     std::fs::create_dir_all(dir).ok()?;
-    let name = path.file_name()?.to_string_lossy();
-    let lock_path = dir.join(format!(".{name}.lock"));
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(lock_path)
-        .ok()?;
+    let file = lock_file(dir, &path.file_name()?.to_string_lossy()).ok()?;
     tokio::task::spawn_blocking(move || file.lock().map(|()| file))
         .await
         .ok()?
         .ok()
+}
+
+/// The lock file of the version named `version` in `dir`, opened (made if
+/// missing, never truncated) but not locked.
+fn lock_file(dir: &Path, version: &str) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(format!(".{version}.lock")))
 }
 
 #[cfg(test)]
