@@ -563,7 +563,14 @@ fn an_object_replaced_during_a_run_is_an_error_never_a_mix() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");
-    std::thread::sleep(Duration::from_millis(700));
+    // Replaced once the read is under way (the manifest, the index and data
+    // GETs: a replacement before the open is simply the dataset it opens),
+    // not after a fixed sleep, which a slow start outlasted.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while f.server.stats().get_requests < 4 {
+        assert!(Instant::now() < deadline, "brand read fetched nothing");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     // Same size, other bytes: only the entity tag tells.
     let last = bytes.len() - 1;
     bytes[last] ^= 0xff;
