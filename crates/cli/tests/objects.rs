@@ -28,12 +28,17 @@ struct Fixture {
 
 impl Fixture {
     fn new() -> Fixture {
+        Fixture::with_samples(SAMPLES, "24", "64")
+    }
+
+    /// `samples` samples of `mean_kib` on average, at most `max_kib`.
+    fn with_samples(samples: u64, mean_kib: &str, max_kib: &str) -> Fixture {
         let tmp = tempfile::tempdir().expect("tempdir");
         let root = tmp.path().to_path_buf();
         let server = Server::start(&root.join("s3"), Options::default()).expect("start the S3 server");
         std::fs::create_dir_all(root.join("s3/bkt")).expect("bucket");
         let files = root.join("files");
-        gen_samples_with(&files, SAMPLES, "24", "64", "5", 11);
+        gen_samples_with(&files, samples, mean_kib, max_kib, "5", 11);
         let local = root.join("ds");
         common::ok(&["pack", s(&files), "-o", s(&local), "--chunk-size", "8", "--seed", "4"]);
         let f = Fixture {
@@ -231,6 +236,42 @@ fn the_read_gap_probe_of_a_small_dataset_fetches_at_most_about_its_size() {
     // into an epoch `--epochs 1` does not read (it was 3 GETs, 865 kB).
     let (bytes, gets) = beyond_the_read();
     assert!(gets <= 1 && bytes < 4096, "{gets} GETs, {bytes} bytes beyond the read");
+}
+
+#[test]
+fn the_read_gap_probe_of_a_store_is_one_wave_of_gets_not_seconds_of_them() {
+    // A dataset larger than a full probe of a store reads at 8 in flight
+    // (4 × 1 MiB, then 24 × 4 KiB): the probe is not bounded by its size.
+    let f = Fixture::with_samples(300, "64", "128");
+    let data: u64 = walk(&f.local)
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "brd"))
+        .map(|p| std::fs::metadata(p).expect("segment").len())
+        .sum();
+    assert!(
+        data > 8 << 20,
+        "the dataset is {data} bytes: too small to probe in full"
+    );
+    // The index in the cache first: the read's own open then GETs only the manifest.
+    let out = f.run(&["inspect", &f.url]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    f.server.reset_stats();
+    let epochs = f.read(&["--memory", "10%", "--queue-depth", "8"]);
+    assert_exactly_once(&epochs, 1);
+    let stats = f.server.stats();
+    let (probe_bytes, probe_gets) = (
+        stats.get_bytes - metric(&epochs[0], "store_bytes_fetched"),
+        stats.get_requests - metric(&epochs[0], "store_requests"),
+    );
+    // It was three rounds of up to 2,048 small GETs and 48 large ones
+    // (0.25 s each, whichever first): hundreds of GETs on loopback, and
+    // (bounded by the dataset's size) about the dataset in bytes.
+    assert!(
+        // (+ the read's own open: its manifest)
+        probe_gets <= 4 + 24 + 1 && probe_bytes <= (4 << 20) + 24 * 4096 + (64 << 10),
+        "the probe fetched {probe_gets} GETs, {probe_bytes} bytes (dataset {data})"
+    );
+    assert!(probe_gets >= 4 + 8, "no probe ran: {probe_gets} GETs beyond the read");
 }
 
 #[test]
@@ -544,6 +585,7 @@ fn an_object_replaced_during_a_run_is_an_error_never_a_mix() {
     let seg = f.root.join("s3/bkt/sets/ds/data-00000.brd");
     let mut bytes = std::fs::read(&seg).expect("segment");
     // Slow consumption and little memory: reads go on while it is replaced.
+    f.server.reset_stats();
     let mut child = f
         .command(&[
             "read",

@@ -46,12 +46,46 @@ pub struct ProbeResult {
     pub bounded: bool,
 }
 
-/// Small reads per round at most (fewer if the time budget runs out first).
-const SMALL_READS: usize = 2048;
-/// Large reads: as large as one block-layer request usually gets (4 MiB), so
-/// that a device limited in requests per second shows its real bandwidth.
-const LARGE: u64 = 4 << 20;
-const LARGE_READS: usize = 48;
+/// How many reads of each kind, how long, how often.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    /// Rounds, keeping each kind's best: other load only ever makes a run slower.
+    rounds: u64,
+    /// Small (4 KiB) reads per round at most (fewer if the time budget runs out first).
+    small_reads: usize,
+    /// The large reads' length.
+    large: u64,
+    /// Large reads per round at most.
+    large_reads: usize,
+}
+
+/// A device: large reads as large as one block-layer request usually gets
+/// (4 MiB), so that a device limited in requests per second shows its real
+/// bandwidth; three rounds, as a disk's rate swings.
+const DEVICE: Shape = Shape {
+    rounds: 3,
+    small_reads: 2048,
+    large: 4 << 20,
+    large_reads: 48,
+};
+
+/// A store: every byte is fetched and billed, and the probe delays the open
+/// it runs in (the first on a machine): one wave of 1 MiB GETs, half as many
+/// as are in flight (16 MiB by default: several round trips' worth of a
+/// 1 Gbit/s link at 60 ms), then 3 × in flight small GETs over the
+/// connections those opened; one round. A link faster than the wave
+/// measures short, and the gap with it: the cheap error (past the
+/// break-even a larger gap fetches more for fewer GETs, smaller only sends
+/// more GETs in parallel).
+fn store_shape(queue_depth: usize) -> Shape {
+    Shape {
+        rounds: 1,
+        small_reads: 3 * queue_depth,
+        large: 1 << 20,
+        large_reads: queue_depth.div_ceil(2),
+    }
+}
+
 /// Each measurement stops after this long (and at least a few reads), so the
 /// probe stays short on slow or throttled storage.
 const ROUND_SECS: f64 = 0.25;
@@ -59,13 +93,22 @@ const MIN_READS: usize = 8;
 /// The gap never exceeds this: beyond it, whole chunks are the better read anyway.
 const MAX_GAP: u64 = 64 << 20;
 
+/// The probe's shape over `ds` read at `queue_depth`.
+fn shape(ds: &Dataset, queue_depth: usize) -> Shape {
+    if ds.is_remote() {
+        store_shape(queue_depth)
+    } else {
+        DEVICE
+    }
+}
+
 /// The bytes one measurement of a probe of `ds` may read, where it is
-/// bounded: on a store, a sixth of the dataset (three rounds of small and
-/// large reads then fetch about its size), when that is less than a full
-/// probe reads.
-fn byte_budget(ds: &Dataset) -> Option<u64> {
-    let budget = ds.manifest.segments.iter().map(|s| s.bytes).sum::<u64>() / 6;
-    (ds.is_remote() && budget < LARGE * LARGE_READS as u64).then_some(budget)
+/// bounded: on a store, a share of the dataset (all of the probe's rounds of
+/// small and large reads then fetch about its size), when that is less than
+/// a full probe reads.
+fn byte_budget(ds: &Dataset, shape: Shape) -> Option<u64> {
+    let budget = ds.manifest.segments.iter().map(|s| s.bytes).sum::<u64>() / (2 * shape.rounds);
+    (ds.is_remote() && budget < shape.large * shape.large_reads as u64).then_some(budget)
 }
 
 /// Seconds per read of `len` bytes at random aligned offsets over the
@@ -133,19 +176,28 @@ pub fn measure(ds: Arc<Dataset>, io: &EngineConfig) -> Result<ProbeResult> {
             ..io.clone()
         },
     )?;
-    let budget = byte_budget(&ds);
+    let shape = shape(&ds, queue_depth);
+    let budget = byte_budget(&ds, shape);
     let max_bytes = budget.unwrap_or(u64::MAX) / 2;
     // Two large reads at least: no longer than half the bytes allowed.
-    let large_len = (max_bytes / 2).clamp(ALIGN, LARGE);
-    // Best of three: other load only ever makes a run slower.
+    let large_len = (max_bytes / 2).clamp(ALIGN, shape.large);
     let mut small = f64::INFINITY;
     let mut bandwidth = 0f64;
-    for round in 0..3 {
-        let (secs, _) = time_reads(&engine, &ds, ALIGN, (SMALL_READS, max_bytes), queue_depth, round)?;
-        small = small.min(secs);
-        // Segments shorter than LARGE are read whole: a rate, not a time.
-        let (secs, bytes) = time_reads(&engine, &ds, large_len, (LARGE_READS, max_bytes), queue_depth, round)?;
+    for round in 0..shape.rounds {
+        // Large reads first: on a store they open the connections, so the
+        // small ones time requests, not connection set-up.
+        // Segments shorter than the large reads are read whole: a rate, not a time.
+        let (secs, bytes) = time_reads(
+            &engine,
+            &ds,
+            large_len,
+            (shape.large_reads, max_bytes),
+            queue_depth,
+            round,
+        )?;
         bandwidth = bandwidth.max(bytes / secs);
+        let (secs, _) = time_reads(&engine, &ds, ALIGN, (shape.small_reads, max_bytes), queue_depth, round)?;
+        small = small.min(secs);
     }
     // A request's cost beyond its own 4 KiB of transfer, in bytes of transfer.
     let overhead_bytes = ((small - ALIGN as f64 / bandwidth) * bandwidth).max(0.0);
@@ -234,7 +286,7 @@ pub fn auto_gap(ds: Arc<Dataset>, io: &EngineConfig) -> Result<u64> {
     // A probe bounded by a small dataset is kept apart: a larger dataset in
     // the same place measures in full; a small one takes either.
     let bounded_key = format!("{key}-small-dataset");
-    let bounded = byte_budget(&ds).is_some();
+    let bounded = byte_budget(&ds, shape(&ds, io.queue_depth)).is_some();
     let keys: &[&str] = if bounded { &[&key, &bounded_key] } else { &[&key] };
     let remembered = |k: &str| MEASURED.lock().ok()?.as_ref()?.get(k).copied();
     let remember = |k: &str, gap: u64| {
