@@ -151,6 +151,9 @@ class BrandDatasetIterator(grain.DatasetIterator):
         if dataset.first_epoch:
             self._loader.start_epoch(dataset.first_epoch)
         self._end = None if dataset.num_epochs is None else dataset.first_epoch + dataset.num_epochs
+        if self._end is not None:
+            # Nothing is read ahead into an epoch this iterator never yields.
+            self._loader.set_last_epoch(self._end - 1)
         self._batch: Optional[brand.Batch] = None
         self._before: Optional[dict] = None  # the loader's state before _batch
         self._taken = 0  # samples of _batch handed out

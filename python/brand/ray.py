@@ -165,6 +165,8 @@ def _read_rank(
     held = 0
     with brand.Loader(path, seed=seed, rank=rank, world=world, **config) as loader:
         loader.start_epoch(epoch)
+        # A read task reads one epoch: nothing ahead into the next.
+        loader.set_last_epoch(epoch)
         for batch in loader:
             n = min(len(batch), left)
             ids.extend(batch.ids[:n].tolist())

@@ -72,6 +72,8 @@ pub struct Loader {
     /// The process that opened it (see the fork rule above).
     opened_by: u32,
     slot: Mutex<Slot>,
+    /// What `set_last_epoch` named (kept for the reader `load_state_dict` opens).
+    last_epoch: Mutex<Option<u64>>,
 }
 
 enum Slot {
@@ -101,8 +103,9 @@ struct Open {
 }
 
 impl Open {
-    fn start(py: Python<'_>, path: &Path, config: &Config, resume: Resume) -> PyResult<Self> {
-        let reader = py.detach(|| guarded(|| Reader::open(path, config, resume)))?;
+    fn start(py: Python<'_>, path: &Path, config: &Config, resume: Resume, last_epoch: Option<u64>) -> PyResult<Self> {
+        let mut reader = py.detach(|| guarded(|| Reader::open(path, config, resume)))?;
+        reader.set_last_epoch(last_epoch);
         let epoch_len = reader.epoch_len();
         let reader = Arc::new(Mutex::new(reader));
         let (requests, results) = spawn_worker(reader.clone()).map_err(to_py)?;
@@ -287,7 +290,8 @@ impl Loader {
         // The old reader's memory and threads go before the new one takes
         // its own (dropping it waits for its reads: without the GIL).
         py.detach(move || drop(old));
-        match Open::start(py, &self.path, &self.config, resume) {
+        let last_epoch = self.last_epoch.lock().map(|l| *l).unwrap_or(None);
+        match Open::start(py, &self.path, &self.config, resume, last_epoch) {
             Ok(open) => {
                 *slot = Slot::Open(Box::new(open));
                 Ok(())
@@ -307,12 +311,13 @@ impl Loader {
     fn new(py: Python<'_>, path: PathBuf, config: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
         let table = keywords::table(config).map_err(to_py)?;
         let config = guarded(|| Config::resolve("", table, &process_env))?;
-        let open = Open::start(py, &path, &config, Resume::At(LoaderState::default()))?;
+        let open = Open::start(py, &path, &config, Resume::At(LoaderState::default()), None)?;
         Ok(Loader {
             path,
             config,
             opened_by: std::process::id(),
             slot: Mutex::new(Slot::Open(Box::new(open))),
+            last_epoch: Mutex::new(None),
         })
     }
 
@@ -376,6 +381,28 @@ impl Loader {
             py.detach(|| guarded(|| reader.start_epoch(epoch)))?;
             Ok(())
         })
+    }
+
+    /// Reads ahead no further than the end of ``epoch``, the last epoch
+    /// this run takes (``None``, the default: every epoch is read ahead into
+    /// the next, so its first batch does not wait). Only what is fetched
+    /// changes: read-ahead into an epoch nobody takes is up to ``readahead``
+    /// bytes read for nothing (GETs, from object storage). An epoch asked
+    /// for after it is served as ever, its reads starting then. Kept across
+    /// ``load_state_dict``. A node of a multi-node job, or a loader attached
+    /// to a cache, reads what its job reads: the hint does not change it.
+    #[pyo3(signature = (epoch))]
+    fn set_last_epoch(&self, py: Python<'_>, epoch: Option<u64>) -> PyResult<()> {
+        self.with_open(|open| {
+            open.check_usable()?;
+            open.settle(py)?;
+            open.reader()?.set_last_epoch(epoch);
+            Ok(())
+        })?;
+        if let Ok(mut last) = self.last_epoch.lock() {
+            *last = epoch;
+        }
+        Ok(())
     }
 
     /// The position as a small JSON-serialisable dict: ``checkpoint`` (the

@@ -50,6 +50,18 @@ def test_first_epoch_and_batched_items(dataset):
     assert [i for b in batches for i in b["id"].tolist()] == epoch1
 
 
+def test_an_iterator_of_num_epochs_reads_nothing_of_the_epoch_after(dataset):
+    _, ds_path = dataset
+    cfg = dict(CFG, read_gap="whole", readahead=64 << 20)
+    it = iter(BrandIterDataset(ds_path, batched=True, num_epochs=1, **cfg))
+    served = [i for b in it for i in b["id"].tolist()]
+    with brand.Loader(str(ds_path), **dict(cfg, readahead=0)) as alone:
+        assert [i for b in alone for i in b.ids.tolist()] == served
+        own = alone.metrics()["reads_issued"]
+    # (Without the hint, 64 MiB of read-ahead reads on into epoch 1.)
+    assert it._loader.metrics()["reads_issued"] == own
+
+
 def ids(items):
     return [it["id"] if isinstance(it, dict) else it for it in items]
 

@@ -246,6 +246,33 @@ def test_metrics_is_a_dict_of_the_loaders_counters(dataset):
     json.dumps(m)
 
 
+def test_set_last_epoch_reads_nothing_ahead_of_the_next_epoch_and_still_serves_it(dataset):
+    _, ds = dataset
+    cfg = dict(batch_size=16, memory="10%", read_gap="whole", seed=3)
+
+    def run(readahead, last=None, reopen=False):
+        with brand.Loader(str(ds), readahead=readahead, **cfg) as loader:
+            if last is not None:
+                loader.set_last_epoch(last)
+            if reopen:  # load_state_dict opens a new reader: the hint is kept
+                loader.load_state_dict(loader.state_dict())
+            e0 = [i for b in loader for i in b.ids.tolist()]
+            issued = loader.metrics()["reads_issued"]
+            e1 = [i for b in loader for i in b.ids.tolist()]
+        return issued, e0, e1
+
+    own, e0, e1 = run(0)  # no read-ahead: each read issued when reached
+    ahead, a0, a1 = run(64 << 20)
+    bounded, b0, b1 = run(64 << 20, last=0)
+    kept, k0, k1 = run(64 << 20, last=0, reopen=True)
+    assert ahead > own, f"read-ahead crosses into epoch 1: {ahead} reads, {own} of epoch 0"
+    assert bounded == own == kept, (bounded, own, kept)
+    assert sorted(e0) == sorted(e1) == list(range(len(e0))) and e0 != e1
+    assert (a0, a1) == (b0, b1) == (k0, k1) == (e0, e1)
+    with brand.Loader(str(ds), **cfg) as loader, pytest.raises(TypeError):
+        loader.set_last_epoch("last")
+
+
 def test_close_and_context_manager(dataset):
     _, ds = dataset
     with brand.Loader(ds, **CFG) as loader:

@@ -396,6 +396,16 @@ impl Reader {
         }
     }
 
+    /// Reads ahead no further than the end of `epoch`, the last the caller
+    /// takes (`None`: into the next, the default): a loader alone's
+    /// [`Loader::set_last_epoch`]. A node or an attached job reads what its
+    /// job reads; the hint does not change them.
+    pub fn set_last_epoch(&mut self, epoch: Option<u64>) {
+        if let Kind::Alone(l) | Kind::Resumed(l, _) = &mut self.kind {
+            l.set_last_epoch(epoch);
+        }
+    }
+
     pub fn dataset(&self) -> &Arc<Dataset> {
         match &self.kind {
             Kind::Alone(l) | Kind::Resumed(l, _) => l.dataset(),
