@@ -557,6 +557,18 @@ brand_status brand_close(struct brand_loader **loader);
 brand_status brand_start_epoch(struct brand_loader *loader, uint64_t epoch);
 
 /**
+ * Reads ahead no further than the end of `epoch`, the last epoch the
+ * caller reads (`epoch` < 0: no last epoch, the default: each epoch is read
+ * ahead into the next so its first batch does not wait). Only what is
+ * fetched changes: read-ahead into an epoch nobody reads is up to
+ * `readahead` bytes read for nothing (GETs, from object storage). An epoch
+ * asked for after it is served as ever, its reads starting then. A node of
+ * a multi-node job or a loader attached to a cache reads what its job
+ * reads: the call changes nothing there (BRAND_OK).
+ */
+brand_status brand_set_last_epoch(struct brand_loader *loader, int64_t epoch);
+
+/**
  * Where the loader is: the current epoch and the samples of it already
  * handed out (after BRAND_END_OF_EPOCH: the next epoch and 0). Either out
  * pointer may be NULL.

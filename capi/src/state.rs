@@ -22,6 +22,24 @@ pub extern "C" fn brand_start_epoch(loader: *mut brand_loader, epoch: u64) -> br
     })
 }
 
+/// Reads ahead no further than the end of `epoch`, the last epoch the
+/// caller reads (`epoch` < 0: no last epoch, the default: each epoch is read
+/// ahead into the next so its first batch does not wait). Only what is
+/// fetched changes: read-ahead into an epoch nobody reads is up to
+/// `readahead` bytes read for nothing (GETs, from object storage). An epoch
+/// asked for after it is served as ever, its reads starting then. A node of
+/// a multi-node job or a loader attached to a cache reads what its job
+/// reads: the call changes nothing there (BRAND_OK).
+#[unsafe(no_mangle)]
+pub extern "C" fn brand_set_last_epoch(loader: *mut brand_loader, epoch: i64) -> brand_status {
+    boundary(|| {
+        with_loader(loader, |reader| {
+            reader.set_last_epoch(u64::try_from(epoch).ok());
+            Ok(BRAND_OK)
+        })
+    })
+}
+
 /// Where the loader is: the current epoch and the samples of it already
 /// handed out (after BRAND_END_OF_EPOCH: the next epoch and 0). Either out
 /// pointer may be NULL.

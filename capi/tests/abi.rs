@@ -200,6 +200,7 @@ fn null_arguments_are_errors_not_crashes() {
     assert!(last_error().contains("loader is NULL"));
     assert_eq!(brand_next(l, null_mut()), BRAND_ERR_INVALID_ARGUMENT);
     assert_eq!(brand_start_epoch(null_mut(), 0), BRAND_ERR_INVALID_ARGUMENT);
+    assert_eq!(brand_set_last_epoch(null_mut(), 0), BRAND_ERR_INVALID_ARGUMENT);
     assert_eq!(brand_tell(null(), null_mut(), null_mut()), BRAND_ERR_INVALID_ARGUMENT);
     assert_eq!(brand_tell(l, null_mut(), null_mut()), BRAND_OK, "both outs optional");
     assert_eq!(brand_epoch_len(l, null_mut()), BRAND_ERR_INVALID_ARGUMENT);
@@ -496,6 +497,7 @@ fn use_after_close_and_double_close_are_errors() {
     let mut e = 0u64;
     assert_eq!(brand_tell(stale, &mut e, null_mut()), BRAND_ERR_CLOSED);
     assert_eq!(brand_start_epoch(stale, 1), BRAND_ERR_CLOSED);
+    assert_eq!(brand_set_last_epoch(stale, 1), BRAND_ERR_CLOSED);
     let mut copy = stale;
     assert_eq!(brand_close(&mut copy), BRAND_ERR_CLOSED, "double close through a copy");
     assert!(copy.is_null());
@@ -718,6 +720,42 @@ fn a_corrupt_record_is_data_loss_named_by_chunk_and_offset() {
     assert_eq!((e, s), (e2, s2));
     assert_eq!(s, served.len() as u64);
     close(l);
+}
+
+#[test]
+fn no_read_ahead_past_a_last_epoch_and_the_next_still_served() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let path = make_dataset(t.path(), "ds", 400, 1);
+    // Reads issued by the end of epoch 0, and the two epochs' ids.
+    let run = |readahead: &str, last: Option<i64>| {
+        let l = open(&path, &format!("{CFG}readahead = \"{readahead}\"\n"));
+        if let Some(e) = last {
+            assert_eq!(brand_set_last_epoch(l, e), BRAND_OK, "{}", last_error());
+        }
+        let e0 = ids(&epoch(l));
+        let mut m = brand_metrics {
+            struct_size: size_of::<brand_metrics>() as u32,
+            ..Default::default()
+        };
+        assert_eq!(brand_get_metrics(l, &mut m), BRAND_OK, "{}", last_error());
+        let e1 = ids(&epoch(l));
+        close(l);
+        (m.reads_issued, e0, e1)
+    };
+    let (own, e0, e1) = run("0", None);
+    let (ahead, a0, a1) = run("64MiB", None);
+    let (bounded, b0, b1) = run("64MiB", Some(0));
+    let (unset, u0, u1) = run("64MiB", Some(-1));
+    assert!(
+        ahead > own,
+        "read-ahead crosses into epoch 1: {ahead} reads, {own} of epoch 0"
+    );
+    assert_eq!(bounded, own, "no read of epoch 1 before it is asked for");
+    assert!(unset > own, "a negative epoch names none: {unset}");
+    assert_ne!(e0, e1);
+    assert_eq!((a0, a1), (e0.clone(), e1.clone()));
+    assert_eq!((b0, b1), (e0.clone(), e1.clone()));
+    assert_eq!((u0, u1), (e0, e1));
 }
 
 #[test]

@@ -143,6 +143,9 @@ class Loader {
 
     void start_epoch(uint64_t epoch) { check(brand_start_epoch(get(), epoch), "brand_start_epoch"); }
 
+    // No read-ahead past the end of `epoch` (< 0: none; see brand_set_last_epoch).
+    void set_last_epoch(int64_t epoch) { check(brand_set_last_epoch(get(), epoch), "brand_set_last_epoch"); }
+
     Position tell() const {
         Position p{0, 0};
         check(brand_tell(get(), &p.epoch, &p.served), "brand_tell");

@@ -522,6 +522,7 @@ class BrandDatasetOp : public DatasetOpKernel {
                                          reinterpret_cast<const uint8_t*>(state.data()), state.size(), &opened);
         if (st < 0) return OpenError(st, "restoring the iterator from its checkpoint");
         SetLoader(opened);
+        TF_RETURN_IF_ERROR(SetLastEpoch(LastEpoch()));
         // Mid-batch (per-sample mode): re-read the batch and skip what was
         // already emitted. Skipping across batches keeps this right even if
         // the restored config reads with another batch size. (An attached
@@ -567,7 +568,7 @@ class BrandDatasetOp : public DatasetOpKernel {
                                                    states.data(), lens.data(), states.size(), &opened);
           if (st < 0) return OpenError(st, "resuming from the saved world's states (resume_world)");
           SetLoader(opened);
-          return absl::OkStatus();
+          return SetLastEpoch(LastEpoch());
         }
         const int32_t st = brand_open(d->path_.c_str(), LoaderConfigText(d->config_).c_str(), &opened);
         if (st < 0) return OpenError(st, "opening the dataset");
@@ -575,7 +576,7 @@ class BrandDatasetOp : public DatasetOpKernel {
         if (d->epoch_ > 0) {
           BRAND_RETURN_IF_ERROR(brand_start_epoch(loader_, static_cast<uint64_t>(d->epoch_)), "brand_start_epoch");
         }
-        return absl::OkStatus();
+        return SetLastEpoch(LastEpoch());
       }
 
       // GetNext over the splits the split provider hands out: each split's
@@ -657,7 +658,7 @@ class BrandDatasetOp : public DatasetOpKernel {
         if (epoch > 0) {
           BRAND_RETURN_IF_ERROR(brand_start_epoch(loader_, static_cast<uint64_t>(epoch)), "brand_start_epoch");
         }
-        return absl::OkStatus();
+        return SetLastEpoch(epoch);
       }
 
       // The next batch of the open split; NULL (and the loader closed) once
@@ -762,6 +763,22 @@ class BrandDatasetOp : public DatasetOpKernel {
 
       // Replaces the open loader (closing the old one) and publishes the
       // handle to Cancel, which runs without mu_.
+      // The last epoch this iterator emits, or -1 for no end.
+      int64_t LastEpoch() const {
+        const Dataset* d = dataset();
+        return d->epochs_ <= 0 ? -1 : d->epoch_ + d->epochs_ - 1;
+      }
+
+      // No read-ahead past `last` (< 0: none). A loader reads the next epoch
+      // ahead otherwise: up to `readahead` bytes (GETs, on a store) nothing
+      // here takes; a split's loader, opened for one epoch's split, did it
+      // for every split.
+      absl::Status SetLastEpoch(int64_t last) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        if (loader_ == nullptr || last < 0) return absl::OkStatus();
+        BRAND_RETURN_IF_ERROR(brand_set_last_epoch(loader_, last), "brand_set_last_epoch");
+        return absl::OkStatus();
+      }
+
       void SetLoader(brand_loader* l) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         live_.store(l);
         // A handle Cancel already closed gives BRAND_ERR_CLOSED here: fine.

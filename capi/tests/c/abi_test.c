@@ -182,6 +182,7 @@ static void test_versions_and_errors(void) {
     brand_batch *b = NULL;
     CHECK_STATUS(brand_next(NULL, &b), BRAND_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(brand_start_epoch(NULL, 0), BRAND_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(brand_set_last_epoch(NULL, 0), BRAND_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(brand_tell(NULL, NULL, NULL), BRAND_ERR_INVALID_ARGUMENT);
     uint64_t u = 0;
     CHECK_STATUS(brand_epoch_len(NULL, &u), BRAND_ERR_INVALID_ARGUMENT);
@@ -268,6 +269,7 @@ static void test_epochs(size_t n) {
 
     /* Resume mid-epoch 0 with another batch size: the same sequence. */
     CHECK_STATUS(brand_start_epoch(l, 0), BRAND_OK);
+    CHECK_STATUS(brand_set_last_epoch(l, -1), BRAND_OK);
     uint64_t *part = (uint64_t *)calloc(n + 1, sizeof(uint64_t));
     size_t cp = 0;
     CHECK(!read_epoch(l, 0, part, &cp, n + 1, 3, 0), "three batches");
