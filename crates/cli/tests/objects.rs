@@ -275,6 +275,38 @@ fn the_read_gap_probe_of_a_store_is_one_wave_of_gets_not_seconds_of_them() {
 }
 
 #[test]
+fn processes_opening_together_on_a_new_machine_probe_once() {
+    // Four readers at once with nothing cached (a DataLoader's workers, a
+    // node's ranks): one measures, the others wait for its result.
+    let f = Fixture::with_samples(300, "64", "128");
+    f.server.reset_stats();
+    let children: Vec<_> = (0..4)
+        .map(|_| {
+            f.command(&["read", &f.url, "--json", "--memory", "10%", "--queue-depth", "8"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn")
+        })
+        .collect();
+    let mut own_gets = 0;
+    let mut gaps = Vec::new();
+    for child in children {
+        let out = child.wait_with_output().expect("wait");
+        assert!(out.status.success(), "{}", stderr(&out));
+        let epochs: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("read --json");
+        assert_exactly_once(&epochs, 1);
+        own_gets += metric(&epochs[0], "store_requests");
+        gaps.push(epochs[0]["metrics"]["read_gap"].clone());
+    }
+    let beyond = f.server.stats().get_requests - own_gets;
+    // One probe (4 + 24 GETs), each process's manifest and at most each its
+    // index; four probes were 112 GETs more.
+    assert!(beyond <= 28 + 4 + 4, "{beyond} GETs beyond the reads' own");
+    assert!(gaps.iter().all(|g| *g == gaps[0]), "one gap for all: {gaps:?}");
+}
+
+#[test]
 fn bursts_of_503_and_cut_bodies_are_retried_and_counted_without_a_wrong_byte() {
     let f = Fixture::new();
     f.server.faults().set_key_filter(Some("data-"));

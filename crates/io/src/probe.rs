@@ -15,7 +15,9 @@
 //! for the process, and in `read-gap.toml` under the first writable of
 //! `$XDG_CACHE_HOME/brand`, `~/.cache/brand` and a per-user directory
 //! under the system temp dir. A cache that cannot be
-//! read or written never fails the open.
+//! read or written never fails the open. Processes that open together probe
+//! one at a time (`read-gap.lock` there): the first measures, the others
+//! take its result.
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::MetadataExt;
@@ -266,6 +268,37 @@ fn device_key(ds: &Dataset, io: &EngineConfig) -> Result<String> {
     Ok(format!("dev-{dev}-qd-{}{direct}-blkio-{blkio}", io.queue_depth))
 }
 
+/// How long a probe waits for another process's before measuring anyway
+/// (a probe takes well under a second; one stuck on a stalled store must not
+/// hold every other open).
+const PROBE_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// The machine's probe lock (`read-gap.lock` beside the first cache file
+/// that can be made), held until dropped; `None` where there is none to
+/// take or another process held it past [`PROBE_LOCK_WAIT`].
+fn probe_lock() -> Option<std::fs::File> {
+    let file = cache_paths().into_iter().find_map(|p| {
+        let dir = p.parent()?;
+        std::fs::create_dir_all(dir).ok()?;
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join("read-gap.lock"))
+            .ok()
+    })?;
+    let start = Instant::now();
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Some(file),
+            Err(std::fs::TryLockError::WouldBlock) if start.elapsed() < PROBE_LOCK_WAIT => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(_) => return None,
+        }
+    }
+}
+
 /// Gaps measured by this process, by key: a probe runs at most once per
 /// process per key, whatever the file cache does.
 static MEASURED: Mutex<Option<HashMap<String, u64>>> = Mutex::new(None);
@@ -297,11 +330,21 @@ pub fn auto_gap(ds: Arc<Dataset>, io: &EngineConfig) -> Result<u64> {
     if let Some(gap) = keys.iter().find_map(|k| remembered(k)) {
         return Ok(gap);
     }
-    let caches: Vec<_> = cache_paths().iter().map(|p| load_cache(p)).collect();
-    if let Some((k, gap)) = keys
-        .iter()
-        .find_map(|k| caches.iter().find_map(|c| Some((*k, *c.get(*k)?))))
-    {
+    let cached = || {
+        let caches: Vec<_> = cache_paths().iter().map(|p| load_cache(p)).collect();
+        keys.iter()
+            .find_map(|k| caches.iter().find_map(|c| Some((*k, *c.get(*k)?))))
+    };
+    if let Some((k, gap)) = cached() {
+        remember(k, gap);
+        return Ok(gap);
+    }
+    // One probe on the machine at a time: processes opening together (a
+    // DataLoader's workers, the ranks of a node) would each measure a share
+    // of the same device or link, and fetch the probe's bytes as many times.
+    // The first measures; the others find its result when it is done.
+    let _one_at_a_time = probe_lock();
+    if let Some((k, gap)) = cached() {
         remember(k, gap);
         return Ok(gap);
     }
