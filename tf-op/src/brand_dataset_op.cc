@@ -761,8 +761,6 @@ class BrandDatasetOp : public DatasetOpKernel {
         return absl::OkStatus();
       }
 
-      // Replaces the open loader (closing the old one) and publishes the
-      // handle to Cancel, which runs without mu_.
       // The last epoch this iterator emits, or -1 for no end.
       int64_t LastEpoch() const {
         const Dataset* d = dataset();
@@ -779,6 +777,8 @@ class BrandDatasetOp : public DatasetOpKernel {
         return absl::OkStatus();
       }
 
+      // Replaces the open loader (closing the old one) and publishes the
+      // handle to Cancel, which runs without mu_.
       void SetLoader(brand_loader* l) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         live_.store(l);
         // A handle Cancel already closed gives BRAND_ERR_CLOSED here: fine.

@@ -81,6 +81,15 @@ impl Fixture {
         c
     }
 
+    /// The bytes of the dataset's segment files.
+    fn segment_bytes(&self) -> u64 {
+        walk(&self.local)
+            .iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "brd"))
+            .map(|p| std::fs::metadata(p).expect("segment").len())
+            .sum()
+    }
+
     fn run(&self, args: &[&str]) -> Output {
         self.command(args).output().expect("run brand")
     }
@@ -205,11 +214,7 @@ fn a_dataset_packed_to_s3_reads_back_exactly_once_with_every_byte_equal() {
 #[test]
 fn the_read_gap_probe_of_a_small_dataset_fetches_at_most_about_its_size() {
     let f = Fixture::new();
-    let data: u64 = walk(&f.local)
-        .iter()
-        .filter(|p| p.extension().is_some_and(|e| e == "brd"))
-        .map(|p| std::fs::metadata(p).expect("segment").len())
-        .sum();
+    let data = f.segment_bytes();
     let index = std::fs::metadata(f.local.join("index.bin")).expect("index").len();
     // (bytes, GETs) at the server beyond the read's own: the probe's, the
     // manifest and index, and read-ahead into an epoch not read.
@@ -243,11 +248,7 @@ fn the_read_gap_probe_of_a_store_is_one_wave_of_gets_not_seconds_of_them() {
     // A dataset larger than a full probe of a store reads at 8 in flight
     // (4 × 1 MiB, then 24 × 4 KiB): the probe is not bounded by its size.
     let f = Fixture::with_samples(300, "64", "128");
-    let data: u64 = walk(&f.local)
-        .iter()
-        .filter(|p| p.extension().is_some_and(|e| e == "brd"))
-        .map(|p| std::fs::metadata(p).expect("segment").len())
-        .sum();
+    let data = f.segment_bytes();
     assert!(
         data > 8 << 20,
         "the dataset is {data} bytes: too small to probe in full"
