@@ -208,6 +208,27 @@ fn a_dataset_packed_to_s3_reads_back_exactly_once_with_every_byte_equal() {
     opens(1);
 }
 
+/// A run's first fill is fetched from the store record by record, each
+/// record when its serve comes due (not a whole chunk for a request's one
+/// record), and served in the order whole-chunk reads serve; the next
+/// epoch's fill is read ahead whole.
+#[test]
+fn a_runs_first_fill_is_fetched_record_by_record_in_the_same_order() {
+    // Chunks of 8 samples of 160 KiB: 1.25 MiB, above the 1 MiB a read
+    // must reach to be split.
+    let f = Fixture::with_samples(SAMPLES, "160", "200");
+    let whole = f.read(&["--epochs", "2", "--memory", "10%", "--read-gap", "whole"]);
+    assert_eq!(metric(&whole[0], "reads_deferred"), 0, "whole chunks asked for");
+    f.server.reset_stats();
+    let split = f.read(&["--epochs", "2", "--memory", "10%", "--read-gap", "0"]);
+    assert_exactly_once(&split, 2);
+    assert!(metric(&split[0], "reads_deferred") > 0, "{}", split[0]);
+    assert_eq!(metric(&split[1], "reads_deferred"), 0, "{}", split[1]);
+    for (a, b) in split.iter().zip(&whole) {
+        assert_eq!(a["order"], b["order"]);
+    }
+}
+
 /// `read_gap = auto` measures a store by fetching from it: for a dataset too
 /// small for a full probe, about the dataset's size at most (it fetched
 /// 616 MB for a 7.6 MB dataset), and nothing once the gap is kept.

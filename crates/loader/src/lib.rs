@@ -24,12 +24,14 @@
 //! Modules: [`config`] (the loader's keys), [`batch`], [`checkpoint`],
 //! [`elastic`], [`stats`], [`workers`] (a process's memory shared by ranks
 //! of its own: Python's DataLoader workers); inside: `planning` (plan events, the next epoch
-//! planned in the background), `held` (samples in memory) and `loader` (the
-//! walk itself, reading through a [`brand_io::ReadSession`]).
+//! planned in the background), `held` (samples in memory), `deferred` (a
+//! start's first fill, read record by record as each comes due) and
+//! `loader` (the walk itself, reading through a [`brand_io::ReadSession`]).
 
 pub mod batch;
 pub mod checkpoint;
 pub mod config;
+mod deferred;
 pub mod elastic;
 mod held;
 mod loader;

@@ -16,6 +16,7 @@ use brand_io::{IoBackend, ReadSession};
 use brand_plan::{Event, PlanMemory, Planner};
 
 use crate::checkpoint::{Checkpoint, Fingerprint, LoaderState, Resume};
+use crate::deferred::{Deferred, Part};
 use crate::held::Held;
 use crate::planning::{EventSource, Next, PlanFeed, plan_events};
 use crate::stats::{Metrics, StallLog};
@@ -51,6 +52,14 @@ pub struct Loader {
     /// Bytes of the reads issued for events still in `lookahead`, oldest first.
     ahead: VecDeque<u64>,
     ahead_bytes: u64,
+    /// Plan reads the consumer has reached: `ahead[i]` is read number
+    /// `reached + i`.
+    reached: u64,
+    /// Large plan reads of a start's epoch, fetched as their records come
+    /// due (see `deferred`), and the bytes of those deferred since the
+    /// start: a memory's worth at most.
+    deferred: Deferred,
+    deferred_bytes: u64,
     /// The extents of the read being issued (kept: one vector for every read).
     extents: Vec<Extent>,
     held: Held,
@@ -116,6 +125,11 @@ const MAX_LOOKAHEAD_EVENTS: usize = 1 << 16;
 /// times what two rings of the default queue depth hold.
 const MIN_READS_AHEAD: usize = 512;
 
+/// The fewest bytes of a plan read [`Loader::defers`] splits: a local
+/// device reads a smaller one in about the time of a request, so no wait
+/// is saved.
+const DEFER_MIN_BYTES: u64 = 1 << 20;
+
 impl Loader {
     /// A loader over `ds` running the plan of `cfg`, starting where
     /// `resume` says (`LoaderState::default()` for the first epoch, a
@@ -179,6 +193,9 @@ impl Loader {
             held_read: None,
             ahead: VecDeque::new(),
             ahead_bytes: 0,
+            reached: 0,
+            deferred: Deferred::default(),
+            deferred_bytes: 0,
             extents: Vec::new(),
             held: Held::default(),
             bad: IdMap::default(),
@@ -301,6 +318,8 @@ impl Loader {
         self.held_read = None;
         self.ahead.clear();
         self.ahead_bytes = 0;
+        self.deferred.clear();
+        self.deferred_bytes = 0;
         self.held.clear();
         self.bad.clear();
         self.failed = None;
@@ -437,6 +456,9 @@ impl Loader {
                 }
                 self.issue_read(ev)?;
             }
+            if let Event::Serve { sample, .. } = ev {
+                self.issue_due(sample)?;
+            }
             self.lookahead.push_back(Step::Plan(ev));
             if no_readahead && matches!(ev, Event::Read { .. }) {
                 break;
@@ -454,9 +476,69 @@ impl Loader {
         Ok(())
     }
 
-    /// Submits a plan read's extents and counts its bytes as read ahead.
+    /// Submits a plan read's extents and counts its bytes as read ahead,
+    /// or, in the epoch the loader started at, defers a large one to when
+    /// its records come due ([`issue_due`](Self::issue_due)).
     fn issue_read(&mut self, ev: Event) -> Result<()> {
         let Event::Read { chunk, mask } = ev else {
+            return Ok(());
+        };
+        self.metrics.refills += 1;
+        let seq = self.reached + self.ahead.len() as u64;
+        let mut ext = std::mem::take(&mut self.extents);
+        self.reads.extents_into(chunk, mask, &mut ext);
+        let bytes: u64 = ext.iter().map(|e| e.len).sum();
+        let first = chunk * self.ds.index.chunk_size() as u64;
+        if mask.count_ones() > 1
+            && self.plan.starting()
+            && self.defers(bytes)
+            && self.deferred.defer(chunk, first, mask, seq)
+        {
+            ext.clear();
+            self.extents = ext;
+            self.metrics.reads_deferred += 1;
+            self.deferred_bytes += bytes;
+            self.ahead.push_back(0);
+            return Ok(());
+        }
+        let submitted = ext.drain(..).try_for_each(|e| self.submit(e));
+        self.extents = ext;
+        submitted?;
+        self.ahead.push_back(bytes);
+        self.ahead_bytes += bytes;
+        Ok(())
+    }
+
+    /// Whether a plan read of `bytes` is deferred: with read-ahead (without,
+    /// reads are issued one at a time as the consumer reaches them), records
+    /// filled one by one (runs are read in one request by choice), by a read
+    /// gap (whole chunks are asked for whole), while the reads deferred
+    /// since the start are less than a memory's worth (its first fill: later
+    /// refills are read ahead of their serves, and split would cost a request
+    /// for each record they merge), when its bytes are many requests' worth
+    /// (16 read gaps, at least [`DEFER_MIN_BYTES`]).
+    fn defers(&self, bytes: u64) -> bool {
+        if self.cfg.readahead_bytes == 0
+            || self.cfg.plan.run_length > 1
+            || self.deferred_bytes >= self.memory_bound.unwrap_or(u64::MAX)
+        {
+            return false;
+        }
+        match self.reads.gap() {
+            ReadGap::Whole => false,
+            ReadGap::Bytes(gap) => bytes >= gap.saturating_mul(16).max(DEFER_MIN_BYTES),
+        }
+    }
+
+    /// `sample` is due (its serve entered the look-ahead): submits its
+    /// record if its read was deferred, counting the bytes with that read.
+    fn issue_due(&mut self, sample: u64) -> Result<()> {
+        if self.deferred.len() == 0 {
+            return Ok(());
+        }
+        let chunk = self.ds.index.chunk_of(sample);
+        let first = chunk * self.ds.index.chunk_size() as u64;
+        let Some(Part { chunk, mask, seq }) = self.deferred.due(sample, first) else {
             return Ok(());
         };
         let mut ext = std::mem::take(&mut self.extents);
@@ -465,9 +547,17 @@ impl Loader {
         let submitted = ext.drain(..).try_for_each(|e| self.submit(e));
         self.extents = ext;
         submitted?;
-        self.ahead.push_back(bytes);
-        self.ahead_bytes += bytes;
-        self.metrics.refills += 1;
+        match seq
+            .checked_sub(self.reached)
+            .and_then(|i| self.ahead.get_mut(i as usize))
+        {
+            Some(b) => {
+                *b += bytes;
+                self.ahead_bytes += bytes;
+            }
+            // The consumer passed the read: its bytes count now.
+            None => self.metrics.bytes_read += bytes,
+        }
         Ok(())
     }
 
@@ -561,6 +651,7 @@ impl Loader {
                     // Its bytes count when the consumer reaches the read, so
                     // reads for the next epoch count in that epoch.
                     if let Some(bytes) = self.ahead.pop_front() {
+                        self.reached += 1;
                         self.ahead_bytes -= bytes;
                         self.metrics.bytes_read += bytes;
                     }
@@ -624,6 +715,11 @@ impl Loader {
                     self.stalls.record(t.elapsed());
                 }
                 return Ok(bytes);
+            }
+            if !recovering && !self.held.is_reading(sample) {
+                // Deferred (never, as its serve was taken into the look-ahead):
+                // its read, not a recovery read.
+                self.issue_due(sample)?;
             }
             if !recovering && !self.held.is_reading(sample) {
                 // Neither held, bad nor on its way: read it now.

@@ -128,6 +128,9 @@ pub(crate) struct PlanFeed {
     state: FeedState,
     /// The epoch events are taken of.
     epoch: u64,
+    /// The epoch the feed started at (opened or restarted), whose memory
+    /// starts empty with nothing read ahead for it.
+    first: u64,
     /// The last epoch the consumer will take: past its end, the next epoch
     /// starts only when asked for, never as read-ahead.
     last: Option<u64>,
@@ -151,6 +154,7 @@ impl PlanFeed {
             planning: None,
             state: FeedState::Start { warm: true },
             epoch,
+            first: epoch,
             last: None,
         }
     }
@@ -229,6 +233,12 @@ impl PlanFeed {
         self.stop();
         self.state = FeedState::Start { warm: false };
         self.epoch = epoch;
+        self.first = epoch;
+    }
+
+    /// Whether events are taken of the epoch the feed started at.
+    pub fn starting(&self) -> bool {
+        self.epoch == self.first
     }
 
     /// Gets the source back from the planning thread (its plan is dropped).

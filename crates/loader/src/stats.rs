@@ -20,6 +20,9 @@ pub struct Metrics {
     pub reads_issued: u64,
     /// Plan refills (Read events): memory misses.
     pub refills: u64,
+    /// Refills read record by record as each comes due: large reads of
+    /// the epoch a loader starts at (a Brand start's whole chunks).
+    pub reads_deferred: u64,
     /// Single-record reads for samples the plan expected in memory but that
     /// were not (after a resume, or for padding repeats).
     pub recovery_reads: u64,
