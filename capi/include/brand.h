@@ -346,6 +346,11 @@ typedef struct brand_metrics {
   uint64_t index_heap_bytes;
   uint64_t plan_bytes;
   uint64_t plan_peak_bytes;
+  /**
+   * Plan reads of a start's first fill read record by record as each
+   * sample came due, not whole (large reads: a Brand start's chunks).
+   */
+  uint64_t reads_deferred;
 } brand_metrics;
 
 #ifdef __cplusplus

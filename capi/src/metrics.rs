@@ -113,6 +113,9 @@ pub struct brand_metrics {
     pub index_heap_bytes: u64,
     pub plan_bytes: u64,
     pub plan_peak_bytes: u64,
+    /// Plan reads of a start's first fill read record by record as each
+    /// sample came due, not whole (large reads: a Brand start's chunks).
+    pub reads_deferred: u64,
 }
 
 /// Fills `*out` with the loader's counters. The caller sets
@@ -180,6 +183,7 @@ pub extern "C" fn brand_get_metrics(loader: *const brand_loader, out: *mut brand
             index_heap_bytes: m.index_heap_bytes,
             plan_bytes: m.plan_bytes,
             plan_peak_bytes: m.plan_peak_bytes,
+            reads_deferred: m.reads_deferred,
         };
         // SAFETY: out points to at least `caller` >= n writable bytes
         // (contract: struct_size is the size of the caller's struct);

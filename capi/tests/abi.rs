@@ -758,6 +758,42 @@ fn no_read_ahead_past_a_last_epoch_and_the_next_still_served() {
     assert_eq!((u0, u1), (e0, e1));
 }
 
+/// A start's first fill read record by record is counted: samples of
+/// 96 KiB in chunks of 16 (1.5 MiB reads), over two epochs.
+#[test]
+fn metrics_count_the_reads_of_a_starts_first_fill_made_record_by_record() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let g = brand_pack::synthetic::GenOptions {
+        samples: 320,
+        mean_bytes: 96 << 10,
+        min_bytes: 80 << 10,
+        max_bytes: 112 << 10,
+        classes: 4,
+        ..Default::default()
+    };
+    let p = PackOptions {
+        chunk_size: 16,
+        ..Default::default()
+    };
+    let ds = brand_pack::synthetic::generate_and_pack(t.path(), &g, &p).expect("pack");
+    let path = CString::new(ds.to_str().expect("utf-8")).expect("no NUL");
+    let l = open(&path, "memory = \"20%\"\nread_gap = \"0\"\nbatch_size = 8\n");
+    let metrics = |l| {
+        let mut m = brand_metrics {
+            struct_size: size_of::<brand_metrics>() as u32,
+            ..Default::default()
+        };
+        assert_eq!(brand_get_metrics(l, &mut m), BRAND_OK, "{}", last_error());
+        m
+    };
+    assert_eq!(epoch(l).len(), 320);
+    let first = metrics(l).reads_deferred;
+    assert!(first > 0, "{:?}", metrics(l));
+    assert_eq!(epoch(l).len(), 320);
+    assert_eq!(metrics(l).reads_deferred, first, "the next epoch's reads are whole");
+    close(l);
+}
+
 #[test]
 fn metrics_fill_only_what_the_caller_has_room_for() {
     let t = tempfile::tempdir().expect("tempdir");
