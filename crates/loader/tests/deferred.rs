@@ -58,18 +58,6 @@ fn config(policy: Policy, gap: ReadGapSetting, rank: u32, world: u32) -> LoaderC
     }
 }
 
-/// One epoch's ids, each checked against a buffered read.
-fn epoch(l: &mut Loader, ds: &Dataset) -> Vec<u64> {
-    let mut ids = Vec::new();
-    while let Some(b) = l.next_batch().expect("batch") {
-        for s in b.iter() {
-            assert_eq!(s.data, &ds.read_sample(s.id).expect("buffered")[..], "sample {}", s.id);
-            ids.push(s.id);
-        }
-    }
-    ids
-}
-
 fn sorted(mut ids: Vec<u64>) -> Vec<u64> {
     ids.sort_unstable();
     ids
@@ -92,7 +80,7 @@ fn every_policy_serves_every_sample_once_in_the_same_order_with_large_reads_spli
                 ] {
                     let c = config(policy, gap, rank, world);
                     let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
-                    let epochs = [epoch(&mut l, &ds), epoch(&mut l, &ds)];
+                    let epochs = [common::epoch(&mut l, &ds), common::epoch(&mut l, &ds)];
                     let m = l.metrics();
                     assert_eq!(m.recovery_reads, 0, "{policy}, rank {rank} of {world}, {gap:?}");
                     if gap == ReadGapSetting::Whole {
@@ -129,7 +117,7 @@ fn a_resume_in_the_middle_of_split_reads_goes_on_as_an_uninterrupted_run() {
     let ds = large_chunks(t.path());
     let c = config(Policy::Brand, ReadGapSetting::Bytes(0), 0, 1);
     let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
-    let uninterrupted = [epoch(&mut l, &ds), epoch(&mut l, &ds)].concat();
+    let uninterrupted = [common::epoch(&mut l, &ds), common::epoch(&mut l, &ds)].concat();
 
     let mut first = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
     let mut got = Vec::new();
@@ -141,8 +129,8 @@ fn a_resume_in_the_middle_of_split_reads_goes_on_as_an_uninterrupted_run() {
     let checkpoint = first.checkpoint().expect("checkpoint");
     drop(first);
     let mut second = Loader::open(ds.clone(), &c, checkpoint).expect("resume");
-    got.extend(epoch(&mut second, &ds));
-    got.extend(epoch(&mut second, &ds));
+    got.extend(common::epoch(&mut second, &ds));
+    got.extend(common::epoch(&mut second, &ds));
     assert_eq!(got, uninterrupted);
 }
 
@@ -152,7 +140,7 @@ fn only_the_epoch_a_loader_starts_at_is_split() {
     let ds = large_chunks(t.path());
     let c = config(Policy::Brand, ReadGapSetting::Bytes(0), 0, 1);
     let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
-    epoch(&mut l, &ds);
+    common::epoch(&mut l, &ds);
     // Of its reads of 1 MiB and more, the first memory's worth.
     let memory = l.memory_bound().expect("a plan's bound");
     let (mut large, mut first_fill, mut bytes) = (0, 0, 0);
@@ -177,13 +165,13 @@ fn only_the_epoch_a_loader_starts_at_is_split() {
     );
     assert_eq!(l.metrics().reads_deferred, first_fill);
     l.reset_metrics();
-    epoch(&mut l, &ds);
+    common::epoch(&mut l, &ds);
     let m = l.metrics();
     assert!(m.refills > 0);
     assert_eq!(m.reads_deferred, 0, "the next epoch's reads were made ahead, whole");
     // A jump is a start.
     l.start_epoch(5).expect("start epoch");
-    epoch(&mut l, &ds);
+    common::epoch(&mut l, &ds);
     assert!(l.metrics().reads_deferred > 0);
 }
 
@@ -194,7 +182,7 @@ fn small_reads_and_runs_are_not_split() {
     let small = Arc::new(common::small_dataset(&t.path().join("small"), 320));
     let c = config(Policy::Brand, ReadGapSetting::Bytes(0), 0, 1);
     let mut l = Loader::open(small.clone(), &c, LoaderState::default()).expect("loader");
-    assert_eq!(sorted(epoch(&mut l, &small)), (0..320).collect::<Vec<_>>());
+    assert_eq!(sorted(common::epoch(&mut l, &small)), (0..320).collect::<Vec<_>>());
     let m = l.metrics();
     assert!(m.refills > 0);
     assert_eq!(m.reads_deferred, 0, "128 KiB reads");
@@ -203,6 +191,6 @@ fn small_reads_and_runs_are_not_split() {
     let mut c = config(Policy::Brand, ReadGapSetting::Bytes(0), 0, 1);
     c.set("run_length", &toml::Value::Integer(16)).expect("run_length");
     let mut l = Loader::open(large.clone(), &c, LoaderState::default()).expect("loader");
-    assert_eq!(sorted(epoch(&mut l, &large)), (0..SAMPLES).collect::<Vec<_>>());
+    assert_eq!(sorted(common::epoch(&mut l, &large)), (0..SAMPLES).collect::<Vec<_>>());
     assert_eq!(l.metrics().reads_deferred, 0, "runs");
 }

@@ -5,7 +5,6 @@ mod common;
 
 use std::sync::Arc;
 
-use brand_format::Dataset;
 use brand_loader::elastic::SavedWorld;
 use brand_loader::{IoConfig, Loader, LoaderConfig, LoaderState, ReadGapSetting};
 use brand_plan::{Memory, PlanConfig, Policy};
@@ -36,25 +35,13 @@ fn config(rank: u32, world: u32, slots: u64) -> LoaderConfig {
     }
 }
 
-/// The rest of the epoch's ids, each checked against a buffered read.
-fn rest_of_epoch(l: &mut Loader, ds: &Dataset) -> Vec<u64> {
-    let mut ids = Vec::new();
-    while let Some(b) = l.next_batch().expect("batch") {
-        for s in b.iter() {
-            assert_eq!(s.data, &ds.read_sample(s.id).expect("buffered")[..], "sample {}", s.id);
-            ids.push(s.id);
-        }
-    }
-    ids
-}
-
 #[test]
 fn three_ranks_resume_on_two_continuing_the_global_order() {
     let t = tempfile::tempdir().expect("tempdir");
     let ds = Arc::new(common::small_dataset(t.path(), SAMPLES));
     // The uninterrupted global sequence: one rank with all the memory.
     let mut whole = Loader::open(ds.clone(), &config(0, 1, TOTAL_SLOTS), LoaderState::default()).expect("open");
-    let global = rest_of_epoch(&mut whole, &ds);
+    let global = common::epoch(&mut whole, &ds);
     assert_eq!(global.len() as u64, SAMPLES);
 
     // 3 ranks, 3 batches of 4 each: global positions 0..36 served.
@@ -81,8 +68,8 @@ fn three_ranks_resume_on_two_continuing_the_global_order() {
     for r in 0..2 {
         let mut l = Loader::open(ds.clone(), &config(r, 2, TOTAL_SLOTS / 2), saved.clone()).expect("elastic");
         assert_eq!(l.state(), LoaderState { epoch: 0, served: 18 });
-        rest.push(rest_of_epoch(&mut l, &ds));
-        next_epoch.push(rest_of_epoch(&mut l, &ds));
+        rest.push(common::epoch(&mut l, &ds));
+        next_epoch.push(common::epoch(&mut l, &ds));
     }
     // Interleave by global position: rank r's step i is position r + 2i.
     for p in position..SAMPLES {
@@ -109,7 +96,7 @@ fn three_ranks_resume_on_two_continuing_the_global_order() {
             LoaderState { epoch: 1, served: 0 },
         )
         .expect("open");
-        assert_eq!(got, &rest_of_epoch(&mut fresh, &ds), "rank {r} epoch 1");
+        assert_eq!(got, &common::epoch(&mut fresh, &ds), "rank {r} epoch 1");
     }
 }
 

@@ -46,19 +46,6 @@ fn config(memory: Memory, rank: u32, world: u32, readahead: u64) -> LoaderConfig
     }
 }
 
-/// One epoch's ids, each checked against a buffered read.
-fn epoch(l: &mut Loader, ds: &Dataset) -> Vec<u64> {
-    let mut ids = Vec::new();
-    while let Some(b) = l.next_batch().expect("batch") {
-        for s in b.iter() {
-            assert_eq!(s.data, &ds.read_sample(s.id).expect("buffered")[..], "sample {}", s.id);
-            assert_eq!(s.data.as_ptr() as usize % 64, 0);
-            ids.push(s.id);
-        }
-    }
-    ids
-}
-
 fn exactly_once(ids: &[u64], n: u64) -> bool {
     let mut v = ids.to_vec();
     v.sort_unstable();
@@ -80,7 +67,7 @@ fn the_threads_backend_serves_what_io_uring_serves() {
                 c.io.backend = backend;
                 c.io.decode_threads = decode_threads;
                 let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
-                let e = (epoch(&mut l, &ds), epoch(&mut l, &ds));
+                let e = (common::epoch(&mut l, &ds), common::epoch(&mut l, &ds));
                 assert!(exactly_once(&e.0, 300) && exactly_once(&e.1, 300));
                 assert_eq!(l.metrics().threads_backend, backend == IoBackend::Threads);
                 runs.push(e);
@@ -224,7 +211,7 @@ fn refused_syscall_falls_back_to_threads(name: &str, mode: &str, nr: u32) -> (St
         refuse_syscall(nr);
         let ds = Arc::new(Dataset::open(dir).expect("open"));
         let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("auto falls back");
-        let ids = epoch(&mut l, &ds);
+        let ids = common::epoch(&mut l, &ds);
         let m = l.metrics();
         println!("REFUSED={} THREADS={}", m.uring_refused, m.threads_backend);
         println!("ORDER={ids:?}");
@@ -242,7 +229,7 @@ fn refused_syscall_falls_back_to_threads(name: &str, mode: &str, nr: u32) -> (St
     let t = tempfile::tempdir().expect("tempdir");
     let ds = dataset(t.path(), 200);
     let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
-    let want = epoch(&mut l, &ds);
+    let want = common::epoch(&mut l, &ds);
     assert!(!l.metrics().threads_backend, "io_uring works in this process");
     drop(l);
     let (ok, out) = run_child(name, mode, ds.dir());
@@ -356,8 +343,8 @@ fn a_state_saved_after_the_last_batch_restores_on_every_rank() {
     for rank in 0..world {
         let c = config(Memory::Percent(15.0), rank, world, 1 << 20);
         let mut full = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
-        let e0 = epoch(&mut full, &ds);
-        let e1 = epoch(&mut full, &ds);
+        let e0 = common::epoch(&mut full, &ds);
+        let e1 = common::epoch(&mut full, &ds);
         let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
         let mut served = 0;
         while served < e0.len() {
@@ -375,7 +362,11 @@ fn a_state_saved_after_the_last_batch_restores_on_every_rank() {
         drop(l);
         let mut resumed = Loader::open(ds.clone(), &c, state).expect("resume");
         assert!(resumed.next_batch().expect("end of epoch 0").is_none(), "rank {rank}");
-        assert_eq!(epoch(&mut resumed, &ds), e1, "rank {rank}: epoch 1 as uninterrupted");
+        assert_eq!(
+            common::epoch(&mut resumed, &ds),
+            e1,
+            "rank {rank}: epoch 1 as uninterrupted"
+        );
     }
 }
 
@@ -392,7 +383,7 @@ fn start_epoch_after_an_error_reads_a_fitting_dataset_in_whole_reads() {
     // Whatever stopped epoch 0 (an error, a restart), the caller starts over.
     l.start_epoch(1).expect("start epoch 1");
     l.reset_metrics();
-    let ids = epoch(&mut l, &ds);
+    let ids = common::epoch(&mut l, &ds);
     assert!(exactly_once(&ids, 200));
     let m = l.metrics();
     assert_eq!(
@@ -407,7 +398,7 @@ fn start_epoch_after_an_error_reads_a_fitting_dataset_in_whole_reads() {
 fn corrupt_one(root: &Path, c: &LoaderConfig, victim_at: f64) -> (Arc<Dataset>, Vec<u64>, u64) {
     let ds = dataset(root, 240);
     let mut l = Loader::open(ds.clone(), c, LoaderState::default()).expect("loader");
-    let order = epoch(&mut l, &ds);
+    let order = common::epoch(&mut l, &ds);
     drop(l);
     let victim = order[(order.len() as f64 * victim_at) as usize];
     let (seg, offset, len) = ds.index.record_location(victim);
@@ -452,7 +443,7 @@ fn on_corrupt_skip_leaves_the_sample_out_and_counts_it() {
     c.on_corrupt = OnCorrupt::Skip;
     let (ds, order, victim) = corrupt_one(t.path(), &c, 0.4);
     let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
-    let got = epoch(&mut l, &ds);
+    let got = common::epoch(&mut l, &ds);
     let want: Vec<u64> = order.iter().copied().filter(|&s| s != victim).collect();
     assert_eq!(got, want, "every good sample once, in order");
     assert_eq!(l.metrics().skipped_corrupt, 1);
@@ -538,7 +529,7 @@ fn registered_buffers_are_bounded_by_readahead_and_the_dataset() {
     c.io.queue_depth = 1024;
     c.io.backend = IoBackend::Uring;
     let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
-    assert!(exactly_once(&epoch(&mut l, &ds), 100));
+    assert!(exactly_once(&common::epoch(&mut l, &ds), 100));
     let m = l.metrics();
     let one = brand_io::engine::FIXED_BUF_BYTES as u64;
     assert!(
@@ -604,7 +595,7 @@ fn memory_bounds_decoded_bytes_of_a_compressed_dataset() {
     let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
     for _ in 0..2 {
         l.reset_metrics();
-        assert!(exactly_once(&epoch(&mut l, &ds), 600));
+        assert!(exactly_once(&common::epoch(&mut l, &ds), 600));
         let m = l.metrics();
         // One chunk of decoded samples may be in flight beyond the bound
         // (a read is always allowed).
@@ -721,7 +712,7 @@ fn the_memory_bound_is_the_plans_resident_bound_in_decoded_bytes() {
         assert_eq!(planner.geometry().rank_slots.min(40), slots, "{memory}");
         let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
         assert_eq!(l.memory_bound(), Some((slots * raw).div_ceil(40)), "{memory}");
-        assert!(exactly_once(&epoch(&mut l, &ds), 40), "{memory}");
+        assert!(exactly_once(&common::epoch(&mut l, &ds), 40), "{memory}");
     }
     // What a percentage below one chunk used to give: its share of the
     // bytes, a tenth of a sample, far below the chunk the plan holds.
@@ -802,7 +793,7 @@ fn the_next_epochs_first_reads_are_issued_before_this_epoch_ends() {
         issued >= epoch0 + first_batch,
         "{issued} reads issued at the end of epoch 0: {epoch0} of epoch 0 + {first_batch} for epoch 1's first batch expected"
     );
-    let mut ids = epoch(&mut l, &ds);
+    let mut ids = common::epoch(&mut l, &ds);
     ids.sort_unstable();
     assert_eq!(ids, (0..320).collect::<Vec<u64>>());
     let m = l.metrics();
@@ -851,7 +842,7 @@ fn reads_in_flight_stop_at_two_batches_whatever_the_bytes() {
         c.plan.policy = Policy::Direct;
         c.batch_size = batch_size;
         let mut l = Loader::open(ds.clone(), &c, LoaderState::default()).expect("loader");
-        let ids = epoch(&mut l, &ds);
+        let ids = common::epoch(&mut l, &ds);
         assert!(exactly_once(&ids, 2000));
         let m = l.metrics();
         assert_eq!(m.reads_issued, 2000, "one read per record: {m:?}");
