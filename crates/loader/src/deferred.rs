@@ -18,83 +18,41 @@
 
 use brand_format::ids::IdMap;
 
-/// One deferred plan read.
-struct Pending {
-    chunk: u64,
-    /// Records not yet fetched.
-    mask: u64,
-    /// The read's place among the loader's reads (to count its bytes there).
-    seq: u64,
-}
-
-/// What to fetch now for a due sample: `mask`'s records of `chunk`, for the
-/// plan read numbered `seq`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Part {
-    pub chunk: u64,
-    pub mask: u64,
-    pub seq: u64,
-}
-
+/// The samples whose plan read was deferred, each with the read's number
+/// among the loader's reads (its bytes count there). A due sample's read is
+/// its own record: its chunk and bit follow from its id.
 #[derive(Default)]
 pub(crate) struct Deferred {
-    reads: Vec<Option<Pending>>,
-    free: Vec<u32>,
-    /// Each deferred sample's read.
-    of: IdMap<u32>,
+    read_of: IdMap<u64>,
 }
 
 impl Deferred {
-    /// Defers the read of `mask`'s records of `chunk` (whose first sample
-    /// id is `first`), numbered `seq`. Refused (false: read it now) when one
-    /// of its samples is deferred already, so a sample is never waiting on
-    /// two reads.
-    pub fn defer(&mut self, chunk: u64, first: u64, mask: u64, seq: u64) -> bool {
-        if records(mask).any(|r| self.of.contains_key(&(first + r))) {
+    /// Defers the read numbered `seq` of `mask`'s records of the chunk whose
+    /// first sample id is `first`. Refused (false: read it now) when one of
+    /// its samples is deferred already, so a sample never waits on two reads.
+    pub fn defer(&mut self, first: u64, mask: u64, seq: u64) -> bool {
+        if records(mask).any(|r| self.read_of.contains_key(&(first + r))) {
             return false;
         }
-        let key = match self.free.pop() {
-            Some(k) => k,
-            None => {
-                self.reads.push(None);
-                (self.reads.len() - 1) as u32
-            }
-        };
-        self.reads[key as usize] = Some(Pending { chunk, mask, seq });
         for r in records(mask) {
-            self.of.insert(first + r, key);
+            self.read_of.insert(first + r, seq);
         }
         true
     }
 
-    /// `sample` is due: its record, if it is deferred.
-    pub fn due(&mut self, sample: u64, first: u64) -> Option<Part> {
-        let key = self.of.remove(&sample)?;
-        let slot = &mut self.reads[key as usize];
-        let p = slot.as_mut()?;
-        let bit = 1u64 << (sample - first);
-        p.mask &= !bit;
-        let part = Part {
-            chunk: p.chunk,
-            mask: bit,
-            seq: p.seq,
-        };
-        if p.mask == 0 {
-            *slot = None;
-            self.free.push(key);
-        }
-        Some(part)
+    /// `sample` is due: the number of its deferred read, if it has one (and
+    /// it is no longer deferred).
+    pub fn due(&mut self, sample: u64) -> Option<u64> {
+        self.read_of.remove(&sample)
     }
 
     /// Samples deferred.
     pub fn len(&self) -> usize {
-        self.of.len()
+        self.read_of.len()
     }
 
     pub fn clear(&mut self) {
-        self.reads.clear();
-        self.free.clear();
-        self.of.clear();
+        self.read_of.clear();
     }
 }
 
@@ -112,64 +70,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_read_is_fetched_a_record_at_a_time_as_each_comes_due() {
+    fn each_sample_of_a_deferred_read_is_due_once() {
         let mut d = Deferred::default();
-        assert!(d.defer(2, 128, 0b1011, 7));
+        assert!(d.defer(128, 0b1011, 7));
         assert_eq!(d.len(), 3);
-        assert_eq!(
-            d.due(129, 128),
-            Some(Part {
-                chunk: 2,
-                mask: 0b0010,
-                seq: 7
-            })
-        );
-        assert_eq!(d.due(129, 128), None, "fetched already");
-        assert_eq!(d.due(130, 128), None, "not in the read");
-        assert_eq!(
-            d.due(131, 128),
-            Some(Part {
-                chunk: 2,
-                mask: 0b1000,
-                seq: 7
-            })
-        );
-        assert_eq!(
-            d.due(128, 128),
-            Some(Part {
-                chunk: 2,
-                mask: 0b0001,
-                seq: 7
-            })
-        );
+        assert_eq!(d.due(129), Some(7));
+        assert_eq!(d.due(129), None, "fetched already");
+        assert_eq!(d.due(130), None, "not in the read");
+        assert_eq!((d.due(131), d.due(128)), (Some(7), Some(7)));
         assert_eq!(d.len(), 0);
-        // The slot is reused.
-        assert!(d.defer(3, 192, 0b11, 8));
-        assert_eq!(d.reads.len(), 1);
     }
 
     #[test]
     fn a_sample_already_deferred_is_not_deferred_twice() {
         let mut d = Deferred::default();
-        assert!(d.defer(0, 0, 0b110, 0));
-        assert!(!d.defer(0, 0, 0b011, 1));
+        assert!(d.defer(0, 0b110, 0));
+        assert!(!d.defer(0, 0b011, 1));
         assert_eq!(d.len(), 2);
-        assert_eq!(d.due(0, 0), None, "the refused read is the caller's");
+        assert_eq!(d.due(0), None, "the refused read is the caller's");
+        assert_eq!(d.due(1), Some(0));
     }
 
     #[test]
-    fn a_read_of_one_record_left_ends_with_its_first_due() {
+    fn the_last_record_of_a_chunk_is_a_record() {
         let mut d = Deferred::default();
-        assert!(d.defer(5, 320, 1 << 63, 1));
-        assert_eq!(
-            d.due(383, 320),
-            Some(Part {
-                chunk: 5,
-                mask: 1 << 63,
-                seq: 1
-            })
-        );
-        assert_eq!(d.len(), 0);
-        assert!(d.reads[0].is_none());
+        assert!(d.defer(320, (1 << 63) | 1, 1));
+        assert_eq!((d.due(383), d.due(320), d.len()), (Some(1), Some(1), 0));
     }
 }

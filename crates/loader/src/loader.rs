@@ -16,7 +16,7 @@ use brand_io::{IoBackend, ReadSession};
 use brand_plan::{Event, PlanMemory, Planner};
 
 use crate::checkpoint::{Checkpoint, Fingerprint, LoaderState, Resume};
-use crate::deferred::{Deferred, Part};
+use crate::deferred::Deferred;
 use crate::held::Held;
 use crate::planning::{EventSource, Next, PlanFeed, plan_events};
 use crate::stats::{Metrics, StallLog};
@@ -489,10 +489,7 @@ impl Loader {
         self.reads.extents_into(chunk, mask, &mut ext);
         let bytes: u64 = ext.iter().map(|e| e.len).sum();
         let first = chunk * self.ds.index.chunk_size() as u64;
-        if mask.count_ones() > 1
-            && self.plan.starting()
-            && self.defers(bytes)
-            && self.deferred.defer(chunk, first, mask, seq)
+        if mask.count_ones() > 1 && self.plan.starting() && self.defers(bytes) && self.deferred.defer(first, mask, seq)
         {
             ext.clear();
             self.extents = ext;
@@ -536,13 +533,13 @@ impl Loader {
         if self.deferred.len() == 0 {
             return Ok(());
         }
-        let chunk = self.ds.index.chunk_of(sample);
-        let first = chunk * self.ds.index.chunk_size() as u64;
-        let Some(Part { chunk, mask, seq }) = self.deferred.due(sample, first) else {
+        let Some(seq) = self.deferred.due(sample) else {
             return Ok(());
         };
+        let chunk = self.ds.index.chunk_of(sample);
+        let record = sample - chunk * self.ds.index.chunk_size() as u64;
         let mut ext = std::mem::take(&mut self.extents);
-        self.reads.extents_into(chunk, mask, &mut ext);
+        self.reads.extents_into(chunk, 1 << record, &mut ext);
         let bytes: u64 = ext.iter().map(|e| e.len).sum();
         let submitted = ext.drain(..).try_for_each(|e| self.submit(e));
         self.extents = ext;
