@@ -16,7 +16,23 @@
 //! whole, while the epoch before them ends, and later refills ahead of
 //! their serves.
 
+use brand_format::extents::ReadGap;
 use brand_format::ids::IdMap;
+
+/// The fewest bytes of a plan read a start splits: a local device reads a
+/// smaller one in about the time of a request, so no wait is saved.
+const SPLIT_MIN_BYTES: u64 = 1 << 20;
+
+/// Whether a start's plan read of `bytes`, its records filled one by one,
+/// is worth fetching record by record: by a read gap (whole chunks are asked
+/// for whole), when its bytes are many requests' worth (16 read gaps, at
+/// least 1 MiB). The multi-node owner splits its start's reads by this too.
+pub fn worth_splitting(gap: ReadGap, bytes: u64) -> bool {
+    match gap {
+        ReadGap::Whole => false,
+        ReadGap::Bytes(gap) => bytes >= gap.saturating_mul(16).max(SPLIT_MIN_BYTES),
+    }
+}
 
 /// The samples whose plan read was deferred, each with the read's number
 /// among the loader's reads (its bytes count there). A due sample's read is

@@ -16,7 +16,7 @@ use brand_io::{IoBackend, ReadSession};
 use brand_plan::{Event, PlanMemory, Planner};
 
 use crate::checkpoint::{Checkpoint, Fingerprint, LoaderState, Resume};
-use crate::deferred::Deferred;
+use crate::deferred::{Deferred, worth_splitting};
 use crate::held::Held;
 use crate::planning::{EventSource, Next, PlanFeed, plan_events};
 use crate::stats::{Metrics, StallLog};
@@ -124,11 +124,6 @@ const MAX_LOOKAHEAD_EVENTS: usize = 1 << 16;
 /// The fewest reads in flight [`Loader::max_reads_ahead`] allows: eight
 /// times what two rings of the default queue depth hold.
 const MIN_READS_AHEAD: usize = 512;
-
-/// The fewest bytes of a plan read [`Loader::defers`] splits: a local
-/// device reads a smaller one in about the time of a request, so no wait
-/// is saved.
-const DEFER_MIN_BYTES: u64 = 1 << 20;
 
 impl Loader {
     /// A loader over `ds` running the plan of `cfg`, starting where
@@ -508,23 +503,16 @@ impl Loader {
 
     /// Whether a plan read of `bytes` is deferred: with read-ahead (without,
     /// reads are issued one at a time as the consumer reaches them), records
-    /// filled one by one (runs are read in one request by choice), by a read
-    /// gap (whole chunks are asked for whole), while the reads deferred
-    /// since the start are less than a memory's worth (its first fill: later
-    /// refills are read ahead of their serves, and split would cost a request
-    /// for each record they merge), when its bytes are many requests' worth
-    /// (16 read gaps, at least [`DEFER_MIN_BYTES`]).
+    /// filled one by one (runs are read in one request by choice), while the
+    /// reads deferred since the start are less than a memory's worth (its
+    /// first fill: later refills are read ahead of their serves, and split
+    /// would cost a request for each record they merge), when
+    /// [`worth_splitting`].
     fn defers(&self, bytes: u64) -> bool {
-        if self.cfg.readahead_bytes == 0
-            || self.cfg.plan.run_length > 1
-            || self.deferred_bytes >= self.memory_bound.unwrap_or(u64::MAX)
-        {
-            return false;
-        }
-        match self.reads.gap() {
-            ReadGap::Whole => false,
-            ReadGap::Bytes(gap) => bytes >= gap.saturating_mul(16).max(DEFER_MIN_BYTES),
-        }
+        self.cfg.readahead_bytes > 0
+            && self.cfg.plan.run_length == 1
+            && self.deferred_bytes < self.memory_bound.unwrap_or(u64::MAX)
+            && worth_splitting(self.reads.gap(), bytes)
     }
 
     /// `sample` is due (its serve entered the look-ahead): submits its
