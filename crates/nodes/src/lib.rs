@@ -10,7 +10,8 @@
 //!
 //! Modules: `routes` (who reads and who serves what: pure), `check` (what
 //! a peer sends, checked before it is acted on: pure), `owner` (reads
-//! and pushes), `control` (what the owner is told), `inbox` (a consumer's
+//! and pushes), `first_fill` (a start's large reads, record by record in
+//! serve order), `control` (what the owner is told), `inbox` (a consumer's
 //! held samples and credit), `net` (gRPC), `storage` (the one use of the io
 //! engine), `wire` (the messages), `config` (the one configuration path)
 //! and `reader` (a loader alone or a node: what interfaces open).
@@ -18,6 +19,7 @@
 pub mod check;
 pub mod config;
 mod control;
+mod first_fill;
 mod inbox;
 mod net;
 mod owner;
@@ -354,6 +356,7 @@ impl NodeLoader {
             bytes_served: self.bytes_served,
             bytes_read: o.bytes_read.load(Ordering::Relaxed),
             reads_issued: o.reads_issued.load(Ordering::Relaxed),
+            reads_deferred: o.reads_deferred.load(Ordering::Relaxed),
             buffered_fallback: o.buffered_fallback.load(Ordering::Relaxed) != 0,
             read_gap: self.read_gap,
             nodes: self.cfg.world(),

@@ -26,6 +26,7 @@ use brand_plan::Planner;
 use brand_format::dataset::Dataset;
 
 use crate::control::{Control, PushSink};
+use crate::first_fill::{FirstFill, position};
 use crate::inbox::Inbox;
 use crate::routes::{OwnerPlan, Ownership};
 use crate::storage::Storage;
@@ -36,6 +37,8 @@ use crate::wire::{Failure, Push, Sample, push};
 pub struct OwnerStats {
     pub bytes_read: AtomicU64,
     pub reads_issued: AtomicU64,
+    /// Reads of the start's first fill fetched record by record.
+    pub reads_deferred: AtomicU64,
     pub samples_pushed: AtomicU64,
     pub bytes_pushed: AtomicU64,
     pub held_peak_bytes: AtomicU64,
@@ -80,10 +83,11 @@ struct Progress {
     needed: Option<usize>,
     next_read: usize,
     ready: HashMap<(u32, u64), AlignedBuf>,
+    first_fill: FirstFill,
 }
 
 impl Progress {
-    fn new(plan: OwnerPlan) -> Self {
+    fn new(plan: OwnerPlan, first_fill: FirstFill) -> Self {
         let w = plan.queues.len();
         Progress {
             plan,
@@ -93,6 +97,7 @@ impl Progress {
             needed: None,
             next_read: 0,
             ready: HashMap::new(),
+            first_fill,
         }
     }
 
@@ -116,13 +121,20 @@ impl Owner {
             .collect();
         let mut credits = Credits(vec![BTreeMap::new(); w]);
         let mut epoch = self.start_epoch;
-        let mut p = Progress::new(OwnerPlan::new(
-            &self.planner,
-            &self.ownership,
-            epoch,
-            self.node,
-            self.start_step,
-        ));
+        // Memory is empty at the start: its epoch's first fill is split
+        // (see `first_fill`), as a loader alone splits its own: not with
+        // read-ahead off nor with runs of records, which are read in one
+        // request by choice.
+        let splits = self.readahead_bytes > 0 && self.planner.config().run_length <= 1;
+        let first_fill = FirstFill::new(if splits {
+            self.planner.geometry().rank_memory_bytes
+        } else {
+            0
+        });
+        let mut p = Progress::new(
+            OwnerPlan::new(&self.planner, &self.ownership, epoch, self.node, self.start_step),
+            first_fill,
+        );
         let mut held: u64 = 0;
         let mut in_flight_bytes: u64 = 0;
         // The last epoch to serve, once the local consumer stopped.
@@ -180,24 +192,8 @@ impl Owner {
             // 3. Reads: everything credited, then readahead (once some
             // consumer has started the epoch).
             let started = (0..w).any(|c| credits.window(c, epoch).is_some());
-            while p.next_read < p.plan.reads.len() {
-                let due = p.needed.is_some_and(|n| p.next_read <= n);
-                if !due && (!started || held + in_flight_bytes >= self.readahead_bytes) {
-                    break;
-                }
-                let r = &p.plan.reads[p.next_read];
-                let wanted = r
-                    .deliveries
-                    .iter()
-                    .any(|&(_, c, _)| !matches!(outlets[c as usize], Outlet::Gone));
-                if wanted {
-                    match self.storage.submit(p.next_read, r.chunk, r.mask) {
-                        Ok(bytes) => in_flight_bytes += bytes,
-                        Err(e) => return self.fail_all(&outlets, format!("could not read: {e}")),
-                    }
-                    self.stats.reads_issued.fetch_add(1, Ordering::Relaxed);
-                }
-                p.next_read += 1;
+            if let Err(e) = self.issue_reads(&mut p, &outlets, started, held, &mut in_flight_bytes) {
+                return self.fail_all(&outlets, format!("could not read: {e}"));
             }
             // 4. Pushes, in each consumer's order.
             for (c, outlet) in outlets.iter_mut().enumerate() {
@@ -250,7 +246,10 @@ impl Owner {
                     return;
                 }
                 epoch += 1;
-                p = Progress::new(OwnerPlan::new(&self.planner, &self.ownership, epoch, self.node, 0));
+                p = Progress::new(
+                    OwnerPlan::new(&self.planner, &self.ownership, epoch, self.node, 0),
+                    FirstFill::new(0),
+                );
                 held = 0;
                 in_flight_bytes = 0;
                 continue;
@@ -311,6 +310,75 @@ impl Owner {
                     Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
                     Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
                 }
+            }
+        }
+    }
+
+    /// Issues the reads that may start now: everything credited, and within
+    /// `readahead` (counting `held`) once `started`. Split records (see
+    /// `first_fill`) and whole reads go in serve order: a record within
+    /// `readahead` in flight, before any whole read whose first record is
+    /// served after it.
+    fn issue_reads(
+        &mut self,
+        p: &mut Progress,
+        outlets: &[Outlet],
+        started: bool,
+        held: u64,
+        in_flight_bytes: &mut u64,
+    ) -> brand_format::error::Result<()> {
+        let w = outlets.len() as u64;
+        let live = |c: u32| !matches!(outlets[c as usize], Outlet::Gone);
+        loop {
+            let mut next = None;
+            if p.next_read < p.plan.reads.len() {
+                let due = p.needed.is_some_and(|n| p.next_read <= n);
+                if due || (started && held + *in_flight_bytes < self.readahead_bytes) {
+                    next = Some(&p.plan.reads[p.next_read]);
+                }
+            }
+            let whole_first = match next {
+                Some(r) if !r.deliveries.iter().any(|d| live(d.1)) => {
+                    p.next_read += 1;
+                    continue;
+                }
+                Some(r) => {
+                    let split = p.first_fill.splitting() && {
+                        let bytes = self.storage.bytes(r.chunk, r.mask);
+                        p.first_fill.split(p.next_read, r, bytes, self.storage.gap(), w)
+                    };
+                    if split {
+                        self.stats.reads_deferred.fetch_add(1, Ordering::Relaxed);
+                        self.stats.reads_issued.fetch_add(1, Ordering::Relaxed);
+                        p.next_read += 1;
+                        continue;
+                    }
+                    r.deliveries.iter().map(|&(_, c, step)| position(step, c, w)).min()
+                }
+                None => None,
+            };
+            let record_first = p
+                .first_fill
+                .soonest()
+                .is_some_and(|s| whole_first.is_none_or(|f| s < f));
+            if record_first {
+                if *in_flight_bytes >= self.readahead_bytes {
+                    return Ok(());
+                }
+                let Some((read, sample)) = p.first_fill.pop() else {
+                    return Ok(());
+                };
+                let r = &p.plan.reads[read];
+                if r.deliveries.iter().any(|d| d.0 == sample && live(d.1)) {
+                    let record = sample - r.chunk * self.ownership.chunk_size as u64;
+                    *in_flight_bytes += self.storage.submit(read, r.chunk, 1 << record)?;
+                }
+            } else if let Some(r) = next {
+                *in_flight_bytes += self.storage.submit(p.next_read, r.chunk, r.mask)?;
+                self.stats.reads_issued.fetch_add(1, Ordering::Relaxed);
+                p.next_read += 1;
+            } else {
+                return Ok(());
             }
         }
     }

@@ -45,6 +45,12 @@ impl Storage {
         Ok(bytes)
     }
 
+    /// The bytes the device would transfer for the records of `chunk` in
+    /// `mask`.
+    pub fn bytes(&self, chunk: u64, mask: u64) -> u64 {
+        self.session.extents(chunk, mask).iter().map(|e| e.len).sum()
+    }
+
     /// Extents submitted and not yet received.
     pub fn in_flight(&self) -> usize {
         self.session.in_flight()
@@ -76,6 +82,10 @@ impl Storage {
             ReadGap::Whole => None,
             ReadGap::Bytes(b) => Some(b),
         }
+    }
+
+    pub fn gap(&self) -> ReadGap {
+        self.session.gap()
     }
 
     pub fn buffered_fallback(&self) -> bool {
