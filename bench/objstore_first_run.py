@@ -11,7 +11,11 @@ runs find both. objstore.py measures the later kind (it probes once before its r
 measures both, interleaved: `first` (a cache directory emptied before the run), `later` (one kept
 from a run made before the rounds) and, with --baseline-brand, `first` of another build. Each run is
 `brand read s3://brand/ds --memory 10% --epochs 1 --json` in the client namespace (objstore.Net:
-the S3 server and the delay relay behind a `tbf`-shaped veth pair; --rate, --delay-ms).
+the S3 server and the delay relay behind a `tbf`-shaped veth pair; --rate, --delay-ms). Other modes
+run the same in the multi-node mode (`--mode serve`: --nodes `brand serve` processes of one job,
+10 % per rank, talking over the client namespace's loopback; a job's figure is its slowest node's)
+or through a cache (`--mode cache`: `brand cache` at 10 % and a job attached to it, started
+together; from the cache's start).
 
 Reported per kind, median (min-max) over the rounds: time to first batch from process start (an
 upper bound: wall - epoch + first batch wait, as objstore.py's), time before the epoch starts
@@ -23,6 +27,7 @@ API) is made once under --work and reused.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import shutil
@@ -61,17 +66,78 @@ def run(a, net: objstore.Net, binary: str, home: Path) -> dict:
     env = {**os.environ, **objstore.env_s3(objstore.ENDPOINT), "XDG_CACHE_HOME": str(home)}
     net.admin("reset-stats", "POST")
     t0 = time.perf_counter()
-    p = subprocess.run(net.exec_c([binary, "read", "s3://brand/ds", "--memory", "10%", "--epochs", "1", "--json"]),
-                       capture_output=True, text=True, env=env, timeout=a.timeout)
+    if a.mode == "read":
+        outs = [read_alone(a, net, binary, env)]
+    elif a.mode == "serve":
+        outs = serve_nodes(a, net, binary, env)
+    else:
+        outs = attach_to_cache(a, net, binary, env, home)
     wall = time.perf_counter() - t0
     stats = net.admin("stats")
+    failed = [o for o in outs if "error" in o]
+    if failed:
+        return failed[0]
+    # The slowest process's first batch: a job waits for its last rank.
+    first = max(outs, key=lambda o: o["first_batch_from_start_s"])
+    return {**first, "wall_s": wall, "gets": stats.get("get_requests"), "mb": (stats.get("get_bytes") or 0) / 1e6}
+
+
+def timed(argv: list, env: dict, timeout: float) -> tuple[subprocess.CompletedProcess, float]:
+    t0 = time.perf_counter()
+    p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout)
+    return p, time.perf_counter() - t0
+
+
+def from_report(p: subprocess.CompletedProcess, wall: float) -> dict:
+    """Time to first batch from process start (an upper bound: wall - epoch + first batch wait, as
+    objstore.py's) and the rest of one process's `--json` report."""
     if p.returncode != 0:
         return {"error": p.stderr[-500:]}
     ep = objstore.parse_brand(p.stdout)
     secs, first = ep.get("seconds") or 0, ep.get("first_batch_wait_secs") or 0
+    # A node that finishes first waits in close for its peers (`brand serve`'s close_secs).
+    wall -= ep.get("close_secs") or 0
     return {"first_batch_from_start_s": wall - secs + first, "before_epoch_s": wall - secs, "epoch_s": secs,
-            "gets": stats.get("get_requests"), "mb": (stats.get("get_bytes") or 0) / 1e6,
             "read_gap": ep.get("metrics", {}).get("read_gap")}
+
+
+def read_alone(a, net: objstore.Net, binary: str, env: dict) -> dict:
+    p, wall = timed(net.exec_c([binary, "read", "s3://brand/ds", "--memory", "10%", "--epochs", "1", "--json"]),
+                    env, a.timeout)
+    return from_report(p, wall)
+
+
+def serve_nodes(a, net: objstore.Net, binary: str, env: dict) -> list[dict]:
+    """--nodes processes of one multi-node job (`brand serve`, 10 % per rank) started together in the
+    client namespace, talking over its loopback."""
+    nodes = ",".join(f"127.0.0.1:{7301 + r}" for r in range(a.nodes))
+    with concurrent.futures.ThreadPoolExecutor(a.nodes) as pool:
+        jobs = [pool.submit(timed, net.exec_c([binary, "serve", "s3://brand/ds", "--nodes", nodes, "--rank", r,
+                                               "--memory", "10%", "--epochs", "1", "--json"]), env, a.timeout)
+                for r in range(a.nodes)]
+        return [from_report(*j.result()) for j in jobs]
+
+
+def attach_to_cache(a, net: objstore.Net, binary: str, env: dict, home: Path) -> list[dict]:
+    """`brand cache` (10 %) started, and a job attached to it (`brand read --cache`) at once: the job's
+    first batch waits for the cache's first fill."""
+    home.mkdir(parents=True, exist_ok=True)
+    sock, err = home / "cache.sock", home / "cache.stderr"
+    t0 = time.perf_counter()
+    with open(err, "w") as err_file:
+        cache = subprocess.Popen(net.exec_c([binary, "cache", "s3://brand/ds", "--memory", "10%", "--socket", sock]),
+                                 stdout=subprocess.DEVNULL, stderr=err_file, env=env)
+    try:
+        while not sock.exists():
+            if cache.poll() is not None or time.perf_counter() - t0 > a.timeout:
+                return [{"error": f"brand cache did not start: {err.read_text()[-500:]}"}]
+            time.sleep(0.005)
+        p, _ = timed(net.exec_c([binary, "read", "s3://brand/ds", "--cache", sock, "--epochs", "1", "--json"]), env,
+                     a.timeout)
+        return [from_report(p, time.perf_counter() - t0)]
+    finally:
+        cache.terminate()
+        cache.wait(30)
 
 
 def main() -> int:
@@ -85,6 +151,10 @@ def main() -> int:
     ap.add_argument("--mtu", type=int, default=9000)
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--brand", default=str(target / "brand"))
+    ap.add_argument("--mode", choices=("read", "serve", "cache"), default="read",
+                    help="read: `brand read` alone; serve: a multi-node job of --nodes `brand serve`s; cache: "
+                         "`brand cache` and a job attached to it, started together")
+    ap.add_argument("--nodes", type=int, default=2)
     ap.add_argument("--baseline-brand", help="another build's brand: its first runs too")
     ap.add_argument("--server-bin", default=str(target / "brand-s3-server"))
     ap.add_argument("--relay-bin", default=str(target / "delay-relay"))

@@ -70,6 +70,9 @@ struct EpochReport {
     /// warm, the push from the known plan should leave none.
     stalls: u64,
     stalls_warm: u64,
+    /// How long the epoch's first batch was waited for (in the first
+    /// epoch: the start's first fill, every owner's).
+    first_batch_wait_secs: f64,
     /// Cumulative since the node opened.
     metrics: Metrics,
 }
@@ -79,6 +82,9 @@ struct ServeReport {
     epochs: Vec<EpochReport>,
     /// Totals once the node closed (after serving what its peers were owed).
     closed: Metrics,
+    /// How long closing took: waiting until the peers had what this node
+    /// owed them (a node that finishes first waits for the others).
+    close_secs: f64,
 }
 
 fn config(a: &ServeArgs) -> brand_format::Result<Config> {
@@ -128,8 +134,10 @@ pub fn run(a: &ServeArgs) -> brand_format::Result<()> {
         let stalls_before = node.metrics().stalls;
         let mut stalls_warm_from = None;
         let mut samples = 0u64;
+        let mut first_batch_wait_secs = None;
         while batches_left > 0 {
             let Some(batch) = node.next_batch()? else { break };
+            first_batch_wait_secs.get_or_insert_with(|| start.elapsed().as_secs_f64());
             batches_left -= 1;
             stalls_warm_from.get_or_insert_with(|| node.metrics().stalls);
             for s in batch.iter() {
@@ -151,6 +159,7 @@ pub fn run(a: &ServeArgs) -> brand_format::Result<()> {
             samples_per_sec: samples as f64 / seconds,
             stalls: metrics.stalls - stalls_before,
             stalls_warm: metrics.stalls - stalls_warm_from.unwrap_or(metrics.stalls),
+            first_batch_wait_secs: first_batch_wait_secs.unwrap_or(0.0),
             metrics,
         };
         if !a.json {
@@ -180,11 +189,14 @@ pub fn run(a: &ServeArgs) -> brand_format::Result<()> {
         reports.push(r);
     }
     // Waits until the peers have what this node owed them.
+    let closing = Instant::now();
     let closed = node.close();
+    let close_secs = closing.elapsed().as_secs_f64();
     if a.json {
         let out = ServeReport {
             epochs: reports,
             closed,
+            close_secs,
         };
         println!(
             "{}",

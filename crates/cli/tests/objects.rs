@@ -893,41 +893,55 @@ fn put_object(f: &Fixture, key: &str, bytes: Vec<u8>) {
         .expect("put");
 }
 
+/// `brand serve --json` reports of one job of `world` processes over the
+/// fixture's URL, each run with `args` after its rank's.
+fn serve_all(f: &Fixture, world: usize, args: &[&str]) -> Vec<serde_json::Value> {
+    let nodes = common::addresses(world);
+    let children: Vec<std::process::Child> = (0..world)
+        .map(|rank| {
+            let rank = rank.to_string();
+            let mut argv = vec!["serve", &f.url, "--nodes"];
+            let joined = nodes.join(",");
+            argv.extend([joined.as_str(), "--rank", &rank, "--json"]);
+            argv.extend(args);
+            f.command(&argv)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn brand serve")
+        })
+        .collect();
+    children
+        .into_iter()
+        .enumerate()
+        .map(|(rank, c)| {
+            let out = c.wait_with_output().expect("serve");
+            assert!(out.status.success(), "rank {rank}: {}", stderr(&out));
+            serde_json::from_slice(&out.stdout).expect("json")
+        })
+        .collect()
+}
+
 #[test]
 fn three_serve_processes_read_each_chunk_of_a_url_once_between_them() {
     let f = Fixture::new();
-    let nodes = common::addresses(3);
     f.server.reset_stats();
-    let children: Vec<std::process::Child> = (0..3)
-        .map(|rank| {
-            f.command(&[
-                "serve",
-                &f.url,
-                "--nodes",
-                &nodes.join(","),
-                "--rank",
-                &rank.to_string(),
-                "--memory",
-                "32 slots",
-                "--read-gap",
-                "whole",
-                "--batch",
-                "8",
-                "--epochs",
-                "2",
-                "--json",
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn brand serve")
-        })
-        .collect();
+    let reports = serve_all(
+        &f,
+        3,
+        &[
+            "--memory",
+            "32 slots",
+            "--read-gap",
+            "whole",
+            "--batch",
+            "8",
+            "--epochs",
+            "2",
+        ],
+    );
     let (mut read, mut reads) = (0u64, 0u64);
-    for (rank, c) in children.into_iter().enumerate() {
-        let out = c.wait_with_output().expect("serve");
-        assert!(out.status.success(), "rank {rank}: {}", stderr(&out));
-        let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    for (rank, report) in reports.iter().enumerate() {
         for e in report["epochs"].as_array().expect("epochs") {
             assert_eq!(e["samples"].as_u64(), Some(SAMPLES / 3), "rank {rank}");
         }
@@ -946,6 +960,33 @@ fn three_serve_processes_read_each_chunk_of_a_url_once_between_them() {
     assert_eq!(read, world, "bytes read across the nodes");
     let gets = f.server.stats().get_requests;
     assert!(gets <= reads, "{gets} GETs for {reads} chunk reads");
+}
+
+#[test]
+fn serve_processes_fetch_their_first_fill_record_by_record_and_later_epochs_whole() {
+    // Chunks of 8 samples of 160 KiB: 1.25 MiB, above the 1 MiB a read
+    // must reach to be split.
+    let f = Fixture::with_samples(SAMPLES, "160", "200");
+    let reports = serve_all(
+        &f,
+        2,
+        &["--memory", "10%", "--read-gap", "0", "--batch", "8", "--epochs", "2"],
+    );
+    let mut split = 0;
+    for (rank, report) in reports.iter().enumerate() {
+        let epochs = report["epochs"].as_array().expect("epochs");
+        for e in epochs {
+            assert_eq!(e["samples"].as_u64(), Some(SAMPLES / 2), "rank {rank}");
+        }
+        let deferred = |e: &serde_json::Value| e["metrics"]["reads_deferred"].as_u64().expect("reads_deferred");
+        assert_eq!(
+            deferred(&epochs[1]),
+            deferred(&epochs[0]),
+            "rank {rank}: none split after the start"
+        );
+        split += deferred(&epochs[0]);
+    }
+    assert!(split > 0, "no read split: {reports:?}");
 }
 
 #[test]
