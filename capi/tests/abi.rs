@@ -763,19 +763,7 @@ fn no_read_ahead_past_a_last_epoch_and_the_next_still_served() {
 #[test]
 fn metrics_count_the_reads_of_a_starts_first_fill_made_record_by_record() {
     let t = tempfile::tempdir().expect("tempdir");
-    let g = brand_pack::synthetic::GenOptions {
-        samples: 320,
-        mean_bytes: 96 << 10,
-        min_bytes: 80 << 10,
-        max_bytes: 112 << 10,
-        classes: 4,
-        ..Default::default()
-    };
-    let p = PackOptions {
-        chunk_size: 16,
-        ..Default::default()
-    };
-    let ds = brand_pack::synthetic::generate_and_pack(t.path(), &g, &p).expect("pack");
+    let ds = brand_pack::synthetic::large_dataset(t.path(), 320, 16).expect("pack");
     let path = CString::new(ds.to_str().expect("utf-8")).expect("no NUL");
     let l = open(&path, "memory = \"20%\"\nread_gap = \"0\"\nbatch_size = 8\n");
     let metrics = |l| {

@@ -1,8 +1,8 @@
-//! Large plan reads fetched in two parts, the record due first and the
-//! rest when the next of them is due: every policy still serves every
-//! sample once per epoch with every byte equal, on one rank and on two, in
-//! the order a loader reading whole chunks serves; a resume mid-epoch goes
-//! on as an uninterrupted run; small reads and whole chunks are not split.
+//! A start's large plan reads fetched record by record as each record comes
+//! due: every policy still serves every sample once per epoch with every
+//! byte equal, on one rank and on two, in the order a loader reading whole
+//! chunks serves; a resume mid-epoch goes on as an uninterrupted run; small
+//! reads, runs and whole chunks are not split.
 
 mod common;
 
@@ -12,8 +12,7 @@ use std::sync::Arc;
 use brand_format::Dataset;
 use brand_format::extents::{ReadGap, extents};
 use brand_loader::{IoConfig, Loader, LoaderConfig, LoaderState, ReadGapSetting};
-use brand_pack::PackOptions;
-use brand_pack::synthetic::{GenOptions, generate_and_pack};
+use brand_pack::synthetic::large_dataset;
 use brand_plan::{Event, Memory, PlanConfig, Planner, Policy};
 
 const SAMPLES: u64 = 480;
@@ -21,19 +20,7 @@ const SAMPLES: u64 = 480;
 /// Chunks of 32 samples of 96 KiB (3 MiB): a whole chunk, and the half of
 /// it a rank of two reads, are above the 1 MiB a read must reach to be split.
 fn large_chunks(root: &Path) -> Arc<Dataset> {
-    let g = GenOptions {
-        samples: SAMPLES,
-        mean_bytes: 96 << 10,
-        min_bytes: 80 << 10,
-        max_bytes: 112 << 10,
-        classes: 4,
-        ..Default::default()
-    };
-    let p = PackOptions {
-        chunk_size: 32,
-        ..Default::default()
-    };
-    Arc::new(Dataset::open(generate_and_pack(root, &g, &p).expect("pack")).expect("open"))
+    Arc::new(Dataset::open(large_dataset(root, SAMPLES, 32).expect("pack")).expect("open"))
 }
 
 fn config(policy: Policy, gap: ReadGapSetting, rank: u32, world: u32) -> LoaderConfig {

@@ -351,6 +351,26 @@ pub fn small_dataset(root: &Path, samples: u64) -> Result<PathBuf> {
     generate_and_pack(root, &options, &pack)
 }
 
+/// A dataset of large samples the tests of several crates share: `samples`
+/// samples of mean 96 KiB (80 to 112 KiB), 4 classes, packed with
+/// `chunk_size` into `root/ds`: chunks of 16 or more are reads above the
+/// 1 MiB a start splits record by record. Returns the dataset's path.
+pub fn large_dataset(root: &Path, samples: u64, chunk_size: u32) -> Result<PathBuf> {
+    let options = GenOptions {
+        samples,
+        mean_bytes: 96 << 10,
+        min_bytes: 80 << 10,
+        max_bytes: 112 << 10,
+        classes: 4,
+        ..Default::default()
+    };
+    let pack = crate::PackOptions {
+        chunk_size,
+        ..Default::default()
+    };
+    generate_and_pack(root, &options, &pack)
+}
+
 /// A `side`×`side` RGB PNG a small CNN can learn to classify: each class has
 /// its own hue, stripe frequency and stripe direction; brightness, phase and
 /// per-pixel noise vary per sample.
