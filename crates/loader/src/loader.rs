@@ -480,9 +480,7 @@ impl Loader {
         };
         self.metrics.refills += 1;
         let seq = self.reached + self.ahead.len() as u64;
-        let mut ext = std::mem::take(&mut self.extents);
-        self.reads.extents_into(chunk, mask, &mut ext);
-        let bytes: u64 = ext.iter().map(|e| e.len).sum();
+        let (mut ext, bytes) = self.extents_of(chunk, mask);
         let first = chunk * self.ds.index.chunk_size() as u64;
         if mask.count_ones() > 1 && self.plan.starting() && self.defers(bytes) && self.deferred.defer(first, mask, seq)
         {
@@ -493,12 +491,26 @@ impl Loader {
             self.ahead.push_back(0);
             return Ok(());
         }
-        let submitted = ext.drain(..).try_for_each(|e| self.submit(e));
-        self.extents = ext;
-        submitted?;
+        self.submit_extents(ext)?;
         self.ahead.push_back(bytes);
         self.ahead_bytes += bytes;
         Ok(())
+    }
+
+    /// The extents of `mask`'s records of `chunk`, in the vector kept for
+    /// every read, and their bytes.
+    fn extents_of(&mut self, chunk: u64, mask: u64) -> (Vec<Extent>, u64) {
+        let mut ext = std::mem::take(&mut self.extents);
+        self.reads.extents_into(chunk, mask, &mut ext);
+        let bytes = ext.iter().map(|e| e.len).sum();
+        (ext, bytes)
+    }
+
+    /// Submits every extent of `ext`, and keeps the vector for the next read.
+    fn submit_extents(&mut self, mut ext: Vec<Extent>) -> Result<()> {
+        let submitted = ext.drain(..).try_for_each(|e| self.submit(e));
+        self.extents = ext;
+        submitted
     }
 
     /// Whether a plan read of `bytes` is deferred: with read-ahead (without,
@@ -526,12 +538,8 @@ impl Loader {
         };
         let chunk = self.ds.index.chunk_of(sample);
         let record = sample - chunk * self.ds.index.chunk_size() as u64;
-        let mut ext = std::mem::take(&mut self.extents);
-        self.reads.extents_into(chunk, 1 << record, &mut ext);
-        let bytes: u64 = ext.iter().map(|e| e.len).sum();
-        let submitted = ext.drain(..).try_for_each(|e| self.submit(e));
-        self.extents = ext;
-        submitted?;
+        let (ext, bytes) = self.extents_of(chunk, 1 << record);
+        self.submit_extents(ext)?;
         match seq
             .checked_sub(self.reached)
             .and_then(|i| self.ahead.get_mut(i as usize))
@@ -705,17 +713,17 @@ impl Loader {
                 // Deferred (never, as its serve was taken into the look-ahead):
                 // its read, not a recovery read.
                 self.issue_due(sample)?;
-            }
-            if !recovering && !self.held.is_reading(sample) {
-                // Neither held, bad nor on its way: read it now.
-                let chunk = self.ds.index.chunk_of(sample);
-                let record = sample - chunk * self.ds.index.chunk_size() as u64;
-                for e in extents(&self.ds.index, chunk, 1 << record, ReadGap::Bytes(0)) {
-                    self.metrics.bytes_read += e.len;
-                    self.submit(e)?;
+                if !self.held.is_reading(sample) {
+                    // Neither held, bad nor on its way: read it now.
+                    let chunk = self.ds.index.chunk_of(sample);
+                    let record = sample - chunk * self.ds.index.chunk_size() as u64;
+                    for e in extents(&self.ds.index, chunk, 1 << record, ReadGap::Bytes(0)) {
+                        self.metrics.bytes_read += e.len;
+                        self.submit(e)?;
+                    }
+                    self.metrics.recovery_reads += 1;
+                    recovering = true;
                 }
-                self.metrics.recovery_reads += 1;
-                recovering = true;
             }
             if stalled.is_none() {
                 stalled = Some(Instant::now());
