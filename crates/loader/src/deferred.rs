@@ -23,6 +23,20 @@ use brand_format::ids::IdMap;
 /// smaller one in about the time of a request, so no wait is saved.
 const SPLIT_MIN_BYTES: u64 = 1 << 20;
 
+/// How many bytes of a start's plan reads may be split: a memory's worth
+/// (its first fill: later refills are read ahead of their serves, and split
+/// would cost a request for each record they merge); none without
+/// read-ahead (reads are then issued one at a time as the consumer reaches
+/// them) or with runs of records (read in one request by choice). A loader
+/// and a multi-node owner split by this and [`worth_splitting`].
+pub fn split_budget(readahead_bytes: u64, run_length: u32, memory_bytes: u64) -> u64 {
+    if readahead_bytes == 0 || run_length > 1 {
+        0
+    } else {
+        memory_bytes
+    }
+}
+
 /// Whether a start's plan read of `bytes`, its records filled one by one,
 /// is worth fetching record by record: by a read gap (whole chunks are asked
 /// for whole), when its bytes are many requests' worth (16 read gaps, at
@@ -112,5 +126,17 @@ mod tests {
         let mut d = Deferred::default();
         assert!(d.defer(320, (1 << 63) | 1, 1));
         assert_eq!((d.due(383), d.due(320), d.len()), (Some(1), Some(1), 0));
+    }
+
+    #[test]
+    fn a_start_splits_large_reads_of_single_records_up_to_a_memory_with_read_ahead() {
+        assert_eq!(split_budget(64 << 20, 1, 500 << 20), 500 << 20);
+        assert_eq!(split_budget(0, 1, 500 << 20), 0, "read-ahead off");
+        assert_eq!(split_budget(64 << 20, 4, 500 << 20), 0, "runs of records");
+        let gap = ReadGap::Bytes(80 << 10);
+        assert!(worth_splitting(gap, 2 << 20));
+        assert!(!worth_splitting(gap, (80 << 10) * 16 - 1), "fewer than 16 gaps' worth");
+        assert!(!worth_splitting(ReadGap::Bytes(4096), (1 << 20) - 1), "under 1 MiB");
+        assert!(!worth_splitting(ReadGap::Whole, 1 << 30), "whole chunks asked for whole");
     }
 }

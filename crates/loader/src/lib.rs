@@ -43,7 +43,7 @@ pub use batch::{Batch, SampleBytes, SampleRef};
 pub use brand_io::{IoBackend, IoConfig, ReadGapSetting};
 pub use checkpoint::{Checkpoint, Fingerprint, LoaderState, Resume, Start};
 pub use config::{LoaderConfig, OnCorrupt, RunLength};
-pub use deferred::worth_splitting;
+pub use deferred::{split_budget, worth_splitting};
 pub use loader::{Loader, resolve_run_length};
 pub use planning::{EventSource, Events, plan_events};
 pub use stats::Metrics;

@@ -16,7 +16,7 @@ use brand_io::{IoBackend, ReadSession};
 use brand_plan::{Event, PlanMemory, Planner};
 
 use crate::checkpoint::{Checkpoint, Fingerprint, LoaderState, Resume};
-use crate::deferred::{Deferred, worth_splitting};
+use crate::deferred::{Deferred, split_budget, worth_splitting};
 use crate::held::Held;
 use crate::planning::{EventSource, Next, PlanFeed, plan_events};
 use crate::stats::{Metrics, StallLog};
@@ -513,18 +513,15 @@ impl Loader {
         submitted
     }
 
-    /// Whether a plan read of `bytes` is deferred: with read-ahead (without,
-    /// reads are issued one at a time as the consumer reaches them), records
-    /// filled one by one (runs are read in one request by choice), while the
-    /// reads deferred since the start are less than a memory's worth (its
-    /// first fill: later refills are read ahead of their serves, and split
-    /// would cost a request for each record they merge), when
-    /// [`worth_splitting`].
+    /// Whether a plan read of `bytes` is deferred: while the reads deferred
+    /// since the start are within [`split_budget`], when [`worth_splitting`].
     fn defers(&self, bytes: u64) -> bool {
-        self.cfg.readahead_bytes > 0
-            && self.cfg.plan.run_length == 1
-            && self.deferred_bytes < self.memory_bound.unwrap_or(u64::MAX)
-            && worth_splitting(self.reads.gap(), bytes)
+        let budget = split_budget(
+            self.cfg.readahead_bytes,
+            self.cfg.plan.run_length,
+            self.memory_bound.unwrap_or(u64::MAX),
+        );
+        self.deferred_bytes < budget && worth_splitting(self.reads.gap(), bytes)
     }
 
     /// `sample` is due (its serve entered the look-ahead): submits its

@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use brand_format::buffer::AlignedBuf;
+use brand_loader::split_budget;
 use brand_plan::Planner;
 
 use brand_format::dataset::Dataset;
@@ -122,15 +123,12 @@ impl Owner {
         let mut credits = Credits(vec![BTreeMap::new(); w]);
         let mut epoch = self.start_epoch;
         // Memory is empty at the start: its epoch's first fill is split
-        // (see `first_fill`), as a loader alone splits its own: not with
-        // read-ahead off nor with runs of records, which are read in one
-        // request by choice.
-        let splits = self.readahead_bytes > 0 && self.planner.config().run_length <= 1;
-        let first_fill = FirstFill::new(if splits {
-            self.planner.geometry().rank_memory_bytes
-        } else {
-            0
-        });
+        // (see `first_fill`) as a loader alone splits its own.
+        let first_fill = FirstFill::new(split_budget(
+            self.readahead_bytes,
+            self.planner.config().run_length,
+            self.planner.geometry().rank_memory_bytes,
+        ));
         let mut p = Progress::new(
             OwnerPlan::new(&self.planner, &self.ownership, epoch, self.node, self.start_step),
             first_fill,
