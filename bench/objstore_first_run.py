@@ -11,7 +11,9 @@ runs find both. objstore.py measures the later kind (it probes once before its r
 measures both, interleaved: `first` (a cache directory emptied before the run), `later` (one kept
 from a run made before the rounds) and, with --baseline-brand, `first` of another build. Each run is
 `brand read s3://brand/ds --memory 10% --epochs 1 --json` in the client namespace (objstore.Net:
-the S3 server and the delay relay behind a `tbf`-shaped veth pair; --rate, --delay-ms). Other modes
+the S3 server and the delay relay behind a `tbf`-shaped veth pair; --rate, --delay-ms); --memory sets
+its budget, and --group-mib runs it in a v1 memory group of that size (its peak RSS and OOM kills
+reported: a group ten times smaller than the dataset, say). Other modes
 run the same in the multi-node mode (`--mode serve`: --nodes `brand serve` processes of one job,
 10 % per rank, talking over the client namespace's loopback; a job's figure is its slowest node's)
 or through a cache (`--mode cache`: `brand cache` at 10 % and a job attached to it, started
@@ -31,6 +33,7 @@ import concurrent.futures
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -39,6 +42,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import objstore  # noqa: E402
+from brandbench.cgroups import Groups, RssSampler, block_device, detect  # noqa: E402
 
 
 def prepare(a) -> Path:
@@ -62,12 +66,12 @@ def prepare(a) -> Path:
     return srv
 
 
-def run(a, net: objstore.Net, binary: str, home: Path) -> dict:
+def run(a, net: objstore.Net, binary: str, home: Path, groups: Groups | None) -> dict:
     env = {**os.environ, **objstore.env_s3(objstore.ENDPOINT), "XDG_CACHE_HOME": str(home)}
     net.admin("reset-stats", "POST")
     t0 = time.perf_counter()
     if a.mode == "read":
-        outs = [read_alone(a, net, binary, env)]
+        outs = [read_alone(a, net, binary, env, groups)]
     elif a.mode == "serve":
         outs = serve_nodes(a, net, binary, env)
     else:
@@ -98,13 +102,24 @@ def from_report(p: subprocess.CompletedProcess, wall: float) -> dict:
     # A node that finishes first waits in close for its peers (`brand serve`'s close_secs).
     wall -= ep.get("close_secs") or 0
     return {"first_batch_from_start_s": wall - secs + first, "before_epoch_s": wall - secs, "epoch_s": secs,
-            "read_gap": ep.get("metrics", {}).get("read_gap")}
+            "read_gap": ep.get("metrics", {}).get("read_gap"), "useful_mb_per_sec": ep.get("useful_mb_per_sec")}
 
 
-def read_alone(a, net: objstore.Net, binary: str, env: dict) -> dict:
-    p, wall = timed(net.exec_c([binary, "read", "s3://brand/ds", "--memory", "10%", "--epochs", "1", "--json"]),
-                    env, a.timeout)
-    return from_report(p, wall)
+def read_alone(a, net: objstore.Net, binary: str, env: dict, groups: Groups | None) -> dict:
+    argv = net.exec_c([binary, "read", "s3://brand/ds", "--memory", a.memory, "--epochs", "1", "--json"])
+    if groups is None:
+        return from_report(*timed(argv, env, a.timeout))
+    g = groups.run_group("net", a.group_mib << 20)
+    try:
+        sampler = RssSampler(g).start()
+        p, wall = timed(g.wrap(argv), env, a.timeout)
+        peak, kills = sampler.stop(), g.oom_kills()
+        out = from_report(p, wall)
+        if kills:
+            out["error"] = f"OOM kills {kills} in a {a.group_mib} MiB group: " + out.get("error", "")
+        return {**out, "peak_rss_mib": peak / (1 << 20)}
+    finally:
+        groups.release(g)
 
 
 def serve_nodes(a, net: objstore.Net, binary: str, env: dict) -> list[dict]:
@@ -155,40 +170,59 @@ def main() -> int:
                     help="read: `brand read` alone; serve: a multi-node job of --nodes `brand serve`s; cache: "
                          "`brand cache` and a job attached to it, started together")
     ap.add_argument("--nodes", type=int, default=2)
+    ap.add_argument("--memory", default="10%", help="--mode read: brand's memory budget")
+    ap.add_argument("--group-mib", type=int, help="--mode read: run brand in a memory group of this many MiB")
     ap.add_argument("--baseline-brand", help="another build's brand: its first runs too")
     ap.add_argument("--server-bin", default=str(target / "brand-s3-server"))
     ap.add_argument("--relay-bin", default=str(target / "delay-relay"))
     a = ap.parse_args()
+
+    def on_signal(*_):
+        raise KeyboardInterrupt  # the namespaces, servers and groups are removed on the way out
+
+    signal.signal(signal.SIGTERM, on_signal)
     kinds = {"first": a.brand, "later": a.brand}
     if a.baseline_brand:
         kinds["first (baseline)"] = a.baseline_brand
+    if a.group_mib and a.mode != "read":
+        ap.error("--group-mib is for --mode read")
     net = objstore.Net(a, prepare(a))
     runs: dict[str, list[dict]] = {k: [] for k in kinds}
+    groups = None
     try:
+        if a.group_mib:
+            groups = Groups(detect(), block_device(a.work))
+            groups.profile("net", None, None)
         net.up()
         later = a.work / "home-later"
         shutil.rmtree(later, ignore_errors=True)
-        run(a, net, a.brand, later)  # fills the cache the `later` runs find
+        run(a, net, a.brand, later, groups)  # fills the cache the `later` runs find
         for rnd in range(a.rounds):
             order = list(kinds)[rnd % len(kinds):] + list(kinds)[:rnd % len(kinds)]
             for kind in order:
                 home = later if kind == "later" else a.work / "home-first"
                 if kind != "later":
                     shutil.rmtree(home, ignore_errors=True)
-                r = run(a, net, kinds[kind], home)
+                r = run(a, net, kinds[kind], home, groups)
                 runs[kind].append(r)
                 print(json.dumps({"round": rnd, "kind": kind, **r}), file=sys.stderr)
     finally:
         net.down()
-    out = {"rate": a.rate, "rtt_ms": 2 * a.delay_ms, "samples": a.samples, "runs": runs,
+        if groups is not None:
+            groups.close()
+    out = {"rate": a.rate, "rtt_ms": 2 * a.delay_ms, "samples": a.samples, "memory": a.memory,
+           "group_mib": a.group_mib, "runs": runs,
            "summary": {k: {f: objstore.summary([r.get(f) for r in v])
                            for f in ("first_batch_from_start_s", "before_epoch_s", "epoch_s", "gets", "mb",
-                                     "read_gap")}
+                                     "read_gap", "useful_mb_per_sec", "peak_rss_mib")}
                        for k, v in runs.items()}}
     (a.work / "results.json").write_text(json.dumps(out, indent=1))
-    print(f"{a.samples} samples, {a.rate}, {2 * a.delay_ms:g} ms round trip, {a.rounds} rounds: median (min-max)")
-    print("| run | first batch from start s | before the epoch s | epoch s | GETs (server) | MB (server) | gap KiB |")
-    print("|---|---|---|---|---|---|---|")
+    group = f", in a {a.group_mib} MiB memory group" if a.group_mib else ""
+    print(f"{a.samples} samples, {a.rate}, {2 * a.delay_ms:g} ms round trip, memory {a.memory}{group}, {a.rounds} "
+          "rounds: median (min-max)")
+    print("| run | first batch from start s | before the epoch s | epoch s | GETs (server) | MB (server) | gap KiB "
+          "| useful MB/s | peak RSS MiB |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for kind, s in out["summary"].items():
         def cell(f, scale=1.0, digits=2):
             v = s[f]
@@ -196,7 +230,8 @@ def main() -> int:
                 return "–"
             return f"{v['median'] / scale:.{digits}f} ({v['min'] / scale:.{digits}f}–{v['max'] / scale:.{digits}f})"
         print(f"| {kind} | {cell('first_batch_from_start_s')} | {cell('before_epoch_s')} | {cell('epoch_s')} | "
-              f"{cell('gets', digits=0)} | {cell('mb', digits=0)} | {cell('read_gap', 1024, 0)} |")
+              f"{cell('gets', digits=0)} | {cell('mb', digits=0)} | {cell('read_gap', 1024, 0)} | "
+              f"{cell('useful_mb_per_sec', digits=1)} | {cell('peak_rss_mib', digits=0)} |")
     failed = sum("error" in r for v in runs.values() for r in v)
     if failed:
         print(f"{failed} runs failed (results.json)", file=sys.stderr)

@@ -5,7 +5,7 @@
 //! that asked for it needs one record; the others are served as later
 //! requests reach the group. Memory is empty at a start, so, read whole,
 //! the first requests each wait for a chunk: about a memory's worth of
-//! bytes before the first batch (5.0 s from process start for a 5.2 GB
+//! bytes before the first batch (5.0 s from process start for a 5.4 GB
 //! dataset at 10 % memory over 1 Gbit/s), and at 10 % of 1 TB of 110 KiB
 //! samples (15,000 groups of 7 MiB) some 60 GB before the 15,000th sample.
 //! Read as they come due, the first batch waits for its own records and

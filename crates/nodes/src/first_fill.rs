@@ -4,7 +4,7 @@
 //! Memory is empty at a start. Read whole, each chunk of the first fill
 //! holds about one record of every consumer's first steps, so the first
 //! batch of every consumer waited for every owner's memory's worth: 13 s
-//! from start for two nodes at 10 % of a 5.2 GB dataset over 1 Gbit/s with
+//! from start for two nodes at 10 % of a 5.4 GB dataset over 1 Gbit/s with
 //! 20 ms to an object store. Instead the start's large reads, up to a
 //! memory's worth, are fetched record by record in serve order (position
 //! `step × world + consumer`), and a whole read needed later waits until the
