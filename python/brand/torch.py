@@ -4,7 +4,8 @@ exactly.
 
 Per sample (the default)::
 
-    ds = brand.torch.BrandDataset("/data/ds.brand", memory="10%", seed=1)
+    ds = brand.torch.BrandDataset("/data/ds.brand", memory="10%", seed=1,
+                                  epochs=epochs)
     dl = torchdata.stateful_dataloader.StatefulDataLoader(
         ds, batch_size=64, num_workers=4, collate_fn=my_collate)
     for epoch in range(start_epoch, epochs):
@@ -48,7 +49,10 @@ Epochs: iterating the dataset again in the same process continues with the
 next epoch (``num_workers=0``, or ``persistent_workers=True``). DataLoader
 workers that are started afresh each epoch start from the dataset object of
 the main process: call ``set_epoch(epoch)`` before each epoch, as with
-``DistributedSampler``.
+``DistributedSampler``. ``epochs=N``, when the run's length is known, names
+its last epoch (``N - 1``): brand otherwise reads the next epoch ahead while
+one ends (up to ``readahead`` bytes; GETs on object storage), which after the
+last one is read for nothing. An epoch asked for after it is still served.
 
 Checkpoints: ``state_dict()``/``load_state_dict()`` give each worker's exact
 position (to the sample), which ``StatefulDataLoader`` saves and restores with
@@ -125,12 +129,14 @@ class BrandDataset(torch.utils.data.IterableDataset):
     """An ``IterableDataset`` over the brand dataset at ``path``: see the
     module documentation (``help(brand.torch)``).
 
-    ``BrandDataset(path, batched=False, transform=None, **config)``:
-    ``config`` is brand's configuration as keywords (as ``brand.Loader``
-    takes them; ``rank`` and ``world`` default to torch.distributed's or
-    RANK/WORLD_SIZE). ``batched=False`` yields one dict per sample, ``True``
-    one dict per brand batch. ``transform``, if given, is applied to each
-    item before it is yielded.
+    ``BrandDataset(path, batched=False, transform=None, epochs=None,
+    **config)``: ``config`` is brand's configuration as keywords (as
+    ``brand.Loader`` takes them; ``rank`` and ``world`` default to
+    torch.distributed's or RANK/WORLD_SIZE). ``batched=False`` yields one
+    dict per sample, ``True`` one dict per brand batch. ``transform``, if
+    given, is applied to each item before it is yielded. ``epochs``, if
+    given, is the number of epochs the run trains (0 to ``epochs - 1``):
+    nothing is read ahead past the last.
     """
 
     def __init__(
@@ -139,9 +145,15 @@ class BrandDataset(torch.utils.data.IterableDataset):
         *,
         batched: bool = False,
         transform: Optional[Callable[[dict], Any]] = None,
+        epochs: Optional[int] = None,
         **config: Any,
     ) -> None:
         super().__init__()
+        if epochs is not None and (not isinstance(epochs, int) or isinstance(epochs, bool)):
+            raise TypeError(f"epochs must be an int or None, not {type(epochs).__name__}")
+        if epochs is not None and epochs < 1:
+            raise ValueError(f"epochs must be at least 1, not {epochs}")
+        self.epochs = epochs
         self.path = os.fspath(path)
         self.batched = batched
         self.transform = transform
@@ -190,6 +202,8 @@ class BrandDataset(torch.utils.data.IterableDataset):
                 config["memory"] = f"{self._share['worker_slots']} slots"
                 config["readahead"] = self._share["worker_readahead"]
             self._loader = brand.Loader(self.path, **config)
+            if self.epochs is not None:
+                self._loader.set_last_epoch(self.epochs - 1)
             self._loader_key = key
             self._before = None
         return self._loader

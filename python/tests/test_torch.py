@@ -216,6 +216,35 @@ def test_elastic_resume_refuses_states_inside_a_batch(dataset):
         BrandDataset(ds_path, **CFG).load_world_state(worker_states(dl.state_dict()))
 
 
+def test_epochs_names_the_last_epoch_so_nothing_is_read_ahead_past_it(dataset):
+    """A run that knows its length reads no further than its last epoch
+    (the reads issued are those of read-ahead off), serves the same order,
+    and still serves an epoch asked for after it."""
+    _, ds_path = dataset
+    cfg = dict(CFG, read_gap="whole")
+
+    def run(readahead, epochs=None):
+        ds = BrandDataset(ds_path, epochs=epochs, readahead=readahead, **cfg)
+        dl = DataLoader(ds, batch_size=None, num_workers=0)
+        e0 = [item["id"] for item in dl]
+        issued = ds._loader.metrics()["reads_issued"]
+        e1 = [item["id"] for item in dl]  # asked for anyway
+        ds._loader.close()
+        return issued, e0, e1
+
+    own, e0, e1 = run(0)
+    ahead, a0, a1 = run(64 << 20)
+    bounded, b0, b1 = run(64 << 20, epochs=1)
+    assert ahead > own, f"read-ahead crosses into epoch 1: {ahead} reads, {own} of epoch 0"
+    assert bounded == own, (bounded, own)
+    assert sorted(e0) == sorted(e1) == list(range(SAMPLES)) and e0 != e1
+    assert (a0, a1) == (b0, b1) == (e0, e1)
+    with pytest.raises(ValueError, match="at least 1"):
+        BrandDataset(ds_path, epochs=0, **cfg)
+    with pytest.raises(TypeError, match="int or None"):
+        BrandDataset(ds_path, epochs="2", **cfg)
+
+
 def test_set_epoch_after_a_saved_epoch_starts_that_epoch(dataset):
     """A state of epoch 0 loaded with set_epoch(1) starts epoch 1 afresh (the
     later epoch wins); set_epoch(0) resumes inside epoch 0."""
