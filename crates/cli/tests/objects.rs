@@ -603,6 +603,15 @@ fn missing_buckets_prefixes_and_refused_credentials_are_named_without_the_secret
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("access refused") && err.contains(&f.url), "{err}");
     assert!(!err.contains("XYZZY"), "the secret leaked: {err}");
+    // S3's answer for a missing key to credentials that may not list the
+    // bucket is 403 too (a HEAD's, without a body to tell them apart): the
+    // error says it may be the URL.
+    assert!(err.contains("check the URL"), "{err}");
+    f.server.faults().set_key_filter(Some("manifest"));
+    f.server.faults().fail_gets(100, 403);
+    let err = f.fails_within(&["inspect", &f.url], limit);
+    assert!(err.contains("access refused") && err.contains("check the URL"), "{err}");
+    f.server.faults().clear();
     // Signed for another region than the bucket's: S3's 400 comes to a
     // HEAD without a body, so the error says what usually causes it.
     let out = f

@@ -137,6 +137,9 @@ mod tests {
         assert!(worth_splitting(gap, 2 << 20));
         assert!(!worth_splitting(gap, (80 << 10) * 16 - 1), "fewer than 16 gaps' worth");
         assert!(!worth_splitting(ReadGap::Bytes(4096), (1 << 20) - 1), "under 1 MiB");
-        assert!(!worth_splitting(ReadGap::Whole, 1 << 30), "whole chunks asked for whole");
+        assert!(
+            !worth_splitting(ReadGap::Whole, 1 << 30),
+            "whole chunks asked for whole"
+        );
     }
 }

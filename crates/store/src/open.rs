@@ -64,6 +64,17 @@ pub fn open_url(url: &ObjectUrl, policy: &GetPolicy) -> Result<Dataset> {
             Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
                 return Err(missing(&conn).await);
             }
+            // S3 refuses a missing key with 403, not 404, to credentials
+            // that may not list the bucket, and a HEAD's 403 has no body to
+            // tell it from refused credentials: a mistyped prefix would
+            // look like refused credentials.
+            Err(Error::Io { path, source }) if source.kind() == std::io::ErrorKind::PermissionDenied => {
+                let why = format!(
+                    "{source}; S3 answers so for a missing {MANIFEST_FILE} too when the credentials may not \
+                     list the bucket: check the URL"
+                );
+                return Err(Error::io(path, std::io::Error::new(source.kind(), why)));
+            }
             Err(e) => return Err(e),
         };
         let manifest = Manifest::from_bytes(bytes, &manifest_url)?;
