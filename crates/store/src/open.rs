@@ -12,7 +12,7 @@ use brand_format::manifest::Manifest;
 use crate::connect::Connection;
 use crate::get::{self, GetCounters, GetPolicy};
 use crate::limiter::Limiter;
-use crate::location::{Location, ObjectUrl};
+use crate::location::{Location, ObjectUrl, Scheme};
 use crate::runtime::IoRuntime;
 use object_store::ObjectMeta;
 
@@ -68,7 +68,9 @@ pub fn open_url(url: &ObjectUrl, policy: &GetPolicy) -> Result<Dataset> {
             // that may not list the bucket, and a HEAD's 403 has no body to
             // tell it from refused credentials: a mistyped prefix would
             // look like refused credentials.
-            Err(Error::Io { path, source }) if source.kind() == std::io::ErrorKind::PermissionDenied => {
+            Err(Error::Io { path, source })
+                if source.kind() == std::io::ErrorKind::PermissionDenied && url.scheme == Scheme::S3 =>
+            {
                 let why = format!(
                     "{source}; S3 answers so for a missing {MANIFEST_FILE} too when the credentials may not \
                      list the bucket: check the URL"
