@@ -135,7 +135,8 @@ pub struct StoreSettings {
     /// Neighbouring extents merge into GETs of at most this many bytes, and
     /// a longer extent is fetched in parts of this size. Key `get_size`.
     pub get_bytes: u64,
-    /// A GET that receives nothing for this long is retried. Key `stall_timeout`.
+    /// A GET that receives nothing for this long is retried (the most a GET
+    /// waits: less once first bytes are timed, `brand_store::get`). Key `stall_timeout`.
     pub stall_timeout: Duration,
     /// Retries of one GET before its error.
     pub retries: u32,

@@ -31,7 +31,8 @@
 //! gets_in_flight = "auto" # a dataset at a URL: ranged GETs in flight, "auto" (sized as they complete: enough
 //!                       # to fill the link) or at most 1..=1024; halved while the store throttles
 //! get_size = "8MiB"     # a dataset at a URL: neighbouring reads merge into GETs of at most this, 64KiB..=1GiB
-//! stall_timeout = 10    # a dataset at a URL: seconds without a byte before a GET is retried, (0, 3600]
+//! stall_timeout = 10    # a dataset at a URL: seconds without a byte before a GET is retried at most
+//!                       # (less once first bytes are timed: 8 × their slowest 1 %, ≥ 1 s), (0, 3600]
 //! on_corrupt = "error"  # "error" (fail when the sample is due) or "skip" (leave it out, counted)
 //! cache = "/run/brand/imagenet.sock"  # attach to the `brand cache` at this socket instead of reading storage
 //! ```

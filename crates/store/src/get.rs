@@ -1,5 +1,6 @@
 //! One ranged GET, made to survive object storage: every attempt bounded by
-//! a stall timeout (no byte for that long, not a total), retried with
+//! a stall timeout (no byte for that long, not a total; a body is allowed
+//! far less silence once first bytes have been timed), retried with
 //! jittered exponential backoff on 5xx, 429, broken connections and stalls,
 //! a cut body resumed from the byte it stopped at (never started over), a
 //! hedged second GET when the first byte is slower than nearly all GETs so
@@ -30,7 +31,8 @@ use crate::limiter::Limiter;
 /// How GETs are retried and bounded.
 #[derive(Debug, Clone)]
 pub struct GetPolicy {
-    /// An attempt that receives nothing (headers or body bytes) for this long fails.
+    /// An attempt that receives nothing (headers or body bytes) for this long
+    /// fails; once first bytes are timed, sooner ([`QUIET_FACTOR`]).
     pub stall: Duration,
     /// Attempts after the first, per GET.
     pub retries: u32,
@@ -59,6 +61,17 @@ const PACE_MIN_BYTES: usize = 64 << 10;
 
 /// How many recent bodies the pace is the median of.
 const PACE_WINDOW: usize = 64;
+
+/// A body that sends nothing for this many times the slowest 1 % of first
+/// bytes (at least `slow_after`) is dropped and its rest asked for again:
+/// a connection that went silent mid-body would otherwise hold its GET, and
+/// the batch waiting on it, for the whole stall timeout. Bytes of a body
+/// that flows come far closer together than a request's first byte.
+const QUIET_FACTOR: u32 = 8;
+
+/// How often a silent body's allowance is looked at again (it shrinks
+/// once enough first bytes have been timed, as at a start).
+const QUIET_TICK: Duration = Duration::from_millis(250);
 
 impl Default for GetPolicy {
     fn default() -> Self {
@@ -160,6 +173,22 @@ impl GetCounters {
         }
         let p99 = Duration::from_micros(self.first_byte.quantile(0.99) as u64);
         Some(p99.max(min))
+    }
+
+    /// How long a body may send nothing: [`QUIET_FACTOR`] × the slowest 1 %
+    /// of first bytes, at least `slow_after`, doubled for each failed
+    /// attempt of the GET (a path slow for good gets more patience, not a
+    /// failed GET), at most the stall timeout; the stall timeout until 50
+    /// first bytes have been timed.
+    fn quiet_after(&self, p: &GetPolicy, attempt: u32) -> Duration {
+        let Some(p99) = self.hedge_after(Duration::ZERO) else {
+            return p.stall;
+        };
+        let doubled = 1u32.checked_shl(attempt.min(16)).unwrap_or(u32::MAX);
+        p99.saturating_mul(QUIET_FACTOR)
+            .max(p.slow_after)
+            .saturating_mul(doubled)
+            .min(p.stall)
     }
 }
 
@@ -596,8 +625,18 @@ pub async fn get_into(
         let from = range.start + done as u64;
         let into = &mut dst[done..];
         let rest = into.len();
-        let (got, failure) =
-            attempt_once(conn, &path, from..range.end, e_tag, into, p, counters, &mut first_byte).await;
+        let (got, failure) = attempt_once(
+            conn,
+            &path,
+            from..range.end,
+            e_tag,
+            into,
+            p,
+            counters,
+            attempt,
+            &mut first_byte,
+        )
+        .await;
         done += got;
         let Some(failure) = failure else { continue };
         if failure.throttle() {
@@ -629,8 +668,10 @@ pub async fn get_into(
     Ok(())
 }
 
-/// One request for `range` into `dst`: how many bytes it brought, and why it
-/// stopped short if it did; `first_byte` is set when its headers came.
+/// One request for `range` into `dst`, the GET's attempt number `attempt`
+/// (failed attempts without progress before it): how many bytes it
+/// brought, and why it stopped short if it did; `first_byte` is set when
+/// its headers came.
 #[allow(clippy::too_many_arguments)]
 async fn attempt_once(
     conn: &Connection,
@@ -640,6 +681,7 @@ async fn attempt_once(
     dst: &mut [u8],
     p: &GetPolicy,
     counters: &GetCounters,
+    attempt: u32,
     first_byte: &mut Option<Duration>,
 ) -> (usize, Option<Failure>) {
     use std::io::ErrorKind as K;
@@ -648,39 +690,51 @@ async fn attempt_once(
         if_match: e_tag.map(str::to_string),
         ..Default::default()
     };
-    let request = || {
+    type Answer<'a> = futures_util::future::BoxFuture<'a, object_store::Result<object_store::GetResult>>;
+    let request = || -> Answer<'_> {
         counters.requests.fetch_add(1, Ordering::Relaxed);
-        conn.store.get_opts(path, opts.clone())
+        Box::pin(conn.store.get_opts(path, opts.clone()))
     };
     let asked = Instant::now();
-    let first = request();
-    let headers = async {
-        let Some(after) = counters.hedge_after(p.hedge_min) else {
-            return first.await;
+    let mut first = request();
+    let mut hedge: Option<Answer<'_>> = None;
+    // Looked at again every tick: a GET sent before any first byte was
+    // timed (a start) is hedged and bounded as soon as there are enough.
+    let result = loop {
+        let quiet = counters.quiet_after(p, attempt);
+        let hedge_after = counters.hedge_after(p.hedge_min).filter(|_| hedge.is_none());
+        let until = hedge_after.map_or(quiet, |h| h.min(quiet));
+        let answer = async {
+            match hedge.as_mut() {
+                None => (first.as_mut().await, false),
+                Some(second) => match futures_util::future::select(first.as_mut(), second.as_mut()).await {
+                    futures_util::future::Either::Left((r, _)) => (r, false),
+                    futures_util::future::Either::Right((r, _)) => (r, true),
+                },
+            }
         };
-        let mut first = std::pin::pin!(first);
-        match tokio::time::timeout(after, &mut first).await {
-            Ok(r) => r,
+        let tick = until.saturating_sub(asked.elapsed()).min(QUIET_TICK);
+        match tokio::time::timeout(tick, answer).await {
+            Ok((r, hedge_won)) => {
+                if hedge_won {
+                    counters.hedges_won.fetch_add(1, Ordering::Relaxed);
+                }
+                match r {
+                    Ok(r) => break r,
+                    Err(e) => return (0, Some(classify(&e))),
+                }
+            }
+            Err(_) if asked.elapsed() >= quiet => {
+                let what = format!("no answer in {:.1?}", asked.elapsed());
+                return (0, Some(Failure::new("stall", true, K::TimedOut, what)));
+            }
             Err(_) => {
-                counters.hedges.fetch_add(1, Ordering::Relaxed);
-                let second = std::pin::pin!(request());
-                match futures_util::future::select(first, second).await {
-                    futures_util::future::Either::Left((r, _)) => r,
-                    futures_util::future::Either::Right((r, _)) => {
-                        counters.hedges_won.fetch_add(1, Ordering::Relaxed);
-                        r
-                    }
+                if hedge_after.is_some_and(|h| asked.elapsed() >= h) {
+                    counters.hedges.fetch_add(1, Ordering::Relaxed);
+                    hedge = Some(request());
                 }
             }
         }
-    };
-    let result = match tokio::time::timeout(p.stall, headers).await {
-        Err(_) => {
-            let what = format!("no answer in {:?}", p.stall);
-            return (0, Some(Failure::new("stall", true, K::TimedOut, what)));
-        }
-        Ok(Err(e)) => return (0, Some(classify(&e))),
-        Ok(Ok(r)) => r,
     };
     let waited = asked.elapsed();
     counters.first_byte.record(waited);
@@ -704,12 +758,18 @@ async fn attempt_once(
     // The pace is judged over windows of `slow_after`, so a body that turns
     // slow halfway is caught as soon as one that starts slow.
     let mut window = (body_started, 0usize);
+    // When the last bytes (or the headers) came.
+    let mut heard = body_started;
     loop {
-        match tokio::time::timeout(p.stall, body.next()).await {
+        let quiet = counters.quiet_after(p, attempt);
+        let left = quiet.saturating_sub(heard.elapsed());
+        // `next()` is cancel-safe: a tick that ends it loses no bytes.
+        match tokio::time::timeout(left.min(QUIET_TICK), body.next()).await {
+            Err(_) if heard.elapsed() < quiet => continue,
             Err(_) => {
                 let what = format!(
-                    "the body stalled for {:?} at byte {}",
-                    p.stall,
+                    "the body stalled for {:.1?} at byte {}",
+                    heard.elapsed(),
                     range.start + got as u64
                 );
                 return (got, Some(Failure::new("stall", true, K::TimedOut, what)));
@@ -729,6 +789,7 @@ async fn attempt_once(
                     return (got, Some(Failure::new("range", false, K::InvalidData, what)));
                 };
                 into.copy_from_slice(&bytes);
+                heard = Instant::now();
                 got += bytes.len();
                 counters.bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
                 let took = window.0.elapsed();
@@ -830,6 +891,32 @@ mod tests {
             s3_code("<Error><Code>SlowDown</Code></Error>").as_deref(),
             Some("SlowDown")
         );
+    }
+
+    #[test]
+    fn a_body_may_be_quiet_for_a_multiple_of_the_slowest_first_bytes_doubled_per_failed_attempt() {
+        let p = GetPolicy::default();
+        let c = GetCounters::default();
+        // Until first bytes have been timed: the stall timeout.
+        assert_eq!(c.quiet_after(&p, 0), p.stall);
+        for _ in 0..60 {
+            c.first_byte.record(Duration::from_millis(200));
+        }
+        // 8 × ~200 ms (the bucket's middle), doubled per attempt, at most the stall timeout.
+        let q = c.quiet_after(&p, 0);
+        assert!(
+            q > Duration::from_millis(1500) && q < Duration::from_millis(1800),
+            "{q:?}"
+        );
+        assert_eq!(c.quiet_after(&p, 1), q * 2);
+        assert_eq!(c.quiet_after(&p, 3), p.stall);
+        assert_eq!(c.quiet_after(&p, 40), p.stall);
+        // Fast first bytes: at least `slow_after`.
+        let fast = GetCounters::default();
+        for _ in 0..60 {
+            fast.first_byte.record(Duration::from_millis(2));
+        }
+        assert_eq!(fast.quiet_after(&p, 0), p.slow_after);
     }
 
     #[test]

@@ -241,6 +241,31 @@ fn a_stalled_body_is_retried_after_the_stall_timeout_and_a_dead_server_is_an_err
 }
 
 #[test]
+fn a_body_gone_silent_is_dropped_long_before_the_stall_timeout_once_first_bytes_are_timed() {
+    // A connection that goes quiet mid-body, as a dead peer behind a proxy
+    // does: once 50 first bytes have been timed (milliseconds here), the
+    // body may be silent for 8 × the slowest of them, at least 1 s
+    // (`slow_after`), not the stall timeout's 30 s.
+    let f = fixture();
+    let p = GetPolicy {
+        stall: Duration::from_secs(30),
+        ..policy()
+    };
+    let c = GetCounters::default();
+    for _ in 0..60 {
+        get(&f, 0..4096, &c, &p).expect("get");
+    }
+    f.server.faults().stall_gets(1, 50_000);
+    let start = Instant::now();
+    let got = get(&f, 0..SIZE as u64, &c, &p).expect("get");
+    let took = start.elapsed();
+    assert!(got == f.data);
+    assert_eq!(c.report(None).retries_by_cause.get("stall"), Some(&1));
+    assert!(took < Duration::from_secs(15), "{took:?}");
+    f.server.faults().clear();
+}
+
+#[test]
 fn an_object_replaced_after_its_version_was_taken_is_refused() {
     let f = fixture();
     use object_store::ObjectStoreExt;
@@ -295,6 +320,51 @@ fn a_first_byte_slower_than_nearly_all_before_it_gets_a_hedged_second_get() {
     let r = c.report(None);
     assert_eq!(r.hedges, 1, "{r:?}");
     assert_eq!(f.server.stats().get_requests, 62);
+}
+
+#[test]
+fn a_get_sent_before_any_first_byte_was_timed_is_hedged_once_enough_are() {
+    // A start: the first GET goes to a server that never answers it, the
+    // GETs beside it are answered; once 50 first bytes are timed, the
+    // silent one gets its hedge rather than waiting out the stall timeout.
+    let f = fixture();
+    let c = std::sync::Arc::new(GetCounters::default());
+    let p = GetPolicy {
+        stall: Duration::from_secs(30),
+        ..policy()
+    };
+    f.server.faults().stall_all(true);
+    let (conn, e_tag) = (f.conn.clone(), f.e_tag.clone());
+    let (silent, p2, c2) = (
+        f.rt.handle().spawn({
+            let (c, p) = (c.clone(), p.clone());
+            async move {
+                let started = Instant::now();
+                let mut buf = vec![0u8; 8192];
+                let l = Limiter::new(4);
+                let r = get::get_into(&conn, "data-0", 8192..16384, e_tag.as_deref(), &mut buf, &p, &c, &l).await;
+                (r.map(|()| buf), started.elapsed())
+            }
+        }),
+        p.clone(),
+        c.clone(),
+    );
+    // The silent GET reached the server before the stall is turned off.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while f.server.stats().get_requests == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    f.server.faults().stall_all(false);
+    for _ in 0..60 {
+        get(&f, 0..4096, &c2, &p2).expect("get");
+    }
+    let (got, took) = f.rt.block_on(silent).expect("task");
+    let got = got.expect("the silent GET");
+    assert!(got[..] == f.data[8192..16384]);
+    assert!(took < Duration::from_secs(15), "{took:?}");
+    let r = c.report(None);
+    assert_eq!((r.hedges, r.hedges_won), (1, 1), "{r:?}");
+    f.server.faults().clear();
 }
 
 /// GETs of 4 KiB through `limiter`, as many as it lets out at once, the
