@@ -571,6 +571,144 @@ fn a_server_that_stops_answering_is_an_error_in_bounded_time() {
     f.server.faults().clear();
 }
 
+/// A TCP relay on 127.0.0.1 to `upstream` that resets every other
+/// connection it accepts (the first one first) 50 ms after, reading nothing (SO_LINGER 0: an RST,
+/// as a load balancer dropping a connection sends), so an upload is
+/// mid-body, waiting for room to write; the others are relayed both ways.
+struct ResettingRelay {
+    port: u16,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    resets: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl ResettingRelay {
+    fn start(upstream: std::net::SocketAddr) -> ResettingRelay {
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let resets = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (stopped, reset) = (stop.clone(), resets.clone());
+        std::thread::spawn(move || {
+            for (i, client) in listener.incoming().enumerate() {
+                if stopped.load(Ordering::Relaxed) {
+                    return;
+                }
+                let Ok(client) = client else { continue };
+                if i % 2 == 0 {
+                    std::thread::sleep(Duration::from_millis(50));
+                    let linger = libc::linger {
+                        l_onoff: 1,
+                        l_linger: 0,
+                    };
+                    // SAFETY: a valid socket of this thread's; the option's value is a
+                    // `linger` of the size passed.
+                    unsafe {
+                        libc::setsockopt(
+                            std::os::fd::AsRawFd::as_raw_fd(&client),
+                            libc::SOL_SOCKET,
+                            libc::SO_LINGER,
+                            (&linger as *const libc::linger).cast(),
+                            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+                        );
+                    }
+                    reset.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                let Ok(server) = std::net::TcpStream::connect(upstream) else {
+                    continue;
+                };
+                for (mut from, mut to) in [
+                    (client.try_clone().expect("clone"), server.try_clone().expect("clone")),
+                    (server, client),
+                ] {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Write);
+                    });
+                }
+            }
+        });
+        ResettingRelay { port, stop, resets }
+    }
+}
+
+impl Drop for ResettingRelay {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let _ = std::net::TcpStream::connect(("127.0.0.1", self.port));
+    }
+}
+
+#[test]
+fn connections_reset_by_the_peer_are_retried_by_pack_and_read() {
+    // Uploads and GETs cut by an RST are retried; the process is never
+    // killed by SIGPIPE. (Whether a write meets EPIPE, which raises it, or
+    // ECONNRESET depends on which of hyper's read and write sees the reset
+    // first: behind a proxy resetting one new connection in two, a 120 MB
+    // multipart pack died with status 141 every time before the store's
+    // threads blocked SIGPIPE; runtime.rs tests that they do.)
+    let f = Fixture::new();
+    let upstream: std::net::SocketAddr = f.server.endpoint().trim_start_matches("http://").parse().expect("addr");
+    let relay = ResettingRelay::start(upstream);
+    let endpoint = format!("http://127.0.0.1:{}", relay.port);
+    let staging = f.root.join("relay-staging");
+    std::fs::create_dir_all(&staging).expect("staging");
+    // Segments of 8 MiB, three uploaded at once: bodies larger than a
+    // socket's buffers, each on a connection of its own.
+    let files = f.root.join("large-files");
+    gen_samples_with(&files, 64, "512", "600", "3", 5);
+    let url = "s3://bkt/sets/through-relay";
+    let out = f
+        .command(&[
+            "pack",
+            s(&files),
+            "-o",
+            url,
+            "--segment-mib",
+            "8",
+            "--chunk-size",
+            "8",
+            "--staging",
+            s(&staging),
+        ])
+        .env("AWS_ENDPOINT_URL", &endpoint)
+        .output()
+        .expect("run brand");
+    assert!(
+        out.status.success(),
+        "pack through the relay: {:?} {}",
+        out.status,
+        stderr(&out)
+    );
+    assert_eq!(
+        std::fs::read_dir(&staging).expect("staging").count(),
+        0,
+        "staging left behind"
+    );
+    let out = f
+        .command(&["read", url, "--json", "--epochs", "2", "--memory", "10%"])
+        .env("AWS_ENDPOINT_URL", &endpoint)
+        .output()
+        .expect("run brand");
+    assert!(
+        out.status.success(),
+        "read through the relay: {:?} {}",
+        out.status,
+        stderr(&out)
+    );
+    let epochs: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("read --json");
+    assert_eq!(epochs.len(), 2);
+    for e in &epochs {
+        assert_eq!(e["samples"].as_u64(), Some(64), "{e}");
+        assert_eq!(e["exactly_once"].as_bool(), Some(true), "{e}");
+    }
+    assert!(relay.resets.load(std::sync::atomic::Ordering::Relaxed) >= 2);
+    // Every record whole (headers, crc32c).
+    let out = f.command(&["verify", url]).output().expect("run brand");
+    assert!(out.status.success(), "verify: {}", stderr(&out));
+}
+
 fn stall_config(f: &Fixture) -> String {
     let p = f.root.join("stall.toml");
     std::fs::write(&p, "stall_timeout = 0.5\nio_timeout = 4\n").expect("config");

@@ -55,21 +55,6 @@ pub struct Ctx {
     pub steps: u64,
 }
 
-/// Blocks SIGPIPE in the calling (network) thread: a write to a peer that
-/// has closed its connection then fails with EPIPE, which the node reports,
-/// instead of killing a host process whose SIGPIPE is the default (a C
-/// program; `brand` itself sets the default for its pipe-writing commands).
-fn block_sigpipe() {
-    // SAFETY: sigset_t is plain data that sigemptyset initialises; the mask
-    // changes only this thread's blocked set.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGPIPE);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-    }
-}
-
 impl Net {
     /// Listens on this node's address and starts a push stream to every peer.
     pub fn start(ctx: Ctx) -> Result<Net> {
@@ -79,7 +64,9 @@ impl Net {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("brand-nodes")
-            .on_thread_start(block_sigpipe)
+            // A write to a peer that has closed its connection fails with
+            // EPIPE, which the node reports, instead of killing the process.
+            .on_thread_start(brand_store::runtime::block_sigpipe)
             .enable_all()
             .build()
             .map_err(|e| Error::io("<brand-nodes runtime>", e))?;
