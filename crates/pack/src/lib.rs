@@ -586,7 +586,7 @@ pub fn pack_with(source: &dyn Source, out: &Path, opts: &PackOptions, hooks: &Ho
             if len > opts.segment_bytes {
                 let biggest = (lo..hi).max_by_key(|&p| records[p - first].0.len()).unwrap_or(lo);
                 return Err(Error::config(format!(
-                    "chunk {c} needs {len} bytes, more than the segment size {} (its largest sample is {:?}, {} bytes): raise --segment-size",
+                    "chunk {c} needs {len} bytes, more than the segment size {} (its largest sample is {:?}, {} bytes): raise the segment size (--segment-mib; segment_mib= in Python) or lower the chunk size",
                     opts.segment_bytes,
                     String::from_utf8_lossy(&source.key(order[biggest] as usize)),
                     records[biggest - first].0.len()
