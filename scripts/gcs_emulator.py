@@ -30,10 +30,12 @@ HTTP/1.0, data in memory: a test fixture, not a server.
 
 import argparse
 import base64
+import contextlib
 import email.utils
 import hashlib
 import logging
 import secrets
+import signal
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
@@ -285,16 +287,22 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--settings-dir", help="where the emulator keeps its settings (default: a temporary "
+                    "directory, removed when it ends by SIGTERM or SIGINT; a caller that kills it passes its own)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    # In memory; the emulator still wants a directory for its settings.
-    storage = Storage(use_memory_fs=True, data_dir=tempfile.mkdtemp(prefix="brand-gcs-"))
-    httpd = http_server.HTTPServer((args.host, args.port), partial(Handler, storage))
-    print("listening on http://%s:%d" % httpd.server_address, flush=True)
-    try:
-        httpd.serve_forever()
-    finally:
-        httpd.server_close()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    with contextlib.ExitStack() as stack:
+        settings = args.settings_dir or stack.enter_context(tempfile.TemporaryDirectory(prefix="brand-gcs-"))
+        # In memory; the emulator still wants a directory for its settings.
+        storage = Storage(use_memory_fs=True, data_dir=settings)
+        httpd = http_server.HTTPServer((args.host, args.port), partial(Handler, storage))
+        stack.callback(httpd.server_close)
+        print("listening on http://%s:%d" % httpd.server_address, flush=True)
+        try:
+            httpd.serve_forever()
+        except KeyboardInterrupt:
+            pass
 
 
 if __name__ == "__main__":

@@ -50,13 +50,18 @@ impl Emulator {
             return None;
         };
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/gcs_emulator.py");
+        // Its settings go in the scratch directory: it is killed, so it
+        // cannot remove a directory of its own.
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let settings = tmp.path().join("emulator");
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free port")
             .port();
         let mut child = Command::new(&python)
             .arg(&script)
-            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--settings-dir"])
+            .arg(&settings)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -81,7 +86,6 @@ impl Emulator {
                 script.display()
             );
         }
-        let tmp = tempfile::tempdir().expect("tempdir");
         Some(Emulator { child, port, tmp })
     }
 
