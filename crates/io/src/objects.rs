@@ -201,6 +201,9 @@ impl Ctx {
     /// check (crc32c, zstd) is fetched once more before it is an error: a
     /// byte damaged on its way here is not the object's, and one bad byte on
     /// the network should not end a run. Damaged again, it is the object's.
+    /// Only the damaged reads are fetched again (the span from the first to
+    /// the last of them), not the whole group: one bad byte in an 8 MiB GET
+    /// costs its read's bytes, not 8 MiB more.
     async fn read(self: Arc<Self>, mut group: Group, permits: Vec<Permit>) {
         let places = permits.len();
         let mut permits = Some(permits);
@@ -210,7 +213,7 @@ impl Ctx {
             self.shared.stats.pool_grew(buf.capacity() as u64);
             let fetched = self.fetch(&group, &mut buf.spare_mut()[..len], places).await;
             drop(permits.take());
-            let (segment, start, end) = (group.segment, group.start, group.end);
+            let segment = group.segment;
             let this = self.clone();
             // Decoding (crc32c, zstd) is CPU work: off the runtime's threads.
             let decoded = tokio::task::spawn_blocking(move || {
@@ -223,25 +226,13 @@ impl Ctx {
                     Err(e) => group.failed(&e),
                 };
                 this.shared.stats.pool_shrank(cap);
-                this.hand_on(completions, last)
+                this.hand_on(segment, completions, last)
             })
             .await;
             match decoded {
                 Ok(Some(damaged)) => {
                     self.stats.counters.retried("crc");
-                    let jobs = damaged
-                        .into_iter()
-                        .map(|c| Job {
-                            tag: c.tag,
-                            extent: c.extent,
-                        })
-                        .collect();
-                    group = Group {
-                        segment,
-                        start,
-                        end,
-                        jobs,
-                    };
+                    group = damaged;
                 }
                 Ok(None) => return,
                 Err(e) => {
@@ -253,19 +244,21 @@ impl Ctx {
         }
     }
 
-    /// Sends the completions on, or returns them unsent when a record is
-    /// damaged and this was not the `last` fetch.
-    fn hand_on(&self, completions: Vec<Completion>, last: bool) -> Option<Vec<Completion>> {
-        if !last && let Some(first) = damaged(&completions) {
-            tracing::warn!("{first}: fetching its bytes again");
-            return Some(completions);
-        }
-        for c in completions {
+    /// Sends a `segment` group's completions on, but for those with a
+    /// damaged record when this was not the `last` fetch: those are
+    /// returned as the group to fetch again.
+    fn hand_on(&self, segment: u32, completions: Vec<Completion>, last: bool) -> Option<Group> {
+        let (on, again) = if last {
+            (completions, None)
+        } else {
+            split_damaged(segment, completions)
+        };
+        for c in on {
             if self.shared.done.send(c).is_err() {
                 break;
             }
         }
-        None
+        again
     }
 
     /// The group's bytes into `dst`: one GET, or `get_bytes` parts, `places` at once.
@@ -330,13 +323,45 @@ impl Ctx {
     }
 }
 
-/// The first record error of a fetch that decoded, if one is damaged bytes
-/// (an error of the whole GET is the store's, already retried).
-fn damaged(completions: &[Completion]) -> Option<&Error> {
-    completions
+/// A `segment` group's completions split into those to send on and the
+/// group of the damaged reads, spanning the first to the last of them.
+fn split_damaged(segment: u32, completions: Vec<Completion>) -> (Vec<Completion>, Option<Group>) {
+    let (again, on): (Vec<Completion>, Vec<Completion>) = completions.into_iter().partition(|c| damaged(c).is_some());
+    let Some(first) = again.first().and_then(damaged) else {
+        return (on, None);
+    };
+    tracing::warn!("{first}: fetching its bytes again");
+    let start = again.iter().map(|c| c.extent.offset).min().unwrap_or(0);
+    let end = again
         .iter()
-        .filter_map(|c| c.result.as_ref().ok())
-        .flatten()
+        .map(|c| c.extent.offset + c.extent.len)
+        .max()
+        .unwrap_or(start);
+    let jobs = again
+        .into_iter()
+        .map(|c| Job {
+            tag: c.tag,
+            extent: c.extent,
+        })
+        .collect();
+    (
+        on,
+        Some(Group {
+            segment,
+            start,
+            end,
+            jobs,
+        }),
+    )
+}
+
+/// A read's first record error, if one is damaged bytes (an error of the
+/// whole GET is the store's, already retried).
+fn damaged(c: &Completion) -> Option<&Error> {
+    c.result
+        .as_ref()
+        .ok()?
+        .iter()
         .find_map(|(_, r)| r.as_ref().err().filter(|e| matches!(e, Error::Corrupt { .. })))
 }
 
@@ -387,6 +412,42 @@ mod tests {
                 (1, 2 * mb + 4096, 3 * mb + 4096, vec![6]),
             ]
         );
+    }
+
+    fn completion(tag: u64, offset: u64, len: u64, damaged: bool) -> Completion {
+        let record = if damaged {
+            Err(Error::Corrupt {
+                segment: "data-00000.brd".into(),
+                chunk: tag,
+                offset,
+                sample: tag,
+                what: "crc32c mismatch".into(),
+            })
+        } else {
+            Ok(AlignedBuf::for_extent(4096))
+        };
+        Completion {
+            tag,
+            extent: job(tag, 0, offset, len).extent,
+            result: Ok(vec![(tag, record)]),
+        }
+    }
+
+    #[test]
+    fn only_the_damaged_reads_of_a_group_are_fetched_again() {
+        let kb = 1 << 10;
+        // A group of 0..4 MiB, four reads of 1 MiB: the second and third damaged.
+        let done: Vec<Completion> = (0..4)
+            .map(|i| completion(i, i * 1024 * kb, 1024 * kb, i == 1 || i == 2))
+            .collect();
+        let (on, again) = split_damaged(3, done);
+        assert_eq!(on.iter().map(|c| c.tag).collect::<Vec<_>>(), vec![0, 3]);
+        let again = again.expect("a group to fetch again");
+        assert_eq!(shape(&[again]), vec![(3, 1024 * kb, 3 * 1024 * kb, vec![1, 2])]);
+        // Nothing damaged: everything goes on.
+        let (on, again) = split_damaged(0, (0..2).map(|i| completion(i, i * kb, kb, false)).collect());
+        assert_eq!(on.len(), 2);
+        assert!(again.is_none());
     }
 
     #[test]
