@@ -73,6 +73,12 @@ const QUIET_FACTOR: u32 = 8;
 /// once enough first bytes have been timed, as at a start).
 const QUIET_TICK: Duration = Duration::from_millis(250);
 
+/// A request sent before any first byte was timed (a dataset's open, a
+/// start) is hedged after this: an object store answers far sooner, and
+/// a connection that is never answered held an open for the whole stall
+/// timeout (10 s behind `bench/fault_proxy.py --fault blackhole`).
+const UNTIMED_HEDGE: Duration = Duration::from_secs(1);
+
 impl Default for GetPolicy {
     fn default() -> Self {
         GetPolicy {
@@ -165,14 +171,18 @@ impl GetCounters {
         }
     }
 
-    /// How long a first byte may take before a hedge: the slowest 1 % so
-    /// far (and at least `min`), once 50 have been seen.
-    fn hedge_after(&self, min: Duration) -> Option<Duration> {
+    /// The slowest 1 % of first bytes, once 50 have been timed.
+    fn first_byte_p99(&self) -> Option<Duration> {
         if self.first_byte.count() < 50 {
             return None;
         }
-        let p99 = Duration::from_micros(self.first_byte.quantile(0.99) as u64);
-        Some(p99.max(min))
+        Some(Duration::from_micros(self.first_byte.quantile(0.99) as u64))
+    }
+
+    /// How long an answer may take before a hedge: the slowest 1 % of first
+    /// bytes so far, [`UNTIMED_HEDGE`] before 50 were timed; at least `min`.
+    fn hedge_after(&self, min: Duration) -> Duration {
+        self.first_byte_p99().unwrap_or(UNTIMED_HEDGE).max(min)
     }
 
     /// How long a body may send nothing: [`QUIET_FACTOR`] × the slowest 1 %
@@ -181,7 +191,7 @@ impl GetCounters {
     /// failed GET), at most the stall timeout; the stall timeout until 50
     /// first bytes have been timed.
     fn quiet_after(&self, p: &GetPolicy, attempt: u32) -> Duration {
-        let Some(p99) = self.hedge_after(Duration::ZERO) else {
+        let Some(p99) = self.first_byte_p99() else {
             return p.stall;
         };
         let doubled = 1u32.checked_shl(attempt.min(16)).unwrap_or(u32::MAX);
@@ -441,17 +451,13 @@ pub async fn head(conn: &Connection, name: &str, p: &GetPolicy, counters: &GetCo
     let path = conn.url.object(name);
     let mut attempt = 0;
     loop {
-        counters.requests.fetch_add(1, Ordering::Relaxed);
-        let r = tokio::time::timeout(p.stall, conn.store.head(&path)).await;
-        let failure = match r {
-            Ok(Ok(meta)) => return Ok(meta),
-            Ok(Err(e)) => classify(&e),
-            Err(_) => Failure::new(
-                "stall",
-                true,
-                std::io::ErrorKind::TimedOut,
-                format!("no answer in {:?}", p.stall),
-            ),
+        let request = || -> Request<'_, ObjectMeta> {
+            counters.requests.fetch_add(1, Ordering::Relaxed);
+            Box::pin(conn.store.head(&path))
+        };
+        let failure = match answered(counters, p, attempt, request).await {
+            Ok(meta) => return Ok(meta),
+            Err(failure) => failure,
         };
         if !failure.retryable || attempt >= p.retries {
             return Err(object_error(&conn.url.object_url(name), None, &failure, attempt));
@@ -668,6 +674,60 @@ pub async fn get_into(
     Ok(())
 }
 
+/// A request to the store, made again for a hedge.
+type Request<'a, T> = futures_util::future::BoxFuture<'a, object_store::Result<T>>;
+
+/// The answer (the headers) to a request, attempt `attempt` of its GET or
+/// HEAD: hedged with a second one when the first has not answered in
+/// [`GetCounters::hedge_after`], the first answer taken; a stall once
+/// neither answered in [`GetCounters::quiet_after`]. Both are looked at
+/// again every [`QUIET_TICK`]: a request sent before first bytes were
+/// timed is bounded by them as soon as they are.
+async fn answered<'a, T>(
+    counters: &GetCounters,
+    p: &GetPolicy,
+    attempt: u32,
+    request: impl Fn() -> Request<'a, T>,
+) -> std::result::Result<T, Failure> {
+    use futures_util::future::{Either, select};
+    let asked = Instant::now();
+    let mut first = request();
+    let mut hedge: Option<Request<'a, T>> = None;
+    loop {
+        let quiet = counters.quiet_after(p, attempt);
+        let hedge_after = Some(counters.hedge_after(p.hedge_min)).filter(|_| hedge.is_none());
+        let until = hedge_after.map_or(quiet, |h| h.min(quiet));
+        let answer = async {
+            match hedge.as_mut() {
+                None => (first.as_mut().await, false),
+                Some(second) => match select(first.as_mut(), second.as_mut()).await {
+                    Either::Left((r, _)) => (r, false),
+                    Either::Right((r, _)) => (r, true),
+                },
+            }
+        };
+        let tick = until.saturating_sub(asked.elapsed()).min(QUIET_TICK);
+        match tokio::time::timeout(tick, answer).await {
+            Ok((r, hedge_won)) => {
+                if hedge_won {
+                    counters.hedges_won.fetch_add(1, Ordering::Relaxed);
+                }
+                return r.map_err(|e| classify(&e));
+            }
+            Err(_) if asked.elapsed() >= quiet => {
+                let what = format!("no answer in {:.1?}", asked.elapsed());
+                return Err(Failure::new("stall", true, std::io::ErrorKind::TimedOut, what));
+            }
+            Err(_) => {
+                if hedge_after.is_some_and(|h| asked.elapsed() >= h) {
+                    counters.hedges.fetch_add(1, Ordering::Relaxed);
+                    hedge = Some(request());
+                }
+            }
+        }
+    }
+}
+
 /// One request for `range` into `dst`, the GET's attempt number `attempt`
 /// (failed attempts without progress before it): how many bytes it
 /// brought, and why it stopped short if it did; `first_byte` is set when
@@ -690,51 +750,14 @@ async fn attempt_once(
         if_match: e_tag.map(str::to_string),
         ..Default::default()
     };
-    type Answer<'a> = futures_util::future::BoxFuture<'a, object_store::Result<object_store::GetResult>>;
-    let request = || -> Answer<'_> {
+    let request = || -> Request<'_, object_store::GetResult> {
         counters.requests.fetch_add(1, Ordering::Relaxed);
         Box::pin(conn.store.get_opts(path, opts.clone()))
     };
     let asked = Instant::now();
-    let mut first = request();
-    let mut hedge: Option<Answer<'_>> = None;
-    // Looked at again every tick: a GET sent before any first byte was
-    // timed (a start) is hedged and bounded as soon as there are enough.
-    let result = loop {
-        let quiet = counters.quiet_after(p, attempt);
-        let hedge_after = counters.hedge_after(p.hedge_min).filter(|_| hedge.is_none());
-        let until = hedge_after.map_or(quiet, |h| h.min(quiet));
-        let answer = async {
-            match hedge.as_mut() {
-                None => (first.as_mut().await, false),
-                Some(second) => match futures_util::future::select(first.as_mut(), second.as_mut()).await {
-                    futures_util::future::Either::Left((r, _)) => (r, false),
-                    futures_util::future::Either::Right((r, _)) => (r, true),
-                },
-            }
-        };
-        let tick = until.saturating_sub(asked.elapsed()).min(QUIET_TICK);
-        match tokio::time::timeout(tick, answer).await {
-            Ok((r, hedge_won)) => {
-                if hedge_won {
-                    counters.hedges_won.fetch_add(1, Ordering::Relaxed);
-                }
-                match r {
-                    Ok(r) => break r,
-                    Err(e) => return (0, Some(classify(&e))),
-                }
-            }
-            Err(_) if asked.elapsed() >= quiet => {
-                let what = format!("no answer in {:.1?}", asked.elapsed());
-                return (0, Some(Failure::new("stall", true, K::TimedOut, what)));
-            }
-            Err(_) => {
-                if hedge_after.is_some_and(|h| asked.elapsed() >= h) {
-                    counters.hedges.fetch_add(1, Ordering::Relaxed);
-                    hedge = Some(request());
-                }
-            }
-        }
+    let result = match answered(counters, p, attempt, request).await {
+        Ok(r) => r,
+        Err(failure) => return (0, Some(failure)),
     };
     let waited = asked.elapsed();
     counters.first_byte.record(waited);
