@@ -582,9 +582,10 @@ fn a_server_that_stops_answering_is_an_error_in_bounded_time() {
 }
 
 /// A TCP relay on 127.0.0.1 to `upstream` that resets every other
-/// connection it accepts (the first one first) 50 ms after, reading nothing (SO_LINGER 0: an RST,
-/// as a load balancer dropping a connection sends), so an upload is
-/// mid-body, waiting for room to write; the others are relayed both ways.
+/// connection it accepts (the first one first) 50 ms after accepting it,
+/// reading nothing (SO_LINGER 0: an RST, as a load balancer dropping a
+/// connection sends), so an upload is mid-body, waiting for room to
+/// write; the others are relayed both ways.
 struct ResettingRelay {
     port: u16,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -664,8 +665,9 @@ fn connections_reset_by_the_peer_are_retried_by_pack_and_read() {
     let endpoint = format!("http://127.0.0.1:{}", relay.port);
     let staging = f.root.join("relay-staging");
     std::fs::create_dir_all(&staging).expect("staging");
-    // Segments of 8 MiB, three uploaded at once: bodies larger than a
-    // socket's buffers, each on a connection of its own.
+    // Segments of 8 MiB, each one PUT (under the multipart part size), in
+    // turn over one kept-alive connection: the first connection is reset
+    // mid-body (bodies larger than a socket's buffers), the retry's is not.
     let files = f.root.join("large-files");
     gen_samples_with(&files, 64, "512", "600", "3", 5);
     let url = "s3://bkt/sets/through-relay";

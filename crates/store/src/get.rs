@@ -695,7 +695,7 @@ async fn answered<'a, T>(
     let mut hedge: Option<Request<'a, T>> = None;
     loop {
         let quiet = counters.quiet_after(p, attempt);
-        let hedge_after = Some(counters.hedge_after(p.hedge_min)).filter(|_| hedge.is_none());
+        let hedge_after = hedge.is_none().then(|| counters.hedge_after(p.hedge_min));
         let until = hedge_after.map_or(quiet, |h| h.min(quiet));
         let answer = async {
             match hedge.as_mut() {
