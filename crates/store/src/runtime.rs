@@ -48,9 +48,58 @@ impl IoRuntime {
         }
     }
 
-    /// Runs `f` to completion on this runtime (from a thread outside it).
+    /// Runs `f` to completion on this runtime (from a thread outside it),
+    /// with SIGPIPE blocked in the calling thread meanwhile: `f` itself is
+    /// polled here, so its requests (the open's, a single PUT, a TLS
+    /// handshake's alert) write to sockets from this thread.
     pub fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
+        let _blocked = SigpipeBlocked::here();
         self.handle().block_on(f)
+    }
+}
+
+/// SIGPIPE blocked in the calling thread until dropped, then its old mask
+/// back, with any SIGPIPE raised meanwhile discarded first (unblocking a
+/// pending one would deliver it: the kill this prevents).
+struct SigpipeBlocked {
+    /// It was blocked already (a runtime thread, a caller's own choice):
+    /// nothing to undo.
+    was_blocked: bool,
+}
+
+impl SigpipeBlocked {
+    fn here() -> SigpipeBlocked {
+        // SAFETY: both sets are plain data that sigemptyset initialises; the
+        // mask changes only this thread's blocked set.
+        unsafe {
+            let (mut set, mut old): (libc::sigset_t, libc::sigset_t) = (std::mem::zeroed(), std::mem::zeroed());
+            libc::sigemptyset(&mut set);
+            libc::sigemptyset(&mut old);
+            libc::sigaddset(&mut set, libc::SIGPIPE);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+            SigpipeBlocked {
+                was_blocked: libc::sigismember(&old, libc::SIGPIPE) == 1,
+            }
+        }
+    }
+}
+
+impl Drop for SigpipeBlocked {
+    fn drop(&mut self) {
+        if self.was_blocked {
+            return;
+        }
+        // SAFETY: `set` is plain data that sigemptyset initialises; a zero
+        // timeout makes sigtimedwait only take a pending SIGPIPE, never
+        // wait; the mask changes only this thread's blocked set.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGPIPE);
+            let now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+            while libc::sigtimedwait(&set, std::ptr::null_mut(), &now) == libc::SIGPIPE {}
+            libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        }
     }
 }
 
@@ -114,5 +163,60 @@ mod tests {
         assert!(workers.iter().all(|&b| b), "{workers:?}");
         let blocking = rt.block_on(h.spawn_blocking(sigpipe_blocked)).expect("blocking task");
         assert!(blocking);
+    }
+
+    /// The thread whose SIGPIPEs `count_sigpipe` counts, and how many.
+    static WATCHED: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+    static SIGPIPES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+    extern "C" fn count_sigpipe(_: libc::c_int) {
+        use std::sync::atomic::Ordering::SeqCst;
+        // SAFETY: gettid has no preconditions and is async-signal-safe.
+        if unsafe { libc::gettid() } == WATCHED.load(SeqCst) {
+            SIGPIPES.fetch_add(1, SeqCst);
+        }
+    }
+
+    #[test]
+    fn block_on_blocks_sigpipe_in_its_caller_and_discards_what_it_raised() {
+        use std::sync::atomic::Ordering::SeqCst;
+        // A thread of its own: the harness's other tests keep their masks.
+        std::thread::spawn(|| {
+            // SAFETY: gettid has no preconditions.
+            WATCHED.store(unsafe { libc::gettid() }, SeqCst);
+            // A handler that counts what reaches this thread, where the
+            // harness ignores SIGPIPE (a delivered one would go unseen).
+            // SAFETY: the actions are plain data, zeroed then filled; the
+            // handler only reads and adds to atomics; the old one is put back.
+            let old = unsafe {
+                let mut action: libc::sigaction = std::mem::zeroed();
+                action.sa_sigaction = count_sigpipe as *const () as libc::sighandler_t;
+                libc::sigemptyset(&mut action.sa_mask);
+                let mut old: libc::sigaction = std::mem::zeroed();
+                libc::sigaction(libc::SIGPIPE, &action, &mut old);
+                old
+            };
+            let rt = IoRuntime::new(1).expect("runtime");
+            assert!(!sigpipe_blocked());
+            let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("socket pair");
+            drop(theirs);
+            let (blocked, wrote) = rt.block_on(async {
+                // A write(2) to a socket whose peer is gone raises SIGPIPE in
+                // this thread (write has no MSG_NOSIGNAL, as hyper's writev).
+                use std::os::fd::AsRawFd;
+                // SAFETY: a valid fd and a 1-byte buffer that outlives the call.
+                let n = unsafe { libc::write(ours.as_raw_fd(), b"x".as_ptr().cast(), 1) };
+                (sigpipe_blocked(), (n, std::io::Error::last_os_error().raw_os_error()))
+            });
+            let delivered = SIGPIPES.load(SeqCst);
+            // SAFETY: puts back the action saved above.
+            unsafe { libc::sigaction(libc::SIGPIPE, &old, std::ptr::null_mut()) };
+            assert!(blocked, "SIGPIPE not blocked while block_on polls");
+            assert_eq!(wrote, (-1, Some(libc::EPIPE)));
+            assert!(!sigpipe_blocked(), "the caller's mask is not restored");
+            assert_eq!(delivered, 0, "the SIGPIPE raised was delivered when unblocked");
+        })
+        .join()
+        .expect("the test's thread");
     }
 }
