@@ -18,7 +18,8 @@ use brand_format::manifest::Manifest;
 use brand_format::{INDEX_FILE, MANIFEST_FILE};
 use object_store::{ObjectStoreExt, PutPayload, WriteMultipart};
 
-use crate::connect::{Connection, redact};
+use crate::connect::Connection;
+use crate::get::describe;
 use crate::location::ObjectUrl;
 use crate::runtime::IoRuntime;
 
@@ -194,7 +195,7 @@ fn run(url: &ObjectUrl, force: bool, state: &Shared, ready: &mpsc::Sender<Result
         rt.block_on(async {
             for name in &sent {
                 if let Err(e) = conn.store.delete(&url.object(name)).await {
-                    tracing::warn!("{}: not removed: {}", url.object_url(name), redact(&e.to_string()));
+                    tracing::warn!("{}: not removed: {}", url.object_url(name), describe(&e));
                 }
             }
         });
@@ -212,7 +213,7 @@ async fn take_old_manifest(conn: &Connection, url: &ObjectUrl, force: bool) -> R
     let old = match conn.store.head(&manifest_path).await {
         Ok(_) => true,
         Err(object_store::Error::NotFound { .. }) => false,
-        Err(e) => return Err(fail(MANIFEST_FILE, redact(&e.to_string()))),
+        Err(e) => return Err(fail(MANIFEST_FILE, describe(&e))),
     };
     if old && !force {
         return Err(Error::config(format!(
@@ -226,7 +227,7 @@ async fn take_old_manifest(conn: &Connection, url: &ObjectUrl, force: bool) -> R
     conn.store
         .delete(&manifest_path)
         .await
-        .map_err(|e| fail(MANIFEST_FILE, redact(&e.to_string())))?;
+        .map_err(|e| fail(MANIFEST_FILE, describe(&e)))?;
     Ok(names)
 }
 
@@ -244,11 +245,11 @@ async fn commit(conn: &Connection, url: &ObjectUrl, dir: &Path, old_segments: &[
             PutPayload::from(manifest.to_toml().into_bytes()),
         )
         .await
-        .map_err(|e| fail(MANIFEST_FILE, redact(&e.to_string())))?;
+        .map_err(|e| fail(MANIFEST_FILE, describe(&e)))?;
     let kept: Vec<&str> = manifest.segments.iter().map(|s| s.name.as_str()).collect();
     for stale in old_segments.iter().filter(|n| !kept.contains(&n.as_str())) {
         if let Err(e) = conn.store.delete(&url.object(stale)).await {
-            tracing::warn!("{}: not removed: {}", url.object_url(stale), redact(&e.to_string()));
+            tracing::warn!("{}: not removed: {}", url.object_url(stale), describe(&e));
         }
     }
     Ok(())
@@ -287,14 +288,14 @@ async fn upload_file(
         conn.store
             .put(&object, PutPayload::from(bytes))
             .await
-            .map_err(|e| fail(redact(&e.to_string())))?;
+            .map_err(|e| fail(describe(&e)))?;
         return Ok(len);
     }
     let upload = conn
         .store
         .put_multipart(&object)
         .await
-        .map_err(|e| fail(redact(&e.to_string())))?;
+        .map_err(|e| fail(describe(&e)))?;
     let mut writer = WriteMultipart::new_with_chunk_size(upload, PART_BYTES);
     let mut buf = vec![0u8; PART_BYTES];
     let mut sent = 0u64;
@@ -311,12 +312,12 @@ async fn upload_file(
         }
         if let Err(e) = writer.wait_for_capacity(PARTS_IN_FLIGHT).await {
             // The writer is spent; its upload is aborted when dropped.
-            return Err(fail(redact(&e.to_string())));
+            return Err(fail(describe(&e)));
         }
         writer.write(&buf[..n]);
         sent += n as u64;
     }
-    writer.finish().await.map_err(|e| fail(redact(&e.to_string())))?;
+    writer.finish().await.map_err(|e| fail(describe(&e)))?;
     if sent != len {
         return Err(Error::io(
             path,
