@@ -11,7 +11,10 @@
 //!   SSO and assume-role profiles are not read. `AWS_ENDPOINT_URL` (or the
 //!   profile's `endpoint_url`) names an S3-compatible server (MinIO, Ceph,
 //!   R2, s3s): requests are path-style; a plain-HTTP endpoint needs
-//!   `AWS_ALLOW_HTTP=true`.
+//!   `AWS_ALLOW_HTTP=true`; one whose certificate a private authority
+//!   signed, that authority's PEM in `AWS_CA_BUNDLE` (or the profile's
+//!   `ca_bundle`), added to the system's. `SSL_CERT_FILE` replaces the
+//!   system's authorities for every scheme (rustls-native-certs).
 //! * GCS: `GOOGLE_SERVICE_ACCOUNT`/`GOOGLE_APPLICATION_CREDENTIALS`, else the
 //!   metadata server. An emulator: `STORAGE_EMULATOR_HOST` (`host:port` or
 //!   a URL, as Google's client libraries take it; requests unsigned), or
@@ -112,12 +115,12 @@ fn build(url: &ObjectUrl, stall: Duration, retries: RetryConfig) -> std::result:
             use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey as K};
             let mut b = AmazonS3Builder::from_env();
             let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+            let p = aws_profile();
             if env("AWS_ACCESS_KEY_ID").is_none()
                 && env("AWS_WEB_IDENTITY_TOKEN_FILE").is_none()
                 && env("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI").is_none()
                 && env("AWS_CONTAINER_CREDENTIALS_FULL_URI").is_none()
             {
-                let p = aws_profile();
                 if let (Some(id), Some(secret)) = (p.get("aws_access_key_id"), p.get("aws_secret_access_key")) {
                     b = b.with_access_key_id(id).with_secret_access_key(secret);
                     if let Some(t) = p.get("aws_session_token") {
@@ -150,11 +153,35 @@ fn build(url: &ObjectUrl, stall: Duration, retries: RetryConfig) -> std::result:
                     redact(&endpoint)
                 ));
             }
+            // The client's settings whole, as from_env read them, with
+            // brand's and the CA bundle's over them (root certificates have
+            // no config key: only a whole ClientOptions carries them).
+            let mut opts = object_store::ClientOptions::new();
+            for (key, value) in std::env::vars() {
+                if key.starts_with("AWS_")
+                    && let Ok(K::Client(k)) = key.to_ascii_lowercase().parse::<K>()
+                {
+                    opts = opts.with_config(k, value);
+                }
+            }
             for (k, v) in client {
-                b = b.with_config(K::Client(k), v);
+                opts = opts.with_config(k, v);
+            }
+            // As the AWS CLI and boto3 take it: the environment's, else the
+            // profile's. Added to the system's authorities, not instead.
+            let bundle = match (env("AWS_CA_BUNDLE"), p.get("ca_bundle")) {
+                (Some(path), _) => Some((path, "AWS_CA_BUNDLE".to_string())),
+                (None, Some(path)) => Some((path.clone(), format!("ca_bundle of the AWS profile {}", profile_name()))),
+                (None, None) => None,
+            };
+            if let Some((path, named_by)) = bundle {
+                for cert in ca_bundle(std::path::Path::new(&path), &named_by)? {
+                    opts = opts.with_root_certificate(cert);
+                }
             }
             Arc::new(
-                b.with_url(url.root.clone())
+                b.with_client_options(opts)
+                    .with_url(url.root.clone())
                     .with_bucket_name(url.bucket())
                     .with_retry(retries.clone())
                     .build()
@@ -242,7 +269,7 @@ fn build(url: &ObjectUrl, stall: Duration, retries: RetryConfig) -> std::result:
 /// credentials file's section over the config file's (`[profile NAME]`
 /// there, `[default]` for the default). Unreadable files give nothing.
 fn aws_profile() -> HashMap<String, String> {
-    let name = std::env::var("AWS_PROFILE").unwrap_or_else(|_| "default".to_string());
+    let name = profile_name();
     let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
     let file = |var: &str, default: &str| std::env::var_os(var).map(PathBuf::from).unwrap_or(home.join(default));
     let config_section = if name == "default" {
@@ -256,6 +283,24 @@ fn aws_profile() -> HashMap<String, String> {
         &name,
     ));
     keys
+}
+
+fn profile_name() -> String {
+    std::env::var("AWS_PROFILE").unwrap_or_else(|_| "default".to_string())
+}
+
+/// The certificates of a PEM bundle `named_by` names (a private
+/// authority's, for an S3-compatible server on HTTPS).
+fn ca_bundle(path: &std::path::Path, named_by: &str) -> std::result::Result<Vec<object_store::Certificate>, String> {
+    let what = |why: String| format!("{} ({named_by}): {why}", path.display());
+    let pem = std::fs::read(path).map_err(|e| what(e.to_string()))?;
+    let certs = object_store::Certificate::from_pem_bundle(&pem).map_err(|e| what(e.to_string()))?;
+    if certs.is_empty() {
+        return Err(what(
+            "no certificate in it (PEM: -----BEGIN CERTIFICATE-----)".to_string(),
+        ));
+    }
+    Ok(certs)
 }
 
 /// `key = value` lines of `[section]` in an INI file.
