@@ -79,8 +79,9 @@ pub struct Metrics {
     pub remote_memory_limit: u64,
     /// Most bytes this node held read but not yet pushed.
     pub owner_peak_bytes: u64,
-    /// A dataset in object storage (the rest 0 otherwise): requests sent
-    /// (GETs, their retries, resumes and hedges; HEADs), body bytes
+    /// A dataset in object storage (the rest 0 otherwise): requests the
+    /// reads sent (GETs, their retries, resumes and hedges; HEADs; not the
+    /// open's few: manifest, index, segment HEADs or listing), body bytes
     /// fetched (`bytes_read` counts the extents the loader asked for),
     /// retries and their causes (a status such as "503", "connect", "reset", "stall",
     /// "cut", "slow"), hedged GETs, GET latency (first request to last byte) and
