@@ -96,11 +96,17 @@ impl Fixture {
 
     /// `brand read URL --json …`: each epoch's report (the command must succeed).
     fn read(&self, extra: &[&str]) -> Vec<serde_json::Value> {
+        self.read_and_stderr(extra).0
+    }
+
+    /// `read`, and what it wrote to stderr.
+    fn read_and_stderr(&self, extra: &[&str]) -> (Vec<serde_json::Value>, String) {
         let mut args = vec!["read", self.url.as_str(), "--json"];
         args.extend_from_slice(extra);
         let out = self.run(&args);
         assert!(out.status.success(), "brand {args:?}: {}", stderr(&out));
-        serde_json::from_slice(&out.stdout).expect("read --json")
+        let epochs = serde_json::from_slice(&out.stdout).expect("read --json");
+        (epochs, stderr(&out))
     }
 
     /// A command that must fail cleanly within `limit`: one error line,
@@ -333,13 +339,20 @@ fn bursts_of_503_and_cut_bodies_are_retried_and_counted_without_a_wrong_byte() {
     let f = Fixture::new();
     f.server.faults().set_key_filter(Some("data-"));
     f.server.faults().fail_gets(6, 503);
-    let epochs = f.read(&["--memory", "10%", "--read-gap", "whole"]);
+    let (epochs, told) = f.read_and_stderr(&["--memory", "10%", "--read-gap", "whole"]);
     assert_exactly_once(&epochs, 1);
     assert_eq!(retries_of(&epochs, "503"), 6, "{}", epochs[0]["metrics"]);
+    // Said at once, and once for the burst (at most every 10 s), naming
+    // the object and the status.
+    let warnings: Vec<&str> = told.lines().filter(|l| l.contains("retrying")).collect();
+    assert_eq!(warnings.len(), 1, "{told}");
+    assert!(warnings[0].contains("data-") && warnings[0].contains("503"), "{told}");
     f.server.faults().cut_bodies(4, 5000);
-    let epochs = f.read(&["--memory", "10%", "--read-gap", "whole"]);
+    let (epochs, told) = f.read_and_stderr(&["--memory", "10%", "--read-gap", "whole"]);
     assert_exactly_once(&epochs, 1);
     assert_eq!(retries_of(&epochs, "cut"), 4, "{}", epochs[0]["metrics"]);
+    // Resumed bodies made progress: counted, not told.
+    assert!(!told.contains("retrying"), "{told}");
     // Chunks of more GET parts than GETs allowed in flight (192 KiB in
     // 64 KiB parts, 2 at a time): they take turns, never wait for each
     // other (this deadlocked: the bench's 2 × 1 MiB sweep point).

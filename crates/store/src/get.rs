@@ -114,7 +114,13 @@ pub struct GetCounters {
     /// all: a path that slows down for good sets a new pace.
     paces: Mutex<VecDeque<u64>>,
     pace_median: AtomicU64,
+    /// When a retry was last told (`warn_retry`).
+    warned: Mutex<Option<Instant>>,
 }
+
+/// At most one retry warning per reader in this long: a store that
+/// throttles hundreds of GETs at once says so once, not hundreds of times.
+const WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// A snapshot of [`GetCounters`] and the limiter.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
@@ -153,6 +159,29 @@ impl GetCounters {
         if let Ok(mut c) = self.causes.lock() {
             *c.entry(cause.to_string()).or_default() += 1;
         }
+    }
+
+    /// Counts a retry of a request to `url` and says why, at most every
+    /// [`WARN_EVERY`]: before, a wrong endpoint or a store refusing every
+    /// request was 20 s of silence before its error (10 retries with
+    /// backoff); bodies resumed after they were cut or dropped as slow are
+    /// only counted (they made progress, and a proxy may cut every one).
+    fn retrying(&self, url: &str, f: &Failure) {
+        self.retried(&f.cause);
+        if f.cause == "cut" || f.cause == "slow" {
+            return;
+        }
+        let Ok(mut warned) = self.warned.lock() else { return };
+        if warned.is_some_and(|at| at.elapsed() < WARN_EVERY) {
+            return;
+        }
+        *warned = Some(Instant::now());
+        let retries = self.retries.load(Ordering::Relaxed);
+        tracing::warn!(
+            "{url}: {}: retrying ({retries} retr{} by this reader so far)",
+            f.what,
+            if retries == 1 { "y" } else { "ies" }
+        );
     }
 
     /// One body's pace: `bytes` in `took` from its first byte.
@@ -498,7 +527,7 @@ pub async fn head(conn: &Connection, name: &str, p: &GetPolicy, counters: &GetCo
         if !failure.retryable || attempt >= p.retries {
             return Err(object_error(&conn.url.object_url(name), None, &failure, attempt));
         }
-        counters.retried(&failure.cause);
+        counters.retrying(&conn.url.object_url(name), &failure);
         tokio::time::sleep(backoff(p, attempt)).await;
         attempt += 1;
     }
@@ -555,16 +584,16 @@ pub async fn list(
                 format!("no listing in {:?}", p.stall.saturating_mul(8)),
             ),
         };
+        // `prefix` is a key prefix from the bucket's root, not the URL's.
+        let url = if prefix.is_empty() {
+            conn.url.root.clone()
+        } else {
+            format!("{}/{prefix}", conn.url.root)
+        };
         if !failure.retryable || attempt >= p.retries {
-            // `prefix` is a key prefix from the bucket's root, not the URL's.
-            let url = if prefix.is_empty() {
-                conn.url.root.clone()
-            } else {
-                format!("{}/{prefix}", conn.url.root)
-            };
             return Err(object_error(&url, None, &failure, attempt));
         }
-        counters.retried(&failure.cause);
+        counters.retrying(&url, &failure);
         tokio::time::sleep(backoff(p, attempt)).await;
         attempt += 1;
     }
@@ -695,7 +724,7 @@ pub async fn get_into(
                 retried,
             ));
         }
-        counters.retried(&failure.cause);
+        counters.retrying(&conn.url.object_url(name), &failure);
         retried += 1;
         // Progress made: the store is answering, so resume at once.
         if !progress {
