@@ -25,6 +25,13 @@ def brand_bin() -> str:
     return path
 
 
+def s3_server_bin() -> str:
+    path = os.environ.get("BRAND_S3_SERVER")
+    if not path or not os.access(path, os.X_OK):
+        pytest.fail("BRAND_S3_SERVER must name tools/s3-server's binary (make py-test sets it)")
+    return path
+
+
 def make_dataset(root: pathlib.Path, samples: int = SAMPLES, seed: int = 2) -> tuple[pathlib.Path, pathlib.Path]:
     """Generates `samples` files under root/files and packs them into root/ds."""
     files, ds = root / "files", root / "ds"

@@ -14,19 +14,12 @@ import pytest
 
 import brand
 
-from conftest import SAMPLES, assert_reads_as_local, brand_bin
+from conftest import SAMPLES, assert_reads_as_local, brand_bin, s3_server_bin
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "scripts"))
 import s3server  # noqa: E402
 
 CFG = dict(batch_size=16, memory="20%", seed=7)
-
-
-def server_bin() -> str:
-    path = os.environ.get("BRAND_S3_SERVER")
-    if not path or not os.access(path, os.X_OK):
-        pytest.fail("BRAND_S3_SERVER must name tools/s3-server's binary (make py-test sets it)")
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +28,7 @@ def s3(dataset):
     the process's environment points at the server while the module runs."""
     files, ds = dataset
     saved = dict(os.environ)
-    with s3server.serve(server_bin()) as server:
+    with s3server.serve(s3_server_bin()) as server:
         os.environ.update(server.env)
         bucket = server.bucket("bkt")
         url = f"{bucket}/sets/ds"

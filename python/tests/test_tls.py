@@ -22,7 +22,7 @@ import pytest
 
 import brand
 
-from conftest import SAMPLES, assert_reads_as_local, brand_bin
+from conftest import SAMPLES, assert_reads_as_local, brand_bin, s3_server_bin
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "scripts"))
 import s3server  # noqa: E402
@@ -145,13 +145,6 @@ def tls_relay(upstream: str, cert: pathlib.Path, key: pathlib.Path):
         listener.close()
 
 
-def server_bin() -> str:
-    path = os.environ.get("BRAND_S3_SERVER")
-    if not path or not os.access(path, os.X_OK):
-        pytest.fail("BRAND_S3_SERVER must name tools/s3-server's binary (make py-test sets it)")
-    return path
-
-
 @pytest.fixture(scope="module")
 def https(dataset, tmp_path_factory):
     """(plain server, https endpoint, authority's PEM, URL of the dataset packed
@@ -161,7 +154,7 @@ def https(dataset, tmp_path_factory):
     files, ds = dataset
     authority, cert, key = make_authority(tmp_path_factory.mktemp("tls"))
     saved = dict(os.environ)
-    with s3server.serve(server_bin()) as server, tls_relay(server.endpoint, cert, key) as endpoint:
+    with s3server.serve(s3_server_bin()) as server, tls_relay(server.endpoint, cert, key) as endpoint:
         os.environ.update(server.env)
         os.environ["AWS_ENDPOINT_URL"] = endpoint
         for name in ("AWS_CA_BUNDLE", "SSL_CERT_FILE", "SSL_CERT_DIR"):
