@@ -1362,3 +1362,17 @@ fn a_dataset_on_a_server_that_ignores_byte_ranges_is_refused_at_once_by_name() {
     assert!(!err.contains("retries"), "{err}");
     assert!(start.elapsed() < Duration::from_secs(10), "{:?}", start.elapsed());
 }
+
+#[test]
+fn a_variable_of_the_environment_that_is_not_utf8_is_passed_over() {
+    // The client's settings are read from every AWS_* variable; a value
+    // that is not UTF-8 (env::vars panics on one) is not one of them.
+    use std::os::unix::ffi::OsStrExt;
+    let f = Fixture::new();
+    let out = f
+        .command(&["inspect", &f.url])
+        .env("AWS_NOT_UTF8", std::ffi::OsStr::from_bytes(b"\xff\xfe"))
+        .output()
+        .expect("run brand");
+    assert!(out.status.success(), "{}", stderr(&out));
+}

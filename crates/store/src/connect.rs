@@ -157,8 +157,10 @@ fn build(url: &ObjectUrl, stall: Duration, retries: RetryConfig) -> std::result:
             // brand's and the CA bundle's over them (root certificates have
             // no config key: only a whole ClientOptions carries them).
             let mut opts = object_store::ClientOptions::new();
-            for (key, value) in std::env::vars() {
-                if key.starts_with("AWS_")
+            // vars_os: env::vars panics on a variable that is not UTF-8.
+            for (key, value) in std::env::vars_os() {
+                if let (Some(key), Some(value)) = (key.to_str(), value.to_str())
+                    && key.starts_with("AWS_")
                     && let Ok(K::Client(k)) = key.to_ascii_lowercase().parse::<K>()
                 {
                     opts = opts.with_config(k, value);
