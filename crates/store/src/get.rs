@@ -114,7 +114,7 @@ pub struct GetCounters {
     /// all: a path that slows down for good sets a new pace.
     paces: Mutex<VecDeque<u64>>,
     pace_median: AtomicU64,
-    /// When a retry was last told (`warn_retry`).
+    /// When a retry was last told ([`GetCounters::retrying`]).
     warned: Mutex<Option<Instant>>,
 }
 

@@ -227,7 +227,7 @@ async fn missing(conn: &Connection) -> Error {
         Err(e) if e.to_string().contains("NoSuchBucket") => format!("the bucket {} does not exist", url.bucket()),
         Err(e) => format!(
             "no {MANIFEST_FILE} here, and listing the prefix failed: {}",
-            crate::connect::redact(&e.to_string())
+            crate::get::describe(&e)
         ),
         Ok(l) if l.objects.is_empty() && l.common_prefixes.is_empty() => {
             "nothing under this prefix (no such dataset)".to_string()

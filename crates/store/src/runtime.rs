@@ -69,13 +69,12 @@ struct SigpipeBlocked {
 
 impl SigpipeBlocked {
     fn here() -> SigpipeBlocked {
-        // SAFETY: both sets are plain data that sigemptyset initialises; the
-        // mask changes only this thread's blocked set.
+        let set = sigpipe_only();
+        // SAFETY: `old` is plain data that sigemptyset initialises; the mask
+        // changes only this thread's blocked set.
         unsafe {
-            let (mut set, mut old): (libc::sigset_t, libc::sigset_t) = (std::mem::zeroed(), std::mem::zeroed());
-            libc::sigemptyset(&mut set);
+            let mut old: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut old);
-            libc::sigaddset(&mut set, libc::SIGPIPE);
             libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
             SigpipeBlocked {
                 was_blocked: libc::sigismember(&old, libc::SIGPIPE) == 1,
@@ -89,13 +88,10 @@ impl Drop for SigpipeBlocked {
         if self.was_blocked {
             return;
         }
-        // SAFETY: `set` is plain data that sigemptyset initialises; a zero
-        // timeout makes sigtimedwait only take a pending SIGPIPE, never
-        // wait; the mask changes only this thread's blocked set.
+        let set = sigpipe_only();
+        // SAFETY: a zero timeout makes sigtimedwait only take a pending
+        // SIGPIPE, never wait; the mask changes only this thread's blocked set.
         unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            libc::sigaddset(&mut set, libc::SIGPIPE);
             let now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
             while libc::sigtimedwait(&set, std::ptr::null_mut(), &now) == libc::SIGPIPE {}
             libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
@@ -112,13 +108,21 @@ impl Drop for SigpipeBlocked {
 /// SIGPIPE (exit 141, its staging directory left behind). Every runtime
 /// thread that may touch a socket calls this when it starts.
 pub fn block_sigpipe() {
-    // SAFETY: sigset_t is plain data that sigemptyset initialises; the mask
-    // changes only this thread's blocked set.
+    let set = sigpipe_only();
+    // SAFETY: the mask changes only this thread's blocked set.
+    unsafe {
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+/// The signal set holding SIGPIPE alone.
+fn sigpipe_only() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data that sigemptyset initialises.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGPIPE);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
     }
 }
 
