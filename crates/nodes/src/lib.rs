@@ -295,11 +295,24 @@ impl NodeLoader {
         Ok(this)
     }
 
-    /// Records the job's failure `f` (told to the peers when this node
-    /// leaves) and returns it as this node's error.
+    /// Records the job's failure `f`, tells the peers before the caller
+    /// hears of it, and returns it as this node's error.
+    ///
+    /// Told first because a caller that hears of a failure may end its
+    /// process at once (a C program's `exit`, an exception through Python):
+    /// its connections then break, and a peer that had not yet learnt the
+    /// failure on its own would blame this node, which only stopped because
+    /// of it. So the owner sends `f` (naming the node that failed first) to
+    /// every peer and ends, and this waits, up to `peer_timeout`, until each
+    /// peer has acknowledged by ending its credit to this node (it failed
+    /// or left) or is gone.
     fn fail(&mut self, f: wire::Failure) -> Error {
         let e = self.peer_error(&f);
         self.failed = Some(f);
+        self.stop_owner();
+        if let Some(net) = &mut self.net {
+            net.wait_pushes_ended();
+        }
         e
     }
 
@@ -368,6 +381,7 @@ impl NodeLoader {
             bytes_pushed: o.bytes_pushed.load(Ordering::Relaxed),
             remote_memory_peak: s.held_peak_bytes,
             remote_memory_limit: self.cfg.remote_memory,
+            memory_slots: self.planner.geometry().rank_slots,
             owner_peak_bytes: o.held_peak_bytes.load(Ordering::Relaxed),
             ..Metrics::default()
         };
@@ -459,7 +473,7 @@ impl NodeLoader {
         // peers that stop too need not wait for it); the owner first serves
         // what the peers still need (bounded by peer_timeout without
         // progress), then the network goes.
-        let failed = self.failed.take().or_else(|| self.inbox.failure());
+        let failed = self.failed.clone().or_else(|| self.inbox.failure());
         let _ = self.control.send(match failed {
             Some(f) => Control::Abort(f),
             None => {

@@ -111,6 +111,16 @@ impl Net {
     /// stream to this node has ended (this consumer said goodbye or failed,
     /// so each peer ends it), waiting at most `peer_timeout` for each.
     pub fn close(mut self) {
+        self.wait_pushes_ended();
+        self.inbox.wait_streams_ended(self.timeout);
+    }
+
+    /// Waits, at most `peer_timeout`, until every push stream of this node
+    /// has ended: its peer ended the credit stream (it left or failed, after
+    /// reading what was queued before: the owner has ended, so a failure
+    /// was queued ahead of the end) or is gone. Once only: later calls
+    /// return at once.
+    pub fn wait_pushes_ended(&mut self) {
         let streams = std::mem::take(&mut self.streams);
         if let Some(rt) = &self.runtime {
             rt.block_on(async {
@@ -122,7 +132,6 @@ impl Net {
                 .await;
             });
         }
-        self.inbox.wait_streams_ended(self.timeout);
     }
 }
 
