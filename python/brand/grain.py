@@ -44,9 +44,11 @@ dataset (``set_slice``): that worker is brand rank ``rank × k + i`` of ``world
 ``⌊M / k⌋`` of the ``M`` slots ``memory`` gives (the rest, fewer than ``k``
 samples, unused), so the workers hold at most ``memory`` (plus each one's
 ``readahead``) together, and the global order is the same for every ``k``
-that divides ``M``. A budget that cannot give every worker two batches (and
-one chunk) raises ``ConfigError`` naming ``k`` and the least memory that
-would. Grain's interleaving of the ``k`` workers' items then follows brand's
+that divides ``M``. A share too small for one chunk and two batches is
+fitted as in ``brand.torch`` (an internal batch shrinks, a percentage rounds
+up with one warning); a budget in bytes or slots that cannot give every
+worker one chunk (and, with ``batched=True``, two batches) raises
+``ConfigError`` naming ``k`` and the least memory that would. Grain's interleaving of the ``k`` workers' items then follows brand's
 global order, one item from each worker in turn; ``sequential_slice`` makes
 no difference (brand's order is its own). Not for a node of a multi-node job
 (``nodes``): one process is one node.
@@ -56,6 +58,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from typing import Any, Optional
 
 import grain
@@ -128,9 +131,12 @@ class BrandIterDataset(grain.IterDataset):
         k = self._workers
         if k == 1:
             return config
-        share = brand._brand._worker_memory(self.path, k, **config)
+        share = brand._brand._worker_memory(self.path, k, self.batched, **config)
+        if share["rounded_up"] and self._worker == 0:
+            warnings.warn(share["rounded_up"], stacklevel=3)
         return dict(config, rank=share["rank"] * k + self._worker, world=share["world"] * k,
-                    memory=f"{share['worker_slots']} slots", readahead=share["worker_readahead"])
+                    memory=f"{share['worker_slots']} slots", readahead=share["worker_readahead"],
+                    batch_size=share["worker_batch_size"])
 
     def __iter__(self) -> "BrandDatasetIterator":
         return BrandDatasetIterator(self)

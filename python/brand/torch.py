@@ -38,9 +38,16 @@ the ``M`` slots ``memory`` gives (slots: samples' worth, DESIGN.md §3); the
 ``memory + readahead`` (each rank may start one read beyond its share). Because
 brand's global order depends on the total slots, not on the number of ranks,
 it is the same for every ``num_workers`` that divides ``M`` (``"10%"`` of
-20,000 samples is 2,000 slots: 1, 2, 4, 5, 8, 10, ... workers). A budget
-that cannot give every worker two batches (and one chunk) raises
-``ConfigError`` naming ``k`` and the least memory that would. A budget that
+20,000 samples is 2,000 slots: 1, 2, 4, 5, 8, 10, ... workers). Each worker
+needs one chunk and two of its batches (or its whole share of an epoch, if
+less): per sample (``batched=False``) brand's batches are internal and
+shrink to half a worker's share; a percentage (the default ``"10%"``) that
+gives a worker less than one chunk, or with ``batched=True`` less than its
+whole share of a small dataset, rounds each worker's share up to it, with one
+warning (``metrics()["memory_slots"]`` of a worker's loader is its real
+share), so small datasets work at the defaults. A budget in bytes or slots
+that is too small raises ``ConfigError`` naming ``k`` and the least memory
+that would. A budget that
 holds the whole dataset reads it once only when each worker's share holds
 it (``k`` × the dataset): shared by workers, every worker reads its part of
 the dataset each epoch.
@@ -198,9 +205,14 @@ class BrandDataset(torch.utils.data.IterableDataset):
             config = dict(self.config, rank=brand_rank, world=brand_world)
             self._share = None
             if k > 1 or self._world_states is not None:
-                self._share = _share(self.path, dict(self.config, rank=rank, world=world), k, self._world_states)
+                self._share = _share(
+                    self.path, dict(self.config, rank=rank, world=world), k, self.batched, self._world_states
+                )
                 config["memory"] = f"{self._share['worker_slots']} slots"
                 config["readahead"] = self._share["worker_readahead"]
+                config["batch_size"] = self._share["worker_batch_size"]
+                if self._share["rounded_up"] and worker == 0:
+                    warnings.warn(self._share["rounded_up"], stacklevel=2)
             self._loader = brand.Loader(self.path, **config)
             if self.epochs is not None:
                 self._loader.set_last_epoch(self.epochs - 1)
@@ -344,13 +356,14 @@ class BrandDataset(torch.utils.data.IterableDataset):
         self._pending = None
 
 
-def _share(path: str, config: dict, workers: int, world_states: Optional[list]) -> dict:
+def _share(path: str, config: dict, workers: int, batched: bool, world_states: Optional[list]) -> dict:
     """This process's ``memory`` in slots (``process_slots``) and each of
-    its ``workers``' share (``worker_slots``), ``config`` being the
+    its ``workers``' share (``worker_slots``, and ``worker_batch_size``: an
+    internal batch shrinks to half a small share), ``config`` being the
     process's (its rank and world). An elastic resume (``world_states``, the
     saved brand states) keeps the saved run's total slots, shared equally by
     the ``world × workers`` new ranks, if ``memory`` holds it."""
-    share = brand._brand._worker_memory(path, workers, **config)
+    share = brand._brand._worker_memory(path, workers, batched, **config)
     if not world_states:
         return share
     saved_world = {int(s.get("world", -1)) for s in world_states}

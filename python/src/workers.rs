@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use brand_format::error::Error;
-use brand_loader::workers::split_memory_of;
+use brand_loader::workers::{Batches, split_memory_of};
 use brand_nodes::Config;
 use brand_nodes::config::process_env;
 use pyo3::prelude::*;
@@ -17,18 +17,22 @@ use crate::errors::{InvalidStateError, guarded, to_py};
 use crate::keywords;
 use crate::loader::checkpoint_of;
 
-/// ``_worker_memory(path, workers, **config)``: how the memory of a
-/// process configured by ``config`` (as ``brand.Loader`` takes it) is
-/// shared by ``workers`` ranks of its own: a dict of ``process_slots`` (what
-/// ``memory`` is in slots), ``worker_slots`` (each worker's), and the
+/// ``_worker_memory(path, workers, batched, **config)``: how the memory of
+/// a process configured by ``config`` (as ``brand.Loader`` takes it) is
+/// shared by ``workers`` ranks of its own, which yield brand's batches whole
+/// (``batched``) or sample by sample: a dict of ``process_slots`` (what
+/// ``memory`` is in slots), ``worker_slots`` (each worker's),
+/// ``worker_batch_size`` (each worker's loader's), ``rounded_up`` (None, or
+/// what to warn of when a percentage rounded the shares up), and the
 /// process's ``rank`` and ``world`` as resolved. ``ConfigError`` when the
 /// shares are too small (it names the workers and the least memory).
 #[pyfunction]
-#[pyo3(signature = (path, workers, **config))]
+#[pyo3(signature = (path, workers, batched, **config))]
 pub fn _worker_memory<'py>(
     py: Python<'py>,
     path: PathBuf,
     workers: u32,
+    batched: bool,
     config: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let table = keywords::table(config).map_err(to_py)?;
@@ -45,12 +49,15 @@ pub fn _worker_memory<'py>(
     let split = py.detach(|| {
         guarded(|| {
             let ds = brand_store::open(&path)?;
-            split_memory_of(&ds.index, plan, batch_size, workers)
+            let batches = if batched { Batches::Yielded } else { Batches::Internal };
+            split_memory_of(&ds.index, plan, batch_size, workers, batches)
         })
     })?;
     let d = PyDict::new(py);
     d.set_item("process_slots", split.process_slots)?;
     d.set_item("worker_slots", split.worker_slots)?;
+    d.set_item("worker_batch_size", split.batch_size)?;
+    d.set_item("rounded_up", split.rounded_up)?;
     d.set_item(
         "worker_readahead",
         config.loader.readahead_bytes / u64::from(workers.max(1)),

@@ -6,6 +6,7 @@ import pathlib
 import shutil
 import signal
 import subprocess
+from typing import Optional
 
 import pytest
 
@@ -32,8 +33,10 @@ def s3_server_bin() -> str:
     return path
 
 
-def make_dataset(root: pathlib.Path, samples: int = SAMPLES, seed: int = 2) -> tuple[pathlib.Path, pathlib.Path]:
-    """Generates `samples` files under root/files and packs them into root/ds."""
+def make_dataset(root: pathlib.Path, samples: int = SAMPLES, seed: int = 2,
+                 chunk_size: Optional[int] = 16) -> tuple[pathlib.Path, pathlib.Path]:
+    """Generates `samples` files under root/files and packs them into root/ds
+    in chunks of `chunk_size` (None: brand pack's default)."""
     files, ds = root / "files", root / "ds"
     subprocess.run(
         [brand_bin(), "gen", str(files), "--samples", str(samples), "--mean-kib", "4", "--min-kib", "1",
@@ -41,7 +44,8 @@ def make_dataset(root: pathlib.Path, samples: int = SAMPLES, seed: int = 2) -> t
         check=True, capture_output=True,
     )
     subprocess.run(
-        [brand_bin(), "pack", str(files), "-o", str(ds), "--chunk-size", "16", "--seed", str(seed)],
+        [brand_bin(), "pack", str(files), "-o", str(ds), "--seed", str(seed)]
+        + (["--chunk-size", str(chunk_size)] if chunk_size is not None else []),
         check=True, capture_output=True,
     )
     return files, ds

@@ -373,14 +373,77 @@ def test_resume_on_four_workers_from_two_serves_the_rest_exactly_once(mem_datase
 
 
 def test_a_budget_too_small_for_the_workers_names_them_and_the_least(mem_dataset):
-    """64 slots on 8 workers is 8 each, less than a chunk (16) or two batches."""
+    """64 slots on 8 workers is 8 each, less than a chunk (16): a budget in
+    slots is the user's limit, an error."""
     ds_path, _ = mem_dataset
-    ds = BrandDataset(ds_path, **dict(MEM_CFG, memory="10%"))
-    with pytest.raises(brand.ConfigError, match=r"its 8 workers: 8 each.*\"128 slots\""):
+    ds = BrandDataset(ds_path, **dict(MEM_CFG, memory="64 slots"))
+    with pytest.raises(brand.ConfigError, match=r"its 8 workers: 8 each.*one chunk, 16 samples.*\"128 slots\""):
         next(iter(DataLoader(ds, batch_size=None, num_workers=8)))
     # The same budget is enough for 4 workers (16 each).
-    assert len(list(DataLoader(BrandDataset(ds_path, **dict(MEM_CFG, memory="10%")), batch_size=None,
+    assert len(list(DataLoader(BrandDataset(ds_path, **dict(MEM_CFG, memory="64 slots")), batch_size=None,
                                num_workers=4))) == MEM_SAMPLES // 8
+
+
+def test_a_percentage_too_small_for_the_workers_rounds_up_with_one_warning(mem_dataset, tmp_path):
+    """10 % of 640 samples is 64 slots, 8 for each of 8 workers: less than a
+    chunk (16), so each holds a chunk, one warning says so (worker 0's, in a
+    process of its own: counted on stderr), and each worker's metrics() has
+    its real share (issue 54: defaults work at any dataset size)."""
+    ds_path, _ = mem_dataset
+    script = textwrap.dedent("""
+        import json, sys, torch
+        from brand.torch import BrandDataset
+        ds = BrandDataset(sys.argv[1], batched=True, batch_size=8, memory="10%", seed=7, io_backend="threads")
+        def tag(item):
+            item["memory_slots"] = torch.utils.data.get_worker_info().dataset._loader.metrics()["memory_slots"]
+            return item
+        ds.transform = tag
+        items = list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=8))
+        json.dump({"ids": [i for item in items for i in item["id"].tolist()],
+                   "slots": sorted({item["memory_slots"] for item in items})}, open(sys.argv[2], "w"))
+    """)
+    out = tmp_path / "out.json"
+    run = subprocess.run([sys.executable, "-c", script, str(ds_path), str(out)], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.load(open(out))
+    assert sorted(got["ids"]) == list(range(MEM_SAMPLES))
+    assert got["slots"] == [16]
+    said = "memory 10% is 64 slots (samples' worth) for this process, too few for each of its 8 workers to hold one " \
+           "chunk (16 samples): each holds 16 slots instead, 128 in all"
+    assert run.stderr.count(said) == 1, run.stderr[-3000:]
+
+
+def test_a_tiny_dataset_at_the_defaults_works_with_four_workers(tmp_path):
+    """200 samples in brand pack's default chunks of 64, BrandDataset at its
+    defaults (memory "10%", internal batches of 256), 4 workers: every
+    sample once per epoch, where it was a ConfigError (issue 54)."""
+    _, ds_path = make_dataset(tmp_path, samples=200, seed=4, chunk_size=None)
+    ds = BrandDataset(ds_path)
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        ids = [i for s in DataLoader(ds, batch_size=8, num_workers=4, collate_fn=as_list) for i in ids_of(s)]
+        assert sorted(ids) == list(range(200)), f"epoch {epoch}"
+
+
+def test_a_small_share_of_an_internal_batch_shrinks_it(tmp_path):
+    """Issue 54's first case in one process: 2,401 samples, memory "10%"
+    (240 slots), 2 workers of 120 slots: batches of 60 inside, no warning
+    (nothing was rounded up); batched=True at a world of 3 rounds each share
+    up to its whole share of the epoch (401) with a warning; 240 slots given
+    as such stay an error naming the least that works."""
+    _, ds_path = make_dataset(tmp_path, samples=2401, seed=7, chunk_size=None)
+    share = brand._brand._worker_memory(ds_path, 2, False, memory="10%")
+    assert (share["worker_slots"], share["worker_batch_size"], share["rounded_up"]) == (120, 60, None)
+    ds = BrandDataset(ds_path, memory="10%", seed=7)
+    ids = [i for s in DataLoader(ds, batch_size=8, num_workers=2, collate_fn=as_list) for i in ids_of(s)]
+    # 1,201 each: one sample repeats, as DistributedSampler pads.
+    assert set(ids) == set(range(2401)) and len(ids) == 2402
+    share = brand._brand._worker_memory(ds_path, 2, True, memory="10%", rank=0, world=3)
+    assert (share["worker_slots"], share["worker_batch_size"]) == (401, 256)
+    assert "its whole share of an epoch (401 samples" in share["rounded_up"]
+    with pytest.raises(brand.ConfigError, match=r"whole share of an epoch, 401 samples.*\"802 slots\""):
+        brand._brand._worker_memory(ds_path, 2, True, memory="240 slots", rank=0, world=3)
 
 
 def test_a_state_of_per_worker_memory_is_refused_naming_the_memory_that_resumes_it(mem_dataset):

@@ -1,7 +1,8 @@
 """brand.torch under torchrun: 3 ranks (gloo, an all-reduce per step) take the
 same number of steps on an uneven sample count, with 0 and 2 DataLoader
 workers, and never hang; padding repeats like DistributedSampler's, and
-drop_last leaves the tail out instead.
+drop_last leaves the tail out instead. At brand's defaults (``memory="10%"``,
+batches of 256) a small dataset works with workers too (issue 54).
 
 torchrun runs in a network namespace of its own (``unshare --net``, only a
 loopback), so its rendezvous store listens nowhere else."""
@@ -12,7 +13,9 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import shlex
 import textwrap
+from typing import Optional
 
 import pytest
 
@@ -27,11 +30,11 @@ TRAIN = textwrap.dedent("""
     import torch, torch.distributed as dist
     import brand.torch
 
-    path, workers, drop_last, out = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
+    path, workers, config, batch, out = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank = dist.get_rank()
-    ds = brand.torch.BrandDataset(path, seed=3, batch_size=16, drop_last=drop_last)
-    loader = torch.utils.data.DataLoader(ds, batch_size=BATCH, num_workers=workers,
+    ds = brand.torch.BrandDataset(path, **config)
+    loader = torch.utils.data.DataLoader(ds, batch_size=batch, num_workers=workers,
                                          collate_fn=lambda items: [int(i["id"]) for i in items])
     ids, steps = [], 0
     for batch in loader:
@@ -45,17 +48,20 @@ TRAIN = textwrap.dedent("""
         with open(out, "w") as f:
             json.dump(every, f)
     dist.destroy_process_group()
-""").replace("BATCH", str(BATCH))
+""")
 
 
-def torchrun(tmp_path: pathlib.Path, ds: pathlib.Path, workers: int, drop_last: bool) -> list[dict]:
+def torchrun(tmp_path: pathlib.Path, ds: pathlib.Path, workers: int, drop_last: bool = False,
+             config: Optional[dict] = None, batch: int = BATCH) -> list[dict]:
+    """``config``: BrandDataset's keywords (default: seed 3, batches of 16, ``drop_last``)."""
+    config = config if config is not None else dict(seed=3, batch_size=16, drop_last=drop_last)
     script, out = tmp_path / "train.py", tmp_path / f"out-{workers}-{int(drop_last)}.json"
     script.write_text(TRAIN)
     torchrun = pathlib.Path(sys.executable).parent / "torchrun"
     if shutil.which("unshare") is None or shutil.which("ip") is None:
         pytest.fail("unshare (util-linux) and ip (iproute2) are needed to run torchrun in a namespace of its own")
     cmd = (f"ip link set lo up && exec {torchrun} --standalone --nproc-per-node={RANKS} "
-           f"{script} {ds} {workers} {int(drop_last)} {out}")
+           f"{script} {ds} {workers} {shlex.quote(json.dumps(config))} {batch} {out}")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     try:
         run = subprocess.run(["unshare", "--net", "sh", "-c", cmd], env=env, capture_output=True, text=True,
@@ -91,3 +97,27 @@ def test_drop_last_serves_no_sample_twice_and_leaves_out_only_the_tail(uneven, t
     assert len(ids) == len(set(ids)), "a sample was served twice"
     ranks = RANKS * 2
     assert len(ids) == SAMPLES // ranks * ranks
+
+
+# Issue 54: 2,401 samples packed at brand's defaults (chunks of 64), and
+# BrandDataset at its own (memory "10%", batches of 256): 240 slots a rank,
+# 120 for each of 2 workers, less than two batches; the internal batches
+# shrink to fit, as they did not when memory became the process's.
+DEFAULT_SAMPLES = 2401
+
+
+@pytest.fixture(scope="module")
+def small_at_defaults(tmp_path_factory):
+    return make_dataset(tmp_path_factory.mktemp("brand-defaults"), samples=DEFAULT_SAMPLES, seed=7,
+                        chunk_size=None)[1]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_small_dataset_at_the_defaults_serves_every_sample_with_equal_steps(small_at_defaults, tmp_path, workers):
+    every = torchrun(tmp_path, small_at_defaults, workers, config=dict(memory="10%", seed=7), batch=8)
+    steps = [r["steps"] for r in every]
+    assert len(set(steps)) == 1 and steps[0] > 0, steps
+    ids = [i for r in every for i in r["ids"]]
+    assert set(ids) == set(range(DEFAULT_SAMPLES))
+    ranks = RANKS * max(workers, 1)
+    assert len(ids) == -(-DEFAULT_SAMPLES // ranks) * ranks, len(ids)

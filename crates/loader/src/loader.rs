@@ -143,7 +143,9 @@ impl Loader {
         let start = resume.start(&ds, &planner, &fingerprint)?;
         let memory_bound = planner.geometry().rank_memory_bytes;
         let plan_memory = planner.memory();
+        let memory_slots = planner.geometry().rank_slots;
         let mut l = Self::start(ds, cfg.clone(), plan_events(planner), start.state, Some(memory_bound))?;
+        l.metrics.memory_slots = memory_slots;
         l.fingerprint = Some(fingerprint);
         l.plan_memory = Some(plan_memory);
         Ok(l)
@@ -261,6 +263,7 @@ impl Loader {
         self.metrics = Metrics {
             read_gap: self.metrics.read_gap,
             run_length: self.metrics.run_length,
+            memory_slots: self.metrics.memory_slots,
             peak_resident_bytes: self.held.bytes(),
             peak_resident_samples: self.held.len(),
             peak_readahead_bytes: self.reads.in_flight_read_bytes(),

@@ -36,6 +36,11 @@ pub struct Metrics {
     /// Peak bytes of resident samples, as served (decoded).
     pub peak_resident_bytes: u64,
     pub peak_resident_samples: u64,
+    /// The memory this rank's plan holds, in slots (samples' worth):
+    /// `memory` as given, or a DataLoader worker's share of its process's
+    /// (rounded up where a percentage was too small for it); 0 without a
+    /// plan.
+    pub memory_slots: u64,
     /// Peak bytes of reads in flight (issued, not yet taken in): bounded by
     /// `readahead`, which the last read issued may overshoot by its own size.
     pub peak_readahead_bytes: u64,
