@@ -77,16 +77,21 @@ def uneven(tmp_path_factory):
     return make_dataset(tmp_path_factory.mktemp("brand-torchrun"), samples=SAMPLES, seed=6)[1]
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_ranks_take_equal_steps_and_padding_repeats_the_fewest_samples(uneven, tmp_path, workers):
-    every = torchrun(tmp_path, uneven, workers, drop_last=False)
+def assert_equal_steps_every_sample_padded(every: list[dict], samples: int, workers: int) -> None:
+    """Every rank took the same steps, every sample came, and each of the
+    3 × max(workers, 1) brand ranks served ceil(N / ranks) (padding repeats)."""
     steps = [r["steps"] for r in every]
     assert len(set(steps)) == 1 and steps[0] > 0, steps
     ids = [i for r in every for i in r["ids"]]
-    assert set(ids) == set(range(SAMPLES))
-    # brand ranks: 3 ranks x max(workers, 1); each serves ceil(N / ranks).
+    assert set(ids) == set(range(samples))
     ranks = RANKS * max(workers, 1)
-    assert len(ids) == -(-SAMPLES // ranks) * ranks, len(ids)
+    assert len(ids) == -(-samples // ranks) * ranks, len(ids)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_ranks_take_equal_steps_and_padding_repeats_the_fewest_samples(uneven, tmp_path, workers):
+    every = torchrun(tmp_path, uneven, workers, drop_last=False)
+    assert_equal_steps_every_sample_padded(every, SAMPLES, workers)
 
 
 def test_drop_last_serves_no_sample_twice_and_leaves_out_only_the_tail(uneven, tmp_path):
@@ -115,9 +120,4 @@ def small_at_defaults(tmp_path_factory):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_small_dataset_at_the_defaults_serves_every_sample_with_equal_steps(small_at_defaults, tmp_path, workers):
     every = torchrun(tmp_path, small_at_defaults, workers, config=dict(memory="10%", seed=7), batch=8)
-    steps = [r["steps"] for r in every]
-    assert len(set(steps)) == 1 and steps[0] > 0, steps
-    ids = [i for r in every for i in r["ids"]]
-    assert set(ids) == set(range(DEFAULT_SAMPLES))
-    ranks = RANKS * max(workers, 1)
-    assert len(ids) == -(-DEFAULT_SAMPLES // ranks) * ranks, len(ids)
+    assert_equal_steps_every_sample_padded(every, DEFAULT_SAMPLES, workers)
