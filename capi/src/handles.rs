@@ -7,7 +7,7 @@ use std::ffi::{CStr, c_char};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use brand_nodes::Reader;
+use brand_reader::Reader;
 
 use crate::status::Failure;
 use crate::status::brand_status::*;

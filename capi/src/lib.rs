@@ -1,7 +1,7 @@
 //! brand's stable C ABI: marshalling only. Every entry point checks its
-//! pointers, calls the runtime (`brand_nodes::Reader`, which opens a loader
+//! pointers, calls the runtime (`brand_reader::Reader`, which opens a loader
 //! alone or a node of a multi-node job, configured by
-//! `brand_nodes::Config::resolve` and checkpointed by `brand_loader`) and
+//! `brand_reader::Config::resolve` and checkpointed by `brand_loader`) and
 //! turns the result into a status. `include/brand.h` is generated from this
 //! crate by cbindgen and checked in; `tests/header.rs` fails when the two
 //! differ (`BRAND_BLESS=1 cargo test -p brand-capi --test header` rewrites it).
@@ -23,11 +23,11 @@
 
 // The entry points take raw pointers from C, with the contracts written in
 // brand.h, and are not `unsafe fn` in Rust: Rust code uses brand-loader and
-// brand-nodes; the rlib serves this crate's own tests, which pass valid
+// brand-reader; the rlib serves this crate's own tests, which pass valid
 // pointers.
 #![allow(
     clippy::not_unsafe_ptr_arg_deref,
-    reason = "extern \"C\" entry points for C; every pointer is checked as brand.h documents (the rlib serves this crate's own tests; Rust code uses brand-loader and brand-nodes)"
+    reason = "extern \"C\" entry points for C; every pointer is checked as brand.h documents (the rlib serves this crate's own tests; Rust code uses brand-loader and brand-reader)"
 )]
 
 pub mod batches;

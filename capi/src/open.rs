@@ -6,7 +6,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use ::brand_loader::{Checkpoint, LoaderState, Resume};
-use brand_nodes::{Config, Reader};
+use brand_reader::{Config, Reader};
 
 use crate::handles::{brand_loader, c_str, put, register, unregister};
 use crate::status::brand_status::{self, *};

@@ -1,5 +1,5 @@
 //! Python keywords as brand's key table: they go through
-//! `brand_nodes::Config::resolve`, the one configuration path, so they are
+//! `brand_reader::Config::resolve`, the one configuration path, so they are
 //! checked and reported as a TOML file's keys or the CLI's flags are.
 
 use brand_format::error::Error;

@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use brand_format::error::Error;
 use brand_loader::{Checkpoint, LoaderState, Resume};
-use brand_nodes::config::process_env;
-use brand_nodes::{Config, Reader};
+use brand_reader::config::process_env;
+use brand_reader::{Config, Reader};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};

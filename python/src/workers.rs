@@ -1,15 +1,15 @@
 //! What `brand.torch` and `brand.grain` need to share a process's memory
 //! among its workers (DESIGN.md §5): each worker's slots
-//! ([`brand_loader::workers`]), with the configuration resolved as
+//! ([`brand_reader::workers`]), with the configuration resolved as
 //! `brand.Loader` resolves it, and the slots per rank a saved state was
 //! taken with.
 
 use std::path::PathBuf;
 
 use brand_format::error::Error;
-use brand_loader::workers::{Batches, split_memory_of};
-use brand_nodes::Config;
-use brand_nodes::config::process_env;
+use brand_reader::workers::{Batches, split_memory_of};
+use brand_reader::Config;
+use brand_reader::config::process_env;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 

@@ -170,7 +170,7 @@ fn a_job_resumes_from_its_served_samples() {
     let mut a = attach(&s.ds, &s.socket, 4);
     let mut ids = take(&mut a, &s.src, Some(7));
     // Saved and loaded through the loader's checkpoint blob (its bitmap
-    // section): `brand_nodes::Reader` tests that; here the cache's side.
+    // section): `brand_reader::Reader` tests that; here the cache's side.
     let saved = a.served();
     drop(a);
     assert_eq!(saved.ids.len(), 70);

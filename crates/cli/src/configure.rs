@@ -1,11 +1,11 @@
 //! A command's configuration: its `--config` file with its flags over it,
-//! resolved by the one configuration path (`brand_nodes::Config::resolve`).
+//! resolved by the one configuration path (`brand_reader::Config::resolve`).
 
 use std::path::Path;
 
 use brand_format::{Error, Result};
-use brand_nodes::Config;
-use brand_nodes::config::{Env, process_env};
+use brand_reader::Config;
+use brand_reader::config::{Env, process_env};
 
 /// A flag's value as the key table holds it.
 pub enum Flag<'a> {

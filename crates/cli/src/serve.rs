@@ -11,7 +11,8 @@ use serde::Serialize;
 
 use brand_format::Error;
 use brand_loader::{LoaderState, Metrics};
-use brand_nodes::{Config, NodeLoader};
+use brand_nodes::NodeLoader;
+use brand_reader::Config;
 
 use crate::configure::{Flag, resolve};
 
@@ -113,7 +114,7 @@ pub fn run(a: &ServeArgs) -> brand_format::Result<()> {
     // A partition (`brand pack --partitions`) is this node's share.
     let ds = Arc::new(brand_store::open_any(&a.dataset)?);
     let rank = cfg.nodes.rank;
-    let mut node = NodeLoader::open(ds, &cfg, LoaderState::default())?;
+    let mut node = NodeLoader::open(ds, &cfg.loader, &cfg.nodes, LoaderState::default())?;
     if !a.json {
         println!(
             "{} of {}: policy {}, memory {} per rank, remote memory {} bytes",

@@ -352,7 +352,7 @@ impl Resume {
                 c.check(now, geo.steps)?;
                 if c.bitmap.is_some() {
                     return Err(Error::InvalidState(format!(
-                        "this state holds the samples a job attached to a cache served in epoch {} (a bitmap, not a position in the plan's order): open it through brand_nodes::Reader, which resumes it attached or alone",
+                        "this state holds the samples a job attached to a cache served in epoch {} (a bitmap, not a position in the plan's order): open it through brand_reader::Reader, which resumes it attached or alone",
                         c.state.epoch
                     )));
                 }

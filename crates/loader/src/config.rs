@@ -3,7 +3,7 @@
 //! [`LoaderConfig::check`], nowhere else.
 //!
 //! Every entry point resolves its configuration through one function,
-//! `brand_nodes::Config::resolve` (a TOML text, then flags or keywords over
+//! `brand_reader::Config::resolve` (a TOML text, then flags or keywords over
 //! it, then the launcher's environment); that function takes the multi-node
 //! keys out (the multi-node crate owns them) and hands the rest to
 //! [`LoaderConfig::from_table`]. The loader's keys, every one optional:
@@ -63,7 +63,7 @@ pub struct LoaderConfig {
     pub on_corrupt: OnCorrupt,
     pub io: IoConfig,
     /// The socket of a `brand cache` to attach to instead of reading
-    /// storage (`brand_nodes::Reader` opens an attached job then).
+    /// storage (`brand_reader::Reader` opens an attached job then).
     pub cache: Option<std::path::PathBuf>,
     /// Where `plan.run_length` comes from.
     pub run_length: RunLength,
@@ -170,7 +170,7 @@ pub fn parse_table(text: &str) -> Result<toml::Table> {
 impl LoaderConfig {
     /// The defaults with every key of `table` set, then range-checked. A
     /// key that is not the loader's is an error naming it (the multi-node
-    /// keys are taken out before, by `brand_nodes::Config::resolve`).
+    /// keys are taken out before, by `brand_reader::Config::resolve`).
     pub fn from_table(table: &toml::Table) -> Result<Self> {
         let mut c = LoaderConfig::default();
         for (key, value) in table {

@@ -22,8 +22,7 @@
 //! once with an error; open a new loader in the child instead.
 //!
 //! Modules: [`config`] (the loader's keys), [`batch`], [`checkpoint`],
-//! [`elastic`], [`stats`], [`workers`] (a process's memory shared by ranks
-//! of its own: Python's DataLoader workers); inside: `planning` (plan events, the next epoch
+//! [`elastic`], [`stats`]; inside: `planning` (plan events, the next epoch
 //! planned in the background), `held` (samples in memory), `deferred` (a
 //! start's first fill, read record by record as each comes due) and
 //! `loader` (the walk itself, reading through a [`brand_io::ReadSession`]).
@@ -37,7 +36,6 @@ mod held;
 mod loader;
 mod planning;
 pub mod stats;
-pub mod workers;
 
 pub use batch::{Batch, SampleBytes, SampleRef};
 pub use brand_io::{IoBackend, IoConfig, ReadGapSetting};

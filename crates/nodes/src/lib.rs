@@ -13,8 +13,9 @@
 //! and pushes), `first_fill` (a start's large reads, record by record in
 //! serve order), `control` (what the owner is told), `inbox` (a consumer's
 //! held samples and credit), `net` (gRPC), `storage` (the one use of the io
-//! engine), `wire` (the messages), `config` (the one configuration path)
-//! and `reader` (a loader alone or a node: what interfaces open).
+//! engine), `wire` (the messages) and `config` (the multi-node keys).
+//! Interfaces open a node through `brand_reader`, whose configuration path
+//! gives this crate its [`NodeConfig`].
 
 pub mod check;
 pub mod config;
@@ -23,7 +24,6 @@ mod first_fill;
 mod inbox;
 mod net;
 mod owner;
-pub mod reader;
 pub mod routes;
 mod storage;
 pub mod wire;
@@ -39,11 +39,10 @@ use brand_loader::stats::StallLog;
 use brand_loader::{Checkpoint, Fingerprint, LoaderConfig, LoaderState, Metrics, Resume};
 use brand_plan::Planner;
 
-pub use config::{Config, NodeConfig};
+pub use config::NodeConfig;
 use control::Control;
 use inbox::{CreditSink, Inbox, sample_len};
 use owner::{Owner, OwnerStats};
-pub use reader::Reader;
 use routes::{ConsumerPlan, Ownership};
 
 /// Fault injection for tests: from now on, in this process, every node's
@@ -152,22 +151,33 @@ fn next_plan(planner: &Planner, own: &Ownership, cfg: &NodeConfig, epoch: u64) -
 }
 
 impl NodeLoader {
-    /// Opens this node (`cfg.nodes.rank` of `cfg.nodes.nodes`) where
+    /// Opens this node (`peers.rank` of `peers.nodes`), configured by
+    /// `loader` and `peers`, where
     /// `resume` says: a state every node starts at, this rank's checkpoint,
     /// or every rank's checkpoints of a saved world of any number of nodes
     /// (the same total memory; every node opens with the same ones). With
     /// peers, returns once every peer has connected and agreed on the job,
     /// or fails naming those that did not within `peer_timeout`.
-    pub fn open(ds: Arc<Dataset>, cfg: &Config, resume: impl Into<Resume>) -> Result<Self> {
-        let planner = Planner::new(&ds.index, &cfg.loader.plan)?;
+    pub fn open(
+        ds: Arc<Dataset>,
+        loader: &LoaderConfig,
+        peers: &NodeConfig,
+        resume: impl Into<Resume>,
+    ) -> Result<Self> {
+        let planner = Planner::new(&ds.index, &loader.plan)?;
         let fingerprint = Fingerprint::of(&ds, &planner);
         let start = resume.into().start(&ds, &planner, &fingerprint)?;
-        Self::open_planned(ds, cfg, planner, start.global)
+        Self::open_planned(ds, loader, peers, planner, start.global)
     }
 
     /// [`open`](Self::open) where the whole world `saved` stopped.
-    pub fn open_elastic(ds: Arc<Dataset>, cfg: &Config, saved: &SavedWorld) -> Result<Self> {
-        Self::open(ds, cfg, Resume::World(saved.clone()))
+    pub fn open_elastic(
+        ds: Arc<Dataset>,
+        loader: &LoaderConfig,
+        peers: &NodeConfig,
+        saved: &SavedWorld,
+    ) -> Result<Self> {
+        Self::open(ds, loader, peers, Resume::World(saved.clone()))
     }
 
     /// Opens this node with the plan made and global positions
@@ -176,9 +186,14 @@ impl NodeLoader {
     /// `at.position` (served already) takes and drops that one sample, so
     /// every node's next serve is its first position at or after
     /// `at.position`.
-    pub fn open_planned(ds: Arc<Dataset>, cfg: &Config, planner: Planner, at: GlobalPosition) -> Result<Self> {
-        let peers = Arc::new(cfg.nodes.clone());
-        let loader = &cfg.loader;
+    pub fn open_planned(
+        ds: Arc<Dataset>,
+        loader: &LoaderConfig,
+        peers: &NodeConfig,
+        planner: Planner,
+        at: GlobalPosition,
+    ) -> Result<Self> {
+        let peers = Arc::new(peers.clone());
         let me = peers.rank;
         if loader.plan.world != peers.world() || loader.plan.rank != me {
             return Err(Error::config(format!(

@@ -8,9 +8,10 @@ use std::time::Duration;
 use brand_format::Dataset;
 use brand_loader::LoaderState;
 use brand_loader::elastic::SavedWorld;
-use brand_nodes::{Config, NodeLoader};
+use brand_nodes::NodeLoader;
 use brand_pack::synthetic::small_dataset;
 use brand_plan::Memory;
+use common::Config;
 
 mod common;
 use common::{addresses, node_config, plan_order};
@@ -48,7 +49,8 @@ fn three_nodes_resume_on_two_continuing_the_global_order() {
         .map(|r| {
             let (ds, cfg, stop) = (ds.clone(), config(&nodes, r, TOTAL_SLOTS / 3), stop.clone());
             std::thread::spawn(move || {
-                let mut l = NodeLoader::open(ds, &cfg, LoaderState::default()).map_err(|e| e.to_string())?;
+                let mut l =
+                    NodeLoader::open(ds, &cfg.loader, &cfg.nodes, LoaderState::default()).map_err(|e| e.to_string())?;
                 let mut ids = Vec::new();
                 for _ in 0..3 {
                     let b = l.next_batch().map_err(|e| e.to_string())?.ok_or("early end")?;
@@ -80,7 +82,7 @@ fn three_nodes_resume_on_two_continuing_the_global_order() {
         .map(|r| {
             let (ds, cfg, saved) = (ds.clone(), config(&nodes, r, TOTAL_SLOTS / 2), saved.clone());
             std::thread::spawn(move || {
-                let mut l = NodeLoader::open_elastic(ds, &cfg, &saved).map_err(|e| e.to_string())?;
+                let mut l = NodeLoader::open_elastic(ds, &cfg.loader, &cfg.nodes, &saved).map_err(|e| e.to_string())?;
                 let start = l.state();
                 let mut got = Vec::new();
                 while let Some(b) = l.next_batch().map_err(|e| e.to_string())? {
@@ -122,7 +124,8 @@ fn a_node_resumed_with_other_total_memory_is_refused_before_it_listens() {
         plan: config(&addresses(3), 0, 64).loader.plan,
         states: vec![LoaderState { epoch: 0, served: 45 }; 3],
     };
-    let e = match NodeLoader::open_elastic(ds, &config(&nodes, 0, 64), &saved) {
+    let cfg = config(&nodes, 0, 64);
+    let e = match NodeLoader::open_elastic(ds, &cfg.loader, &cfg.nodes, &saved) {
         Ok(_) => panic!("opened"),
         Err(e) => e.to_string(),
     };

@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use brand_format::Dataset;
 use brand_loader::{LoaderState, Metrics};
-use brand_nodes::{Config, NodeLoader};
+use brand_nodes::NodeLoader;
 use brand_pack::synthetic::small_dataset;
 use brand_plan::Planner;
+use common::Config;
 
 mod common;
 use common::{Served, addresses, global_read_bytes, node_config, run_ranks_serving_their_plans};
@@ -36,7 +37,7 @@ fn serve_computing(
     all_done: Arc<Barrier>,
     first_batch_waits: Arc<Mutex<Vec<u64>>>,
 ) -> Result<(Served, Metrics), String> {
-    let mut l = NodeLoader::open(ds, &cfg, LoaderState::default()).map_err(|e| e.to_string())?;
+    let mut l = NodeLoader::open(ds, &cfg.loader, &cfg.nodes, LoaderState::default()).map_err(|e| e.to_string())?;
     let mut out: Served = Vec::new();
     for epoch in 0..2 {
         let mut served = Vec::new();

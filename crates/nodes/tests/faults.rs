@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 
 use brand_format::Dataset;
 use brand_loader::LoaderState;
-use brand_nodes::{Config, NodeLoader};
+use brand_nodes::NodeLoader;
 use brand_pack::synthetic::small_dataset;
+use common::Config;
 
 mod common;
 use common::{addresses, node_config};
@@ -31,7 +32,7 @@ fn config(nodes: &[String], rank: u32) -> Config {
 /// Opens node `rank` and serves an epoch; the error and how long it took.
 fn node_error(ds: Arc<Dataset>, cfg: Config) -> (String, Duration) {
     let start = Instant::now();
-    let r = NodeLoader::open(ds, &cfg, LoaderState::default()).and_then(|mut l| {
+    let r = NodeLoader::open(ds, &cfg.loader, &cfg.nodes, LoaderState::default()).and_then(|mut l| {
         while l.next_batch()?.is_some() {}
         Ok(())
     });

@@ -12,10 +12,11 @@ use std::sync::Arc;
 use brand_format::Dataset;
 use brand_format::extents::{ReadGap, extents};
 use brand_loader::{LoaderState, Metrics, ReadGapSetting};
+use brand_nodes::NodeLoader;
 use brand_nodes::routes::{OwnerPlan, Ownership};
-use brand_nodes::{Config, NodeLoader};
 use brand_pack::synthetic::large_dataset;
 use brand_plan::{Memory, Planner};
+use common::Config;
 use common::{Served, addresses, node_config, plan_order, run_ranks_serving_their_plans, serve_epochs};
 
 const SAMPLES: u64 = 480;
@@ -58,7 +59,7 @@ fn expected_splits(ds: &Dataset, cfg: &Config, node: u32, epoch: u64, from_step:
 
 fn run_node(ds: Arc<Dataset>, mut cfg: Config, epochs: u64) -> Result<(Served, Metrics), String> {
     cfg.nodes.last_epoch = Some(epochs - 1);
-    let mut l = NodeLoader::open(ds, &cfg, LoaderState::default()).map_err(|e| e.to_string())?;
+    let mut l = NodeLoader::open(ds, &cfg.loader, &cfg.nodes, LoaderState::default()).map_err(|e| e.to_string())?;
     let served = serve_epochs(&mut l, 1)?;
     let first = l.metrics();
     let rest = serve_epochs(&mut l, epochs - 1)?;
@@ -116,7 +117,7 @@ fn nodes_resumed_mid_epoch_split_their_fill_and_serve_the_rest_of_the_plan() {
             let ds = ds.clone();
             std::thread::spawn(move || {
                 c.nodes.last_epoch = Some(1);
-                let mut l = NodeLoader::open(ds, &c, state).map_err(|e| e.to_string())?;
+                let mut l = NodeLoader::open(ds, &c.loader, &c.nodes, state).map_err(|e| e.to_string())?;
                 let served = serve_epochs(&mut l, 1)?;
                 Ok::<_, String>((served, l.metrics()))
             })

@@ -20,11 +20,12 @@ use tonic::{Request, Response, Status, Streaming};
 use brand_format::Dataset;
 use brand_loader::LoaderState;
 use brand_loader::elastic::GlobalPosition;
+use brand_nodes::NodeLoader;
 use brand_nodes::wire::service::node_client::NodeClient;
 use brand_nodes::wire::service::node_server::{Node, NodeServer};
 use brand_nodes::wire::{Credit, Failure, Hello, JobDigest, Push, Sample, push};
-use brand_nodes::{Config, NodeLoader};
 use brand_pack::synthetic::small_dataset;
+use common::Config;
 
 mod common;
 use common::{Served, addresses, assert_ranks_serve_their_plans, node_config, serve_epochs};
@@ -116,7 +117,8 @@ fn honest_job(ds: &Arc<Dataset>, job: &str, meanwhile: impl FnOnce(&[String])) {
             .map(|cfg| {
                 let (ds, cfg, opened) = (ds.clone(), cfg.clone(), opened.clone());
                 scope.spawn(move || {
-                    let mut l = NodeLoader::open(ds, &cfg, LoaderState::default()).expect("honest node opens");
+                    let mut l = NodeLoader::open(ds, &cfg.loader, &cfg.nodes, LoaderState::default())
+                        .expect("honest node opens");
                     let mut s = serve_epochs(&mut l, 1).expect("first epoch");
                     opened.wait();
                     opened.wait();
@@ -247,7 +249,7 @@ fn node0_against_played(ds: &Arc<Dataset>, credits: Vec<Credit>, then: Vec<Push>
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let node0_done = done.clone();
     let node0 = std::thread::spawn(move || {
-        let r = NodeLoader::open(ds0, &cfg0, LoaderState::default()).and_then(|mut l| {
+        let r = NodeLoader::open(ds0, &cfg0.loader, &cfg0.nodes, LoaderState::default()).and_then(|mut l| {
             while l.next_batch()?.is_some() {}
             Ok(())
         });

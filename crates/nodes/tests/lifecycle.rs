@@ -16,9 +16,10 @@ use std::time::{Duration, Instant};
 
 use brand_format::Dataset;
 use brand_loader::LoaderState;
-use brand_nodes::{Config, NodeLoader};
+use brand_nodes::NodeLoader;
 use brand_pack::synthetic::small_dataset;
 use brand_plan::Memory;
+use common::Config;
 
 mod common;
 use common::{node_config, plan_order};
@@ -93,7 +94,8 @@ fn run_once(ds: &Arc<Dataset>, world: usize, delays: &[Duration], batches: Optio
             std::thread::spawn(move || {
                 go.wait();
                 std::thread::sleep(delay);
-                let mut l = NodeLoader::open(ds.clone(), &cfg, LoaderState::default()).map_err(|e| e.to_string())?;
+                let mut l = NodeLoader::open(ds.clone(), &cfg.loader, &cfg.nodes, LoaderState::default())
+                    .map_err(|e| e.to_string())?;
                 let mut ids = Vec::new();
                 while batches.is_none_or(|k| ids.len() < k * cfg.loader.batch_size) {
                     match l.next_batch().map_err(|e| e.to_string())? {
@@ -253,7 +255,8 @@ fn a_node_that_dies_is_named_by_every_survivor_not_a_messenger() {
                     go.wait();
                     let start = Instant::now();
                     let err = |e: String| (e, start.elapsed());
-                    let mut l = NodeLoader::open(ds, &cfg, LoaderState::default()).map_err(|e| err(e.to_string()))?;
+                    let mut l = NodeLoader::open(ds, &cfg.loader, &cfg.nodes, LoaderState::default())
+                        .map_err(|e| err(e.to_string()))?;
                     if r == victim {
                         for _ in 0..1 + run % 4 {
                             l.next_batch().map_err(|e| err(e.to_string()))?;

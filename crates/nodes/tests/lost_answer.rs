@@ -26,7 +26,8 @@ fn every_first_hello_answer_lost_still_serves_every_plan() {
             .collect();
         let d = ds.clone();
         run_ranks_serving_their_plans(&cfgs, &ds, 600, move |_, cfg, _| {
-            let mut l = NodeLoader::open(d.clone(), &cfg, LoaderState::default()).map_err(|e| e.to_string())?;
+            let mut l = NodeLoader::open(d.clone(), &cfg.loader, &cfg.nodes, LoaderState::default())
+                .map_err(|e| e.to_string())?;
             let served = serve_epochs(&mut l, 2)?;
             Ok((served, l.close()))
         });

@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 use brand_format::Dataset;
 use brand_loader::LoaderState;
 use brand_loader::Metrics;
-use brand_nodes::{Config, NodeLoader};
+use brand_nodes::NodeLoader;
 use brand_pack::synthetic::small_dataset;
+use common::Config;
 
 mod common;
 use brand_plan::Planner;
@@ -47,7 +48,7 @@ fn run_node_then(
     // Exact counts below: nothing of an epoch past the last is read.
     let mut cfg = cfg;
     cfg.nodes.last_epoch = Some(epochs - 1);
-    let mut l = NodeLoader::open(ds, &cfg, LoaderState::default()).map_err(|e| e.to_string())?;
+    let mut l = NodeLoader::open(ds, &cfg.loader, &cfg.nodes, LoaderState::default()).map_err(|e| e.to_string())?;
     let out = serve_epochs(&mut l, epochs)?;
     if let Some(b) = all_done {
         b.wait();
@@ -149,7 +150,7 @@ fn a_node_killed_mid_epoch_fails_the_others_naming_it() {
     let killed = {
         let (ds, c) = (ds.clone(), cfgs[2].clone());
         std::thread::spawn(move || {
-            let mut l = NodeLoader::open(ds, &c, LoaderState::default()).map_err(|e| e.to_string())?;
+            let mut l = NodeLoader::open(ds, &c.loader, &c.nodes, LoaderState::default()).map_err(|e| e.to_string())?;
             for _ in 0..3 {
                 l.next_batch().map_err(|e| e.to_string())?;
             }
@@ -193,7 +194,7 @@ fn all_nodes_resume_mid_epoch_from_the_same_state() {
         .map(|c| {
             let ds = ds.clone();
             std::thread::spawn(move || {
-                let mut l = NodeLoader::open(ds, &c, state).map_err(|e| e.to_string())?;
+                let mut l = NodeLoader::open(ds, &c.loader, &c.nodes, state).map_err(|e| e.to_string())?;
                 let mut ids = Vec::new();
                 while let Some(b) = l.next_batch().map_err(|e| e.to_string())? {
                     ids.extend(b.iter().map(|s| s.id));

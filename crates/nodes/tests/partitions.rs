@@ -12,12 +12,13 @@ use std::time::Duration;
 use brand_format::Dataset;
 use brand_loader::LoaderState;
 use brand_loader::Metrics;
+use brand_nodes::NodeLoader;
 use brand_nodes::routes::Ownership;
-use brand_nodes::{Config, NodeLoader};
 use brand_pack::files::FileSource;
 use brand_pack::synthetic::small_dataset;
 use brand_pack::{PackOptions, Partitioning, partition_dir};
 use brand_plan::{Layout, Memory, Planner};
+use common::Config;
 
 mod common;
 use common::{Served, addresses, global_read_bytes, node_config, run_ranks_serving_their_plans, serve_epochs};
@@ -72,7 +73,7 @@ fn run_node(
     // Exact counts below: nothing of an epoch past the last is read.
     let mut cfg = cfg;
     cfg.nodes.last_epoch = Some(epochs - 1);
-    let mut l = NodeLoader::open(ds, &cfg, LoaderState::default()).map_err(|e| e.to_string())?;
+    let mut l = NodeLoader::open(ds, &cfg.loader, &cfg.nodes, LoaderState::default()).map_err(|e| e.to_string())?;
     let out = serve_epochs(&mut l, epochs)?;
     all_done.wait();
     Ok((out, l.metrics()))
@@ -134,14 +135,14 @@ fn a_partition_of_another_pack_or_node_is_refused() {
 
     // A partition of a 3-node pack in a 2-node job: named, at open.
     let ds = Arc::new(Dataset::open_any(&dirs_a[0]).expect("open"));
-    let e = NodeLoader::open(ds, &cfgs[0], LoaderState::default())
+    let e = NodeLoader::open(ds, &cfgs[0].loader, &cfgs[0].nodes, LoaderState::default())
         .err()
         .map(|e| e.to_string())
         .unwrap_or_default();
     assert!(e.contains("partition 0 of 3") && e.contains("node 0 of 2"), "{e}");
     // Node 0 given node 1's partition: named.
     let ds = Arc::new(Dataset::open_any(&dirs_a[1]).expect("open"));
-    let e = NodeLoader::open(ds, &three[0], LoaderState::default())
+    let e = NodeLoader::open(ds, &three[0].loader, &three[0].nodes, LoaderState::default())
         .err()
         .map(|e| e.to_string())
         .unwrap_or_default();
@@ -157,7 +158,7 @@ fn a_partition_of_another_pack_or_node_is_refused() {
             let dir = mixed[r as usize].clone();
             std::thread::spawn(move || {
                 let ds = Arc::new(Dataset::open_any(&dir).map_err(|e| e.to_string())?);
-                NodeLoader::open(ds, &cfg, LoaderState::default())
+                NodeLoader::open(ds, &cfg.loader, &cfg.nodes, LoaderState::default())
                     .map(|_| ())
                     .map_err(|e| e.to_string())
             })
@@ -191,7 +192,8 @@ fn a_rank_far_ahead_of_a_slow_one_is_held_back() {
         .map(|r| {
             let (ds, cfg, slow) = (ds.clone(), cfgs[r as usize].clone(), slow_served.clone());
             std::thread::spawn(move || {
-                let mut l = NodeLoader::open(ds, &cfg, LoaderState::default()).map_err(|e| e.to_string())?;
+                let mut l =
+                    NodeLoader::open(ds, &cfg.loader, &cfg.nodes, LoaderState::default()).map_err(|e| e.to_string())?;
                 let (mut served, mut max_lead) = (0u64, 0u64);
                 while let Some(b) = l.next_batch().map_err(|e| e.to_string())? {
                     served += b.len() as u64;

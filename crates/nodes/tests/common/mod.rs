@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use brand_format::Dataset;
 use brand_loader::{LoaderConfig, Metrics, ReadGapSetting};
-use brand_nodes::{Config, NodeConfig, NodeLoader};
+use brand_nodes::{NodeConfig, NodeLoader};
 use brand_plan::{Event, Memory, Planner};
 
 /// Ids and bytes a node served, per epoch.
@@ -33,6 +33,14 @@ pub fn addresses(n: usize) -> Vec<String> {
         held.push(l);
     }
     out
+}
+
+/// What a node opens with: the loader's configuration and the multi-node
+/// one (an interface has both from `brand_reader::Config::resolve`).
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub loader: LoaderConfig,
+    pub nodes: NodeConfig,
 }
 
 /// Node `rank` of `nodes` (world 1 when empty): 64 slots, seed 7, batches

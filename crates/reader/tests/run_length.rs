@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use brand_format::Dataset;
 use brand_loader::{Loader, LoaderState, Resume};
-use brand_nodes::{Config, Reader};
 use brand_pack::synthetic::small_dataset;
+use brand_reader::{Config, Reader};
 
 #[test]
 fn a_reader_alone_plans_the_run_length_auto_resolves_to() {

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use brand_cache::{CacheConfig, CacheHandle};
 use brand_format::Dataset;
 use brand_loader::{Checkpoint, IoConfig, LoaderState, ReadGapSetting, Resume};
-use brand_nodes::{Config, Reader};
 use brand_pack::synthetic::small_dataset;
 use brand_plan::Memory;
+use brand_reader::{Config, Reader};
 
 #[test]
 fn the_cache_key_makes_a_reader_attach() {

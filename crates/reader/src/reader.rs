@@ -21,7 +21,9 @@ use brand_loader::elastic::GlobalPosition;
 use brand_loader::{Batch, Checkpoint, Fingerprint, Loader, LoaderState, Metrics, Resume, resolve_run_length};
 use brand_plan::Planner;
 
-use crate::{Config, NodeLoader};
+use brand_nodes::NodeLoader;
+
+use crate::Config;
 
 pub struct Reader {
     kind: Kind,
@@ -89,7 +91,8 @@ impl Node {
             };
             self.live = Some(NodeLoader::open_planned(
                 self.ds.clone(),
-                &self.cfg,
+                &self.cfg.loader,
+                &self.cfg.nodes,
                 planner,
                 self.start,
             )?);
