@@ -27,17 +27,19 @@
 //! io_backend = "auto"   # "auto" (io_uring, threads where refused), "uring" or "threads"
 //! decode_threads = 2    # threads decompressing zstd records read by io_uring, 0..=64 (0: on the io thread);
 //!                       # default: the cores the (at most 2) io threads leave, at most 8
-//! io_timeout = 60       # seconds a read may take before it is an error, (0, 86400]
+//! io_timeout = 60       # how long a read may take before it is an error, (0, 86400] s ("60s", "2m" or seconds)
 //! gets_in_flight = "auto" # a dataset at a URL: ranged GETs in flight, "auto" (sized as they complete: enough
 //!                       # to fill the link) or at most 1..=1024; halved while the store throttles
 //! get_size = "8MiB"     # a dataset at a URL: neighbouring reads merge into GETs of at most this, 64KiB..=1GiB
-//! stall_timeout = 10    # a dataset at a URL: seconds without a byte before a GET is retried at most
+//! stall_timeout = 10    # a dataset at a URL: time without a byte ("10s", "500ms" or seconds) before a GET is retried at most
 //!                       # (less once first bytes are timed: 8 × their slowest 1 %, ≥ 1 s), (0, 3600]
 //! on_corrupt = "error"  # "error" (fail when the sample is due) or "skip" (leave it out, counted)
 //! cache = "/run/brand/imagenet.sock"  # attach to the `brand cache` at this socket instead of reading storage
 //! ```
 //!
-//! Byte counts go through the one parser, [`brand_format::units::parse_bytes`].
+//! Byte counts go through the one parser, [`brand_format::units::parse_bytes`];
+//! durations through [`brand_format::units::parse_duration`] (a number is
+//! seconds), `peer_timeout` too.
 
 use std::time::Duration;
 
@@ -213,13 +215,8 @@ impl LoaderConfig {
             "direct" => self.io.direct = v.flag()?,
             "io_backend" => self.io.backend = v.text()?.parse()?,
             "decode_threads" => self.io.decode_threads = v.whole()?,
-            "io_timeout" => {
-                // A negative or huge number is no Duration at all; the range
-                // is check()'s.
-                let secs = v.seconds()?;
-                self.io.io_timeout = Duration::try_from_secs_f64(secs)
-                    .map_err(|_| Error::config(format!("io_timeout {secs} outside (0, 86400] seconds")))?;
-            }
+            // The ranges are check()'s.
+            "io_timeout" => self.io.io_timeout = v.duration()?,
             "gets_in_flight" => {
                 self.io.store.gets_in_flight = match v.value {
                     toml::Value::Integer(_) => brand_io::GetsInFlight::Fixed(v.whole()?),
@@ -227,11 +224,7 @@ impl LoaderConfig {
                 }
             }
             "get_size" => self.io.store.get_bytes = v.bytes()?,
-            "stall_timeout" => {
-                let secs = v.seconds()?;
-                self.io.store.stall_timeout = Duration::try_from_secs_f64(secs)
-                    .map_err(|_| Error::config(format!("stall_timeout {secs} outside (0, 3600] seconds")))?;
-            }
+            "stall_timeout" => self.io.store.stall_timeout = v.duration()?,
             "on_corrupt" => self.on_corrupt = v.text()?.parse()?,
             "cache" => {
                 let path = v.text()?;
@@ -358,12 +351,21 @@ impl<'a> Value<'a> {
         }
     }
 
-    /// Seconds, a number.
-    pub fn seconds(&self) -> Result<f64> {
+    /// A duration: a number of seconds, or a string with a unit ("30s",
+    /// "500ms", "2m"), as every duration key reads it.
+    pub fn duration(&self) -> Result<Duration> {
+        let why = "more than 0 and at most 10^9 seconds";
         match self.value {
-            toml::Value::Integer(n) => Ok(*n as f64),
-            toml::Value::Float(x) => Ok(*x),
-            _ => Err(self.wrong("a number of seconds")),
+            toml::Value::Integer(n) => {
+                brand_format::units::seconds(*n as f64).ok_or_else(|| Error::config(format!("{} {n}: {why}", self.key)))
+            }
+            toml::Value::Float(x) => {
+                brand_format::units::seconds(*x).ok_or_else(|| Error::config(format!("{} {x}: {why}", self.key)))
+            }
+            toml::Value::String(s) => {
+                brand_format::units::parse_duration(s).map_err(|e| Error::config(format!("{} {s:?}: {e}", self.key)))
+            }
+            _ => Err(self.wrong("a duration such as \"30s\" or a number of seconds")),
         }
     }
 }
@@ -395,7 +397,7 @@ mod tests {
                io_timeout = 2.5
                gets_in_flight = 8
                get_size = "16MiB"
-               stall_timeout = 0.5
+               stall_timeout = "500ms"
                on_corrupt = "skip"
                cache = "/run/brand/ds.sock""#,
         )
@@ -492,7 +494,9 @@ mod tests {
             ("io_timeout = 0", "io_timeout"),
             ("io_timeout = -1", "io_timeout"),
             ("io_timeout = 86401", "io_timeout"),
-            ("io_timeout = \"1s\"", "io_timeout"),
+            ("io_timeout = \"soon\"", "io_timeout \"soon\": expected e.g."),
+            ("stall_timeout = \"0s\"", "stall_timeout \"0s\""),
+            ("stall_timeout = true", "stall_timeout"),
             ("gets_in_flight = 0", "gets_in_flight"),
             ("gets_in_flight = 1025", "gets_in_flight"),
             (
@@ -511,6 +515,22 @@ mod tests {
         ] {
             let e = LoaderConfig::from_toml(text).expect_err(text).to_string();
             assert!(e.contains(word), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn durations_read_the_same_for_every_key() {
+        // A number of seconds or a string with a unit, as peer_timeout.
+        for (text, want) in [
+            ("1", 1000),
+            ("1.5", 1500),
+            ("\"1s\"", 1000),
+            ("\"250ms\"", 250),
+            ("\"2m\"", 120_000),
+        ] {
+            let c = LoaderConfig::from_toml(&format!("stall_timeout = {text}\nio_timeout = {text}")).expect(text);
+            assert_eq!(c.io.store.stall_timeout, Duration::from_millis(want), "{text}");
+            assert_eq!(c.io.io_timeout, Duration::from_millis(want), "{text}");
         }
     }
 }

@@ -103,10 +103,9 @@ impl NodeKeys {
                 Ok(b)
             })?,
             peer_timeout: take_key(table, "peer_timeout", |v| {
-                let text = v.text()?;
-                let d = parse_duration(text)?;
+                let d = v.duration()?;
                 if d > MAX_PEER_TIMEOUT {
-                    return Err(Error::config(format!("peer_timeout {text:?} outside (0s, 24h]")));
+                    return Err(Error::config(format!("peer_timeout {} outside (0s, 24h]", v.value)));
                 }
                 Ok(d)
             })?,
@@ -135,27 +134,6 @@ fn take_key<T>(table: &mut toml::Table, key: &str, parse: impl FnOnce(Value<'_>)
         .remove(key)
         .map(|value| parse(Value { key, value: &value }))
         .transpose()
-}
-
-/// `"30s"`, `"500ms"`, `"2m"`, or plain seconds (`"1.5"`); more than 0.
-pub fn parse_duration(s: &str) -> Result<Duration> {
-    let t = s.trim();
-    let bad = || Error::config(format!("duration {s:?}: expected e.g. \"30s\", \"500ms\", \"2m\""));
-    let (num, scale) = if let Some(n) = t.strip_suffix("ms") {
-        (n, 1e-3)
-    } else if let Some(n) = t.strip_suffix('s') {
-        (n, 1.0)
-    } else if let Some(n) = t.strip_suffix('m') {
-        (n, 60.0)
-    } else {
-        (t, 1.0)
-    };
-    let v: f64 = num.trim().parse().map_err(|_| bad())?;
-    let secs = v * scale;
-    if !(secs.is_finite() && secs > 0.0 && secs <= 1e9) {
-        return Err(bad());
-    }
-    Ok(Duration::from_secs_f64(secs))
 }
 
 /// The checks every node list gets (the key's or the environment's): at
