@@ -1,14 +1,16 @@
 //! brand._brand, the extension module of the `brand` Python package: the
 //! loader ([`loader::Loader`]), its batches ([`batch::Batch`]), the
 //! `brand` command, `brand.pack` and `brand.Writer` ([`pack`]), brand's
-//! errors as exceptions ([`errors`]) and the memory of a process's workers
-//! ([`workers`], for brand.torch and brand.grain). The package's pure-Python modules
+//! errors as exceptions ([`errors`]), the memory of a process's workers
+//! ([`workers`], for brand.torch and brand.grain) and brand's log in
+//! Python's `logging` ([`log`]). The package's pure-Python modules
 //! (brand/__init__.py, brand/torch.py, brand/grain.py) build on it.
 
 mod batch;
 mod errors;
 mod keywords;
 mod loader;
+mod log;
 mod pack;
 mod workers;
 
@@ -31,6 +33,7 @@ fn _brand(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DEFAULT_SEGMENT_MIB", brand_format::DEFAULT_SEGMENT_BYTES >> 20)?;
     m.add_function(wrap_pyfunction!(workers::_worker_memory, m)?)?;
     m.add_function(wrap_pyfunction!(workers::_saved_slots, m)?)?;
+    m.add_function(wrap_pyfunction!(log::_flush_log, m)?)?;
     m.add("BrandError", py.get_type::<errors::BrandError>())?;
     m.add("ConfigError", py.get_type::<errors::ConfigError>())?;
     m.add("NotFoundError", py.get_type::<errors::NotFoundError>())?;

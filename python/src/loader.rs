@@ -309,6 +309,7 @@ impl Loader {
     #[new]
     #[pyo3(signature = (path, **config))]
     fn new(py: Python<'_>, path: PathBuf, config: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        crate::log::forward();
         let table = keywords::table(config).map_err(to_py)?;
         let config = guarded(|| Config::resolve("", table, &process_env))?;
         let open = Open::start(py, &path, &config, Resume::At(LoaderState::default()), None)?;

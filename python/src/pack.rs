@@ -244,6 +244,7 @@ pub fn _pack(
     staging: Option<PathBuf>,
     progress: Option<Bound<'_, PyAny>>,
 ) -> PyResult<Summary> {
+    crate::log::forward();
     let format: Format = source.parse().map_err(to_py)?;
     let target = Target::new(out, staging).map_err(to_py)?;
     let opts = pack_options(
@@ -316,6 +317,7 @@ impl _Writer {
         spill_dir: Option<PathBuf>,
         staging: Option<PathBuf>,
     ) -> PyResult<Self> {
+        crate::log::forward();
         let target = Target::new(out, staging).map_err(to_py)?;
         let opts = pack_options(seed, chunk_size, zstd, segment_mib, force, Vec::new());
         // Options that cannot work fail now, not after every sample is written.

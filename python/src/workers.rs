@@ -7,9 +7,9 @@
 use std::path::PathBuf;
 
 use brand_format::error::Error;
-use brand_reader::workers::{Batches, split_memory_of};
 use brand_reader::Config;
 use brand_reader::config::process_env;
+use brand_reader::workers::{Batches, split_memory_of};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -35,6 +35,7 @@ pub fn _worker_memory<'py>(
     batched: bool,
     config: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
+    crate::log::forward();
     let table = keywords::table(config).map_err(to_py)?;
     let config = guarded(|| Config::resolve("", table, &process_env))?;
     if workers > 1 && config.nodes.world() > 1 {

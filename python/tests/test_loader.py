@@ -3,6 +3,7 @@ the source files, zero copy, resume, elastic resume, errors, GIL and Ctrl-C."""
 
 import gc
 import json
+import logging
 import math
 import os
 import signal
@@ -406,3 +407,30 @@ def test_a_loader_opened_before_fork_raises_in_the_child(dataset):
     msg = os.read(r, 4096).decode()
     assert msg.startswith("ConfigError") and "fork" in msg, msg
     assert len(next(loader)) == 16  # the parent goes on
+
+
+# -- brand's log in Python's logging (issue 55, item 7) ----------------------
+
+
+def test_brands_log_reaches_the_brand_logger_at_the_programs_level(dataset, caplog):
+    """run_length = "auto" says what it chose, at INFO: a record of the
+    logger "brand" when the program's logging lets INFO through, none when
+    brand's logger is at WARNING."""
+    _, ds = dataset
+    cfg = dict(run_length="auto", read_gap="1MiB", batch_size=16, seed=5)
+
+    def chosen():
+        return [r for r in caplog.records if r.name == "brand" and "run_length auto" in r.getMessage()]
+
+    with caplog.at_level(logging.WARNING, logger="brand"):
+        with brand.Loader(ds, **cfg) as loader:
+            next(loader)
+        assert brand._brand._flush_log()
+    assert chosen() == []
+    with caplog.at_level(logging.INFO, logger="brand"):
+        with brand.Loader(ds, **cfg) as loader:
+            next(loader)
+        assert brand._brand._flush_log()
+    got = chosen()
+    assert len(got) == 1 and got[0].levelno == logging.INFO, [r.getMessage() for r in caplog.records]
+    assert "read gap" in got[0].getMessage()

@@ -5,6 +5,7 @@ brand.torch under DataLoader worker processes (forked after the parent opened
 the dataset), resumed from a state, and refused with typed errors."""
 
 import json
+import logging
 import os
 import pathlib
 import subprocess
@@ -73,18 +74,25 @@ def test_gets_in_flight_are_sized_by_default_fixed_when_given_and_checked(s3):
             brand.Loader(url, gets_in_flight=wrong, **CFG)
 
 
-def test_503_bursts_are_retried_and_reported_in_metrics(s3):
+def test_503_bursts_are_retried_and_reported_in_metrics(s3, caplog):
+    """Retried, counted, and told as a warning through Python's logging
+    (logger "brand"), as the CLI prints it (issue 55: the wheel's log)."""
     server, url, _, _ = s3
     # The next 4 GETs of segments answer 503 (no other reader of this
     # module's is left running to take them: each is closed).
     server.admin("faults", fail=4, status=503, key_filter="data-")
-    with brand.Loader(url, **dict(CFG, readahead="1MiB", read_gap="whole")) as loader:
-        try:
-            ids = [i for b in loader for i in b.ids.tolist()]
-            assert sorted(ids) == list(range(SAMPLES))
-            assert loader.metrics()["store_retries_by_cause"].get("503") == 4, loader.metrics()
-        finally:
-            server.admin("clear")
+    with caplog.at_level(logging.WARNING, logger="brand"):
+        with brand.Loader(url, **dict(CFG, readahead="1MiB", read_gap="whole")) as loader:
+            try:
+                ids = [i for b in loader for i in b.ids.tolist()]
+                assert sorted(ids) == list(range(SAMPLES))
+                assert loader.metrics()["store_retries_by_cause"].get("503") == 4, loader.metrics()
+            finally:
+                server.admin("clear")
+        assert brand._brand._flush_log()
+    warned = [r for r in caplog.records if r.name == "brand" and r.levelno == logging.WARNING]
+    assert any("503" in r.getMessage() and "retrying" in r.getMessage() for r in warned), [
+        r.getMessage() for r in caplog.records]
 
 
 def test_torch_workers_forked_after_the_parent_opened_the_dataset_read_it(s3):
