@@ -103,8 +103,8 @@ def main():
                                    env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
             if built.returncode != 0:
                 sys.exit(f"brand.tf's op does not build: {built.stderr.strip()[-500:]}")
-            # The op resolves auto itself (brand_nodes::Reader::open, as the
-            # Rust loader does), from the probe cached by the warm-up run.
+            # The op decides auto itself (brand_reader::decide, as brand read
+            # does), from the probe cached by the warm-up run.
             items += [tf_op_item("1"), tf_op_item("auto")]
         results = {it.variant: [] for it in items}
         for rnd in range(a.rounds):

@@ -41,8 +41,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if !["none", "first", "all"].contains(&touch.as_str()) {
         return Err("--touch is none, first or all".into());
     }
-    let cfg = LoaderConfig::from_toml(&config)?;
     let ds = Arc::new(Dataset::open(&dataset)?);
+    let cfg = brand_reader::decide(&ds, &LoaderConfig::from_toml(&config)?, brand_reader::Opening::Reads)?;
     let mut loader = Loader::open(ds, &cfg, LoaderState::default())?;
     let mut rows = Vec::new();
     let mut sink = 0u64;

@@ -70,17 +70,20 @@ pub fn run(a: &CacheArgs) -> Result<()> {
         false,
     )?;
     let ds = Arc::new(brand_store::open(&a.dataset)?);
-    let plan = &cfg.loader.plan;
+    // The cache reads storage as a loader alone does: the read gap and
+    // run_length auto decided for it.
+    let loader = brand_reader::decide(&ds, &cfg.loader, brand_reader::Opening::Reads)?;
+    let plan = &loader.plan;
     let policy = CachePolicy {
         policy: plan.policy,
         seed: plan.seed,
-        run_length: brand_loader::resolve_run_length(&ds, &cfg.loader)?,
-        on_corrupt: cfg.loader.on_corrupt,
+        run_length: plan.run_length,
+        on_corrupt: loader.on_corrupt,
     };
     let cache_cfg = CacheConfig {
         memory: plan.memory,
-        io: cfg.loader.io.clone(),
-        readahead: cfg.loader.readahead_bytes,
+        io: loader.io.clone(),
+        readahead: loader.readahead_bytes,
     };
     let cache = CacheHandle::start_with(ds, &cache_cfg, &policy, &a.socket)?;
     eprintln!(

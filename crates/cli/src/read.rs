@@ -173,7 +173,8 @@ impl Source {
                 Source::Attached(Box::new(Attached::open(ds, cfg, socket, Served { epoch, ids })?))
             }
             None => {
-                let mut loader = Loader::open(ds, cfg, LoaderState { epoch, served: 0 })?;
+                let cfg = brand_reader::decide(&ds, cfg, brand_reader::Opening::Reads)?;
+                let mut loader = Loader::open(ds, &cfg, LoaderState { epoch, served: 0 })?;
                 loader.set_last_epoch(epochs.end.checked_sub(1));
                 Source::Alone(Box::new(loader))
             }

@@ -114,7 +114,9 @@ pub fn run(a: &ServeArgs) -> brand_format::Result<()> {
     // A partition (`brand pack --partitions`) is this node's share.
     let ds = Arc::new(brand_store::open_any(&a.dataset)?);
     let rank = cfg.nodes.rank;
-    let mut node = NodeLoader::open(ds, &cfg.loader, &cfg.nodes, LoaderState::default())?;
+    // A node keeps its plan: run_length auto plans 1 on every node alike.
+    let loader = brand_reader::decide(&ds, &cfg.loader, brand_reader::Opening::Keeps)?;
+    let mut node = NodeLoader::open(ds, &loader, &cfg.nodes, LoaderState::default())?;
     if !a.json {
         println!(
             "{} of {}: policy {}, memory {} per rank, remote memory {} bytes",

@@ -42,6 +42,6 @@ pub use brand_io::{IoBackend, IoConfig, ReadGapSetting};
 pub use checkpoint::{Checkpoint, Fingerprint, LoaderState, Resume, Start};
 pub use config::{LoaderConfig, OnCorrupt, RunLength};
 pub use deferred::{split_budget, worth_splitting};
-pub use loader::{Loader, resolve_run_length};
+pub use loader::Loader;
 pub use planning::{EventSource, Events, plan_events};
 pub use stats::Metrics;

@@ -98,25 +98,6 @@ enum Taken {
     Skipped(Event, u64, Error),
 }
 
-/// The run length `cfg` asks for over `ds`: `auto` from the read gap the
-/// loader's engine will read with (the probe's result is cached, so the
-/// session opened next does not measure again).
-pub fn resolve_run_length(ds: &Arc<Dataset>, cfg: &LoaderConfig) -> Result<u32> {
-    match cfg.run_length {
-        crate::RunLength::Records(n) => Ok(n),
-        crate::RunLength::Auto => {
-            cfg.check()?;
-            let engine = cfg.io.engine_config(ds, cfg.readahead_bytes);
-            let gap = brand_io::session::resolve_gap(ds, &engine, cfg.io.read_gap)?;
-            let index = &ds.index;
-            let mean = index.stored_lens().map(|l| l as f64).sum::<f64>() / index.samples().max(1) as f64;
-            let runs = brand_io::probe::run_length(gap, mean, index.chunk_size());
-            tracing::info!("run_length auto: {runs} (read gap {gap:?}, mean stored sample {mean:.0} bytes)");
-            Ok(runs)
-        }
-    }
-}
-
 /// Most plan events held ahead of the consumer (bounds memory when a long
 /// run of serves needs no reads).
 const MAX_LOOKAHEAD_EVENTS: usize = 1 << 16;
@@ -129,11 +110,18 @@ impl Loader {
     /// A loader over `ds` running the plan of `cfg`, starting where
     /// `resume` says (`LoaderState::default()` for the first epoch, a
     /// [`Checkpoint`], or every rank's checkpoints of another world).
+    /// `cfg`'s automatic settings are decided by the reader that opens it
+    /// (`brand_reader::decide`): `run_length = "auto"` is refused here, and
+    /// `read_gap = "auto"` is measured by the engine only for a caller
+    /// that did not decide it.
     pub fn open(ds: Arc<Dataset>, cfg: &LoaderConfig, resume: impl Into<Resume>) -> Result<Self> {
-        let mut cfg = cfg.clone();
-        cfg.plan.run_length = resolve_run_length(&ds, &cfg)?;
+        if cfg.run_length == crate::RunLength::Auto {
+            return Err(Error::config(
+                "run_length = \"auto\" is decided by the reader that opens the dataset (brand_reader::decide): a loader takes a number",
+            ));
+        }
         let planner = Planner::new(&ds.index, &cfg.plan)?;
-        Self::open_planned(ds, &cfg, planner, resume.into())
+        Self::open_planned(ds, cfg, planner, resume.into())
     }
 
     /// [`open`](Self::open) with the plan already made (an open makes one

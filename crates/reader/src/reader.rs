@@ -18,12 +18,13 @@ use brand_format::Dataset;
 use brand_format::error::{Error, Result};
 use brand_format::ids::IdBits;
 use brand_loader::elastic::GlobalPosition;
-use brand_loader::{Batch, Checkpoint, Fingerprint, Loader, LoaderState, Metrics, Resume, resolve_run_length};
+use brand_loader::{Batch, Checkpoint, Fingerprint, Loader, LoaderState, Metrics, Resume};
 use brand_plan::Planner;
 
 use brand_nodes::NodeLoader;
 
 use crate::Config;
+use crate::decide::{Opening, decide};
 
 pub struct Reader {
     kind: Kind,
@@ -126,15 +127,14 @@ impl Reader {
         let ds = Arc::new(open_dataset(path, cfg)?);
         let served = matches!(&resume, Resume::Checkpoint(c) if c.bitmap.is_some());
         // `run_length = "auto"` is the device's to decide for a loader
-        // alone, as `Loader::open` does. An attached job's plan only binds
-        // its checkpoints (the cache fills by its own), a node's must be
-        // the same on every node, and a bitmap's resume keeps the plan the
-        // attached job saved with: those plan `auto` as 1.
-        let mut cfg = cfg.clone();
-        if cfg.loader.cache.is_none() && cfg.nodes.world() <= 1 && !served {
-            cfg.loader.plan.run_length = resolve_run_length(&ds, &cfg.loader)?;
-        }
-        let cfg = &cfg;
+        // alone; an attached job, a node and a bitmap's resume keep their
+        // plan (see `Opening`).
+        let alone = cfg.loader.cache.is_none() && cfg.nodes.world() <= 1 && !served;
+        let opening = if alone { Opening::Reads } else { Opening::Keeps };
+        let cfg = &Config {
+            loader: decide(&ds, &cfg.loader, opening)?,
+            nodes: cfg.nodes.clone(),
+        };
         let planner = Planner::new(&ds.index, &cfg.loader.plan)?;
         let epoch_len = planner.geometry().steps;
         let kind = match resume {
