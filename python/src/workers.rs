@@ -49,7 +49,7 @@ pub fn _worker_memory<'py>(
     // The index is read without the GIL (a large dataset's takes a while).
     let split = py.detach(|| {
         guarded(|| {
-            let ds = brand_store::open(&path)?;
+            let ds = brand_store::open_with(&path, &config.loader.io.store.get_policy())?;
             let batches = if batched { Batches::Yielded } else { Batches::Internal };
             split_memory_of(&ds.index, plan, batch_size, workers, batches)
         })

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import pathlib
+import socket
 import subprocess
 import sys
 
@@ -93,6 +94,19 @@ def test_503_bursts_are_retried_and_reported_in_metrics(s3, caplog):
     warned = [r for r in caplog.records if r.name == "brand" and r.levelno == logging.WARNING]
     assert any("503" in r.getMessage() and "retrying" in r.getMessage() for r in warned), [
         r.getMessage() for r in caplog.records]
+
+
+def test_a_users_stall_timeout_ends_an_open_that_gets_no_answer(s3, monkeypatch):
+    """An endpoint that takes connections and never answers: the open gives
+    up after the retries of the user's stall_timeout (1 s each: ~40 s with
+    the backoff), not the default's 10 s (130 s in all), and says so (issue
+    55: the user's store settings reach the open, not only the reads)."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)  # never accepted: the kernel completes the handshakes
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{silent.getsockname()[1]}")
+        with pytest.raises(brand.IoError, match=r"no answer in 1\.0s"):
+            brand.Loader(s3[1], stall_timeout="1s", **CFG)
 
 
 def test_torch_workers_forked_after_the_parent_opened_the_dataset_read_it(s3):

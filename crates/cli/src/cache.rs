@@ -69,7 +69,7 @@ pub fn run(a: &CacheArgs) -> Result<()> {
         ],
         false,
     )?;
-    let ds = Arc::new(brand_store::open(&a.dataset)?);
+    let ds = Arc::new(brand_store::open_with(&a.dataset, &cfg.loader.io.store.get_policy())?);
     // The cache reads storage as a loader alone does: the read gap and
     // run_length auto decided for it.
     let loader = brand_reader::decide(&ds, &cfg.loader, brand_reader::Opening::Reads)?;

@@ -319,7 +319,7 @@ pub fn run(a: &ReadArgs) -> brand_format::Result<bool> {
         brand_format::Error::config(format!("--compute-ms {}: expected milliseconds ≥ 0", a.compute_ms))
     })?;
     let opening = Instant::now();
-    let ds = Arc::new(brand_store::open(&a.dataset)?);
+    let ds = Arc::new(brand_store::open_with(&a.dataset, &cfg.io.store.get_policy())?);
     if !a.json {
         match &cfg.cache {
             Some(socket) => println!(

@@ -112,7 +112,10 @@ pub fn run(a: &ServeArgs) -> brand_format::Result<()> {
     let compute = Duration::try_from_secs_f64(a.compute_ms / 1e3)
         .map_err(|_| Error::config(format!("--compute-ms {}: expected milliseconds ≥ 0", a.compute_ms)))?;
     // A partition (`brand pack --partitions`) is this node's share.
-    let ds = Arc::new(brand_store::open_any(&a.dataset)?);
+    let ds = Arc::new(brand_store::open_any_with(
+        &a.dataset,
+        &cfg.loader.io.store.get_policy(),
+    )?);
     let rank = cfg.nodes.rank;
     // A node keeps its plan: run_length auto plans 1 on every node alike.
     let loader = brand_reader::decide(&ds, &cfg.loader, brand_reader::Opening::Keeps)?;

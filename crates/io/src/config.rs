@@ -144,13 +144,27 @@ pub struct StoreSettings {
 
 impl Default for StoreSettings {
     /// 8 MiB GETs (AWS's guidance for S3 byte ranges), GETs in flight
-    /// sized as they complete, 10 s without a byte, 10 retries.
+    /// sized as they complete, and the store's own stall timeout and
+    /// retries (`GetPolicy::default`: 10 s without a byte, 10 retries).
     fn default() -> Self {
+        let policy = brand_store::GetPolicy::default();
         StoreSettings {
             gets_in_flight: GetsInFlight::Auto,
             get_bytes: 8 << 20,
-            stall_timeout: Duration::from_secs(10),
-            retries: 10,
+            stall_timeout: policy.stall,
+            retries: policy.retries,
+        }
+    }
+}
+
+impl StoreSettings {
+    /// The store's policy for every request of a reader configured so:
+    /// its reads, and its dataset's open.
+    pub fn get_policy(&self) -> brand_store::GetPolicy {
+        brand_store::GetPolicy {
+            stall: self.stall_timeout,
+            retries: self.retries,
+            ..brand_store::GetPolicy::default()
         }
     }
 }

@@ -68,11 +68,7 @@ pub(crate) fn start(shared: Shared) -> Result<Started> {
             ds.dir().display()
         )));
     };
-    let policy = GetPolicy {
-        stall: shared.cfg.store.stall_timeout,
-        retries: shared.cfg.store.retries,
-        ..GetPolicy::default()
-    };
+    let policy = shared.cfg.store.get_policy();
     let conn = Connection::new(&url, policy.stall)?;
     let stats = Arc::new(StoreStats {
         counters: GetCounters::default(),

@@ -109,10 +109,12 @@ impl Node {
 /// partition of a partitioned pack; a loader alone needs the whole dataset
 /// (`Dataset::open` refuses a partition).
 fn open_dataset(path: &Path, cfg: &Config) -> Result<Dataset> {
+    // A URL's open waits as long as its reads: the user's stall_timeout.
+    let policy = cfg.loader.io.store.get_policy();
     if cfg.nodes.world() > 1 {
-        brand_store::open_any(path)
+        brand_store::open_any_with(path, &policy)
     } else {
-        brand_store::open(path)
+        brand_store::open_with(path, &policy)
     }
 }
 
@@ -220,7 +222,7 @@ impl Reader {
     /// from the dataset's metadata only: starts no engine, allocates no
     /// buffers, probes no device (tf.data's cardinality).
     pub fn epoch_len_for(path: &Path, cfg: &Config) -> Result<u64> {
-        let ds = brand_store::open_any(path)?;
+        let ds = brand_store::open_any_with(path, &cfg.loader.io.store.get_policy())?;
         Ok(Planner::new(&ds.index, &cfg.loader.plan)?.geometry().steps)
     }
 

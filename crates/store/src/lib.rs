@@ -39,5 +39,5 @@ pub use connect::Connection;
 pub use get::{GetCounters, GetPolicy, GetReport};
 pub use limiter::Limiter;
 pub use location::{Location, ObjectUrl};
-pub use open::{for_each_chunk, open, open_any, read_sample};
+pub use open::{for_each_chunk, open, open_any, open_any_with, open_with, read_sample};
 pub use sequential::{ObjectInfo, ObjectReader, Objects, ReadAhead};

@@ -19,10 +19,16 @@ use object_store::ObjectMeta;
 /// Opens the whole dataset at `location` (a path or a URL); a partition is
 /// refused as [`Dataset::open`] refuses it.
 pub fn open(location: impl AsRef<Path>) -> Result<Dataset> {
+    open_with(location, &GetPolicy::default())
+}
+
+/// [`open`], a URL's requests under `policy` (the reader's: its
+/// `stall_timeout` and retries).
+pub fn open_with(location: impl AsRef<Path>, policy: &GetPolicy) -> Result<Dataset> {
     match Location::of_path(location.as_ref())? {
         Location::Dir(d) => Dataset::open(d),
         Location::Url(u) => {
-            let ds = open_url(&u, &GetPolicy::default())?;
+            let ds = open_url(&u, policy)?;
             if ds.manifest.partition.is_some() {
                 return Err(Error::config(format!(
                     "{u}: a partition (brand pack --partitions): serve it with `brand serve`"
@@ -35,9 +41,14 @@ pub fn open(location: impl AsRef<Path>) -> Result<Dataset> {
 
 /// Opens a whole dataset or one partition (as [`Dataset::open_any`]).
 pub fn open_any(location: impl AsRef<Path>) -> Result<Dataset> {
+    open_any_with(location, &GetPolicy::default())
+}
+
+/// [`open_any`], a URL's requests under `policy`.
+pub fn open_any_with(location: impl AsRef<Path>, policy: &GetPolicy) -> Result<Dataset> {
     match Location::of_path(location.as_ref())? {
         Location::Dir(d) => Dataset::open_any(d),
-        Location::Url(u) => open_url(&u, &GetPolicy::default()),
+        Location::Url(u) => open_url(&u, policy),
     }
 }
 
