@@ -102,7 +102,7 @@ impl Target {
         // As `brand pack -o URL`: the URL checked first, each segment
         // uploaded once written (then removed from the staging directory),
         // the manifest last.
-        let upload = py.detach(|| guarded(|| SegmentUpload::begin(url, opts.force, true)))?;
+        let upload = py.detach(|| guarded(|| SegmentUpload::begin(url, opts.force, true, &brand_store::GetPolicy::default())))?;
         let base = self.scratch_dir();
         let staging = tempfile::Builder::new()
             .prefix("brand-pack-")
@@ -270,6 +270,7 @@ pub fn _pack(
         field,
         label,
         spool_dir: target.scratch_dir(),
+        store: brand_store::GetPolicy::default(),
         listing: brand_pack::listing::ListingOptions {
             dir: listing_dir.clone(),
             on_input: None,

@@ -43,3 +43,33 @@ pub fn resolve(file: Option<&Path>, flags: &[(&str, Flag<'_>)], with_env: bool) 
         (_, e) => e,
     })
 }
+
+/// How requests to object storage are bounded and retried, as flags of the
+/// commands that reach a store (a dataset or a pack's inputs at a URL):
+/// the loader's keys `stall_timeout` and `retries`, read as every
+/// configuration is and turned into the store's policy there.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct StoreFlags {
+    /// A URL: time without a byte before a request is retried ("10s",
+    /// "500ms" or seconds; default 10s).
+    #[arg(long, value_name = "DURATION")]
+    stall_timeout: Option<String>,
+    /// A URL: retries of one request before its error (default 10).
+    #[arg(long, value_name = "N")]
+    retries: Option<u64>,
+}
+
+impl StoreFlags {
+    /// The flags as configuration keys, for a command that resolves more.
+    pub fn keys(&self) -> [(&'static str, Flag<'_>); 2] {
+        [
+            ("stall_timeout", Flag::Text(&self.stall_timeout)),
+            ("retries", Flag::Int(self.retries)),
+        ]
+    }
+
+    /// The store's policy these flags make.
+    pub fn policy(&self) -> Result<brand_store::GetPolicy> {
+        Ok(resolve(None, &self.keys(), false)?.loader.io.store.get_policy())
+    }
+}

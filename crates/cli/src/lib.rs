@@ -25,6 +25,7 @@ use brand_pack::import::{Format, ImportOptions};
 use brand_pack::listing::{InputListed, ListingOptions, OnInput};
 use brand_pack::{PackOptions, Partitioning, source::Source};
 use brand_plan::Memory;
+use configure::StoreFlags;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -221,6 +222,8 @@ struct PackArgs {
     /// or "N slots"), which sizes the groups that are assigned to nodes.
     #[arg(long, requires = "partitions")]
     memory: Option<String>,
+    #[command(flatten)]
+    store: StoreFlags,
 }
 
 #[derive(clap::Args, Debug)]
@@ -232,6 +235,8 @@ struct InspectArgs {
     /// `id<TAB>label<TAB>key` (label -1: none).
     #[arg(long, conflicts_with = "json")]
     samples: bool,
+    #[command(flatten)]
+    store: StoreFlags,
 }
 
 #[derive(clap::Args, Debug)]
@@ -242,6 +247,8 @@ struct VerifyArgs {
     rebuild_index: bool,
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    store: StoreFlags,
 }
 
 #[derive(clap::Args, Debug)]
@@ -253,6 +260,8 @@ struct CatArgs {
     /// The sample's original name instead of its id.
     #[arg(long)]
     key: Option<String>,
+    #[command(flatten)]
+    store: StoreFlags,
 }
 
 /// Runs `brand` with `args` (the program's name first, as `std::env::args_os`
@@ -378,6 +387,7 @@ fn open_source(a: &PackArgs, listing_dir: Option<PathBuf>) -> brand_format::Resu
         field: a.field.clone(),
         label: a.label.clone(),
         spool_dir,
+        store: a.store.policy()?,
         listing: listing_options(listing_dir),
     };
     brand_pack::import::open(a.from.format(), &a.inputs, &opts)
@@ -531,9 +541,12 @@ fn pack_listed(a: &PackArgs, listing_dir: Option<PathBuf>) -> brand_format::Resu
     // --force fails before any input is read), and each segment is uploaded
     // as soon as it is written, then removed here.
     let upload = match brand_store::Location::of_path(&a.out)? {
-        brand_store::Location::Url(u) if a.partitions.is_none() => {
-            Some(brand_store::upload::SegmentUpload::begin(&u, a.force, true)?)
-        }
+        brand_store::Location::Url(u) if a.partitions.is_none() => Some(brand_store::upload::SegmentUpload::begin(
+            &u,
+            a.force,
+            true,
+            &a.store.policy()?,
+        )?),
         _ => None,
     };
     if listing_dir.is_some() {
@@ -617,7 +630,7 @@ fn pack_listed(a: &PackArgs, listing_dir: Option<PathBuf>) -> brand_format::Resu
 }
 
 fn inspect_cmd(a: &InspectArgs) -> brand_format::Result<ExitCode> {
-    let ds = brand_store::open_any(&a.dataset)?;
+    let ds = brand_store::open_any_with(&a.dataset, &a.store.policy()?)?;
     if a.samples {
         let mut out = std::io::BufWriter::new(std::io::stdout().lock());
         for id in 0..ds.index.samples() {
@@ -660,9 +673,10 @@ fn verify_cmd(a: &VerifyArgs) -> brand_format::Result<ExitCode> {
             idx.chunk_count()
         );
     }
-    let ds = brand_store::open_any(&a.dataset)?;
+    let policy = a.store.policy()?;
+    let ds = brand_store::open_any_with(&a.dataset, &policy)?;
     let bar = progress_bar(ds.index.chunk_count(), "verify");
-    let report = brand_pack::verify::verify(&ds, &|done, _| bar.set_position(done))?;
+    let report = brand_pack::verify::verify_with(&ds, &policy, &|done, _| bar.set_position(done))?;
     bar.finish_and_clear();
     if a.json {
         println!(
@@ -693,7 +707,8 @@ fn verify_cmd(a: &VerifyArgs) -> brand_format::Result<ExitCode> {
 }
 
 fn cat_cmd(a: &CatArgs) -> brand_format::Result<ExitCode> {
-    let ds = brand_store::open_any(&a.dataset)?;
+    let policy = a.store.policy()?;
+    let ds = brand_store::open_any_with(&a.dataset, &policy)?;
     let id = match (&a.key, a.id) {
         (Some(k), _) => ds
             .index
@@ -702,7 +717,7 @@ fn cat_cmd(a: &CatArgs) -> brand_format::Result<ExitCode> {
         (None, Some(id)) => id,
         (None, None) => return Err(brand_format::Error::config("give a sample id or --key")),
     };
-    let bytes = brand_store::read_sample(&ds, id)?;
+    let bytes = brand_store::read_sample(&ds, id, &policy)?;
     let mut out = std::io::stdout().lock();
     match out.write_all(&bytes).and_then(|_| out.flush()) {
         Ok(()) => Ok(ExitCode::SUCCESS),

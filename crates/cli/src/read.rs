@@ -82,6 +82,8 @@ pub struct ReadArgs {
     no_order: bool,
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    store: crate::configure::StoreFlags,
 }
 
 #[derive(Debug, Serialize)]
@@ -144,7 +146,10 @@ fn config(a: &ReadArgs) -> brand_format::Result<LoaderConfig> {
             ("cache", Flag::Text(&a.cache)),
             ("gets_in_flight", Flag::Text(&a.gets_in_flight)),
             ("get_size", Flag::Text(&a.get_size)),
-        ],
+        ]
+        .into_iter()
+        .chain(a.store.keys())
+        .collect::<Vec<_>>(),
         true,
     )?;
     if c.nodes.world() > 1 {

@@ -1376,3 +1376,55 @@ fn a_variable_of_the_environment_that_is_not_utf8_is_passed_over() {
         .expect("run brand");
     assert!(out.status.success(), "{}", stderr(&out));
 }
+
+/// `command` followed by the flags of a store policy that gives up fast.
+fn with_fast_policy<'a>(command: &[&'a str]) -> Vec<&'a str> {
+    [command, &["--stall-timeout", "500ms", "--retries", "1"]].concat()
+}
+
+#[test]
+fn a_users_stall_timeout_and_retries_end_a_stalled_open_cat_verify_and_pack_input() {
+    let f = Fixture::new();
+    // The default policy waits 10 s an attempt, 11 attempts: over 110 s.
+    let limit = Duration::from_secs(20);
+    // An open whose manifest never comes.
+    f.server.faults().set_key_filter(Some("manifest"));
+    f.server.faults().stall_all(true);
+    let err = f.fails_within(&with_fast_policy(&["inspect", &f.url]), limit);
+    assert!(err.contains("manifest.toml") && err.contains("no answer in"), "{err}");
+    assert!(err.contains("after 1 retries"), "{err}");
+    // A sample's record and a dataset's chunks that never come.
+    f.server.faults().clear();
+    f.server.faults().set_key_filter(Some("data-"));
+    f.server.faults().stall_all(true);
+    let err = f.fails_within(&with_fast_policy(&["cat", &f.url, "3"]), limit);
+    assert!(
+        err.contains("data-0") && err.contains("after 1 retries; last cause: stall"),
+        "{err}"
+    );
+    let start = Instant::now();
+    let out = f.run(&with_fast_policy(&["verify", &f.url]));
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{report}{}", stderr(&out));
+    assert!(start.elapsed() < limit, "verify took {:?}", start.elapsed());
+    assert!(
+        report.contains("cannot fetch the chunk") && report.contains("after 1 retries"),
+        "{report}"
+    );
+    // A pack's input that never comes: an error, and no dataset.
+    f.server.faults().clear();
+    let inputs = f.root.join("s3/bkt/inputs");
+    std::fs::create_dir_all(&inputs).expect("inputs");
+    let members: Vec<(String, Vec<u8>)> = (0..4).map(|i| (format!("{i:03}.png"), vec![i as u8; 300])).collect();
+    std::fs::write(inputs.join("a.tar"), common::ustar(&members)).expect("tar");
+    f.server.faults().set_key_filter(Some("inputs/a.tar"));
+    f.server.faults().stall_all(true);
+    let out = f.root.join("from-tar");
+    let err = f.fails_within(
+        &with_fast_policy(&["pack", "--from", "tar", "s3://bkt/inputs/a.tar", "-o", s(&out)]),
+        limit,
+    );
+    assert!(err.contains("a.tar") && err.contains("after 1 retries"), "{err}");
+    assert!(!out.exists(), "a failed pack left {}", out.display());
+    f.server.faults().clear();
+}

@@ -33,6 +33,7 @@
 //! get_size = "8MiB"     # a dataset at a URL: neighbouring reads merge into GETs of at most this, 64KiB..=1GiB
 //! stall_timeout = 10    # a dataset at a URL: time without a byte ("10s", "500ms" or seconds) before a GET is retried at most
 //!                       # (less once first bytes are timed: 8 × their slowest 1 %, ≥ 1 s), (0, 3600]
+//! retries = 10          # a dataset at a URL: retries of one request (backing off from 100 ms to 5 s) before its error, 0..=100
 //! on_corrupt = "error"  # "error" (fail when the sample is due) or "skip" (leave it out, counted)
 //! cache = "/run/brand/imagenet.sock"  # attach to the `brand cache` at this socket instead of reading storage
 //! ```
@@ -121,7 +122,7 @@ impl std::str::FromStr for OnCorrupt {
 pub const DEFAULT_MEMORY: Memory = Memory::Percent(10.0);
 
 /// The loader's keys, in the order the module docs list them.
-pub const KEYS: [&str; 21] = [
+pub const KEYS: [&str; 22] = [
     "batch_size",
     "memory",
     "policy",
@@ -141,6 +142,7 @@ pub const KEYS: [&str; 21] = [
     "gets_in_flight",
     "get_size",
     "stall_timeout",
+    "retries",
     "on_corrupt",
     "cache",
 ];
@@ -225,6 +227,7 @@ impl LoaderConfig {
             }
             "get_size" => self.io.store.get_bytes = v.bytes()?,
             "stall_timeout" => self.io.store.stall_timeout = v.duration()?,
+            "retries" => self.io.store.retries = v.whole()?,
             "on_corrupt" => self.on_corrupt = v.text()?.parse()?,
             "cache" => {
                 let path = v.text()?;
@@ -289,6 +292,9 @@ impl LoaderConfig {
         if !(stall > 0.0 && stall <= MAX_STALL_SECS) {
             return outside("stall_timeout", format!("{stall}s"), "(0, 3600] seconds");
         }
+        if io.store.retries > MAX_RETRIES {
+            return outside("retries", io.store.retries.to_string(), "0..=100");
+        }
         if let RunLength::Records(n) = self.run_length
             && !(1..=brand_plan::MAX_RUN_LENGTH).contains(&n)
         {
@@ -314,6 +320,8 @@ const MAX_GETS_IN_FLIGHT: usize = 1024;
 const MIN_GET_BYTES: u64 = 64 << 10;
 const MAX_GET_BYTES: u64 = 1 << 30;
 const MAX_STALL_SECS: f64 = 3_600.0;
+/// More retries than this hold a request for most of an hour (5 s apart).
+const MAX_RETRIES: u32 = 100;
 
 /// A key's value, read as the type the key takes; errors name the key.
 pub struct Value<'a> {

@@ -59,6 +59,9 @@ pub struct ArrowOptions {
     /// Where objects are fetched to (an anonymous file, gone when the
     /// source is dropped); unused for local files.
     pub spool_dir: PathBuf,
+    /// How the requests for inputs in object storage are bounded and
+    /// retried (the user's `stall_timeout` and `retries`).
+    pub store: brand_store::GetPolicy,
 }
 
 /// `--from arrow`'s samples ([`Listed`]).
@@ -93,7 +96,7 @@ impl ArrowSource {
         let Some(first_input) = paths.first() else {
             return Err(Error::config("no Arrow input given"));
         };
-        let inputs = expand_inputs(paths)?;
+        let inputs = expand_inputs(paths, &options.store)?;
         let mut scan = Scan {
             options,
             entries: Entries::new(),
@@ -165,9 +168,9 @@ struct DatasetDictJson {
 /// `state.json` order; another directory's `.arrow` files (not hidden) by
 /// name. A `DatasetDict` directory is refused, naming its splits. Prefixes
 /// are directories here ([`input::given`]).
-fn expand_inputs(paths: &[PathBuf]) -> Result<Vec<ArrowInput>> {
+fn expand_inputs(paths: &[PathBuf], policy: &brand_store::GetPolicy) -> Result<Vec<ArrowInput>> {
     let mut files = Vec::new();
-    for given in input::given(paths)? {
+    for given in input::given(paths, policy)? {
         let dir = match given {
             Given::File(file) => {
                 let name = String::from_utf8_lossy(&file.file_name()).into_owned();

@@ -97,6 +97,9 @@ pub struct ImportOptions {
     pub label: Option<String>,
     /// Where inputs that can only be read in order are spooled while packing.
     pub spool_dir: PathBuf,
+    /// How the requests for inputs in object storage are bounded and
+    /// retried (the user's `stall_timeout` and `retries`).
+    pub store: brand_store::GetPolicy,
     /// Where tar, MDS and Parquet keep their listing and spool for a later
     /// run of the same import to reuse (`crate::listing`; the CLI's
     /// `.OUT.listing`; default: nowhere, an anonymous spool in
@@ -112,6 +115,7 @@ impl ImportOptions {
             field: None,
             label: None,
             spool_dir: spool_dir.to_path_buf(),
+            store: brand_store::GetPolicy::default(),
             listing: ListingOptions::default(),
         }
     }
@@ -168,6 +172,7 @@ pub fn open(format: Format, inputs: &[PathBuf], opts: &ImportOptions) -> Result<
                 },
                 label: crate::tar::TarLabel::parse(opts.label.as_deref().unwrap_or("none"))?,
                 spool_dir: opts.spool_dir.clone(),
+                store: opts.store.clone(),
                 listing: opts.listing.clone(),
             };
             Box::new(crate::tar::TarSource::open(inputs, &tar)?)
@@ -177,6 +182,7 @@ pub fn open(format: Format, inputs: &[PathBuf], opts: &ImportOptions) -> Result<
                 field: opts.field.clone(),
                 label: opts.label.clone(),
                 spool_dir: opts.spool_dir.clone(),
+                store: opts.store.clone(),
                 listing: opts.listing.clone(),
             };
             Box::new(crate::mds::MdsSource::open(single()?, &mds)?)
@@ -186,6 +192,7 @@ pub fn open(format: Format, inputs: &[PathBuf], opts: &ImportOptions) -> Result<
                 field: opts.field.clone(),
                 label: opts.label.clone(),
                 spool_dir: opts.spool_dir.clone(),
+                store: opts.store.clone(),
                 listing: opts.listing.clone(),
             };
             Box::new(crate::parquet::ParquetSource::open(inputs, &parquet)?)
@@ -195,6 +202,7 @@ pub fn open(format: Format, inputs: &[PathBuf], opts: &ImportOptions) -> Result<
                 field: opts.field.clone(),
                 label: opts.label.clone(),
                 spool_dir: opts.spool_dir.clone(),
+                store: opts.store.clone(),
             };
             Box::new(crate::arrow::ArrowSource::open(inputs, &arrow)?)
         }

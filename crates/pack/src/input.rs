@@ -14,7 +14,7 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
 use brand_format::error::{Error, IoContext, Result};
-use brand_store::{Location, ObjectInfo, ObjectReader, ObjectUrl, Objects};
+use brand_store::{GetPolicy, Location, ObjectInfo, ObjectReader, ObjectUrl, Objects};
 
 /// One input file.
 #[derive(Debug)]
@@ -141,17 +141,26 @@ impl StoredObject {
     }
 }
 
-/// Stores connected to so far, one per bucket.
-#[derive(Default)]
-struct Stores(Vec<(String, Arc<Objects>)>);
+/// Stores connected to so far, one per bucket, their requests under `policy`.
+struct Stores<'a> {
+    policy: &'a GetPolicy,
+    connected: Vec<(String, Arc<Objects>)>,
+}
 
-impl Stores {
+impl<'a> Stores<'a> {
+    fn new(policy: &'a GetPolicy) -> Self {
+        Stores {
+            policy,
+            connected: Vec::new(),
+        }
+    }
+
     fn of(&mut self, url: &ObjectUrl) -> Result<Arc<Objects>> {
-        if let Some((_, o)) = self.0.iter().find(|(root, _)| *root == url.root) {
+        if let Some((_, o)) = self.connected.iter().find(|(root, _)| *root == url.root) {
             return Ok(Arc::clone(o));
         }
-        let o = Arc::new(Objects::connect(url)?);
-        self.0.push((url.root.clone(), Arc::clone(&o)));
+        let o = Arc::new(Objects::connect(url, self.policy)?);
+        self.connected.push((url.root.clone(), Arc::clone(&o)));
         Ok(o)
     }
 }
@@ -196,9 +205,9 @@ pub enum Given {
 
 /// Each of `inputs` as given. A URL is a prefix if anything is under it
 /// (listed once, its objects directly under it), else the object of that
-/// name; one ending in `/` is only ever a prefix.
-pub fn given(inputs: &[PathBuf]) -> Result<Vec<Given>> {
-    let mut stores = Stores::default();
+/// name; one ending in `/` is only ever a prefix. Requests go under `policy`.
+pub fn given(inputs: &[PathBuf], policy: &GetPolicy) -> Result<Vec<Given>> {
+    let mut stores = Stores::new(policy);
     inputs.iter().map(|path| given_one(path, &mut stores)).collect()
 }
 
@@ -255,9 +264,15 @@ fn by_relative_key(prefix: &str, listed: Vec<ObjectInfo>) -> HashMap<String, Obj
 /// name; a URL is an object, or a prefix listed the same way. A directory
 /// or prefix with none is an error: "no {kinds} files in the
 /// directory{hint}".
-pub fn expand(inputs: &[PathBuf], keep: fn(&[u8]) -> bool, kinds: &str, hint: &str) -> Result<Vec<Input>> {
+pub fn expand(
+    inputs: &[PathBuf],
+    policy: &GetPolicy,
+    keep: fn(&[u8]) -> bool,
+    kinds: &str,
+    hint: &str,
+) -> Result<Vec<Input>> {
     let mut files = Vec::new();
-    for input in given(inputs)? {
+    for input in given(inputs, policy)? {
         match input {
             Given::File(file) => files.push(file),
             Given::Dir(dir) => {
@@ -363,7 +378,7 @@ impl InputDir {
 /// An input naming a directory holding `file_name`, or that file itself:
 /// the file, and the directory it is in. A prefix is listed once, whole
 /// (the directory's other files are looked up in that listing).
-pub fn file_in_dir(input: &Path, file_name: &str) -> Result<(Input, InputDir)> {
+pub fn file_in_dir(input: &Path, file_name: &str, policy: &GetPolicy) -> Result<(Input, InputDir)> {
     let Some((url, prefix_only)) = url_of(input)? else {
         let file = if fs::metadata(input).at(input)?.is_dir() {
             input.join(file_name)
@@ -373,7 +388,7 @@ pub fn file_in_dir(input: &Path, file_name: &str) -> Result<(Input, InputDir)> {
         let root = file.parent().unwrap_or(Path::new(".")).to_path_buf();
         return Ok((Input::File(file), InputDir::Local(root)));
     };
-    let objects = Stores::default().of(&url)?;
+    let objects = Stores::new(policy).of(&url)?;
     // The prefix listed, whole; if there is nothing under it, the object of
     // that name and the prefix it is in.
     let (mut listed, _) = objects.list(&url.prefix, true)?;

@@ -58,6 +58,9 @@ pub struct MdsOptions {
     /// Where a zstd shard's payloads are spooled (an anonymous file, gone
     /// when the source is dropped or the process ends).
     pub spool_dir: PathBuf,
+    /// How the requests for inputs in object storage are bounded and
+    /// retried (the user's `stall_timeout` and `retries`).
+    pub store: brand_store::GetPolicy,
     /// Where the listing is kept for a later run to reuse, and who hears
     /// of each input listed (`crate::listing`).
     pub listing: ListingOptions,
@@ -155,7 +158,7 @@ impl MdsSource {
     /// Lists the samples of the MDS dataset at `input`: a directory holding
     /// `index.json`, or the `index.json` itself; or their URLs.
     pub fn open(input: &Path, options: &MdsOptions) -> Result<Self> {
-        let (index_file, root) = super::input::file_in_dir(input, "index.json")?;
+        let (index_file, root) = super::input::file_in_dir(input, "index.json", &options.store)?;
         let index_path = index_file.path().to_path_buf();
         let text = index_file.read_all()?;
         let malformed = |what: String| Error::input(&index_path, "index.json", what);

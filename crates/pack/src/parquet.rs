@@ -50,6 +50,9 @@ pub struct ParquetOptions {
     /// Where the payloads are spooled (an anonymous file, gone when the
     /// source is dropped or the process ends).
     pub spool_dir: PathBuf,
+    /// How the requests for inputs in object storage are bounded and
+    /// retried (the user's `stall_timeout` and `retries`).
+    pub store: brand_store::GetPolicy,
     /// Where the listing is kept for a later run to reuse, and who hears
     /// of each input listed (`crate::listing`).
     pub listing: ListingOptions,
@@ -75,6 +78,7 @@ impl ParquetSource {
     pub fn open(paths: &[PathBuf], options: &ParquetOptions) -> Result<Self> {
         let inputs = super::input::expand(
             paths,
+            &options.store,
             |name| name.ends_with(b".parquet"),
             ".parquet",
             " (a Hub dataset keeps them in data/)",

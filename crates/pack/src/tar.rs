@@ -102,6 +102,9 @@ pub struct TarOptions {
     /// Where a gzipped tar's payloads are spooled (an anonymous file, gone
     /// when the source is dropped or the process ends).
     pub spool_dir: PathBuf,
+    /// How the requests for inputs in object storage are bounded and
+    /// retried (the user's `stall_timeout` and `retries`).
+    pub store: brand_store::GetPolicy,
     /// Where the listing is kept for a later run to reuse, and who hears
     /// of each input listed (`crate::listing`).
     pub listing: ListingOptions,
@@ -312,7 +315,7 @@ impl TarSource {
                 .iter()
                 .any(|ext| name.ends_with(ext))
         };
-        let inputs = super::input::expand(paths, is_archive, ".tar, .tar.gz or .tgz", "")?;
+        let inputs = super::input::expand(paths, &options.store, is_archive, ".tar, .tar.gz or .tgz", "")?;
         let Some(first_input) = paths.first() else {
             return Err(Error::config("no tar input given"));
         };

@@ -62,8 +62,18 @@ impl VerifyReport {
 /// the segment files have the sizes the manifest records. Problems are
 /// collected, not returned as the first error, so one run lists them all.
 pub fn verify(ds: &Dataset, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<VerifyReport> {
+    verify_with(ds, &brand_store::GetPolicy::default(), progress)
+}
+
+/// [`verify`], a dataset in object storage fetched under `policy` (the
+/// user's `stall_timeout` and retries).
+pub fn verify_with(
+    ds: &Dataset,
+    policy: &brand_store::GetPolicy,
+    progress: &(dyn Fn(u64, u64) + Sync),
+) -> Result<VerifyReport> {
     if ds.is_remote() {
-        return verify_objects(ds, progress);
+        return verify_objects(ds, policy, progress);
     }
     let idx = &ds.index;
     let mut problems = Vec::new();
@@ -293,41 +303,48 @@ fn report(ds: &Dataset, held: &[u64], bytes_read: u64, mut problems: Vec<Problem
 /// [`verify`] of a dataset in object storage: every chunk fetched (ranged
 /// GETs, many in flight, pinned to the versions opened; the objects' sizes
 /// were checked against the manifest at open) and checked as from a file.
-fn verify_objects(ds: &Dataset, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<VerifyReport> {
+fn verify_objects(
+    ds: &Dataset,
+    policy: &brand_store::GetPolicy,
+    progress: &(dyn Fn(u64, u64) + Sync),
+) -> Result<VerifyReport> {
     let held = held_chunks(ds);
     let total = held.len() as u64;
     let (mut problems, mut bytes_read, mut done) = (Vec::new(), 0u64, 0u64);
-    let mut damaged = Vec::new();
-    brand_store::for_each_chunk(ds, &held, &mut |c, bytes| {
-        done += 1;
-        if done.is_multiple_of(64) || done == total {
-            progress(done, total);
+    let mut fetched_again = 0;
+    // Bytes damaged on the way are not the dataset's: a chunk that fails a
+    // check is fetched once more, and what that fetch shows is the answer.
+    brand_store::for_each_chunk(ds, &held, policy, &mut |c, bytes, again| {
+        if !again {
+            done += 1;
+            if done.is_multiple_of(64) || done == total {
+                progress(done, total);
+            }
         }
         match bytes {
             Ok(buf) => {
                 bytes_read += buf.len() as u64;
                 let mut found = Vec::new();
                 check_chunk_bytes(ds, c, &buf, &mut found);
-                if !found.is_empty() {
-                    damaged.push(c);
+                if !found.is_empty() && !again {
+                    fetched_again += 1;
+                    return true;
                 }
+                problems.extend(found);
             }
-            Err(e) => problems.push(chunk_problem(ds, c, format!("cannot fetch the chunk: {e}"))),
+            Err(e) => {
+                let what = if again {
+                    "cannot fetch the chunk again"
+                } else {
+                    "cannot fetch the chunk"
+                };
+                problems.push(chunk_problem(ds, c, format!("{what}: {e}")));
+            }
         }
+        false
     })?;
-    // Bytes damaged on the way are not the dataset's: a chunk that fails a
-    // check is fetched once more, and what that fetch shows is the answer.
-    if !damaged.is_empty() {
-        brand_store::for_each_chunk(ds, &damaged, &mut |c, bytes| match bytes {
-            Ok(buf) => {
-                bytes_read += buf.len() as u64;
-                check_chunk_bytes(ds, c, &buf, &mut problems);
-            }
-            Err(e) => problems.push(chunk_problem(ds, c, format!("cannot fetch the chunk again: {e}"))),
-        })?;
-    }
     let mut r = report(ds, &held, bytes_read, problems);
-    r.fetched_again = damaged.len() as u64;
+    r.fetched_again = fetched_again;
     Ok(r)
 }
 

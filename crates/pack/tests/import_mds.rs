@@ -159,6 +159,7 @@ fn options(spool: &Path, field: Option<&str>, label: Option<&str>) -> MdsOptions
         field: field.map(str::to_string),
         label: label.map(str::to_string),
         spool_dir: spool.to_path_buf(),
+        store: brand_store::GetPolicy::default(),
         listing: Default::default(),
     }
 }

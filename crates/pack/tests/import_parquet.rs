@@ -125,6 +125,7 @@ fn options(spool: &Path, field: Option<&str>, label: Option<&str>) -> ParquetOpt
         field: field.map(str::to_string),
         label: label.map(str::to_string),
         spool_dir: spool.to_path_buf(),
+        store: brand_store::GetPolicy::default(),
         listing: Default::default(),
     }
 }

@@ -108,6 +108,7 @@ fn options(dir: &Path, fields: &str, label: TarLabel) -> TarOptions {
         },
         label,
         spool_dir: dir.to_path_buf(),
+        store: brand_store::GetPolicy::default(),
         listing: Default::default(),
     }
 }

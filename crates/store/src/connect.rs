@@ -36,6 +36,8 @@ use brand_format::error::{Error, Result};
 use object_store::ObjectStore;
 use object_store::{ClientConfigKey, RetryConfig};
 
+use crate::get::GetPolicy;
+
 use crate::location::{ObjectUrl, Scheme};
 
 /// A connected store and the URL it serves.
@@ -51,6 +53,10 @@ impl std::fmt::Debug for Connection {
         write!(f, "Connection({})", self.url)
     }
 }
+
+/// The least stall timeout of an upload's requests (see
+/// [`Connection::for_upload`]).
+pub const UPLOAD_STALL: Duration = Duration::from_secs(30);
 
 /// How long a connection may take to open.
 const CONNECT_TIMEOUT: &str = "10s";
@@ -69,10 +75,21 @@ impl Connection {
         )
     }
 
-    /// A client that retries by itself (object_store's backoff: 10 times
-    /// within 3 minutes): for uploads, whose parts brand does not resume.
-    pub fn for_upload(url: &ObjectUrl, stall: Duration) -> Result<Connection> {
-        Self::with_retries(url, stall, RetryConfig::default())
+    /// A client that retries by itself, as `policy` says (its retries and
+    /// backoff, within object_store's 3 minutes a request): for uploads,
+    /// whose parts brand does not resume. A part is answered only once it
+    /// is all sent, so an upload waits at least [`UPLOAD_STALL`] for it.
+    pub fn for_upload(url: &ObjectUrl, policy: &GetPolicy) -> Result<Connection> {
+        let retries = RetryConfig {
+            max_retries: policy.retries as usize,
+            backoff: object_store::BackoffConfig {
+                init_backoff: policy.backoff,
+                max_backoff: policy.backoff_max,
+                base: 2.0,
+            },
+            ..RetryConfig::default()
+        };
+        Self::with_retries(url, policy.stall.max(UPLOAD_STALL), retries)
     }
 
     fn with_retries(url: &ObjectUrl, stall: Duration, retries: RetryConfig) -> Result<Connection> {

@@ -253,79 +253,116 @@ async fn missing(conn: &Connection) -> Error {
 }
 
 /// One sample of a dataset in object storage, fetched (one ranged GET of
-/// its record, pinned to the segment's version) and decoded: `brand cat`.
-pub fn read_sample(ds: &Dataset, id: u64) -> Result<Vec<u8>> {
-    let Origin::Objects(versions) = &ds.origin else {
+/// its record, pinned to the segment's version, under `policy`) and
+/// decoded: `brand cat`.
+pub fn read_sample(ds: &Dataset, id: u64, policy: &GetPolicy) -> Result<Vec<u8>> {
+    if !matches!(ds.origin, Origin::Objects(_)) {
         return ds.read_sample(id);
-    };
+    }
     if id >= ds.index.samples() {
         return Err(Error::config(format!(
             "sample {id} out of range: the dataset has {}",
             ds.index.samples()
         )));
     }
-    let Location::Url(url) = Location::of_path(ds.dir())? else {
-        return ds.read_sample(id);
-    };
-    let policy = GetPolicy::default();
     let (segment, offset, len) = ds.index.record_location(id);
-    let name = &ds.manifest.segments[segment as usize].name;
-    let e_tag = versions.get(segment as usize).and_then(|v| v.e_tag.as_deref());
-    let rt = IoRuntime::new(1)?;
-    let conn = Connection::new(&url, policy.stall)?;
-    let (counters, limiter) = (GetCounters::default(), Limiter::new(1));
-    let mut buf = vec![0u8; len as usize];
-    let fetch = |buf: &mut [u8]| {
-        let range = offset..offset + len as u64;
-        rt.block_on(get::get_into(
-            &conn, name, range, e_tag, buf, &policy, &counters, &limiter,
-        ))
+    let fetch = Fetch {
+        tag: id,
+        segment,
+        range: offset..offset + u64::from(len),
     };
-    fetch(&mut buf)?;
-    // Damaged bytes are fetched once more, as the engine does (objects.rs):
-    // the damage may be the network's; damaged again, it is the object's.
-    match ds.decode(id, &buf, true) {
-        Err(Error::Corrupt { .. }) => {}
-        decoded => return decoded.map(|b| b.to_vec()),
-    }
-    fetch(&mut buf)?;
-    ds.decode(id, &buf, true).map(|b| b.to_vec())
+    let mut sample = Err(Error::config(format!("sample {id}: not fetched")));
+    fetch_checked(ds, vec![fetch], 1, policy, &mut |_, bytes, again| {
+        sample = bytes.and_then(|buf| ds.decode(id, &buf, true).map(|b| b.to_vec()));
+        let damaged = matches!(sample, Err(Error::Corrupt { .. }));
+        damaged && !again
+    })?;
+    sample
 }
 
 /// Chunks fetched at once by [`for_each_chunk`].
 const CHUNKS_IN_FLIGHT: usize = 16;
 
 /// Each chunk of `chunks` of a dataset in object storage, whole (its padded
-/// length, one ranged GET pinned to the segment's version), handed to
-/// `each` as it arrives, many in flight: `brand verify`.
-pub fn for_each_chunk(ds: &Dataset, chunks: &[u64], each: &mut dyn FnMut(u64, Result<Vec<u8>>)) -> Result<()> {
+/// length, one ranged GET pinned to the segment's version, under
+/// `policy`), handed to `each` as it arrives, many in flight: `brand
+/// verify`. `each(chunk, bytes, again)` returns whether the bytes were
+/// damaged (see [`fetch_checked`]).
+pub fn for_each_chunk(
+    ds: &Dataset,
+    chunks: &[u64],
+    policy: &GetPolicy,
+    each: &mut dyn FnMut(u64, Result<Vec<u8>>, bool) -> bool,
+) -> Result<()> {
+    let fetches = chunks
+        .iter()
+        .map(|&c| {
+            let loc = ds.index.chunk(c);
+            Fetch {
+                tag: c,
+                segment: loc.segment,
+                range: loc.offset..loc.offset + ds.index.chunk_padded_len(c),
+            }
+        })
+        .collect();
+    fetch_checked(ds, fetches, CHUNKS_IN_FLIGHT, policy, each)
+}
+
+/// Bytes of one segment object to fetch, `tag` naming them to the caller.
+struct Fetch {
+    tag: u64,
+    segment: u32,
+    range: std::ops::Range<u64>,
+}
+
+/// `fetches` of a dataset in object storage, `in_flight` at once, each
+/// handed to `check(tag, bytes, again)` as it arrives. Bytes that `check`
+/// finds damaged (it returns true) are fetched once more and handed to it
+/// again with `again` set, and that answer is final: damage may be the
+/// network's; damaged twice, it is the object's. (The loader's engine
+/// applies the same rule to the reads of a GET, `brand_io::objects`.)
+fn fetch_checked(
+    ds: &Dataset,
+    fetches: Vec<Fetch>,
+    in_flight: usize,
+    policy: &GetPolicy,
+    check: &mut dyn FnMut(u64, Result<Vec<u8>>, bool) -> bool,
+) -> Result<()> {
     use futures_util::StreamExt;
     let (Origin::Objects(versions), Location::Url(url)) = (&ds.origin, Location::of_path(ds.dir())?) else {
         return Err(Error::config(format!("{}: not in object storage", ds.dir().display())));
     };
-    let policy = GetPolicy::default();
-    let rt = IoRuntime::new(2)?;
+    let rt = IoRuntime::new(in_flight.min(2))?;
     let conn = Connection::new(&url, policy.stall)?;
-    let (counters, limiter) = (GetCounters::default(), Limiter::new(CHUNKS_IN_FLIGHT));
-    let fetch = |c: u64| {
-        let loc = ds.index.chunk(c);
-        let name = &ds.manifest.segments[loc.segment as usize].name;
-        let e_tag = versions.get(loc.segment as usize).and_then(|v| v.e_tag.as_deref());
-        let range = loc.offset..loc.offset + ds.index.chunk_padded_len(c);
-        let (conn, policy, counters, limiter) = (&conn, &policy, &counters, &limiter);
+    let (counters, limiter) = (GetCounters::default(), Limiter::new(in_flight));
+    let get = |f: &Fetch| {
+        let name = &ds.manifest.segments[f.segment as usize].name;
+        let e_tag = versions.get(f.segment as usize).and_then(|v| v.e_tag.as_deref());
+        let (conn, counters, limiter, range, tag) = (&conn, &counters, &limiter, f.range.clone(), f.tag);
         // buffer_unordered below bounds the GETs in flight.
         async move {
             let mut buf = vec![0u8; (range.end - range.start) as usize];
             let r = get::get_into(conn, name, range, e_tag, &mut buf, policy, counters, limiter).await;
-            (c, r.map(|()| buf))
+            (tag, r.map(|()| buf))
         }
     };
-    rt.block_on(async {
-        let mut arrivals =
-            futures_util::stream::iter(chunks.iter().map(|&c| fetch(c))).buffer_unordered(CHUNKS_IN_FLIGHT);
-        while let Some((c, r)) = arrivals.next().await {
-            each(c, r);
+    let mut damaged = std::collections::HashSet::new();
+    for again in [false, true] {
+        let round: Vec<&Fetch> = match again {
+            false => fetches.iter().collect(),
+            true => fetches.iter().filter(|f| damaged.contains(&f.tag)).collect(),
+        };
+        if round.is_empty() {
+            break;
         }
-    });
+        rt.block_on(async {
+            let mut arrivals = futures_util::stream::iter(round.into_iter().map(get)).buffer_unordered(in_flight);
+            while let Some((tag, r)) = arrivals.next().await {
+                if check(tag, r, again) && !again {
+                    damaged.insert(tag);
+                }
+            }
+        });
+    }
     Ok(())
 }

@@ -76,11 +76,11 @@ impl std::fmt::Debug for Objects {
 
 impl Objects {
     /// The store of `url` (its bucket), with credentials from the
-    /// environment (see [`Connection`]). Nothing is sent yet.
-    pub fn connect(url: &ObjectUrl) -> Result<Objects> {
-        let policy = GetPolicy::default();
+    /// environment (see [`Connection`]), its requests under `policy`.
+    /// Nothing is sent yet.
+    pub fn connect(url: &ObjectUrl, policy: &GetPolicy) -> Result<Objects> {
         let conn = Connection::new(&root_of(url), policy.stall)?;
-        Self::with_connection(conn, policy, ReadAhead::default())
+        Self::with_connection(conn, policy.clone(), ReadAhead::default())
     }
 
     /// Over a connection made by the caller (tests: the environment is

@@ -11,7 +11,6 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
-use std::time::Duration;
 
 use brand_format::error::{Error, Result};
 use brand_format::manifest::Manifest;
@@ -19,7 +18,7 @@ use brand_format::{INDEX_FILE, MANIFEST_FILE};
 use object_store::{ObjectStoreExt, PutPayload, WriteMultipart};
 
 use crate::connect::Connection;
-use crate::get::describe;
+use crate::get::{GetPolicy, describe};
 use crate::location::ObjectUrl;
 use crate::runtime::IoRuntime;
 
@@ -63,17 +62,17 @@ struct Shared {
 impl SegmentUpload {
     /// Connects, and checks `url` holds no dataset (or, with `force`, takes
     /// the old dataset's manifest away first: it stops being a dataset
-    /// before any of its objects is replaced).
-    pub fn begin(url: &ObjectUrl, force: bool, remove_sent: bool) -> Result<SegmentUpload> {
+    /// before any of its objects is replaced). Requests retry as `policy` says.
+    pub fn begin(url: &ObjectUrl, force: bool, remove_sent: bool, policy: &GetPolicy) -> Result<SegmentUpload> {
         let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
         // Room for two finished segments: the packer writes the third
         // while one uploads and waits only if the upload falls behind.
         let (jobs_tx, jobs_rx) = mpsc::sync_channel::<Job>(2);
         let state = Arc::new(Shared::default());
-        let (u, st) = (url.clone(), Arc::clone(&state));
+        let (u, st, policy) = (url.clone(), Arc::clone(&state), policy.clone());
         let worker = std::thread::Builder::new()
             .name("brand-upload".into())
-            .spawn(move || run(&u, force, &st, &ready_tx, &jobs_rx))
+            .spawn(move || run(&u, force, &policy, &st, &ready_tx, &jobs_rx))
             .map_err(|e| Error::io("<brand-upload thread>", e))?;
         let upload = SegmentUpload {
             url: url.clone(),
@@ -155,10 +154,17 @@ impl Drop for SegmentUpload {
 
 /// The upload thread: connects, checks the URL, then takes segments until
 /// told to finish (or until the packer goes away: then it cleans up).
-fn run(url: &ObjectUrl, force: bool, state: &Shared, ready: &mpsc::Sender<Result<()>>, jobs: &mpsc::Receiver<Job>) {
+fn run(
+    url: &ObjectUrl,
+    force: bool,
+    policy: &GetPolicy,
+    state: &Shared,
+    ready: &mpsc::Sender<Result<()>>,
+    jobs: &mpsc::Receiver<Job>,
+) {
     let started = (|| {
         let rt = IoRuntime::new(2)?;
-        let conn = Connection::for_upload(url, Duration::from_secs(30))?;
+        let conn = Connection::for_upload(url, policy)?;
         let old = rt.block_on(take_old_manifest(&conn, url, force))?;
         Ok((rt, conn, old))
     })();
