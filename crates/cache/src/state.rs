@@ -1,0 +1,643 @@
+//! The cache's shared state: which samples are in memory, being read or
+//! bad, which jobs need each one and which hold it in a live batch, the
+//! byte budget (the arena and the room promised to reads in flight), and
+//! the decisions made on it: what a read may take (admission), what leaves
+//! memory for room (eviction), what a job is served.
+//!
+//! A sample is *needed* by each attached job that has not served it in its
+//! current epoch.
+//!
+//! What is served: a job takes, uniformly at random with its own seed, any
+//! sample in memory it has not served this epoch ("substitutable", as
+//! Quiver says, and "whatever is available", as Brand does).
+//! What stays: a sample needed by no job stays until its room is wanted;
+//! when the budget is full and a job waits, the cache drops samples that no
+//! waiting job needs, fewest needers first: what only a laggard (a job not
+//! asking) still needs goes, and that job reads it again later (counted in
+//! `dropped_needed`). Samples in a job's live batch are never dropped.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use brand_format::Dataset;
+use brand_format::ids::IdBits;
+use brand_format::rng::Prng;
+use brand_io::engine::Completion;
+
+use crate::arena::{Arena, footprint};
+use crate::fill::Fill;
+use crate::server::Shared;
+use crate::wire::{Hello, Placed, ToJob};
+
+/// What the cache did, for its report.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CacheReport {
+    pub memory_bytes: u64,
+    /// The fill plan's run length (records per run).
+    pub run_length: u32,
+    pub jobs_attached: u64,
+    pub jobs_now: u64,
+    pub jobs_refused: u64,
+    /// Bytes the device delivered, and the records they held.
+    pub bytes_read: u64,
+    pub samples_read: u64,
+    pub reads_issued: u64,
+    /// Samples handed to jobs (a sample to two jobs counts twice).
+    pub samples_served: u64,
+    /// Samples dropped while some job still needed them (the laggard
+    /// policy's cost: each is read again for that job).
+    pub dropped_needed: u64,
+    /// Samples dropped that no job needed any more.
+    pub dropped_idle: u64,
+    /// Corrupt records read (with `on_corrupt = "skip"` each is left out
+    /// of the epoch of every job that needed it).
+    pub corrupt_records: u64,
+    /// Turns of the fill's plan begun (plan epochs).
+    pub fill_epochs: u64,
+    pub peak_used_bytes: u64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Where {
+    Absent,
+    /// Being read.
+    Pending,
+    Resident(u64),
+    /// Its read failed (the error is in `State::bad`).
+    Bad,
+}
+
+#[derive(Clone, Copy)]
+pub(crate) struct Sample {
+    at: Where,
+    /// Attached jobs that have not served it this epoch.
+    need: u32,
+    /// Samples of live batches (every job's).
+    leases: u32,
+    /// Index in `State::present` while resident or bad.
+    slot: u32,
+}
+
+pub(crate) struct Job {
+    epoch: u64,
+    served: IdBits,
+    rng: Prng,
+    seed: u64,
+    batch_size: usize,
+    pub(crate) waiting: bool,
+    leases: HashMap<u32, u32>,
+    /// Bytes of its live batches, and how many.
+    held_bytes: u64,
+    live_batches: u32,
+}
+
+impl Job {
+    fn has_served(&self, id: u32) -> bool {
+        self.served.contains(id as u64)
+    }
+}
+
+/// A record whose read failed: why, and whether it is the record itself
+/// (corrupt: `on_corrupt` applies) or its read (an I/O error).
+pub(crate) struct Bad {
+    why: String,
+    corrupt: bool,
+}
+
+pub(crate) struct State {
+    pub(crate) samples: Vec<Sample>,
+    /// Samples resident or bad, for serving.
+    pub(crate) present: Vec<u32>,
+    pub(crate) bad: HashMap<u32, Bad>,
+    /// Samples not in memory that some job needs.
+    pub(crate) wanted: u64,
+    pub(crate) fill: Fill,
+    pub(crate) skip_corrupt: bool,
+    pub(crate) arena: Arena,
+    /// Room promised to reads in flight.
+    pub(crate) reserved: u64,
+    pub(crate) jobs: HashMap<u64, Job>,
+    pub(crate) next_job: u64,
+    /// The reader failed: every job gets this.
+    pub(crate) failed: Option<String>,
+    pub(crate) stopping: Option<String>,
+    /// Reads or releases since start: a waiting job's sign of progress.
+    pub(crate) progress: u64,
+    pub(crate) report: CacheReport,
+}
+
+/// About what a batch of `size` samples takes in the shared memory.
+pub(crate) fn batch_bytes(ds: &Dataset, size: u64) -> u64 {
+    let n = ds.index.samples();
+    let mean = ds.index.raw_lens().map(|l| footprint(l as u64)).sum::<u64>() / n.max(1);
+    size.min(n).saturating_mul(mean)
+}
+
+/// The job's next batch, drawn at random from the samples in memory it has
+/// not served, and the corrupt records it skips (with `skip`, every one in
+/// memory it has not served): `None` while fewer than a batch (or the
+/// epoch's rest) are there and none is skipped; an error if a drawn sample
+/// is bad and not skipped.
+pub(crate) type Picked = (Vec<u32>, Vec<u32>);
+
+pub(crate) fn pick(
+    job: &mut Job,
+    samples: &[Sample],
+    present: &[u32],
+    bad: &HashMap<u32, Bad>,
+    skip: bool,
+) -> std::result::Result<Option<Picked>, String> {
+    let n = samples.len() as u64;
+    let (skipped, mut open): (Vec<u32>, Vec<u32>) = present
+        .iter()
+        .copied()
+        .filter(|&i| !job.has_served(i))
+        .partition(|i| skip && bad.get(i).is_some_and(|b| b.corrupt));
+    let rest = n - job.served.len() - skipped.len() as u64;
+    let want = (job.batch_size as u64).min(rest) as usize;
+    if open.len() < want {
+        return Ok((!skipped.is_empty()).then_some((Vec::new(), skipped)));
+    }
+    for k in 0..want {
+        let j = k + job.rng.below((open.len() - k) as u64) as usize;
+        open.swap(k, j);
+    }
+    open.truncate(want);
+    if let Some(b) = open.iter().find_map(|i| bad.get(i)) {
+        return Err(b.why.clone());
+    }
+    Ok(Some((open, skipped)))
+}
+
+impl State {
+    /// Nothing in memory and no job attached: `samples` samples, a budget
+    /// of `bytes`, the fill at the start of `fill`'s plan.
+    pub(crate) fn new(samples: usize, bytes: u64, fill: Fill, skip_corrupt: bool, run_length: u32) -> Self {
+        State {
+            samples: vec![
+                Sample {
+                    at: Where::Absent,
+                    need: 0,
+                    leases: 0,
+                    slot: 0,
+                };
+                samples
+            ],
+            present: Vec::new(),
+            bad: HashMap::new(),
+            wanted: 0,
+            fill,
+            skip_corrupt,
+            arena: Arena::new(bytes),
+            reserved: 0,
+            jobs: HashMap::new(),
+            next_job: 1,
+            failed: None,
+            stopping: None,
+            progress: 0,
+            report: CacheReport {
+                memory_bytes: bytes,
+                run_length,
+                fill_epochs: 1,
+                ..CacheReport::default()
+            },
+        }
+    }
+
+    /// One more job needs `id`.
+    fn need_more(&mut self, id: u32) {
+        let s = &mut self.samples[id as usize];
+        s.need += 1;
+        if s.at == Where::Absent && s.need == 1 {
+            self.wanted += 1;
+        }
+    }
+
+    fn need_less(&mut self, id: u32) {
+        let s = &mut self.samples[id as usize];
+        s.need -= 1;
+        if s.at == Where::Absent && s.need == 0 {
+            self.wanted -= 1;
+        }
+    }
+
+    /// Attaches job `id`, which `h` introduced and which served `served`.
+    pub(crate) fn add_job(&mut self, id: u64, h: &Hello, served: IdBits) {
+        let n = self.samples.len();
+        let mut job = Job {
+            epoch: h.epoch,
+            served,
+            rng: Prng::stream(h.seed, &[0xcac4e, h.epoch]),
+            seed: h.seed,
+            batch_size: h.batch_size.max(1) as usize,
+            waiting: false,
+            leases: HashMap::new(),
+            held_bytes: 0,
+            live_batches: 0,
+        };
+        if job.served.len() == n as u64 {
+            // Saved after the epoch's last sample: the next one starts.
+            job.served.clear();
+            job.epoch += 1;
+            job.rng = Prng::stream(h.seed, &[0xcac4e, job.epoch]);
+        }
+        for i in 0..n as u32 {
+            if !job.has_served(i) {
+                self.need_more(i);
+            }
+        }
+        self.jobs.insert(id, job);
+    }
+
+    /// The job is gone: what it still needed and held is let go.
+    pub(crate) fn remove_job(&mut self, id: u64) {
+        let Some(job) = self.jobs.remove(&id) else {
+            return;
+        };
+        for i in 0..self.samples.len() as u32 {
+            if !job.has_served(i) {
+                self.need_less(i);
+            }
+        }
+        for (i, k) in job.leases {
+            self.samples[i as usize].leases -= k;
+        }
+        self.progress += 1;
+    }
+
+    /// The job let go of these samples (one batch). Every one must be
+    /// held by the job (else nothing is let go, and the error names the
+    /// first that is not): a job releases only what it was handed.
+    pub(crate) fn release(&mut self, ds: &Dataset, id: u64, ids: &[u32]) -> std::result::Result<(), String> {
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return Ok(());
+        };
+        let mut count: HashMap<u32, u32> = HashMap::new();
+        for &i in ids {
+            let k = count.entry(i).or_insert(0);
+            *k += 1;
+            if job.leases.get(&i).copied().unwrap_or(0) < *k {
+                return Err(format!(
+                    "the job sent a release of sample {i}, which it does not hold{}",
+                    if *k > 1 { " that many times" } else { "" }
+                ));
+            }
+        }
+        for &i in ids {
+            if let Some(k) = job.leases.get_mut(&i) {
+                *k -= 1;
+                if *k == 0 {
+                    job.leases.remove(&i);
+                }
+                self.samples[i as usize].leases -= 1;
+                job.held_bytes = job
+                    .held_bytes
+                    .saturating_sub(footprint(ds.index.raw_len(i as u64) as u64));
+            }
+        }
+        job.live_batches = job.live_batches.saturating_sub(1);
+        self.progress += 1;
+        Ok(())
+    }
+
+    /// Hands `ids` (in memory, unserved by the job) to job `id`, and marks
+    /// `skipped` (corrupt, left out) served for it.
+    pub(crate) fn serve(&mut self, ds: &Dataset, id: u64, ids: &[u32], skipped: &[u32]) -> ToJob {
+        let mut placed = Vec::with_capacity(ids.len());
+        for &i in ids {
+            let Where::Resident(offset) = self.samples[i as usize].at else {
+                continue;
+            };
+            placed.push(Placed {
+                id: i,
+                offset,
+                len: ds.index.raw_len(i as u64),
+            });
+            self.samples[i as usize].leases += 1;
+            self.need_less(i);
+        }
+        for &i in skipped {
+            self.need_less(i);
+        }
+        let n = self.samples.len() as u64;
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return ToJob::Failed("internal: job gone while served".into());
+        };
+        let epoch = job.epoch;
+        for p in &placed {
+            job.served.insert(p.id as u64);
+            *job.leases.entry(p.id).or_insert(0) += 1;
+            job.held_bytes += footprint(p.len as u64);
+        }
+        for &i in skipped {
+            job.served.insert(i as u64);
+        }
+        if !placed.is_empty() {
+            job.live_batches += 1;
+        }
+        self.report.samples_served += placed.len() as u64;
+        if job.served.len() == n {
+            // The job's next epoch starts now: it needs every sample again.
+            job.epoch += 1;
+            job.served.clear();
+            job.rng = Prng::stream(job.seed, &[0xcac4e, job.epoch]);
+            for i in 0..n as u32 {
+                self.need_more(i);
+            }
+        }
+        ToJob::Batch {
+            epoch,
+            samples: placed,
+            skipped: skipped.to_vec(),
+        }
+    }
+
+    pub(crate) fn leased_bytes(&self, ds: &Dataset) -> u64 {
+        self.present
+            .iter()
+            .filter(|&&i| self.samples[i as usize].leases > 0)
+            .map(|&i| footprint(ds.index.raw_len(i as u64) as u64))
+            .sum()
+    }
+
+    /// Every job waits for a batch, and the memory their batches leave
+    /// cannot hold the next batch of any of them: nobody can go on until
+    /// one lets go, and each waits instead.
+    pub(crate) fn deadlocked(&self, ds: &Dataset) -> bool {
+        if self.jobs.is_empty() || !self.jobs.values().all(|j| j.waiting) {
+            return false;
+        }
+        let room = self.arena.size().saturating_sub(self.leased_bytes(ds));
+        let n = self.samples.len() as u64;
+        self.jobs.values().all(|j| {
+            let want = (j.batch_size as u64).min(n - j.served.len());
+            batch_bytes(ds, want) > room
+        })
+    }
+
+    /// Why every job waits for ever: the message a deadlock fails them with.
+    pub(crate) fn deadlock(&self, ds: &Dataset) -> String {
+        let held: u64 = self.jobs.values().map(|j| j.held_bytes).sum();
+        let batches: u32 = self.jobs.values().map(|j| j.live_batches).sum();
+        let most = self.jobs.values().map(|j| j.live_batches).max().unwrap_or(0);
+        let need: u64 = self
+            .jobs
+            .values()
+            .map(|j| (j.live_batches as u64 + 1) * batch_bytes(ds, j.batch_size as u64))
+            .sum();
+        format!(
+            "the jobs attached to the cache ({}) hold {batches} batches ({held} bytes, up to {most} per job) and each waits for another: the cache's memory ({} bytes) cannot take what they lack. {} such jobs need about {need} bytes (what they hold and one batch more): start the cache with more --memory, use a smaller batch_size or keep fewer batches",
+            self.jobs.len(),
+            self.arena.size(),
+            self.jobs.len()
+        )
+    }
+
+    /// `id` leaves memory (or its pending read is given up): jobs that need
+    /// it will have it read again.
+    fn make_absent(&mut self, ds: &Dataset, id: u32) {
+        let s = self.samples[id as usize];
+        if let Where::Resident(at) = s.at {
+            self.arena.free(at, ds.index.raw_len(id as u64) as u64);
+        }
+        if matches!(s.at, Where::Resident(_) | Where::Bad) {
+            let slot = s.slot as usize;
+            self.present.swap_remove(slot);
+            if let Some(&moved) = self.present.get(slot) {
+                self.samples[moved as usize].slot = slot as u32;
+            }
+            self.bad.remove(&id);
+        }
+        self.samples[id as usize].at = Where::Absent;
+        if s.need > 0 {
+            self.wanted += 1;
+        }
+    }
+
+    fn make_present(&mut self, id: u32, at: Where) {
+        self.samples[id as usize].at = at;
+        self.samples[id as usize].slot = self.present.len() as u32;
+        self.present.push(id);
+    }
+
+    /// Records of `chunk` in `mask` that some job needs and memory lacks.
+    fn lacking(&self, ds: &Dataset, chunk: u64, mask: u64) -> u64 {
+        let first = chunk * ds.index.chunk_size() as u64;
+        let mut m = mask;
+        let mut lacking = 0;
+        while m != 0 {
+            let r = m.trailing_zeros();
+            m &= m - 1;
+            let s = &self.samples[(first + r as u64) as usize];
+            if s.at == Where::Absent && s.need > 0 {
+                lacking |= 1 << r;
+            }
+        }
+        lacking
+    }
+
+    /// The next read of the fill's plan with records some job lacks (planned
+    /// reads none lacks are passed over): the chunk and those records; the
+    /// cursor stays on it until it is read whole. `None` if no job lacks
+    /// anything.
+    pub(crate) fn choose(&mut self, ds: &Dataset) -> Option<(u64, u64)> {
+        if self.wanted == 0 {
+            return None;
+        }
+        // A plan epoch reads every sample, each read at least one record:
+        // within 2 N steps every lacking sample is passed.
+        for _ in 0..2 * self.samples.len() + 2 {
+            let ((chunk, mask), turned) = self.fill.current();
+            if turned {
+                self.report.fill_epochs += 1;
+            }
+            let lacking = self.lacking(ds, chunk, mask);
+            if lacking != 0 {
+                return Some((chunk, lacking));
+            }
+            self.fill.advance();
+        }
+        None
+    }
+
+    /// Frees room for `bytes` more: first samples no job needs; when `force`
+    /// (a job waits), then samples no waiting job needs, fewest needers
+    /// first, then the rest. Never a sample of a live batch. False if the
+    /// room cannot be made.
+    fn make_room(&mut self, ds: &Dataset, bytes: u64, force: bool) -> bool {
+        if self.free() >= bytes {
+            return true;
+        }
+        for (_, need, i) in self.victims(force) {
+            if self.free() >= bytes {
+                break;
+            }
+            self.drop_sample(ds, i, need);
+        }
+        self.free() >= bytes
+    }
+
+    fn free(&self) -> u64 {
+        self.arena.available().saturating_sub(self.reserved)
+    }
+
+    /// The records of `mask` (of `chunk`) to read now: all of them if room
+    /// can be made; when `force` and it cannot, the first that fit (so a
+    /// waiting job gets what little room is left, rather than nothing).
+    pub(crate) fn room_for(&mut self, ds: &Dataset, chunk: u64, mask: u64, force: bool) -> Option<u64> {
+        let first = chunk * ds.index.chunk_size() as u64;
+        let size = |r: u32| footprint(ds.index.raw_len(first + r as u64) as u64);
+        let mut bytes = 0;
+        let mut m = mask;
+        while m != 0 {
+            bytes += size(m.trailing_zeros());
+            m &= m - 1;
+        }
+        if self.make_room(ds, bytes, force) {
+            return Some(mask);
+        }
+        if !force {
+            return None;
+        }
+        let (mut fit, mut room) = (0u64, self.free());
+        let mut m = mask;
+        while m != 0 {
+            let r = m.trailing_zeros();
+            m &= m - 1;
+            if size(r) <= room {
+                room -= size(r);
+                fit |= 1 << r;
+            }
+        }
+        (fit != 0).then_some(fit)
+    }
+
+    /// Room for a sample of `len` bytes: its reservation is free in bytes,
+    /// but the free bytes may be scattered; then victims go (in
+    /// [`make_room`](Self::make_room)'s order) until a region fits.
+    fn place(&mut self, ds: &Dataset, len: u64) -> Option<u64> {
+        if let Some(at) = self.arena.alloc(len) {
+            return Some(at);
+        }
+        for (_, need, i) in self.victims(true) {
+            self.drop_sample(ds, i, need);
+            if let Some(at) = self.arena.alloc(len) {
+                return Some(at);
+            }
+        }
+        None
+    }
+
+    /// Samples that may leave memory, in the order they should: (waiting
+    /// jobs that need it, jobs that need it, id).
+    fn victims(&self, force: bool) -> Vec<(u32, u32, u32)> {
+        let waiting: Vec<&Job> = self.jobs.values().filter(|j| j.waiting).collect();
+        let mut victims: Vec<(u32, u32, u32)> = self
+            .present
+            .iter()
+            .filter(|&&i| {
+                let s = &self.samples[i as usize];
+                s.leases == 0 && (force || s.need == 0)
+            })
+            .map(|&i| {
+                let wanted = waiting.iter().filter(|j| !j.has_served(i)).count() as u32;
+                (wanted, self.samples[i as usize].need, i)
+            })
+            .collect();
+        victims.sort_unstable();
+        victims
+    }
+
+    fn drop_sample(&mut self, ds: &Dataset, i: u32, need: u32) {
+        if need > 0 {
+            self.report.dropped_needed += 1;
+        } else {
+            self.report.dropped_idle += 1;
+        }
+        self.make_absent(ds, i);
+    }
+
+    /// Marks the records of `chunk` in `mask` as being read.
+    pub(crate) fn reading(&mut self, ds: &Dataset, chunk: u64, mask: u64) -> u64 {
+        let first = chunk * ds.index.chunk_size() as u64;
+        let mut bytes = 0;
+        for r in 0..64 {
+            if mask >> r & 1 == 0 {
+                continue;
+            }
+            let id = (first + r) as u32;
+            if self.samples[id as usize].need > 0 {
+                self.wanted -= 1;
+            }
+            self.samples[id as usize].at = Where::Pending;
+            bytes += footprint(ds.index.raw_len(id as u64) as u64);
+        }
+        self.reserved += bytes;
+        bytes
+    }
+
+    /// Takes a finished read in: each record into the shared memory (the
+    /// samples it was asked for are its extent's records).
+    pub(crate) fn accept(&mut self, sh: &Shared, c: Completion) {
+        let ds = &sh.ds;
+        self.report.bytes_read += c.extent.len;
+        self.progress += 1;
+        let ids = c.extent.records.iter().map(|&(id, _)| id as u32);
+        for id in ids.clone() {
+            self.reserved -= footprint(ds.index.raw_len(id as u64) as u64);
+        }
+        let records = match c.result {
+            Ok(r) => r,
+            Err(e) => {
+                for id in ids {
+                    self.make_present(id, Where::Bad);
+                    self.bad.insert(
+                        id,
+                        Bad {
+                            why: e.to_string(),
+                            corrupt: false,
+                        },
+                    );
+                }
+                return;
+            }
+        };
+        for (id, r) in records {
+            let id = id as u32;
+            self.report.samples_read += 1;
+            let bytes = match r {
+                Ok(b) => b,
+                Err(e) => {
+                    self.report.corrupt_records += 1;
+                    if self.skip_corrupt {
+                        tracing::warn!("skipping a corrupt record for every job: {e}");
+                    }
+                    self.make_present(id, Where::Bad);
+                    self.bad.insert(
+                        id,
+                        Bad {
+                            why: e.to_string(),
+                            corrupt: true,
+                        },
+                    );
+                    continue;
+                }
+            };
+            match self.place(ds, bytes.len() as u64) {
+                // SAFETY: the region was just allocated: no job has been
+                // told of it since it was freed.
+                Some(at) if unsafe { sh.memory.write(at, &bytes) } => {
+                    self.make_present(id, Where::Resident(at));
+                }
+                Some(at) => {
+                    self.arena.free(at, bytes.len() as u64);
+                    self.make_absent(ds, id);
+                }
+                // No room (fragmented, or held by batches): read it again later.
+                None => self.make_absent(ds, id),
+            }
+        }
+        self.report.peak_used_bytes = self.report.peak_used_bytes.max(self.arena.used());
+    }
+}
