@@ -18,7 +18,8 @@ use brand_plan::Planner;
 use crate::server::{Shared, lock};
 
 /// Where the fill is in the cache's plan: the reads of plan epoch `epoch`
-/// (chunk, records), the next at `next`.
+/// (chunk, records), the next at `next`. The reader thread's own: what
+/// memory holds is in [`State`](crate::state::State).
 pub(crate) struct Fill {
     planner: Planner,
     epoch: u64,
@@ -72,7 +73,8 @@ impl Fill {
     }
 }
 
-pub(crate) fn read_loop(sh: &Shared, mut session: ReadSession<()>, depth: usize, readahead: u64) {
+pub(crate) fn read_loop(sh: &Shared, mut session: ReadSession<()>, mut fill: Fill, depth: usize, readahead: u64) {
+    let index = &sh.ds.index;
     loop {
         {
             let mut s = lock(&sh.state);
@@ -80,16 +82,16 @@ pub(crate) fn read_loop(sh: &Shared, mut session: ReadSession<()>, depth: usize,
                 break;
             }
             while s.failed.is_none() && session.in_flight() < depth && session.in_flight_read_bytes() < readahead {
-                let Some((chunk, lacking)) = s.choose(&sh.ds) else {
+                let Some((chunk, lacking)) = s.choose(index, &mut fill) else {
                     break;
                 };
-                let force = s.jobs.values().any(|j| j.waiting) && session.in_flight() == 0;
-                let Some(mask) = s.room_for(&sh.ds, chunk, lacking, force) else {
+                let force = s.any_waiting() && session.in_flight() == 0;
+                let Some(mask) = s.room_for(index, chunk, lacking, force) else {
                     break;
                 };
-                s.reading(&sh.ds, chunk, mask);
+                s.reading(index, chunk, mask);
                 if mask == lacking {
-                    s.fill.advance();
+                    fill.advance();
                 }
                 s.report.reads_issued += 1;
                 for ext in session.extents(chunk, mask) {
@@ -107,7 +109,7 @@ pub(crate) fn read_loop(sh: &Shared, mut session: ReadSession<()>, depth: usize,
         match session.recv() {
             Ok(((), c)) => {
                 let mut s = lock(&sh.state);
-                s.accept(sh, c);
+                s.accept(index, &sh.memory, c);
             }
             Err(e) => {
                 lock(&sh.state).failed = Some(format!("the cache's reads failed: {e}"));

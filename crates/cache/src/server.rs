@@ -175,7 +175,6 @@ impl CacheHandle {
         let state = State::new(
             n as usize,
             bytes,
-            Fill::new(planner),
             policy.on_corrupt == OnCorrupt::Skip,
             policy.run_length,
         );
@@ -191,12 +190,13 @@ impl CacheHandle {
             links: Mutex::new(Vec::new()),
             introducing: AtomicUsize::new(0),
         });
+        let fill = Fill::new(planner);
         let depth = cfg.io.queue_depth.max(1);
         let readahead = cfg.readahead.max(1);
         let s = shared.clone();
         let reader = std::thread::Builder::new()
             .name("brand-cache-read".into())
-            .spawn(move || read_loop(&s, session, depth, readahead))
+            .spawn(move || read_loop(&s, session, fill, depth, readahead))
             .map_err(|e| Error::config(format!("cannot start the cache's reader: {e}")))?;
         let s = shared.clone();
         let acceptor = std::thread::Builder::new()
@@ -213,7 +213,7 @@ impl CacheHandle {
     pub fn report(&self) -> CacheReport {
         let s = lock(&self.shared.state);
         let mut r = s.report.clone();
-        r.jobs_now = s.jobs.len() as u64;
+        r.jobs_now = s.jobs_now();
         r
     }
 

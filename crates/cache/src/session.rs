@@ -14,7 +14,7 @@ use brand_format::ids::IdBits;
 
 use crate::server::{Shared, lock};
 use crate::shm::{send_all, send_with_fd};
-use crate::state::{State, batch_bytes, pick};
+use crate::state::{Draw, batch_bytes};
 use crate::wire::{Hello, ToCache, ToJob, attached_frame_max, hello_frame_max, read_frame_within};
 
 /// A job waits at most this long for a batch without any read or release
@@ -128,14 +128,7 @@ fn attach(sh: &Arc<Shared>, link: Arc<Link>) -> io::Result<()> {
     if sh.stop.load(Ordering::SeqCst) {
         return refuse(sh, &link, format!("the cache at {} is stopping", sh.socket.display()));
     }
-    let id = {
-        let mut s = lock(&sh.state);
-        let id = s.next_job;
-        s.next_job += 1;
-        s.add_job(id, &hello, served);
-        s.report.jobs_attached += 1;
-        id
-    };
+    let id = lock(&sh.state).attach_job(&hello, served);
     let welcome = ToJob::Welcome {
         memory_len: sh.memory.size() as u64,
     }
@@ -175,7 +168,7 @@ fn refuse(sh: &Shared, link: &Link, why: String) -> io::Result<()> {
 fn check_hello(sh: &Shared, h: &Hello) -> std::result::Result<IdBits, String> {
     let name = format!("the cache at {} ({})", sh.socket.display(), sh.ds.dir().display());
     h.check(&sh.digest, &name, sh.memory.size() as u64, |size| {
-        batch_bytes(&sh.ds, size)
+        batch_bytes(&sh.ds.index, size)
     })
 }
 
@@ -212,7 +205,7 @@ fn take_messages(
             }
             Ok(ToCache::Release(ids)) => {
                 let mut s = lock(&sh.state);
-                let r = s.release(&sh.ds, id, &ids);
+                let r = s.release(&sh.ds.index, id, &ids);
                 drop(s);
                 sh.changed.notify_all();
                 r.err()
@@ -250,38 +243,25 @@ fn serve_requests(sh: &Shared, link: &Link, id: u64, requests: mpsc::Receiver<()
 
 /// The job's next batch, waiting for reads; `None` if the job is gone.
 fn next_batch(sh: &Shared, id: u64) -> Option<ToJob> {
+    let index = &sh.ds.index;
     let mut s = lock(&sh.state);
     let mut seen = (s.progress, Instant::now());
     loop {
-        if let Some(why) = s.stopping.clone().or_else(|| s.failed.clone()) {
-            return Some(ToJob::Failed(why));
-        }
-        let State {
-            jobs,
-            samples,
-            present,
-            bad,
-            skip_corrupt,
-            ..
-        } = &mut *s;
-        let job = jobs.get_mut(&id)?;
-        match pick(job, samples, present, bad, *skip_corrupt) {
-            Ok(Some((ids, skipped))) => {
-                job.waiting = false;
-                let batch = s.serve(&sh.ds, id, &ids, &skipped);
+        match s.draw(index, id) {
+            Draw::Served(batch) => {
                 drop(s);
                 sh.changed.notify_all();
                 return Some(batch);
             }
-            Ok(None) => {}
-            Err(why) => return Some(ToJob::Failed(why)),
+            Draw::Failed(why) => return Some(ToJob::Failed(why)),
+            Draw::Gone => return None,
+            // A waiting job lets the reader drop what only laggards need
+            // (State::room_for): it should hear of it now, not in 100 ms.
+            Draw::Waits { began: true } => sh.changed.notify_all(),
+            Draw::Waits { began: false } => {}
         }
-        if !job.waiting {
-            job.waiting = true;
-            sh.changed.notify_all();
-        }
-        if s.deadlocked(&sh.ds) {
-            return Some(ToJob::Failed(s.deadlock(&sh.ds)));
+        if s.deadlocked(index) {
+            return Some(ToJob::Failed(s.deadlock(index)));
         }
         if s.progress != seen.0 {
             seen = (s.progress, Instant::now());
@@ -289,8 +269,8 @@ fn next_batch(sh: &Shared, id: u64) -> Option<ToJob> {
             return Some(ToJob::Failed(format!(
                 "no progress for {} s: the cache's memory ({} bytes, {} in jobs' live batches) cannot take the samples this job lacks; start the cache with more --memory",
                 STUCK_AFTER.as_secs(),
-                s.arena.size(),
-                s.leased_bytes(&sh.ds)
+                s.memory_size(),
+                s.leased_bytes(index)
             )));
         }
         s = sh

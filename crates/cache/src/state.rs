@@ -20,14 +20,14 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use brand_format::Dataset;
 use brand_format::ids::IdBits;
+use brand_format::index::Index;
 use brand_format::rng::Prng;
 use brand_io::engine::Completion;
 
 use crate::arena::{Arena, footprint};
 use crate::fill::Fill;
-use crate::server::Shared;
+use crate::shm::Mapping;
 use crate::wire::{Hello, Placed, ToJob};
 
 /// What the cache did, for its report.
@@ -59,7 +59,7 @@ pub struct CacheReport {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Where {
+enum Where {
     Absent,
     /// Being read.
     Pending,
@@ -69,7 +69,7 @@ pub(crate) enum Where {
 }
 
 #[derive(Clone, Copy)]
-pub(crate) struct Sample {
+struct Sample {
     at: Where,
     /// Attached jobs that have not served it this epoch.
     need: u32,
@@ -79,13 +79,13 @@ pub(crate) struct Sample {
     slot: u32,
 }
 
-pub(crate) struct Job {
+struct Job {
     epoch: u64,
     served: IdBits,
     rng: Prng,
     seed: u64,
     batch_size: usize,
-    pub(crate) waiting: bool,
+    waiting: bool,
     leases: HashMap<u32, u32>,
     /// Bytes of its live batches, and how many.
     held_bytes: u64,
@@ -100,48 +100,66 @@ impl Job {
 
 /// A record whose read failed: why, and whether it is the record itself
 /// (corrupt: `on_corrupt` applies) or its read (an I/O error).
-pub(crate) struct Bad {
+struct Bad {
     why: String,
     corrupt: bool,
 }
 
+/// What the cache holds and who needs and holds what; one, under the
+/// mutex every thread of the cache shares.
 pub(crate) struct State {
-    pub(crate) samples: Vec<Sample>,
+    samples: Vec<Sample>,
     /// Samples resident or bad, for serving.
-    pub(crate) present: Vec<u32>,
-    pub(crate) bad: HashMap<u32, Bad>,
+    present: Vec<u32>,
+    bad: HashMap<u32, Bad>,
     /// Samples not in memory that some job needs.
-    pub(crate) wanted: u64,
-    pub(crate) fill: Fill,
-    pub(crate) skip_corrupt: bool,
-    pub(crate) arena: Arena,
+    wanted: u64,
+    skip_corrupt: bool,
+    arena: Arena,
     /// Room promised to reads in flight.
-    pub(crate) reserved: u64,
-    pub(crate) jobs: HashMap<u64, Job>,
-    pub(crate) next_job: u64,
+    reserved: u64,
+    jobs: HashMap<u64, Job>,
+    next_job: u64,
     /// The reader failed: every job gets this.
     pub(crate) failed: Option<String>,
+    /// The cache stops: every job gets this.
     pub(crate) stopping: Option<String>,
     /// Reads or releases since start: a waiting job's sign of progress.
     pub(crate) progress: u64,
     pub(crate) report: CacheReport,
 }
 
+/// What a job that asks for a batch gets now.
+pub(crate) enum Draw {
+    /// Its batch: the samples are leased to it until it releases them.
+    Served(ToJob),
+    /// The error it fails with: the cache stops or its reads failed, or a
+    /// sample drawn is bad (and not skipped).
+    Failed(String),
+    /// Memory holds less than its batch: it waits for the fill. `began`:
+    /// it was not waiting before (now its needs come first, see
+    /// [`State::room_for`]).
+    Waits { began: bool },
+    /// It is detached.
+    Gone,
+}
+
 /// About what a batch of `size` samples takes in the shared memory.
-pub(crate) fn batch_bytes(ds: &Dataset, size: u64) -> u64 {
-    let n = ds.index.samples();
-    let mean = ds.index.raw_lens().map(|l| footprint(l as u64)).sum::<u64>() / n.max(1);
+pub(crate) fn batch_bytes(index: &Index, size: u64) -> u64 {
+    let n = index.samples();
+    let mean = index.raw_lens().map(|l| footprint(l as u64)).sum::<u64>() / n.max(1);
     size.min(n).saturating_mul(mean)
 }
+
+/// A batch's samples and the corrupt records it skips.
+type Picked = (Vec<u32>, Vec<u32>);
 
 /// The job's next batch, drawn at random from the samples in memory it has
 /// not served, and the corrupt records it skips (with `skip`, every one in
 /// memory it has not served): `None` while fewer than a batch (or the
 /// epoch's rest) are there and none is skipped; an error if a drawn sample
 /// is bad and not skipped.
-pub(crate) type Picked = (Vec<u32>, Vec<u32>);
-
-pub(crate) fn pick(
+fn pick(
     job: &mut Job,
     samples: &[Sample],
     present: &[u32],
@@ -172,8 +190,8 @@ pub(crate) fn pick(
 
 impl State {
     /// Nothing in memory and no job attached: `samples` samples, a budget
-    /// of `bytes`, the fill at the start of `fill`'s plan.
-    pub(crate) fn new(samples: usize, bytes: u64, fill: Fill, skip_corrupt: bool, run_length: u32) -> Self {
+    /// of `bytes`; `run_length` is the fill plan's, for the report.
+    pub(crate) fn new(samples: usize, bytes: u64, skip_corrupt: bool, run_length: u32) -> Self {
         State {
             samples: vec![
                 Sample {
@@ -187,7 +205,6 @@ impl State {
             present: Vec::new(),
             bad: HashMap::new(),
             wanted: 0,
-            fill,
             skip_corrupt,
             arena: Arena::new(bytes),
             reserved: 0,
@@ -222,8 +239,31 @@ impl State {
         }
     }
 
+    /// Attaches the job `h` introduced, which served `served`: its id.
+    pub(crate) fn attach_job(&mut self, h: &Hello, served: IdBits) -> u64 {
+        let id = self.next_job;
+        self.next_job += 1;
+        self.add_job(id, h, served);
+        self.report.jobs_attached += 1;
+        id
+    }
+
+    pub(crate) fn jobs_now(&self) -> u64 {
+        self.jobs.len() as u64
+    }
+
+    /// Some job waits for a batch.
+    pub(crate) fn any_waiting(&self) -> bool {
+        self.jobs.values().any(|j| j.waiting)
+    }
+
+    /// The shared memory's bytes for samples.
+    pub(crate) fn memory_size(&self) -> u64 {
+        self.arena.size()
+    }
+
     /// Attaches job `id`, which `h` introduced and which served `served`.
-    pub(crate) fn add_job(&mut self, id: u64, h: &Hello, served: IdBits) {
+    fn add_job(&mut self, id: u64, h: &Hello, served: IdBits) {
         let n = self.samples.len();
         let mut job = Job {
             epoch: h.epoch,
@@ -269,7 +309,7 @@ impl State {
     /// The job let go of these samples (one batch). Every one must be
     /// held by the job (else nothing is let go, and the error names the
     /// first that is not): a job releases only what it was handed.
-    pub(crate) fn release(&mut self, ds: &Dataset, id: u64, ids: &[u32]) -> std::result::Result<(), String> {
+    pub(crate) fn release(&mut self, index: &Index, id: u64, ids: &[u32]) -> std::result::Result<(), String> {
         let Some(job) = self.jobs.get_mut(&id) else {
             return Ok(());
         };
@@ -291,9 +331,7 @@ impl State {
                     job.leases.remove(&i);
                 }
                 self.samples[i as usize].leases -= 1;
-                job.held_bytes = job
-                    .held_bytes
-                    .saturating_sub(footprint(ds.index.raw_len(i as u64) as u64));
+                job.held_bytes = job.held_bytes.saturating_sub(footprint(index.raw_len(i as u64) as u64));
             }
         }
         job.live_batches = job.live_batches.saturating_sub(1);
@@ -301,9 +339,39 @@ impl State {
         Ok(())
     }
 
+    /// Job `id` asks for its next batch: drawn from memory if there is one
+    /// (see [`pick`]); else the job is marked waiting.
+    pub(crate) fn draw(&mut self, index: &Index, id: u64) -> Draw {
+        if let Some(why) = self.stopping.clone().or_else(|| self.failed.clone()) {
+            return Draw::Failed(why);
+        }
+        let State {
+            jobs,
+            samples,
+            present,
+            bad,
+            skip_corrupt,
+            ..
+        } = self;
+        let Some(job) = jobs.get_mut(&id) else {
+            return Draw::Gone;
+        };
+        match pick(job, samples, present, bad, *skip_corrupt) {
+            Ok(Some((ids, skipped))) => {
+                job.waiting = false;
+                return Draw::Served(self.serve(index, id, &ids, &skipped));
+            }
+            Ok(None) => {}
+            Err(why) => return Draw::Failed(why),
+        }
+        let began = !job.waiting;
+        job.waiting = true;
+        Draw::Waits { began }
+    }
+
     /// Hands `ids` (in memory, unserved by the job) to job `id`, and marks
     /// `skipped` (corrupt, left out) served for it.
-    pub(crate) fn serve(&mut self, ds: &Dataset, id: u64, ids: &[u32], skipped: &[u32]) -> ToJob {
+    fn serve(&mut self, index: &Index, id: u64, ids: &[u32], skipped: &[u32]) -> ToJob {
         let mut placed = Vec::with_capacity(ids.len());
         for &i in ids {
             let Where::Resident(offset) = self.samples[i as usize].at else {
@@ -312,7 +380,7 @@ impl State {
             placed.push(Placed {
                 id: i,
                 offset,
-                len: ds.index.raw_len(i as u64),
+                len: index.raw_len(i as u64),
             });
             self.samples[i as usize].leases += 1;
             self.need_less(i);
@@ -353,38 +421,38 @@ impl State {
         }
     }
 
-    pub(crate) fn leased_bytes(&self, ds: &Dataset) -> u64 {
+    pub(crate) fn leased_bytes(&self, index: &Index) -> u64 {
         self.present
             .iter()
             .filter(|&&i| self.samples[i as usize].leases > 0)
-            .map(|&i| footprint(ds.index.raw_len(i as u64) as u64))
+            .map(|&i| footprint(index.raw_len(i as u64) as u64))
             .sum()
     }
 
     /// Every job waits for a batch, and the memory their batches leave
     /// cannot hold the next batch of any of them: nobody can go on until
     /// one lets go, and each waits instead.
-    pub(crate) fn deadlocked(&self, ds: &Dataset) -> bool {
+    pub(crate) fn deadlocked(&self, index: &Index) -> bool {
         if self.jobs.is_empty() || !self.jobs.values().all(|j| j.waiting) {
             return false;
         }
-        let room = self.arena.size().saturating_sub(self.leased_bytes(ds));
+        let room = self.arena.size().saturating_sub(self.leased_bytes(index));
         let n = self.samples.len() as u64;
         self.jobs.values().all(|j| {
             let want = (j.batch_size as u64).min(n - j.served.len());
-            batch_bytes(ds, want) > room
+            batch_bytes(index, want) > room
         })
     }
 
     /// Why every job waits for ever: the message a deadlock fails them with.
-    pub(crate) fn deadlock(&self, ds: &Dataset) -> String {
+    pub(crate) fn deadlock(&self, index: &Index) -> String {
         let held: u64 = self.jobs.values().map(|j| j.held_bytes).sum();
         let batches: u32 = self.jobs.values().map(|j| j.live_batches).sum();
         let most = self.jobs.values().map(|j| j.live_batches).max().unwrap_or(0);
         let need: u64 = self
             .jobs
             .values()
-            .map(|j| (j.live_batches as u64 + 1) * batch_bytes(ds, j.batch_size as u64))
+            .map(|j| (j.live_batches as u64 + 1) * batch_bytes(index, j.batch_size as u64))
             .sum();
         format!(
             "the jobs attached to the cache ({}) hold {batches} batches ({held} bytes, up to {most} per job) and each waits for another: the cache's memory ({} bytes) cannot take what they lack. {} such jobs need about {need} bytes (what they hold and one batch more): start the cache with more --memory, use a smaller batch_size or keep fewer batches",
@@ -396,10 +464,10 @@ impl State {
 
     /// `id` leaves memory (or its pending read is given up): jobs that need
     /// it will have it read again.
-    fn make_absent(&mut self, ds: &Dataset, id: u32) {
+    fn make_absent(&mut self, index: &Index, id: u32) {
         let s = self.samples[id as usize];
         if let Where::Resident(at) = s.at {
-            self.arena.free(at, ds.index.raw_len(id as u64) as u64);
+            self.arena.free(at, index.raw_len(id as u64) as u64);
         }
         if matches!(s.at, Where::Resident(_) | Where::Bad) {
             let slot = s.slot as usize;
@@ -422,8 +490,8 @@ impl State {
     }
 
     /// Records of `chunk` in `mask` that some job needs and memory lacks.
-    fn lacking(&self, ds: &Dataset, chunk: u64, mask: u64) -> u64 {
-        let first = chunk * ds.index.chunk_size() as u64;
+    fn lacking(&self, index: &Index, chunk: u64, mask: u64) -> u64 {
+        let first = chunk * index.chunk_size() as u64;
         let mut m = mask;
         let mut lacking = 0;
         while m != 0 {
@@ -441,22 +509,22 @@ impl State {
     /// reads none lacks are passed over): the chunk and those records; the
     /// cursor stays on it until it is read whole. `None` if no job lacks
     /// anything.
-    pub(crate) fn choose(&mut self, ds: &Dataset) -> Option<(u64, u64)> {
+    pub(crate) fn choose(&mut self, index: &Index, fill: &mut Fill) -> Option<(u64, u64)> {
         if self.wanted == 0 {
             return None;
         }
         // A plan epoch reads every sample, each read at least one record:
         // within 2 N steps every lacking sample is passed.
         for _ in 0..2 * self.samples.len() + 2 {
-            let ((chunk, mask), turned) = self.fill.current();
+            let ((chunk, mask), turned) = fill.current();
             if turned {
                 self.report.fill_epochs += 1;
             }
-            let lacking = self.lacking(ds, chunk, mask);
+            let lacking = self.lacking(index, chunk, mask);
             if lacking != 0 {
                 return Some((chunk, lacking));
             }
-            self.fill.advance();
+            fill.advance();
         }
         None
     }
@@ -465,7 +533,7 @@ impl State {
     /// (a job waits), then samples no waiting job needs, fewest needers
     /// first, then the rest. Never a sample of a live batch. False if the
     /// room cannot be made.
-    fn make_room(&mut self, ds: &Dataset, bytes: u64, force: bool) -> bool {
+    fn make_room(&mut self, index: &Index, bytes: u64, force: bool) -> bool {
         if self.free() >= bytes {
             return true;
         }
@@ -473,7 +541,7 @@ impl State {
             if self.free() >= bytes {
                 break;
             }
-            self.drop_sample(ds, i, need);
+            self.drop_sample(index, i, need);
         }
         self.free() >= bytes
     }
@@ -485,16 +553,16 @@ impl State {
     /// The records of `mask` (of `chunk`) to read now: all of them if room
     /// can be made; when `force` and it cannot, the first that fit (so a
     /// waiting job gets what little room is left, rather than nothing).
-    pub(crate) fn room_for(&mut self, ds: &Dataset, chunk: u64, mask: u64, force: bool) -> Option<u64> {
-        let first = chunk * ds.index.chunk_size() as u64;
-        let size = |r: u32| footprint(ds.index.raw_len(first + r as u64) as u64);
+    pub(crate) fn room_for(&mut self, index: &Index, chunk: u64, mask: u64, force: bool) -> Option<u64> {
+        let first = chunk * index.chunk_size() as u64;
+        let size = |r: u32| footprint(index.raw_len(first + r as u64) as u64);
         let mut bytes = 0;
         let mut m = mask;
         while m != 0 {
             bytes += size(m.trailing_zeros());
             m &= m - 1;
         }
-        if self.make_room(ds, bytes, force) {
+        if self.make_room(index, bytes, force) {
             return Some(mask);
         }
         if !force {
@@ -516,12 +584,12 @@ impl State {
     /// Room for a sample of `len` bytes: its reservation is free in bytes,
     /// but the free bytes may be scattered; then victims go (in
     /// [`make_room`](Self::make_room)'s order) until a region fits.
-    fn place(&mut self, ds: &Dataset, len: u64) -> Option<u64> {
+    fn place(&mut self, index: &Index, len: u64) -> Option<u64> {
         if let Some(at) = self.arena.alloc(len) {
             return Some(at);
         }
         for (_, need, i) in self.victims(true) {
-            self.drop_sample(ds, i, need);
+            self.drop_sample(index, i, need);
             if let Some(at) = self.arena.alloc(len) {
                 return Some(at);
             }
@@ -549,18 +617,18 @@ impl State {
         victims
     }
 
-    fn drop_sample(&mut self, ds: &Dataset, i: u32, need: u32) {
+    fn drop_sample(&mut self, index: &Index, i: u32, need: u32) {
         if need > 0 {
             self.report.dropped_needed += 1;
         } else {
             self.report.dropped_idle += 1;
         }
-        self.make_absent(ds, i);
+        self.make_absent(index, i);
     }
 
     /// Marks the records of `chunk` in `mask` as being read.
-    pub(crate) fn reading(&mut self, ds: &Dataset, chunk: u64, mask: u64) -> u64 {
-        let first = chunk * ds.index.chunk_size() as u64;
+    pub(crate) fn reading(&mut self, index: &Index, chunk: u64, mask: u64) -> u64 {
+        let first = chunk * index.chunk_size() as u64;
         let mut bytes = 0;
         for r in 0..64 {
             if mask >> r & 1 == 0 {
@@ -571,7 +639,7 @@ impl State {
                 self.wanted -= 1;
             }
             self.samples[id as usize].at = Where::Pending;
-            bytes += footprint(ds.index.raw_len(id as u64) as u64);
+            bytes += footprint(index.raw_len(id as u64) as u64);
         }
         self.reserved += bytes;
         bytes
@@ -579,13 +647,12 @@ impl State {
 
     /// Takes a finished read in: each record into the shared memory (the
     /// samples it was asked for are its extent's records).
-    pub(crate) fn accept(&mut self, sh: &Shared, c: Completion) {
-        let ds = &sh.ds;
+    pub(crate) fn accept(&mut self, index: &Index, memory: &Mapping, c: Completion) {
         self.report.bytes_read += c.extent.len;
         self.progress += 1;
         let ids = c.extent.records.iter().map(|&(id, _)| id as u32);
         for id in ids.clone() {
-            self.reserved -= footprint(ds.index.raw_len(id as u64) as u64);
+            self.reserved -= footprint(index.raw_len(id as u64) as u64);
         }
         let records = match c.result {
             Ok(r) => r,
@@ -624,18 +691,18 @@ impl State {
                     continue;
                 }
             };
-            match self.place(ds, bytes.len() as u64) {
+            match self.place(index, bytes.len() as u64) {
                 // SAFETY: the region was just allocated: no job has been
                 // told of it since it was freed.
-                Some(at) if unsafe { sh.memory.write(at, &bytes) } => {
+                Some(at) if unsafe { memory.write(at, &bytes) } => {
                     self.make_present(id, Where::Resident(at));
                 }
                 Some(at) => {
                     self.arena.free(at, bytes.len() as u64);
-                    self.make_absent(ds, id);
+                    self.make_absent(index, id);
                 }
                 // No room (fragmented, or held by batches): read it again later.
-                None => self.make_absent(ds, id),
+                None => self.make_absent(index, id),
             }
         }
         self.report.peak_used_bytes = self.report.peak_used_bytes.max(self.arena.used());
