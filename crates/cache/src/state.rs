@@ -708,3 +708,412 @@ impl State {
         self.report.peak_used_bytes = self.report.peak_used_bytes.max(self.arena.used());
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use brand_format::buffer::AlignedBuf;
+    use brand_format::error::Error;
+    use brand_format::extents::Extent;
+    use brand_format::index::{ChunkLoc, SampleMeta};
+    use brand_io::engine::RecordResult;
+    use brand_plan::{Layout, Memory, PlanConfig, Planner};
+
+    use super::*;
+    use crate::wire::Digest;
+
+    /// Records per chunk.
+    const K: u32 = 4;
+    /// Every sample's bytes: one slot of memory each.
+    const LEN: u32 = 100;
+    const SLOT: u64 = 128;
+
+    /// `n` samples of `LEN` bytes, `K` to a chunk, a chunk every 4 KiB.
+    fn index(n: u64) -> Index {
+        let chunks = (0..n.div_ceil(K as u64))
+            .map(|c| ChunkLoc {
+                segment: 0,
+                record_count: (n - c * K as u64).min(K as u64) as u32,
+                offset: c * 4096,
+            })
+            .collect();
+        let samples = (0..n)
+            .map(|i| SampleMeta {
+                rel_offset: 512 + LEN * (i % K as u64) as u32,
+                stored_len: LEN,
+                raw_len: LEN,
+                crc: 0,
+                label: 0,
+                key: Vec::new(),
+            })
+            .collect();
+        Index::new(K, 1, chunks, samples).expect("a valid index")
+    }
+
+    /// The state of a cache of `index` with `slots` samples' room, and
+    /// that room as shared memory.
+    fn cache(index: &Index, slots: u64, skip_corrupt: bool) -> (State, Mapping) {
+        let bytes = slots * SLOT;
+        let (memory, _fd) = Mapping::create(bytes as usize).expect("a memfd");
+        (State::new(index.samples() as usize, bytes, skip_corrupt, 1), memory)
+    }
+
+    /// A job of batches of `batch_size` that served `served` already.
+    fn attach(s: &mut State, batch_size: u32, served: &[u64]) -> u64 {
+        let mut ids = IdBits::new(s.samples.len() as u64);
+        for &i in served {
+            ids.insert(i);
+        }
+        let hello = Hello {
+            digest: Digest {
+                samples: 0,
+                chunk_size: 0,
+                content: 0,
+                pack_seed: 0,
+            },
+            seed: 7,
+            batch_size,
+            epoch: 0,
+            served: Vec::new(),
+        };
+        s.attach_job(&hello, ids)
+    }
+
+    /// A finished read of `ids` (with their outcomes).
+    fn read(ids: &[u32], result: brand_format::error::Result<Vec<(u64, RecordResult)>>) -> Completion {
+        Completion {
+            tag: 0,
+            extent: Extent {
+                segment: 0,
+                offset: 0,
+                len: 4096,
+                records: ids.iter().map(|&i| (i as u64, 0)).collect(),
+            },
+            result,
+        }
+    }
+
+    fn mask_ids(index: &Index, chunk: u64, mask: u64) -> Vec<u32> {
+        let first = chunk * index.chunk_size() as u64;
+        (0..64)
+            .filter(|r| mask >> r & 1 == 1)
+            .map(|r| (first + r) as u32)
+            .collect()
+    }
+
+    /// The fill reads the records of `mask` (of `chunk`) and they arrive whole.
+    fn fill(s: &mut State, index: &Index, memory: &Mapping, chunk: u64, mask: u64) {
+        s.reading(index, chunk, mask);
+        let ids = mask_ids(index, chunk, mask);
+        let records = ids
+            .iter()
+            .map(|&i| (i as u64, Ok(AlignedBuf::for_sample(LEN as usize))))
+            .collect();
+        s.accept(index, memory, read(&ids, Ok(records)));
+    }
+
+    fn resident(s: &State, id: u32) -> bool {
+        matches!(s.samples[id as usize].at, Where::Resident(_))
+    }
+
+    /// The ids of a batch served, sorted.
+    fn served(d: Draw) -> Vec<u32> {
+        match d {
+            Draw::Served(ToJob::Batch { samples, .. }) => {
+                let mut ids: Vec<u32> = samples.iter().map(|p| p.id).collect();
+                ids.sort_unstable();
+                ids
+            }
+            _ => panic!("expected a batch"),
+        }
+    }
+
+    fn failed(d: Draw) -> String {
+        match d {
+            Draw::Failed(why) => why,
+            _ => panic!("expected an error"),
+        }
+    }
+
+    #[test]
+    fn a_read_is_admitted_within_the_budget_counting_reads_in_flight() {
+        let index = index(12);
+        let (mut s, memory) = cache(&index, 6, false);
+        attach(&mut s, 4, &[]);
+        assert_eq!(s.room_for(&index, 0, 0b1111, false), Some(0b1111), "4 of 6 slots");
+        assert_eq!(s.reading(&index, 0, 0b1111), 4 * SLOT);
+        assert_eq!(
+            (s.free(), s.arena.used()),
+            (2 * SLOT, 0),
+            "in flight: reserved, not yet placed"
+        );
+        assert_eq!(s.room_for(&index, 1, 0b1111, false), None, "2 slots left for 4 records");
+        assert_eq!(
+            s.room_for(&index, 1, 0b1111, true),
+            Some(0b0011),
+            "a waiting job gets the records that fit"
+        );
+        let records = (0..4).map(|i| (i, Ok(AlignedBuf::for_sample(LEN as usize)))).collect();
+        s.accept(&index, &memory, read(&[0, 1, 2, 3], Ok(records)));
+        assert_eq!((s.reserved, s.arena.used(), s.free()), (0, 4 * SLOT, 2 * SLOT));
+        assert!((0..4).all(|i| resident(&s, i)));
+        assert_eq!((s.report.samples_read, s.report.peak_used_bytes), (4, 4 * SLOT));
+        // Everything in memory is needed by the job: nothing goes for a read
+        // unless a job waits.
+        assert_eq!(s.room_for(&index, 1, 0b1111, false), None);
+        assert_eq!((s.report.dropped_needed, s.report.dropped_idle), (0, 0));
+        assert!((0..4).all(|i| resident(&s, i)));
+    }
+
+    #[test]
+    fn room_goes_first_from_samples_no_job_needs_then_from_what_only_laggards_need() {
+        let index = index(8);
+        let (mut s, memory) = cache(&index, 4, false);
+        // Needers: sample 0 none, 1 only a, 2 only b, 3 both.
+        let a = attach(&mut s, 4, &[0, 2]);
+        attach(&mut s, 4, &[0, 1]);
+        fill(&mut s, &index, &memory, 0, 0b1111);
+        let needs: Vec<u32> = (0..4).map(|i| s.samples[i].need).collect();
+        assert_eq!(needs, [0, 1, 1, 2]);
+
+        assert_eq!(s.room_for(&index, 1, 0b0001, false), Some(0b0001));
+        assert!(
+            !resident(&s, 0) && (1..4).all(|i| resident(&s, i)),
+            "the idle sample went"
+        );
+        assert_eq!((s.report.dropped_idle, s.report.dropped_needed), (1, 0));
+        let records = vec![(4, Ok(AlignedBuf::for_sample(LEN as usize)))];
+        s.reading(&index, 1, 0b0001);
+        s.accept(&index, &memory, read(&[4], Ok(records)));
+
+        // a waits (1, 3 and 4 are fewer than its batch); b does not ask.
+        assert!(matches!(s.draw(&index, a), Draw::Waits { began: true }));
+        assert!(matches!(s.draw(&index, a), Draw::Waits { began: false }));
+        assert_eq!(s.room_for(&index, 1, 0b0010, false), None, "no sample is idle");
+        assert_eq!(s.room_for(&index, 1, 0b0010, true), Some(0b0010));
+        assert!(
+            !resident(&s, 2) && [1, 3, 4].iter().all(|&i| resident(&s, i)),
+            "the sample only the laggard needs went, not one the waiting job needs"
+        );
+        assert_eq!((s.report.dropped_idle, s.report.dropped_needed), (1, 1));
+        assert_eq!(
+            s.lacking(&index, 0, 0b1111),
+            0b0100,
+            "the laggard's sample is read again"
+        );
+    }
+
+    #[test]
+    fn a_sample_in_a_live_batch_stays_until_released_then_its_room_is_free_again() {
+        let index = index(8);
+        let (mut s, memory) = cache(&index, 4, false);
+        let job = attach(&mut s, 4, &[]);
+        fill(&mut s, &index, &memory, 0, 0b1111);
+        let progress = s.progress;
+        let batch = served(s.draw(&index, job));
+        assert_eq!(batch, [0, 1, 2, 3]);
+        assert_eq!(s.report.samples_served, 4);
+        assert_eq!((s.jobs[&job].held_bytes, s.jobs[&job].live_batches), (4 * SLOT, 1));
+        assert_eq!(s.leased_bytes(&index), 4 * SLOT);
+
+        assert!(matches!(s.draw(&index, job), Draw::Waits { began: true }));
+        assert!(s.victims(true).is_empty());
+        assert_eq!(s.room_for(&index, 1, 0b0001, true), None, "every slot is leased");
+        assert_eq!(s.place(&index, LEN as u64), None);
+        assert!((0..4).all(|i| resident(&s, i)));
+        assert_eq!((s.report.dropped_idle, s.report.dropped_needed), (0, 0));
+
+        s.release(&index, job, &batch).expect("the job holds them");
+        assert!(s.progress > progress, "a release is progress for a waiting job");
+        assert_eq!(
+            (
+                s.jobs[&job].held_bytes,
+                s.jobs[&job].live_batches,
+                s.leased_bytes(&index)
+            ),
+            (0, 0, 0)
+        );
+        assert!((0..4).all(|i| s.samples[i].leases == 0));
+        assert_eq!(
+            s.room_for(&index, 1, 0b1111, false),
+            Some(0b1111),
+            "served samples are idle"
+        );
+        assert_eq!(s.report.dropped_idle, 4);
+    }
+
+    #[test]
+    fn a_release_of_samples_the_job_does_not_hold_is_refused_and_lets_nothing_go() {
+        let index = index(8);
+        let (mut s, memory) = cache(&index, 8, false);
+        let job = attach(&mut s, 2, &[]);
+        let other = attach(&mut s, 2, &[]);
+        fill(&mut s, &index, &memory, 0, 0b1111);
+        let batch = served(s.draw(&index, job));
+        let not_held = (0..4).find(|i| !batch.contains(i)).expect("2 of 4 held");
+        let why = s.release(&index, job, &[batch[0], not_held]).expect_err("not held");
+        assert!(
+            why.contains(&format!("sample {not_held}, which it does not hold")),
+            "{why}"
+        );
+        let why = s.release(&index, job, &[batch[0], batch[0]]).expect_err("held once");
+        assert!(why.contains("that many times"), "{why}");
+        let why = s.release(&index, other, &batch).expect_err("another job's");
+        assert!(why.contains("does not hold"), "{why}");
+        assert_eq!(
+            (
+                s.jobs[&job].held_bytes,
+                s.jobs[&job].live_batches,
+                s.leased_bytes(&index)
+            ),
+            (2 * SLOT, 1, 2 * SLOT),
+            "nothing was let go"
+        );
+        s.release(&index, job, &batch).expect("held");
+        assert_eq!(s.leased_bytes(&index), 0);
+    }
+
+    #[test]
+    fn a_waiting_job_is_served_when_the_fill_brings_its_batch() {
+        let index = index(8);
+        let (mut s, memory) = cache(&index, 8, false);
+        let plan = PlanConfig::new(Memory::Bytes(8 * SLOT));
+        let mut cursor = Fill::new(Planner::from_layout(Layout::of(&index), &plan).expect("a plan"));
+        assert_eq!(s.choose(&index, &mut cursor), None, "no job: nothing to read");
+
+        let job = attach(&mut s, 4, &[0, 1, 2, 3]);
+        assert!(!s.any_waiting());
+        assert!(matches!(s.draw(&index, job), Draw::Waits { began: true }));
+        assert!(s.any_waiting());
+        // The budget holds the dataset: the plan reads every chunk whole;
+        // chunk 0 the job served already, so the fill passes over it.
+        let (chunk, mask) = s.choose(&index, &mut cursor).expect("the job lacks chunk 1");
+        assert_eq!((chunk, mask), (1, 0b1111));
+        let progress = s.progress;
+        fill(&mut s, &index, &memory, chunk, mask);
+        assert!(s.progress > progress, "a read is progress for a waiting job");
+
+        match s.draw(&index, job) {
+            Draw::Served(ToJob::Batch {
+                epoch,
+                samples,
+                skipped,
+            }) => {
+                assert_eq!((epoch, skipped.len()), (0, 0));
+                let mut ids: Vec<u32> = samples.iter().map(|p| p.id).collect();
+                ids.sort_unstable();
+                assert_eq!(ids, [4, 5, 6, 7]);
+                for p in &samples {
+                    assert!(
+                        s.samples[p.id as usize].at == Where::Resident(p.offset),
+                        "placed where it is"
+                    );
+                    assert_eq!(p.len, LEN);
+                }
+            }
+            _ => panic!("expected a batch"),
+        }
+        assert!(!s.any_waiting());
+        // Its epoch is done: the next one needs every sample again.
+        let job = &s.jobs[&job];
+        assert_eq!((job.epoch, job.served.len()), (1, 0));
+        assert!(s.samples.iter().all(|x| x.need == 1));
+    }
+
+    #[test]
+    fn a_read_that_failed_fails_the_job_that_draws_its_samples_naming_why() {
+        let index = index(4);
+        let (mut s, memory) = cache(&index, 4, false);
+        let job = attach(&mut s, 4, &[]);
+        assert!(matches!(s.draw(&index, job), Draw::Waits { began: true }));
+        s.reading(&index, 0, 0b1111);
+        s.accept(
+            &index,
+            &memory,
+            read(&[0, 1, 2, 3], Err(Error::config("the disk is gone"))),
+        );
+        assert_eq!((s.reserved, s.arena.used()), (0, 0), "a failed read takes no room");
+        let why = failed(s.draw(&index, job));
+        assert!(why.contains("the disk is gone"), "{why}");
+    }
+
+    #[test]
+    fn a_corrupt_record_fails_the_job_that_draws_it_or_with_skip_is_left_out_of_its_epoch() {
+        let index = index(4);
+        let corrupt_read = || {
+            let records = (0..4)
+                .map(|i| {
+                    let r: RecordResult = if i == 3 {
+                        Err(Error::config("crc mismatch in record 3"))
+                    } else {
+                        Ok(AlignedBuf::for_sample(LEN as usize))
+                    };
+                    (i, r)
+                })
+                .collect();
+            read(&[0, 1, 2, 3], Ok(records))
+        };
+
+        let (mut s, memory) = cache(&index, 4, false);
+        let job = attach(&mut s, 4, &[]);
+        s.reading(&index, 0, 0b1111);
+        s.accept(&index, &memory, corrupt_read());
+        assert_eq!(s.report.corrupt_records, 1);
+        let why = failed(s.draw(&index, job));
+        assert!(why.contains("crc mismatch in record 3"), "{why}");
+
+        let (mut s, memory) = cache(&index, 4, true);
+        let job = attach(&mut s, 4, &[]);
+        s.reading(&index, 0, 0b1111);
+        s.accept(&index, &memory, corrupt_read());
+        match s.draw(&index, job) {
+            Draw::Served(ToJob::Batch {
+                epoch,
+                samples,
+                skipped,
+            }) => {
+                let mut ids: Vec<u32> = samples.iter().map(|p| p.id).collect();
+                ids.sort_unstable();
+                assert_eq!((epoch, ids, skipped), (0, vec![0, 1, 2], vec![3]));
+            }
+            _ => panic!("expected a batch"),
+        }
+        assert_eq!(s.jobs[&job].epoch, 1, "the skipped record ended the epoch too");
+    }
+
+    #[test]
+    fn a_stopping_cache_or_failed_reads_answer_every_job_and_a_detached_job_is_gone() {
+        let index = index(4);
+        let (mut s, memory) = cache(&index, 4, false);
+        let job = attach(&mut s, 2, &[]);
+        fill(&mut s, &index, &memory, 0, 0b1111);
+        s.failed = Some("the cache's reads failed: no device".into());
+        assert_eq!(failed(s.draw(&index, job)), "the cache's reads failed: no device");
+        s.stopping = Some("the cache at /x stopped: SIGTERM".into());
+        assert_eq!(failed(s.draw(&index, job)), "the cache at /x stopped: SIGTERM");
+        s.failed = None;
+        s.stopping = None;
+        s.remove_job(job);
+        assert!(matches!(s.draw(&index, job), Draw::Gone));
+        assert_eq!(s.jobs_now(), 0);
+        assert!(s.samples.iter().all(|x| x.need == 0), "its needs went with it");
+    }
+
+    #[test]
+    fn jobs_that_each_wait_while_their_batches_fill_the_memory_are_deadlocked() {
+        let index = index(8);
+        let (mut s, memory) = cache(&index, 4, false);
+        let a = attach(&mut s, 2, &[2, 3]);
+        let b = attach(&mut s, 2, &[0, 1]);
+        fill(&mut s, &index, &memory, 0, 0b1111);
+        assert_eq!(served(s.draw(&index, a)), [0, 1]);
+        assert_eq!(served(s.draw(&index, b)), [2, 3]);
+        assert!(matches!(s.draw(&index, a), Draw::Waits { began: true }));
+        assert!(!s.deadlocked(&index), "b may still let go");
+        assert!(matches!(s.draw(&index, b), Draw::Waits { began: true }));
+        assert!(s.deadlocked(&index));
+        let why = s.deadlock(&index);
+        assert!(why.contains("(2) hold 2 batches (512 bytes, up to 1 per job)"), "{why}");
+        s.release(&index, a, &[0, 1]).expect("held");
+        assert!(!s.deadlocked(&index), "a's batch is room again");
+    }
+}
