@@ -11,15 +11,20 @@
 //! maps the cache's memory read-only and a batch's samples point into it
 //! until the batch is dropped (then the job tells the cache).
 //!
-//! Modules: `server` (the cache), `client` (a job), `wire` (the messages),
-//! `shm` (the shared memory and descriptor passing), `arena` (where samples
-//! go in it).
+//! Modules: `server` (the cache: its socket and threads), `state` (what
+//! the cache holds and decides), `fill` (its reader), `session` (a job's
+//! connection to it), `client` (a job), `wire` (the messages), `shm` (the
+//! shared memory and descriptor passing), `arena` (where samples go in it).
 
 mod arena;
 mod client;
+mod fill;
 mod server;
+mod session;
 mod shm;
+mod state;
 pub mod wire;
 
 pub use client::{Attached, Served};
-pub use server::{CacheConfig, CacheHandle, CachePolicy, CacheReport, budget_bytes};
+pub use server::{CacheConfig, CacheHandle, CachePolicy, budget_bytes};
+pub use state::CacheReport;
