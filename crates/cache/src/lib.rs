@@ -12,15 +12,18 @@
 //! until the batch is dropped (then the job tells the cache).
 //!
 //! Modules: `server` (the cache: its socket and threads), `state` (what
-//! the cache holds and decides), `fill` (its reader), `session` (a job's
-//! connection to it), `client` (a job), `wire` (the messages), `shm` (the
+//! the cache holds and decides), `fill` (its reader) and `cursor` (where it is in
+//! its plan), `session` (a job's connection to it), `shared` (what the
+//! threads share), `client` (a job), `wire` (the messages), `shm` (the
 //! shared memory and descriptor passing), `arena` (where samples go in it).
 
 mod arena;
 mod client;
+mod cursor;
 mod fill;
 mod server;
 mod session;
+mod shared;
 mod shm;
 mod state;
 pub mod wire;

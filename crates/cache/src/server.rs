@@ -11,12 +11,11 @@
 //! job, [`state`](crate::state) is what they share.
 
 use std::io;
-use std::os::fd::OwnedFd;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -27,8 +26,10 @@ use brand_loader::OnCorrupt;
 use brand_plan::{Layout, Memory, PlanConfig, Planner, Policy};
 
 use crate::arena::footprint;
-use crate::fill::{Fill, read_loop};
-use crate::session::{Link, introduce};
+use crate::cursor::Fill;
+use crate::fill::read_loop;
+use crate::session::introduce;
+use crate::shared::{Shared, lock};
 use crate::shm::Mapping;
 use crate::state::{CacheReport, State};
 use crate::wire::{Digest, ToJob};
@@ -68,32 +69,11 @@ impl Default for CachePolicy {
     }
 }
 
-pub(crate) struct Shared {
-    pub(crate) ds: Arc<Dataset>,
-    pub(crate) digest: Digest,
-    pub(crate) state: Mutex<State>,
-    pub(crate) changed: Condvar,
-    pub(crate) memory: Mapping,
-    pub(crate) memfd: OwnedFd,
-    pub(crate) socket: PathBuf,
-    pub(crate) stop: AtomicBool,
-    pub(crate) links: Mutex<Vec<Attachment>>,
-    /// Connections whose hello is being awaited.
-    pub(crate) introducing: AtomicUsize,
-}
-
-/// A job's connection and its two threads.
-type Attachment = (Arc<Link>, Vec<JoinHandle<()>>);
-
 /// A running cache; [`stop`](Self::stop) ends it (dropping it does too).
 pub struct CacheHandle {
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
     stopped: bool,
-}
-
-pub(crate) fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The budget in bytes: a percentage of the samples' decoded bytes, or

@@ -6,14 +6,14 @@
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use brand_format::ids::IdBits;
 
-use crate::server::{Shared, lock};
-use crate::shm::{send_all, send_with_fd};
+use crate::shared::{Link, Shared, lock};
+use crate::shm::send_with_fd;
 use crate::state::{Draw, batch_bytes};
 use crate::wire::{Hello, ToCache, ToJob, attached_frame_max, hello_frame_max, read_frame_within};
 
@@ -27,31 +27,10 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// one that says nothing holds up no other); more are refused at once.
 const MAX_INTRODUCING: usize = 64;
 
-/// A job's connection; writes are whole frames under the lock.
-pub(crate) struct Link {
-    pub(crate) stream: UnixStream,
-    write: Mutex<()>,
-    /// A `Next` not yet answered: a job asks for its next batch once it
-    /// has the answer to the last (so a flood of requests is refused, not
-    /// served into memory nobody reads).
-    asking: AtomicBool,
-}
-
-impl Link {
-    pub(crate) fn send(&self, m: &ToJob) -> io::Result<()> {
-        let _w = self.write.lock().unwrap_or_else(|e| e.into_inner());
-        send_all(self.stream.as_raw_fd(), &m.encode())
-    }
-}
-
 /// Awaits a new connection's hello on a thread of its own: a connection
 /// that says nothing, or says it slowly, holds up no other job's attach.
 pub(crate) fn introduce(sh: &Arc<Shared>, stream: UnixStream) {
-    let link = Arc::new(Link {
-        stream,
-        write: Mutex::new(()),
-        asking: AtomicBool::new(false),
-    });
+    let link = Arc::new(Link::new(stream));
     if sh.introducing.fetch_add(1, Ordering::SeqCst) >= MAX_INTRODUCING {
         sh.introducing.fetch_sub(1, Ordering::SeqCst);
         let why = format!("{MAX_INTRODUCING} connections are introducing themselves already: try again");

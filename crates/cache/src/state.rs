@@ -26,7 +26,7 @@ use brand_format::rng::Prng;
 use brand_io::engine::Completion;
 
 use crate::arena::{Arena, footprint};
-use crate::fill::Fill;
+use crate::cursor::Fill;
 use crate::shm::Mapping;
 use crate::wire::{Hello, Placed, ToJob};
 

@@ -36,7 +36,7 @@ use brand_format::error::{Error, Result};
 use object_store::ObjectStore;
 use object_store::{ClientConfigKey, RetryConfig};
 
-use crate::get::GetPolicy;
+use crate::get::policy::GetPolicy;
 
 use crate::location::{ObjectUrl, Scheme};
 

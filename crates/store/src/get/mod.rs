@@ -21,7 +21,7 @@
 
 mod counters;
 mod diagnosis;
-mod policy;
+pub mod policy;
 
 use std::ops::Range;
 use std::sync::atomic::Ordering;
