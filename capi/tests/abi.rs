@@ -877,6 +877,9 @@ fn metrics_report_the_backend_and_the_engine_memory() {
             m.registered_buffer_bytes
         );
         assert_eq!(m.skipped_corrupt, 0);
+        // Appended after reads_deferred: CFG's memory, and the decided run length.
+        assert_eq!(m.memory_slots, 32, "{backend}");
+        assert!(m.run_length >= 1, "{backend}: {}", m.run_length);
         close(l);
     }
 }
