@@ -351,6 +351,18 @@ typedef struct brand_metrics {
    * sample came due, not whole (large reads: a Brand start's chunks).
    */
   uint64_t reads_deferred;
+  /**
+   * The memory this loader's plan holds, in slots (samples' worth):
+   * `memory` as given; 0 without a plan (an attached job).
+   * (Appended after `reads_deferred` without an ABI bump, like
+   * `threads_backend`.)
+   */
+  uint64_t memory_slots;
+  /**
+   * The plan's run length (`run_length`, records per run; 0 where not
+   * reported: a node of a multi-node job).
+   */
+  uint64_t run_length;
 } brand_metrics;
 
 #ifdef __cplusplus

@@ -877,8 +877,70 @@ fn metrics_report_the_backend_and_the_engine_memory() {
             m.registered_buffer_bytes
         );
         assert_eq!(m.skipped_corrupt, 0);
+        // Appended after reads_deferred: CFG's memory, and the decided run length.
+        assert_eq!(m.memory_slots, 32, "{backend}");
+        assert!(m.run_length >= 1, "{backend}: {}", m.run_length);
         close(l);
     }
+}
+
+/// The conversions the table names, and that each value lands in its own
+/// field.
+#[test]
+fn brand_metrics_converts_as_the_table_says() {
+    // Each value lands in its own field: a table row's value is the field
+    // it names (the derived read_amplification aside).
+    let m = ::brand_loader::Metrics {
+        bytes_read: 1,
+        reads_deferred: 2,
+        memory_slots: 3,
+        run_length: 4,
+        read_gap: None,
+        buffered_fallback: true,
+        store_hedges: 5,
+        bytes_served: 2,
+        ..::brand_loader::Metrics::default()
+    };
+    let c = brand_metrics::from(&m);
+    assert_eq!(c.struct_size as usize, size_of::<brand_metrics>());
+    assert_eq!(
+        (c.bytes_read, c.reads_deferred, c.memory_slots, c.run_length),
+        (1, 2, 3, 4)
+    );
+    assert_eq!(c.read_gap, BRAND_READ_GAP_WHOLE);
+    assert_eq!((c.buffered_fallback, c.threads_backend), (1, 0));
+    assert_eq!(c.store_hedges, 5);
+    assert_eq!(c.read_amplification, 0.5);
+}
+
+/// `brand_metrics` as released: a field's offset never changes (fields are
+/// only appended: an older caller's shorter struct stays valid). A field
+/// appended later may be added here once released.
+#[test]
+fn brand_metrics_fields_keep_their_offsets() {
+    macro_rules! at {
+        ($($field:ident $offset:literal)*) => {
+            [$((stringify!($field), std::mem::offset_of!(brand_metrics, $field), $offset)),*]
+        };
+    }
+    let released = at!(
+        struct_size 0 buffered_fallback 4 bytes_read 8 bytes_served 16 samples_served 24
+        reads_issued 32 refills 40 recovery_reads 48 stalls 56 stall_secs_total 64
+        stall_p50_secs 72 stall_p95_secs 80 stall_p99_secs 88 stall_max_secs 96
+        peak_resident_bytes 104 peak_resident_samples 112 read_gap 120 read_amplification 128
+        threads_backend 136 uring_refused 140 peak_readahead_bytes 144 registered_buffer_bytes 152
+        peak_read_buffer_bytes 160 skipped_corrupt 168 nodes 176 node_rank 180 samples_local 184
+        samples_received 192 bytes_received 200 samples_pushed 208 bytes_pushed 216
+        remote_memory_peak 224 remote_memory_limit 232 owner_peak_bytes 240 store_requests 248
+        store_bytes_fetched 256 store_retries 264 store_hedges 272 store_get_p50_ms 280
+        store_get_p99_ms 288 store_first_byte_p50_ms 296 store_gets_in_flight_limit 304
+        index_file_bytes 312 index_heap_bytes 320 plan_bytes 328 plan_peak_bytes 336
+        reads_deferred 344 memory_slots 352 run_length 360
+    );
+    for (field, got, want) in released {
+        assert_eq!(got, want, "brand_metrics.{field} moved: fields are only appended");
+    }
+    assert!(size_of::<brand_metrics>() >= 368);
 }
 
 #[test]

@@ -5,115 +5,289 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-/// Cumulative counters since the loader was built (or since `reset`): one
-/// struct for a loader and for a node of a multi-node job, whose fields
-/// from `nodes` on are 0 for a loader alone.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Metrics {
-    /// Bytes transferred from storage, counted when the consumer reaches
-    /// the read (so read-ahead into the next epoch counts in that epoch).
-    pub bytes_read: u64,
-    /// Bytes of samples handed out (as stored).
-    pub bytes_served: u64,
-    pub samples_served: u64,
-    /// Device reads (extents).
-    pub reads_issued: u64,
-    /// Plan refills (Read events): memory misses.
-    pub refills: u64,
-    /// Refills read record by record as each comes due: large reads of
-    /// the epoch a loader starts at (a Brand start's whole chunks).
-    pub reads_deferred: u64,
-    /// Single-record reads for samples the plan expected in memory but that
-    /// were not (after a resume, or for padding repeats).
-    pub recovery_reads: u64,
-    /// Times the consumer waited for a read.
-    pub stalls: u64,
-    pub stall_secs_total: f64,
-    pub stall_p50_secs: f64,
-    pub stall_p95_secs: f64,
-    pub stall_p99_secs: f64,
-    pub stall_max_secs: f64,
-    /// Peak bytes of resident samples, as served (decoded).
-    pub peak_resident_bytes: u64,
-    pub peak_resident_samples: u64,
-    /// The memory this rank's plan holds, in slots (samples' worth):
-    /// `memory` as given, or a DataLoader worker's share of its process's
-    /// (rounded up where a percentage was too small for it); 0 without a
-    /// plan.
-    pub memory_slots: u64,
-    /// Peak bytes of reads in flight (issued, not yet taken in): bounded by
-    /// `readahead`, which the last read issued may overshoot by its own size.
-    pub peak_readahead_bytes: u64,
-    /// Bytes of read buffers registered with io_uring (fixed buffers).
-    pub registered_buffer_bytes: u64,
-    /// Peak bytes of ordinary (unregistered) read buffers, in use or
-    /// pooled: those of whole-chunk reads and of records over 512 KiB.
-    pub peak_read_buffer_bytes: u64,
-    /// Samples left out of their epoch because their record was corrupt
-    /// (`on_corrupt = "skip"`).
-    pub skipped_corrupt: u64,
-    /// Whether the engine fell back from O_DIRECT to buffered reads.
-    pub buffered_fallback: bool,
-    /// Whether reads go through the threads backend (`pread`), not io_uring.
-    pub threads_backend: bool,
-    /// Whether `io_backend = "auto"` found io_uring refused and fell back to threads.
-    pub uring_refused: bool,
-    /// The read gap in effect (None = whole chunks).
-    pub read_gap: Option<u64>,
-    /// The plan's run length (`run_length`; 0 where not reported: a node of a multi-node job).
-    pub run_length: u32,
-    /// The number of nodes of the multi-node job (0: a loader alone). Of a
-    /// node, `bytes_read`/`reads_issued` count its own storage reads (the
-    /// chunks it owns), `samples_served`/`bytes_served` what it handed out,
-    /// and `stalls` its waits for a sample not yet read or pushed.
-    pub nodes: u32,
-    /// This node's rank.
-    pub node_rank: u32,
-    /// Samples served that this node read itself (never crossed the network).
-    pub samples_local: u64,
-    /// Samples served here that another node read and pushed, and their
-    /// bytes (what came for an epoch this node never reached is not counted).
-    pub samples_received: u64,
-    pub bytes_received: u64,
-    /// Samples this node pushed to others, and their bytes.
-    pub samples_pushed: u64,
-    pub bytes_pushed: u64,
-    /// Most bytes of pushed and local samples held at once, and the limit
-    /// (`remote_memory`).
-    pub remote_memory_peak: u64,
-    pub remote_memory_limit: u64,
-    /// Most bytes this node held read but not yet pushed.
-    pub owner_peak_bytes: u64,
-    /// A dataset in object storage (the rest 0 otherwise): requests the
-    /// reads sent (GETs, their retries, resumes and hedges; HEADs; not the
-    /// open's few: manifest, index, segment HEADs or listing), body bytes
-    /// fetched (`bytes_read` counts the extents the loader asked for),
-    /// retries and their causes (a status such as "503", "connect", "reset", "stall",
-    /// "cut", "slow"), hedged GETs, GET latency (first request to last byte) and
-    /// time to first byte, and the GETs-in-flight limit now.
-    pub store_requests: u64,
-    pub store_bytes_fetched: u64,
-    pub store_retries: u64,
-    pub store_retries_by_cause: std::collections::BTreeMap<String, u64>,
-    pub store_hedges: u64,
-    pub store_get_p50_ms: f64,
-    pub store_get_p99_ms: f64,
-    pub store_first_byte_p50_ms: f64,
-    pub store_gets_in_flight_limit: u64,
-    /// Metadata, outside the sample budget. `index.bin`'s size: mapped
-    /// read-only, so every process on the machine that reads the dataset
-    /// shares one copy in the page cache (held on the heap instead when
-    /// `index_heap_bytes` says so: an index fetched from a store that could
-    /// not be cached on disk).
-    pub index_file_bytes: u64,
-    /// The index's bytes on this process's heap: 8 a chunk, plus the whole
-    /// file when it is held rather than mapped.
-    pub index_heap_bytes: u64,
-    /// The plan's per-sample state on this process's heap now (this
-    /// epoch's order and reads, the next epoch's planned ahead), and the
-    /// most it held at once.
-    pub plan_bytes: u64,
-    pub plan_peak_bytes: u64,
+/// One field of the C ABI's `brand_metrics`, as the table below gives it.
+/// brand-capi's `tests/header.rs` writes `capi/src/metrics/c_struct.rs` (the
+/// struct and its `From<&Metrics>`) from these, and cbindgen the header
+/// from that: a metric is defined once, here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CField {
+    /// Its place in `brand_metrics`. 0 is `struct_size`, the caller's size
+    /// (capi's, not a metric): the table's start at 1. Fields are only
+    /// ever appended (the ABI: a caller's older, shorter struct stays valid).
+    pub position: usize,
+    pub name: &'static str,
+    /// Its Rust type in capi: `u32`, `u64` or `f64`.
+    pub ty: &'static str,
+    /// Its value: a Rust expression of `m: &Metrics`, in capi's
+    /// `metrics` module (where `BRAND_READ_GAP_WHOLE` is).
+    pub value: &'static str,
+    /// Its doc comment, a line each, as `///` gives them (with the leading space).
+    pub docs: &'static [&'static str],
+}
+
+/// Defines [`Metrics`] and [`Metrics::c_fields`] from one table. Each field:
+/// its docs, `name: Type`, then what C gets of it:
+/// * `C[]`: nothing (not representable in a C struct);
+/// * `C[n]`: field `n` of `brand_metrics`, same name and type, value `m.name`;
+/// * `C[n: Ty = expr]`: field `n` of type `Ty`, value `expr` (of `m: &Metrics`);
+///
+/// then the C docs in braces when they differ from the Rust docs (`{}`: none,
+/// as where one comment covers the fields after it). `C only` lists fields
+/// that only C has (derived values), `name => C[n: Ty = expr]`. The JSON
+/// (`brand read --json`, Python's `metrics()`) is the struct's serde form, so
+/// every field reaches it; its key order is the table's.
+///
+/// A new metric is one row: a C field takes the next free place (a place
+/// never changes: callers' older structs stay valid; brand-capi's abi.rs
+/// checks the released offsets), then `BRAND_BLESS=1 cargo test -p
+/// brand-capi --test header` rewrites capi's struct and brand.h.
+macro_rules! metrics {
+    (
+        $(#[$attr:meta])*
+        pub struct $Metrics:ident {
+            $(
+                $(#[doc = $doc:literal])*
+                $name:ident : $ty:ty => C $c:tt $({ $(#[doc = $cdoc:literal])* })?
+            ),* $(,)?
+        }
+        C only {
+            $(
+                $(#[doc = $odoc:literal])*
+                $oname:ident => C[$opos:literal : $oty:ty = $oval:expr]
+            ),* $(,)?
+        }
+    ) => {
+        $(#[$attr])*
+        pub struct $Metrics {
+            $( $(#[doc = $doc])* pub $name: $ty, )*
+        }
+
+        impl $Metrics {
+            /// The fields of the C ABI's `brand_metrics` (but `struct_size`),
+            /// in the table's order (not the C struct's: see
+            /// [`CField::position`]).
+            pub fn c_fields() -> Vec<CField> {
+                [
+                    $( metrics!(@c $name, $ty, $c, [$($doc)*] $([$($cdoc)*])?), )*
+                    $(
+                        Some(CField {
+                            position: $opos,
+                            name: stringify!($oname),
+                            ty: stringify!($oty),
+                            value: stringify!($oval),
+                            docs: &[$($odoc),*],
+                        }),
+                    )*
+                ]
+                .into_iter()
+                .flatten()
+                .collect()
+            }
+        }
+    };
+    (@c $name:ident, $ty:ty, [], [$($doc:literal)*]) => { None };
+    (@c $name:ident, $ty:ty, [$pos:literal], $docs:tt $($cdocs:tt)?) => {
+        Some(CField {
+            position: $pos,
+            name: stringify!($name),
+            ty: stringify!($ty),
+            value: concat!("m.", stringify!($name)),
+            docs: metrics!(@docs $docs $($cdocs)?),
+        })
+    };
+    (@c $name:ident, $ty:ty, [$pos:literal : $cty:ty = $val:expr], $docs:tt $($cdocs:tt)?) => {
+        Some(CField {
+            position: $pos,
+            name: stringify!($name),
+            ty: stringify!($cty),
+            value: stringify!($val),
+            docs: metrics!(@docs $docs $($cdocs)?),
+        })
+    };
+    (@docs [$($doc:literal)*]) => { &[$($doc),*] };
+    (@docs [$($doc:literal)*] [$($cdoc:literal)*]) => { &[$($cdoc),*] };
+}
+
+metrics! {
+    /// Cumulative counters since the loader was built (or since `reset`): one
+    /// struct for a loader and for a node of a multi-node job, whose fields
+    /// from `nodes` on are 0 for a loader alone.
+    #[derive(Debug, Clone, Default, Serialize)]
+    pub struct Metrics {
+        /// Bytes transferred from storage, counted when the consumer reaches
+        /// the read (so read-ahead into the next epoch counts in that epoch).
+        bytes_read: u64 => C[2] {
+            /// Bytes transferred from storage.
+        },
+        /// Bytes of samples handed out (as stored).
+        bytes_served: u64 => C[3],
+        samples_served: u64 => C[4],
+        /// Device reads (extents).
+        reads_issued: u64 => C[5] {
+            /// Device reads issued.
+        },
+        /// Plan refills (Read events): memory misses.
+        refills: u64 => C[6] {
+            /// Memory refills of the plan (chunk reads).
+        },
+        /// Refills read record by record as each comes due: large reads of
+        /// the epoch a loader starts at (a Brand start's whole chunks).
+        reads_deferred: u64 => C[46] {
+            /// Plan reads of a start's first fill read record by record as each
+            /// sample came due, not whole (large reads: a Brand start's chunks).
+        },
+        /// Single-record reads for samples the plan expected in memory but that
+        /// were not (after a resume, or for padding repeats).
+        recovery_reads: u64 => C[7] {
+            /// Single-record reads for samples the plan expected in memory (after a resume).
+        },
+        /// Times the consumer waited for a read.
+        stalls: u64 => C[8] {
+            /// Times the consumer waited for a read, and how long.
+        },
+        stall_secs_total: f64 => C[9],
+        stall_p50_secs: f64 => C[10],
+        stall_p95_secs: f64 => C[11],
+        stall_p99_secs: f64 => C[12],
+        stall_max_secs: f64 => C[13],
+        /// Peak bytes of resident samples, as served (decoded).
+        peak_resident_bytes: u64 => C[14] {
+            /// Peak bytes of resident samples as served (decoded).
+        },
+        peak_resident_samples: u64 => C[15],
+        /// The memory this rank's plan holds, in slots (samples' worth):
+        /// `memory` as given, or a DataLoader worker's share of its process's
+        /// (rounded up where a percentage was too small for it); 0 without a
+        /// plan.
+        memory_slots: u64 => C[47] {
+            /// The memory this loader's plan holds, in slots (samples' worth):
+            /// `memory` as given; 0 without a plan (an attached job).
+            /// (Appended after `reads_deferred` without an ABI bump, like
+            /// `threads_backend`.)
+        },
+        /// Peak bytes of reads in flight (issued, not yet taken in): bounded by
+        /// `readahead`, which the last read issued may overshoot by its own size.
+        peak_readahead_bytes: u64 => C[20],
+        /// Bytes of read buffers registered with io_uring (fixed buffers).
+        registered_buffer_bytes: u64 => C[21],
+        /// Peak bytes of ordinary (unregistered) read buffers, in use or
+        /// pooled: those of whole-chunk reads and of records over 512 KiB.
+        peak_read_buffer_bytes: u64 => C[22],
+        /// Samples left out of their epoch because their record was corrupt
+        /// (`on_corrupt = "skip"`).
+        skipped_corrupt: u64 => C[23],
+        /// Whether the engine fell back from O_DIRECT to buffered reads.
+        buffered_fallback: bool => C[1: u32 = m.buffered_fallback as u32] {
+            /// 1 if reads fell back from O_DIRECT to buffered I/O.
+        },
+        /// Whether reads go through the threads backend (`pread`), not io_uring.
+        threads_backend: bool => C[18: u32 = m.threads_backend as u32] {
+            /// 1 if reads go through the threads backend (`pread`), not io_uring.
+            /// (This field and those after it were appended in brand 0.1 without an
+            /// ABI bump: `struct_size` tells a caller compiled against an older
+            /// header from one that has them.)
+        },
+        /// Whether `io_backend = "auto"` found io_uring refused and fell back to threads.
+        uring_refused: bool => C[19: u32 = m.uring_refused as u32] {
+            /// 1 if `io_backend = "auto"` found io_uring refused and fell back to threads.
+        },
+        /// The read gap in effect (None = whole chunks).
+        read_gap: Option<u64> => C[16: u64 = m.read_gap.unwrap_or(BRAND_READ_GAP_WHOLE)] {
+            /// The read gap in bytes, or `BRAND_READ_GAP_WHOLE`.
+        },
+        /// The plan's run length (`run_length`; 0 where not reported: a node of a multi-node job).
+        // 64 bits in C: a 32-bit last field would leave the struct padding
+        // that `brand_get_metrics` would copy out uninitialised.
+        run_length: u32 => C[48: u64 = u64::from(m.run_length)] {
+            /// The plan's run length (`run_length`, records per run; 0 where not
+            /// reported: a node of a multi-node job).
+        },
+        /// The number of nodes of the multi-node job (0: a loader alone). Of a
+        /// node, `bytes_read`/`reads_issued` count its own storage reads (the
+        /// chunks it owns), `samples_served`/`bytes_served` what it handed out,
+        /// and `stalls` its waits for a sample not yet read or pushed.
+        nodes: u32 => C[24] {
+            /// The number of nodes of the multi-node job this loader is a node of
+            /// (0: a single-process loader; then the fields below are 0). Of a node,
+            /// the fields above count: `bytes_read`/`reads_issued` its own storage
+            /// reads (the chunks it owns), `samples_served`/`bytes_served` what it
+            /// handed out, `stalls` and `stall_*_secs` its waits for a sample not
+            /// yet read or pushed (on-demand waits; no percentiles). (Appended
+            /// after `skipped_corrupt` without an ABI bump, like `threads_backend`.)
+        },
+        /// This node's rank.
+        node_rank: u32 => C[25] {
+            /// This node's rank (0 for a single-process loader).
+        },
+        /// Samples served that this node read itself (never crossed the network).
+        samples_local: u64 => C[26],
+        /// Samples served here that another node read and pushed, and their
+        /// bytes (what came for an epoch this node never reached is not counted).
+        samples_received: u64 => C[27],
+        bytes_received: u64 => C[28],
+        /// Samples this node pushed to others, and their bytes.
+        samples_pushed: u64 => C[29] {
+            /// Samples this node pushed to other nodes, and their bytes.
+        },
+        bytes_pushed: u64 => C[30],
+        /// Most bytes of pushed and local samples held at once, and the limit
+        /// (`remote_memory`).
+        remote_memory_peak: u64 => C[31] {
+            /// Most bytes of pushed and local samples held at once (high-water
+            /// mark), and the limit (`remote_memory`).
+        },
+        remote_memory_limit: u64 => C[32],
+        /// Most bytes this node held read but not yet pushed.
+        owner_peak_bytes: u64 => C[33],
+        /// A dataset in object storage (the rest 0 otherwise): requests the
+        /// reads sent (GETs, their retries, resumes and hedges; HEADs; not the
+        /// open's few: manifest, index, segment HEADs or listing), body bytes
+        /// fetched (`bytes_read` counts the extents the loader asked for),
+        /// retries and their causes (a status such as "503", "connect", "reset", "stall",
+        /// "cut", "slow"), hedged GETs, GET latency (first request to last byte) and
+        /// time to first byte, and the GETs-in-flight limit now.
+        store_requests: u64 => C[34] {
+            /// A dataset in object storage (0 otherwise; appended without an ABI
+            /// bump, like `threads_backend`): requests sent (GETs with their
+            /// retries, resumes and hedges; HEADs), body bytes fetched, retries
+            /// (all causes: 5xx, 429, resets, stalls, cut bodies), hedged GETs,
+            /// GET latency P50 and P99 and time to first byte P50 in milliseconds,
+            /// and the GETs-in-flight limit now (halved while the store throttles).
+        },
+        store_bytes_fetched: u64 => C[35],
+        store_retries: u64 => C[36],
+        // A map (cause → count) has no fixed C layout: C has the total,
+        // `store_retries`.
+        store_retries_by_cause: std::collections::BTreeMap<String, u64> => C[],
+        store_hedges: u64 => C[37],
+        store_get_p50_ms: f64 => C[38],
+        store_get_p99_ms: f64 => C[39],
+        store_first_byte_p50_ms: f64 => C[40],
+        store_gets_in_flight_limit: u64 => C[41],
+        /// Metadata, outside the sample budget. `index.bin`'s size: mapped
+        /// read-only, so every process on the machine that reads the dataset
+        /// shares one copy in the page cache (held on the heap instead when
+        /// `index_heap_bytes` says so: an index fetched from a store that could
+        /// not be cached on disk).
+        index_file_bytes: u64 => C[42] {
+            /// Metadata outside the sample budget: `index.bin`'s size (mapped and
+            /// shared by every process reading the dataset on this machine), the
+            /// index's bytes on this process's heap, and the plan's per-sample
+            /// state on the heap now and at most.
+        },
+        /// The index's bytes on this process's heap: 8 a chunk, plus the whole
+        /// file when it is held rather than mapped.
+        index_heap_bytes: u64 => C[43] {},
+        /// The plan's per-sample state on this process's heap now (this
+        /// epoch's order and reads, the next epoch's planned ahead), and the
+        /// most it held at once.
+        plan_bytes: u64 => C[44] {},
+        plan_peak_bytes: u64 => C[45],
+    }
+    C only {
+        /// `bytes_read / bytes_served` (0 before anything was served).
+        read_amplification => C[17: f64 = m.read_amplification()],
+    }
 }
 
 impl Metrics {
@@ -240,6 +414,21 @@ impl StallLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_metric_has_a_c_field_but_the_retry_causes() {
+        // What `brand read --json` and Python's metrics() show, against brand_metrics.
+        let json = serde_json::to_value(Metrics::default()).expect("json");
+        let c: Vec<&str> = Metrics::c_fields().iter().map(|f| f.name).collect();
+        let rust_only: Vec<&str> = json
+            .as_object()
+            .expect("an object")
+            .keys()
+            .map(String::as_str)
+            .filter(|k| !c.contains(k))
+            .collect();
+        assert_eq!(rust_only, ["store_retries_by_cause"]);
+    }
 
     #[test]
     fn percentiles_pick_the_right_ranks() {
