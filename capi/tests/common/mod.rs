@@ -6,6 +6,8 @@ use std::ptr::null_mut;
 
 use brand::brand_status::*;
 use brand::{brand_batch_free, brand_batch_len, brand_last_error, brand_loader, brand_next};
+#[allow(unused_imports)] // not every test binary runs nodes
+pub use brand_testkit::addresses;
 
 /// This thread's `brand_last_error()` as a String.
 pub fn last_error() -> String {
@@ -14,18 +16,6 @@ pub fn last_error() -> String {
     // SAFETY: a NUL-terminated string valid until the next brand call on
     // this thread.
     unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-}
-
-/// `n` loopback addresses ("127.0.0.1:port") free when this returns.
-#[allow(dead_code)] // not every test binary runs nodes
-pub fn addresses(n: usize) -> Vec<String> {
-    let listeners: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"))
-        .collect();
-    listeners
-        .iter()
-        .map(|l| l.local_addr().expect("addr").to_string())
-        .collect()
 }
 
 /// Node `rank` of a job of `nodes` (16 slots, batches of 7, whole-chunk

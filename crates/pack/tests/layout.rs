@@ -4,48 +4,23 @@
 //! reported alike by the manifest, the index and `inspect`, and a dataset
 //! of a format this build does not read is refused at open, naming it.
 
-use std::borrow::Cow;
 use std::path::Path;
 
 use brand_format::Dataset;
 use brand_format::extents::{ReadGap, extents};
-use brand_pack::source::{Entries, Source};
+use brand_pack::source::Source;
 use brand_pack::{PackOptions, pack};
+use brand_testkit::Generated;
 
 /// `count` samples whose sizes cycle through `sizes`.
-struct Sized {
-    entries: Entries,
-    sizes: Vec<usize>,
-}
-
-impl Sized {
-    fn new(count: usize, sizes: &[usize]) -> Self {
-        let entries = (0..count)
-            .map(|i| (format!("s/{i:06}").into_bytes(), (i % 7) as i64))
-            .collect();
-        Sized {
-            entries,
-            sizes: sizes.to_vec(),
-        }
-    }
-}
-
-impl Source for Sized {
-    fn kind(&self) -> &'static str {
-        "test"
-    }
-    fn len(&self) -> usize {
-        self.entries.len()
-    }
-    fn key(&self, i: usize) -> Cow<'_, [u8]> {
-        Cow::Borrowed(self.entries.key(i))
-    }
-    fn label(&self, i: usize) -> i64 {
-        self.entries.label(i)
-    }
-    fn read(&self, i: usize) -> brand_format::Result<Vec<u8>> {
-        Ok(vec![(i % 251) as u8; self.sizes[i % self.sizes.len()]])
-    }
+fn sized(count: usize, sizes: &[usize]) -> impl Source {
+    let sizes = sizes.to_vec();
+    Generated::keyed(
+        count,
+        |i| format!("s/{i:06}"),
+        |i| (i % 7) as i64,
+        move |i| Ok(vec![(i % 251) as u8; sizes[i % sizes.len()]]),
+    )
 }
 
 fn packed(dir: &Path, count: usize, sizes: &[usize], zstd: Option<i32>) -> Dataset {
@@ -55,7 +30,7 @@ fn packed(dir: &Path, count: usize, sizes: &[usize], zstd: Option<i32>) -> Datas
         zstd,
         ..Default::default()
     };
-    pack(&Sized::new(count, sizes), &out, &opts, &|_, _, _| {}).expect("pack");
+    pack(&sized(count, sizes), &out, &opts, &|_, _, _| {}).expect("pack");
     Dataset::open(&out).expect("open")
 }
 

@@ -6,7 +6,6 @@
 //! the packer shows up as tens of bytes per sample and fails the bounds.
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::borrow::Cow;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -14,6 +13,7 @@ use brand_pack::files::FileSource;
 use brand_pack::source::{Entries, Source};
 use brand_pack::tfrecord::TfRecordSource;
 use brand_pack::{PackOptions, pack};
+use brand_testkit::Generated;
 
 /// The system allocator, counting the bytes live and their peak.
 struct Counting;
@@ -77,29 +77,8 @@ fn restart_peak() -> usize {
 }
 
 /// Tiny samples with ImageFolder-like keys, listed in an arena.
-struct Tiny {
-    entries: Entries,
-}
-
-impl Source for Tiny {
-    fn kind(&self) -> &'static str {
-        "test"
-    }
-    fn len(&self) -> usize {
-        self.entries.len()
-    }
-    fn key(&self, i: usize) -> Cow<'_, [u8]> {
-        Cow::Borrowed(self.entries.key(i))
-    }
-    fn label(&self, i: usize) -> i64 {
-        self.entries.label(i)
-    }
-    fn read(&self, i: usize) -> brand_format::Result<Vec<u8>> {
-        Ok((i as u64).to_le_bytes().repeat(2))
-    }
-    fn listing_bytes(&self) -> usize {
-        self.entries.heap_bytes()
-    }
+fn tiny(entries: Entries) -> impl Source {
+    Generated::new(entries, |i| Ok((i as u64).to_le_bytes().repeat(2)))
 }
 
 #[test]
@@ -112,7 +91,7 @@ fn packing_adds_a_few_bytes_per_sample_not_an_allocation() {
         .map(|i| (format!("class-{:03}/sample-{i:08}.bin", i % 1000), (i % 1000) as i64))
         .collect();
     entries.shrink_to_fit();
-    let source = Tiny { entries };
+    let source = tiny(entries);
     let listed = LIVE.load(Ordering::Relaxed) - before_listing;
     let key_bytes: usize = (0..N).map(|i| source.key(i).len()).sum();
     // Key bytes, a 4-byte end and a 2-byte label each.

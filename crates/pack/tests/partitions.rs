@@ -4,49 +4,30 @@
 //! the partition that holds a sample it lacks, verifies and inspects as a
 //! partition; a failed partitioned pack leaves nothing.
 
-use std::borrow::Cow;
 use std::collections::HashSet;
 
 use brand_format::Dataset;
-use brand_pack::source::{Entries, Source};
+use brand_pack::source::Source;
 use brand_pack::{PackOptions, Partitioning, pack, partition_dir};
+use brand_testkit::Generated;
 
 /// `n` samples of varied sizes; `fail_at` makes that read fail.
-struct Samples {
-    entries: Entries,
-    fail_at: Option<usize>,
-}
-
-impl Samples {
-    fn new(n: usize, fail_at: Option<usize>) -> Self {
-        let entries = (0..n).map(|i| (format!("k{i}").into_bytes(), (i % 5) as i64)).collect();
-        Samples { entries, fail_at }
-    }
-}
-
-impl Source for Samples {
-    fn kind(&self) -> &'static str {
-        "test"
-    }
-    fn len(&self) -> usize {
-        self.entries.len()
-    }
-    fn key(&self, i: usize) -> Cow<'_, [u8]> {
-        Cow::Borrowed(self.entries.key(i))
-    }
-    fn label(&self, i: usize) -> i64 {
-        self.entries.label(i)
-    }
-    fn read(&self, i: usize) -> brand_format::Result<Vec<u8>> {
-        if Some(i) == self.fail_at {
-            return Err(brand_format::Error::input(
-                "virtual/source",
-                format!("sample {i}"),
-                "disk went away",
-            ));
-        }
-        Ok(vec![(i % 251) as u8; 100 + (i * 37) % 3000])
-    }
+fn samples(n: usize, fail_at: Option<usize>) -> impl Source {
+    Generated::keyed(
+        n,
+        |i| format!("k{i}"),
+        |i| (i % 5) as i64,
+        move |i| {
+            if Some(i) == fail_at {
+                return Err(brand_format::Error::input(
+                    "virtual/source",
+                    format!("sample {i}"),
+                    "disk went away",
+                ));
+            }
+            Ok(vec![(i % 251) as u8; 100 + (i * 37) % 3000])
+        },
+    )
 }
 
 fn options(count: u32, group_chunks: u64) -> PackOptions {
@@ -63,7 +44,7 @@ fn options(count: u32, group_chunks: u64) -> PackOptions {
 #[test]
 fn partitions_split_the_chunks_by_owner_and_share_the_index() {
     let t = tempfile::tempdir().expect("tempdir");
-    let src = Samples::new(1000, None);
+    let src = samples(1000, None);
     let whole_dir = t.path().join("whole");
     let whole_opts = PackOptions {
         partitions: None,
@@ -153,7 +134,7 @@ fn partitions_split_the_chunks_by_owner_and_share_the_index() {
 fn a_damaged_partition_is_reported_by_verify() {
     let t = tempfile::tempdir().expect("tempdir");
     let out = t.path().join("parts");
-    pack(&Samples::new(300, None), &out, &options(2, 2), &|_, _, _| {}).expect("pack");
+    pack(&samples(300, None), &out, &options(2, 2), &|_, _, _| {}).expect("pack");
     let ds = Dataset::open_any(partition_dir(&out, 1)).expect("partition");
     let seg = (0..ds.manifest.segments.len() as u32)
         .find(|&s| ds.holds_segment(s))
@@ -179,7 +160,7 @@ fn a_failed_partitioned_pack_leaves_nothing() {
     let order = brand_format::rng::Prng::stream(3, &[brand_format::rng::domain::PACK]).permutation(2000);
     // An entry packed late, so every partition has segments when it fails.
     let fail_at = order[1900] as usize;
-    let e = pack(&Samples::new(2000, Some(fail_at)), &out, &options(3, 1), &|_, _, _| {})
+    let e = pack(&samples(2000, Some(fail_at)), &out, &options(3, 1), &|_, _, _| {})
         .expect_err("the read error fails the pack");
     assert!(e.to_string().contains("disk went away"), "{e}");
     let left: Vec<_> = std::fs::read_dir(t.path()).expect("list").collect();
@@ -191,13 +172,7 @@ fn bad_partitionings_are_refused_before_writing() {
     let t = tempfile::tempdir().expect("tempdir");
     for (count, group_chunks) in [(0, 1), (3, 0), (brand_pack::MAX_PARTITIONS + 1, 1)] {
         let out = t.path().join("parts");
-        let e = pack(
-            &Samples::new(10, None),
-            &out,
-            &options(count, group_chunks),
-            &|_, _, _| {},
-        )
-        .expect_err("refused");
+        let e = pack(&samples(10, None), &out, &options(count, group_chunks), &|_, _, _| {}).expect_err("refused");
         assert!(e.to_string().contains("partitions"), "{e}");
         assert!(!out.exists());
     }

@@ -3,37 +3,21 @@
 //! refused with a named error or reported by `verify`, never a panic or a
 //! sample served wrongly.
 
-use std::borrow::Cow;
 use std::path::Path;
 
 use brand_format::Dataset;
 use brand_pack::source::{Entries, Source};
 use brand_pack::verify::verify;
 use brand_pack::{PackOptions, pack};
+use brand_testkit::Generated;
 
-struct Bytes(Entries);
-
-impl Source for Bytes {
-    fn kind(&self) -> &'static str {
-        "test"
-    }
-    fn len(&self) -> usize {
-        self.0.len()
-    }
-    fn key(&self, i: usize) -> Cow<'_, [u8]> {
-        Cow::Borrowed(self.0.key(i))
-    }
-    fn label(&self, i: usize) -> i64 {
-        self.0.label(i)
-    }
-    fn read(&self, i: usize) -> brand_format::Result<Vec<u8>> {
-        // Compressible, and different per sample.
-        Ok(vec![i as u8; 3000 + 37 * i])
-    }
+/// Compressible samples, different each.
+fn bytes(entries: Entries) -> impl Source {
+    Generated::new(entries, |i| Ok(vec![i as u8; 3000 + 37 * i]))
 }
 
 fn make(dir: &Path, name: &str, samples: usize, chunk_size: u32, zstd: Option<i32>) -> std::path::PathBuf {
-    let src = Bytes(
+    let src = bytes(
         (0..samples)
             .map(|i| (format!("k{i}").into_bytes(), (i % 3) as i64))
             .collect(),
@@ -94,26 +78,10 @@ fn an_index_from_another_pack_is_refused_or_reported_never_a_panic() {
         std::fs::copy(a.join(f), d.join(f)).expect("copy");
     }
     // Make "big" differ in sizes: repack 100 samples of another source.
-    struct Larger(Entries);
-    impl Source for Larger {
-        fn kind(&self) -> &'static str {
-            "test"
-        }
-        fn len(&self) -> usize {
-            self.0.len()
-        }
-        fn key(&self, i: usize) -> Cow<'_, [u8]> {
-            Cow::Borrowed(self.0.key(i))
-        }
-        fn label(&self, i: usize) -> i64 {
-            self.0.label(i)
-        }
-        fn read(&self, i: usize) -> brand_format::Result<Vec<u8>> {
-            Ok(vec![1u8; 9000 + i])
-        }
-    }
     std::fs::remove_dir_all(&big).expect("rm");
-    let src = Larger((0..100).map(|i| (vec![i as u8], 0)).collect());
+    let src = Generated::new((0..100).map(|i| (vec![i as u8], 0)).collect(), |i| {
+        Ok(vec![1u8; 9000 + i])
+    });
     let opts = PackOptions {
         chunk_size: 8,
         ..Default::default()
@@ -127,7 +95,7 @@ fn an_index_from_another_pack_is_refused_or_reported_never_a_panic() {
     // opens, verify lists problems and does not panic.
     let e = make(t.path(), "e", 100, 8, None);
     let other = t.path().join("other");
-    let src = Bytes((0..100).map(|i| (vec![i as u8], 7)).collect());
+    let src = bytes((0..100).map(|i| (vec![i as u8], 7)).collect());
     let opts = PackOptions {
         chunk_size: 8,
         seed: 99,

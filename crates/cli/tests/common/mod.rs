@@ -5,6 +5,9 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
+#[allow(unused_imports)] // not every test binary starts nodes or writes tars
+pub use brand_testkit::{addresses, ustar};
+
 /// Runs `brand args…` to completion (no backtraces: errors are compared).
 pub fn brand(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_brand"))
@@ -72,46 +75,4 @@ pub fn hidden_entries(parent: &Path) -> Vec<String> {
         .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
         .filter(|n| n.starts_with('.'))
         .collect()
-}
-
-/// Loopback addresses free now and never handed out before in this test
-/// process: tests run in parallel, and a port one test was given and let go
-/// can come back from the kernel to another test's node, which would then
-/// answer the first test's hellos.
-pub fn addresses(n: usize) -> Vec<String> {
-    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
-    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
-    let mut held = Vec::new(); // bound until all n are chosen: distinct within the call
-    let mut out = Vec::new();
-    while out.len() < n {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let addr = l.local_addr().expect("addr");
-        if !handed_out.contains(&addr.port()) {
-            handed_out.push(addr.port());
-            out.push(addr.to_string());
-        }
-        held.push(l);
-    }
-    out
-}
-
-/// A ustar archive of `(name, bytes)` members, with its end blocks.
-pub fn ustar<N: AsRef<str>, B: AsRef<[u8]>>(members: &[(N, B)]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for (name, bytes) in members {
-        let (name, bytes) = (name.as_ref(), bytes.as_ref());
-        let mut block = [0u8; 512];
-        block[..name.len()].copy_from_slice(name.as_bytes());
-        block[124..136].copy_from_slice(format!("{:011o}\0", bytes.len()).as_bytes());
-        block[156] = b'0';
-        block[257..263].copy_from_slice(b"ustar\0");
-        block[148..156].fill(b' ');
-        let sum: u32 = block.iter().map(|&b| u32::from(b)).sum();
-        block[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
-        out.extend(block);
-        out.extend_from_slice(bytes);
-        out.resize(out.len().next_multiple_of(512), 0);
-    }
-    out.extend([0; 1024]);
-    out
 }

@@ -12,28 +12,10 @@ use brand_nodes::{NodeConfig, NodeLoader};
 use brand_plan::{Event, Memory, Planner};
 
 /// Ids and bytes a node served, per epoch.
-pub type Served = Vec<Vec<(u64, Vec<u8>)>>;
+#[allow(unused_imports)] // not every test binary starts nodes
+pub use brand_testkit::addresses;
 
-/// Loopback addresses free now and never handed out before in this
-/// process: tests run in parallel, and a port one test was given and let go
-/// can come back from the kernel to another test's bind, whose node would
-/// then answer the first test's hellos.
-pub fn addresses(n: usize) -> Vec<String> {
-    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
-    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
-    let mut held = Vec::new(); // bound until all n are chosen: distinct within the call
-    let mut out = Vec::new();
-    while out.len() < n {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let addr = l.local_addr().expect("addr");
-        if !handed_out.contains(&addr.port()) {
-            handed_out.push(addr.port());
-            out.push(addr.to_string());
-        }
-        held.push(l);
-    }
-    out
-}
+pub type Served = Vec<Vec<(u64, Vec<u8>)>>;
 
 /// What a node opens with: the loader's configuration and the multi-node
 /// one (an interface has both from `brand_reader::Config::resolve`).
