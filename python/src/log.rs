@@ -21,7 +21,6 @@ use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Metadata, Subscriber};
 use tracing_subscriber::Layer;
@@ -205,9 +204,7 @@ fn log_one(py: Python<'_>, level: u8, message: &str) -> PyResult<()> {
     let logger = py.import("logging")?.call_method1("getLogger", ("brand",))?;
     if logger.call_method1("isEnabledFor", (level,))?.is_truthy()? {
         // "%s": a message with a % in it is not a format.
-        let kwargs = PyDict::new(py);
-        kwargs.set_item("stacklevel", 1)?;
-        logger.call_method("log", (level, "%s", message), Some(&kwargs))?;
+        logger.call_method1("log", (level, "%s", message))?;
     }
     Ok(())
 }

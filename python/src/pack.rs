@@ -102,7 +102,8 @@ impl Target {
         // As `brand pack -o URL`: the URL checked first, each segment
         // uploaded once written (then removed from the staging directory),
         // the manifest last.
-        let upload = py.detach(|| guarded(|| SegmentUpload::begin(url, opts.force, true, &brand_store::GetPolicy::default())))?;
+        let upload =
+            py.detach(|| guarded(|| SegmentUpload::begin(url, opts.force, true, &brand_store::GetPolicy::default())))?;
         let base = self.scratch_dir();
         let staging = tempfile::Builder::new()
             .prefix("brand-pack-")

@@ -57,6 +57,16 @@ pub enum ReadGapSetting {
     Auto,
 }
 
+impl From<brand_format::extents::ReadGap> for ReadGapSetting {
+    /// A decided read gap, as the configuration holds it.
+    fn from(gap: brand_format::extents::ReadGap) -> Self {
+        match gap {
+            brand_format::extents::ReadGap::Whole => ReadGapSetting::Whole,
+            brand_format::extents::ReadGap::Bytes(b) => ReadGapSetting::Bytes(b),
+        }
+    }
+}
+
 impl std::str::FromStr for ReadGapSetting {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {

@@ -39,21 +39,22 @@ pub fn decide(ds: &Arc<Dataset>, cfg: &LoaderConfig, opening: Opening) -> Result
     let mut cfg = cfg.clone();
     // An attached job reads nothing: it has no read gap to measure.
     let reads = cfg.cache.is_none();
-    if reads && cfg.io.read_gap == ReadGapSetting::Auto {
-        let engine = cfg.io.engine_config(ds, cfg.readahead_bytes);
-        cfg.io.read_gap = match brand_io::session::resolve_gap(ds, &engine, ReadGapSetting::Auto)? {
-            ReadGap::Whole => ReadGapSetting::Whole,
-            ReadGap::Bytes(b) => ReadGapSetting::Bytes(b),
-        };
-    }
+    // The read gap this open reads with: an attached job's, never
+    // measured, stays `auto` in its configuration and counts as whole.
+    let gap = match cfg.io.read_gap {
+        ReadGapSetting::Auto if reads => {
+            let engine = cfg.io.engine_config(ds, cfg.readahead_bytes);
+            let gap = brand_io::session::resolve_gap(ds, &engine, ReadGapSetting::Auto)?;
+            cfg.io.read_gap = gap.into();
+            gap
+        }
+        ReadGapSetting::Bytes(b) => ReadGap::Bytes(b),
+        ReadGapSetting::Whole | ReadGapSetting::Auto => ReadGap::Whole,
+    };
     let runs = match (cfg.run_length, opening) {
         (RunLength::Records(n), _) => n,
         (RunLength::Auto, Opening::Keeps) => 1,
         (RunLength::Auto, Opening::Reads) => {
-            let gap = match cfg.io.read_gap {
-                ReadGapSetting::Bytes(b) => ReadGap::Bytes(b),
-                ReadGapSetting::Whole | ReadGapSetting::Auto => ReadGap::Whole,
-            };
             let index = &ds.index;
             let mean = index.stored_lens().map(|l| l as f64).sum::<f64>() / index.samples().max(1) as f64;
             let runs = brand_io::probe::run_length(gap, mean, index.chunk_size());
