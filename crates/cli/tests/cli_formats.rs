@@ -12,77 +12,25 @@ use common::{fails, hidden_entries, ok, s};
 /// A sample's key, label and payload.
 type Sample = (String, i64, Vec<u8>);
 
-/// An MDS shard of columns `image` (bytes), `label` (int), `text` (str) as
-/// Streaming lays it out.
-fn shard(samples: &[Sample]) -> Vec<u8> {
-    let bodies: Vec<Vec<u8>> = samples
-        .iter()
-        .map(|(_, label, image)| {
-            let text = format!("caption of {label}").into_bytes();
-            let mut b = Vec::new();
-            b.extend((image.len() as u32).to_le_bytes());
-            b.extend((text.len() as u32).to_le_bytes());
-            b.extend_from_slice(image);
-            b.extend(label.to_le_bytes());
-            b.extend(text);
-            b
-        })
-        .collect();
-    let config = br#"{"column_names": ["image", "label", "text"], "format": "mds"}"#;
-    let n = samples.len() as u32;
-    let mut offset = 4 + 4 * (n + 1) + config.len() as u32;
-    let mut out = n.to_le_bytes().to_vec();
-    out.extend(offset.to_le_bytes());
-    for b in &bodies {
-        offset += b.len() as u32;
-        out.extend(offset.to_le_bytes());
-    }
-    out.extend_from_slice(config);
-    bodies.iter().for_each(|b| out.extend_from_slice(b));
-    out
-}
-
 /// Writes an MDS dataset of two shards into `dir` (zstd or plain); returns
 /// its samples.
 fn write_mds(dir: &Path, zstd: bool) -> Vec<Sample> {
-    std::fs::create_dir_all(dir).expect("mkdir");
     let mut all = Vec::new();
-    let mut entries = Vec::new();
+    let mut shards = Vec::new();
     for (k, n) in [(0usize, 30usize), (1, 12)] {
         let basename = format!("shard.{k:05}.mds");
-        let samples: Vec<Sample> = (0..n)
-            .map(|i| {
-                (
-                    format!("{basename}:{i}"),
-                    ((k * 7 + i) % 5) as i64,
-                    vec![(i + k) as u8; 50 + 9 * i],
-                )
-            })
+        let samples: Vec<(i64, Vec<u8>)> = (0..n)
+            .map(|i| (((k * 7 + i) % 5) as i64, vec![(i + k) as u8; 50 + 9 * i]))
             .collect();
-        let raw = shard(&samples);
-        let zip = if zstd {
-            let z = zstd::encode_all(&raw[..], 5).expect("zstd");
-            std::fs::write(dir.join(format!("{basename}.zstd")), &z).expect("write");
-            format!(
-                r#"{{"basename": "{basename}.zstd", "bytes": {}, "hashes": {{}}}}"#,
-                z.len()
-            )
-        } else {
-            std::fs::write(dir.join(&basename), &raw).expect("write");
-            "null".to_string()
-        };
-        entries.push(format!(
-            r#"{{"column_encodings": ["bytes", "int", "str"], "column_names": ["image", "label", "text"],
-                "column_sizes": [null, 8, null], "compression": {}, "format": "mds", "hashes": [],
-                "raw_data": {{"basename": "{basename}", "bytes": {}, "hashes": {{}}}}, "samples": {n},
-                "size_limit": 67108864, "version": 2, "zip_data": {zip}}}"#,
-            if zstd { "\"zstd:5\"" } else { "null" },
-            raw.len()
-        ));
-        all.extend(samples);
+        all.extend(
+            samples
+                .iter()
+                .enumerate()
+                .map(|(i, (label, image))| (format!("{basename}:{i}"), *label, image.clone())),
+        );
+        shards.push((basename, samples));
     }
-    let index = format!(r#"{{"version": 2, "shards": [{}]}}"#, entries.join(","));
-    std::fs::write(dir.join("index.json"), index).expect("write");
+    brand_testkit::write_mds(dir, &shards, zstd.then_some(5));
     all
 }
 

@@ -285,72 +285,24 @@ fn a_prefix_of_tar_shards_packs_as_the_same_files_do_with_one_get_per_8_mib() {
     assert_same_dataset(&local2, &remote2);
 }
 
-/// An MDS shard of columns `image` (bytes), `label` (int), `text` (str).
-fn mds_shard(samples: &[(i64, Vec<u8>)]) -> Vec<u8> {
-    let bodies: Vec<Vec<u8>> = samples
-        .iter()
-        .map(|(label, image)| {
-            let text = format!("caption of {label}").into_bytes();
-            let mut b = Vec::new();
-            b.extend((image.len() as u32).to_le_bytes());
-            b.extend((text.len() as u32).to_le_bytes());
-            b.extend_from_slice(image);
-            b.extend(label.to_le_bytes());
-            b.extend(text);
-            b
-        })
-        .collect();
-    let config = br#"{"column_names": ["image", "label", "text"], "format": "mds"}"#;
-    let n = samples.len() as u32;
-    let mut offset = 4 + 4 * (n + 1) + config.len() as u32;
-    let mut out = n.to_le_bytes().to_vec();
-    out.extend(offset.to_le_bytes());
-    for b in &bodies {
-        offset += b.len() as u32;
-        out.extend(offset.to_le_bytes());
-    }
-    out.extend_from_slice(config);
-    bodies.iter().for_each(|b| out.extend_from_slice(b));
-    out
-}
-
 /// An MDS dataset of three shards in `dir` (zstd or plain), one of them in
 /// a subdirectory, as Streaming writes them.
 fn write_mds(dir: &Path, zstd: bool) {
-    std::fs::create_dir_all(dir.join("part")).expect("mkdir");
-    let mut entries = Vec::new();
-    for (k, n) in [(0usize, 30usize), (1, 12), (2, 20)] {
-        let basename = if k == 2 {
-            format!("part/shard.{k:05}.mds")
-        } else {
-            format!("shard.{k:05}.mds")
-        };
-        let samples: Vec<(i64, Vec<u8>)> = (0..n)
-            .map(|i| (((k * 7 + i) % 5) as i64, vec![(i + k) as u8; 50 + 900 * i]))
-            .collect();
-        let raw = mds_shard(&samples);
-        let zip = if zstd {
-            let z = zstd::encode_all(&raw[..], 3).expect("zstd");
-            std::fs::write(dir.join(format!("{basename}.zstd")), &z).expect("write");
-            format!(
-                r#"{{"basename": "{basename}.zstd", "bytes": {}, "hashes": {{}}}}"#,
-                z.len()
-            )
-        } else {
-            std::fs::write(dir.join(&basename), &raw).expect("write");
-            "null".to_string()
-        };
-        entries.push(format!(
-            r#"{{"column_encodings": ["bytes", "int", "str"], "column_names": ["image", "label", "text"],
-                "column_sizes": [null, 8, null], "compression": {}, "format": "mds", "hashes": [],
-                "raw_data": {{"basename": "{basename}", "bytes": {}, "hashes": {{}}}}, "samples": {n},
-                "size_limit": 67108864, "version": 2, "zip_data": {zip}}}"#,
-            if zstd { "\"zstd:3\"" } else { "null" },
-            raw.len()
-        ));
-    }
-    let index = format!(r#"{{"version": 2, "shards": [{}]}}"#, entries.join(","));
-    std::fs::write(dir.join("index.json"), index).expect("write");
+    let shards: Vec<brand_testkit::MdsShard> = [(0usize, 30usize), (1, 12), (2, 20)]
+        .into_iter()
+        .map(|(k, n)| {
+            let basename = if k == 2 {
+                format!("part/shard.{k:05}.mds")
+            } else {
+                format!("shard.{k:05}.mds")
+            };
+            let samples = (0..n)
+                .map(|i| (((k * 7 + i) % 5) as i64, vec![(i + k) as u8; 50 + 900 * i]))
+                .collect();
+            (basename, samples)
+        })
+        .collect();
+    brand_testkit::write_mds(dir, &shards, zstd.then_some(3));
 }
 
 #[test]

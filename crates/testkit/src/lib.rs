@@ -1,6 +1,7 @@
 //! brand-testkit: what brand's tests share, so each helper is written once:
 //! loopback addresses for nodes ([`addresses`]), tar archives
-//! ([`ustar`]) and sources of samples made in memory ([`Generated`]).
+//! ([`ustar`]), MDS datasets ([`write_mds`]) and sources of samples made
+//! in memory ([`Generated`]).
 //! A dev-dependency only; nothing here is shipped.
 
 use std::borrow::Cow;
@@ -89,4 +90,75 @@ impl<F: Fn(usize) -> Result<Vec<u8>> + Sync> Source for Generated<F> {
     fn listing_bytes(&self) -> usize {
         self.entries.heap_bytes()
     }
+}
+
+/// An MDS shard's basename and its samples' labels and images.
+pub type MdsShard = (String, Vec<(i64, Vec<u8>)>);
+
+/// An MDS dataset as MosaicML Streaming writes one: `shards` (each a
+/// basename, which may name a subdirectory, and its samples' labels and
+/// images) of columns `image` (bytes), `label` (int) and `text` (str,
+/// "caption of LABEL"), written plain or zstd-compressed at `zstd`'s level,
+/// with their `index.json`, in `dir`.
+pub fn write_mds(dir: &std::path::Path, shards: &[MdsShard], zstd: Option<i32>) {
+    let mut entries = Vec::new();
+    for (basename, samples) in shards {
+        let raw = mds_shard(samples);
+        let path = dir.join(basename);
+        std::fs::create_dir_all(path.parent().expect("a shard's directory")).expect("mkdir");
+        let zip = match zstd {
+            Some(level) => {
+                let z = zstd::encode_all(&raw[..], level).expect("zstd");
+                std::fs::write(dir.join(format!("{basename}.zstd")), &z).expect("write");
+                format!(
+                    r#"{{"basename": "{basename}.zstd", "bytes": {}, "hashes": {{}}}}"#,
+                    z.len()
+                )
+            }
+            None => {
+                std::fs::write(&path, &raw).expect("write");
+                "null".to_string()
+            }
+        };
+        entries.push(format!(
+            r#"{{"column_encodings": ["bytes", "int", "str"], "column_names": ["image", "label", "text"],
+                "column_sizes": [null, 8, null], "compression": {}, "format": "mds", "hashes": [],
+                "raw_data": {{"basename": "{basename}", "bytes": {}, "hashes": {{}}}}, "samples": {},
+                "size_limit": 67108864, "version": 2, "zip_data": {zip}}}"#,
+            zstd.map_or("null".to_string(), |l| format!("\"zstd:{l}\"")),
+            raw.len(),
+            samples.len()
+        ));
+    }
+    let index = format!(r#"{{"version": 2, "shards": [{}]}}"#, entries.join(","));
+    std::fs::write(dir.join("index.json"), index).expect("write");
+}
+
+/// One MDS shard of columns `image`, `label` and `text` (see [`write_mds`]).
+fn mds_shard(samples: &[(i64, Vec<u8>)]) -> Vec<u8> {
+    let bodies: Vec<Vec<u8>> = samples
+        .iter()
+        .map(|(label, image)| {
+            let text = format!("caption of {label}").into_bytes();
+            let mut b = Vec::new();
+            b.extend((image.len() as u32).to_le_bytes());
+            b.extend((text.len() as u32).to_le_bytes());
+            b.extend_from_slice(image);
+            b.extend(label.to_le_bytes());
+            b.extend(text);
+            b
+        })
+        .collect();
+    let config = br#"{"column_names": ["image", "label", "text"], "format": "mds"}"#;
+    let n = samples.len() as u32;
+    let mut offset = 4 + 4 * (n + 1) + config.len() as u32;
+    let mut out = n.to_le_bytes().to_vec();
+    out.extend(offset.to_le_bytes());
+    for b in &bodies {
+        offset += b.len() as u32;
+        out.extend(offset.to_le_bytes());
+    }
+    out.extend_from_slice(config);
+    bodies.iter().for_each(|b| out.extend_from_slice(b));
+    out
 }
