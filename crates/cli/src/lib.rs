@@ -129,39 +129,12 @@ enum GenFormat {
     Tfrecord,
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum From {
-    /// ImageFolder directory: INPUT/<class>/<file>, label = class index.
-    Dir,
-    /// Text file of `path<TAB>label` lines.
-    List,
-    /// One or more TFRecord files.
-    Tfrecord,
-    /// An LMDB environment (e.g. a Caffe datum database).
-    Lmdb,
-    /// Tar files (WebDataset shards, tars of tars, .tar.gz), or directories of them.
-    Tar,
-    /// A MosaicML Streaming MDS dataset (its directory or index.json; plain or zstd shards).
-    Mds,
-    /// Parquet files (Hugging Face Hub data/*.parquet), or directories of them.
-    Parquet,
-    /// Arrow IPC files (a Hugging Face save_to_disk directory: one split's), or directories of them.
-    Arrow,
-}
-
-impl From {
-    fn format(self) -> Format {
-        match self {
-            From::Dir => Format::Dir,
-            From::List => Format::List,
-            From::Tfrecord => Format::Tfrecord,
-            From::Lmdb => Format::Lmdb,
-            From::Tar => Format::Tar,
-            From::Mds => Format::Mds,
-            From::Parquet => Format::Parquet,
-            From::Arrow => Format::Arrow,
-        }
-    }
+/// `--from`'s values: every import format, each with its one-line help
+/// (the list is `Format`'s, shared with Python's `brand.pack`).
+fn format_parser() -> impl clap::builder::TypedValueParser<Value = Format> {
+    use clap::builder::TypedValueParser as _;
+    let values = Format::ALL.map(|f| clap::builder::PossibleValue::new(f.name()).help(f.help()));
+    clap::builder::PossibleValuesParser::new(values).try_map(|name| name.parse::<Format>())
 }
 
 #[derive(clap::Args, Debug)]
@@ -179,8 +152,8 @@ struct PackArgs {
     /// temporary directory); removed after.
     #[arg(long, value_name = "DIR")]
     staging: Option<PathBuf>,
-    #[arg(long, value_enum, default_value = "dir")]
-    from: From,
+    #[arg(long, default_value = "dir", value_parser = format_parser())]
+    from: Format,
     /// Samples per chunk (1..=64).
     #[arg(long, default_value_t = brand_format::DEFAULT_CHUNK_SIZE)]
     chunk_size: u32,
@@ -383,7 +356,7 @@ fn open_source(a: &PackArgs, listing_dir: Option<PathBuf>) -> brand_format::Resu
         store: a.store.policy()?,
         listing: listing_options(listing_dir),
     };
-    brand_pack::import::open(a.from.format(), &a.inputs, &opts)
+    brand_pack::import::open(a.from, &a.inputs, &opts)
 }
 
 /// The listing kept in `dir`, and its progress: a bar of inputs on a
