@@ -16,12 +16,11 @@ use std::time::Duration;
 
 use brand_format::error::Error;
 use brand_format::manifest::Manifest;
-use brand_pack::PackOptions;
 use brand_pack::import::{Format, ImportOptions};
 use brand_pack::source::Source;
 use brand_pack::spill::SpillWriter;
-use brand_store::upload::SegmentUpload;
-use brand_store::{Location, ObjectUrl};
+use brand_pack::{Destination, PackOptions};
+use brand_store::Location;
 use crossbeam_channel::RecvTimeoutError;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
@@ -55,78 +54,23 @@ fn summary(m: &Manifest) -> Summary {
     (m.samples, m.chunks, m.segments.len(), m.data_bytes, m.raw_bytes)
 }
 
-/// Where a pack goes: a directory, or a URL packed in a staging directory
-/// and then uploaded.
-struct Target {
-    out: PathBuf,
-    url: Option<ObjectUrl>,
-    staging: Option<PathBuf>,
+/// Checks `out` as `brand pack` does (a URL before any input is read),
+/// without the GIL: a pack's first step.
+fn prepare(py: Python<'_>, out: &Path, force: bool, staging: Option<&Path>) -> PyResult<Destination> {
+    let policy = brand_store::GetPolicy::default();
+    Ok(py.detach(|| guarded(|| Destination::prepare(out, force, staging, &policy)))?)
 }
 
-impl Target {
-    fn new(out: PathBuf, staging: Option<PathBuf>) -> Result<Self, Error> {
-        let url = match Location::of_path(&out)? {
-            Location::Url(u) => Some(u),
-            Location::Dir(_) => None,
-        };
-        Ok(Target { out, url, staging })
-    }
-
-    /// Where scratch files go: beside OUT, or the staging directory of a
-    /// pack to a URL (the system's temporary directory by default).
-    fn scratch_dir(&self) -> PathBuf {
-        match &self.url {
-            Some(_) => self.staging.clone().unwrap_or_else(std::env::temp_dir),
-            None => match self.out.parent() {
-                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-                _ => PathBuf::from("."),
-            },
-        }
-    }
-
-    /// Packs the source `open` makes here, interruptibly (see the module's
-    /// comment).
-    fn pack<F>(
-        &self,
-        py: Python<'_>,
-        open: F,
-        opts: &PackOptions,
-        progress: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Summary>
-    where
-        F: FnOnce() -> Result<Box<dyn Source>, Error> + Send,
-    {
-        let Some(url) = &self.url else {
-            return pack_interruptibly(py, open, &self.out, opts, progress, None);
-        };
-        // As `brand pack -o URL`: the URL checked first, each segment
-        // uploaded once written (then removed from the staging directory),
-        // the manifest last.
-        let upload =
-            py.detach(|| guarded(|| SegmentUpload::begin(url, opts.force, true, &brand_store::GetPolicy::default())))?;
-        let base = self.scratch_dir();
-        let staging = tempfile::Builder::new()
-            .prefix("brand-pack-")
-            .tempdir_in(&base)
-            .map_err(|e| to_py(Error::io(&base, e)))?;
-        let local = staging.path().join("ds");
-        let s = pack_interruptibly(py, open, &local, opts, progress, Some(&upload))?;
-        py.detach(|| guarded(|| upload.finish(&local)))?;
-        Ok(s)
-    }
-}
-
-/// Opens the source and packs it into `out` on a thread of its own (a
+/// Opens the source and packs it into `dest` on a thread of its own (a
 /// source is shared with the packer's threads, not moved between them)
 /// while this one waits without the GIL, checks for signals and calls
 /// `progress(done, total)`.
 fn pack_interruptibly<F>(
     py: Python<'_>,
     open: F,
-    out: &Path,
+    dest: Destination,
     opts: &PackOptions,
     progress: Option<&Bound<'_, PyAny>>,
-    upload: Option<&SegmentUpload>,
 ) -> PyResult<Summary>
 where
     F: FnOnce() -> Result<Box<dyn Source>, Error> + Send,
@@ -139,19 +83,14 @@ where
         let started = packer.spawn_scoped(s, || {
             let r = guarded(|| {
                 let source = open()?;
-                let segment_done = |path: &Path, name: &str| match upload {
-                    Some(up) => up.segment(path, name),
-                    None => Ok(()),
-                };
                 let hooks = brand_pack::Hooks {
                     progress: &|d, t, _| {
                         total.store(t, Ordering::Relaxed);
                         done.store(d, Ordering::Relaxed);
                     },
                     cancel: &cancel,
-                    segment_done: &segment_done,
                 };
-                brand_pack::pack_with(source.as_ref(), out, opts, &hooks)
+                brand_pack::pack_to(source.as_ref(), dest, opts, &hooks)
             });
             let _ = results.send(r);
         });
@@ -247,7 +186,7 @@ pub fn _pack(
 ) -> PyResult<Summary> {
     crate::log::forward();
     let format: Format = source.parse().map_err(to_py)?;
-    let target = Target::new(out, staging).map_err(to_py)?;
+    let scratch_dir = brand_pack::scratch_dir(&out, staging.as_deref()).map_err(to_py)?;
     let opts = pack_options(
         seed,
         chunk_size,
@@ -259,18 +198,16 @@ pub fn _pack(
     // As `brand pack`: a pack into a local directory keeps its listing in
     // `.OUT.listing` until it is installed; an error or an interrupt keeps
     // it if it holds a finished input, for the same call to reuse.
-    let listing_dir = match target.url {
-        None => Some(brand_pack::listing::dir_for(&target.out).map_err(to_py)?),
-        Some(_) => None,
+    let listing_dir = match Location::of_path(&out).map_err(to_py)? {
+        Location::Dir(_) => Some(brand_pack::listing::dir_for(&out).map_err(to_py)?),
+        Location::Url(_) => None,
     };
-    if listing_dir.is_some() {
-        py.detach(|| guarded(|| brand_pack::check_output(&target.out, force)))?;
-    }
+    let dest = prepare(py, &out, force, staging.as_deref())?;
     let import = ImportOptions {
         label_feature,
         field,
         label,
-        spool_dir: target.scratch_dir(),
+        spool_dir: scratch_dir,
         store: brand_store::GetPolicy::default(),
         listing: brand_pack::listing::ListingOptions {
             dir: listing_dir.clone(),
@@ -278,9 +215,10 @@ pub fn _pack(
         },
     };
     // Listing a large input takes a while: on the pack's thread, without the GIL.
-    let result = target.pack(
+    let result = pack_interruptibly(
         py,
         || brand_pack::import::open(format, &inputs, &import),
+        dest,
         &opts,
         progress.as_ref(),
     );
@@ -298,7 +236,10 @@ pub fn _pack(
 /// an anonymous file, packed by ``close``.
 #[pyclass(module = "brand._brand")]
 pub struct _Writer {
-    target: Target,
+    /// The dataset's directory or URL.
+    out: PathBuf,
+    /// A pack to a URL: where segments wait to be sent.
+    staging: Option<PathBuf>,
     opts: PackOptions,
     /// None once closed or aborted.
     spill: Option<SpillWriter>,
@@ -320,20 +261,21 @@ impl _Writer {
         staging: Option<PathBuf>,
     ) -> PyResult<Self> {
         crate::log::forward();
-        let target = Target::new(out, staging).map_err(to_py)?;
+        let scratch_dir = brand_pack::scratch_dir(&out, staging.as_deref()).map_err(to_py)?;
         let opts = pack_options(seed, chunk_size, zstd, segment_mib, force, Vec::new());
         // Options that cannot work fail now, not after every sample is written.
         brand_pack::check_options(&opts).map_err(to_py)?;
-        if target.url.is_none() && target.out.exists() && !force {
+        if matches!(Location::of_path(&out), Ok(Location::Dir(_))) && out.exists() && !force {
             return Err(to_py(Error::config(format!(
                 "{} already exists (use force=True to replace it)",
-                target.out.display()
+                out.display()
             ))));
         }
-        let spill_dir = spill_dir.unwrap_or_else(|| target.scratch_dir());
+        let spill_dir = spill_dir.unwrap_or(scratch_dir);
         let spill = SpillWriter::new(&spill_dir).map_err(to_py)?;
         Ok(_Writer {
-            target,
+            out,
+            staging,
             opts,
             spill: Some(spill),
         })
@@ -367,7 +309,8 @@ impl _Writer {
     fn close(&mut self, py: Python<'_>, progress: Option<Bound<'_, PyAny>>) -> PyResult<Summary> {
         let spill = self.spill.take().ok_or_else(closed)?;
         let open = move || spill.finish().map(|s| Box::new(s) as Box<dyn Source>);
-        self.target.pack(py, open, &self.opts, progress.as_ref())
+        let dest = prepare(py, &self.out, self.opts.force, self.staging.as_deref())?;
+        pack_interruptibly(py, open, dest, &self.opts, progress.as_ref())
     }
 
     /// Drops the samples written; no dataset is made.

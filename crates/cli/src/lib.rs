@@ -129,39 +129,12 @@ enum GenFormat {
     Tfrecord,
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum From {
-    /// ImageFolder directory: INPUT/<class>/<file>, label = class index.
-    Dir,
-    /// Text file of `path<TAB>label` lines.
-    List,
-    /// One or more TFRecord files.
-    Tfrecord,
-    /// An LMDB environment (e.g. a Caffe datum database).
-    Lmdb,
-    /// Tar files (WebDataset shards, tars of tars, .tar.gz), or directories of them.
-    Tar,
-    /// A MosaicML Streaming MDS dataset (its directory or index.json; plain or zstd shards).
-    Mds,
-    /// Parquet files (Hugging Face Hub data/*.parquet), or directories of them.
-    Parquet,
-    /// Arrow IPC files (a Hugging Face save_to_disk directory: one split's), or directories of them.
-    Arrow,
-}
-
-impl From {
-    fn format(self) -> Format {
-        match self {
-            From::Dir => Format::Dir,
-            From::List => Format::List,
-            From::Tfrecord => Format::Tfrecord,
-            From::Lmdb => Format::Lmdb,
-            From::Tar => Format::Tar,
-            From::Mds => Format::Mds,
-            From::Parquet => Format::Parquet,
-            From::Arrow => Format::Arrow,
-        }
-    }
+/// `--from`'s values: every import format, each with its one-line help
+/// (the list is `Format`'s, shared with Python's `brand.pack`).
+fn format_parser() -> impl clap::builder::TypedValueParser<Value = Format> {
+    use clap::builder::TypedValueParser as _;
+    let values = Format::ALL.map(|f| clap::builder::PossibleValue::new(f.name()).help(f.help()));
+    clap::builder::PossibleValuesParser::new(values).try_map(|name| name.parse::<Format>())
 }
 
 #[derive(clap::Args, Debug)]
@@ -179,8 +152,8 @@ struct PackArgs {
     /// temporary directory); removed after.
     #[arg(long, value_name = "DIR")]
     staging: Option<PathBuf>,
-    #[arg(long, value_enum, default_value = "dir")]
-    from: From,
+    #[arg(long, default_value = "dir", value_parser = format_parser())]
+    from: Format,
     /// Samples per chunk (1..=64).
     #[arg(long, default_value_t = brand_format::DEFAULT_CHUNK_SIZE)]
     chunk_size: u32,
@@ -373,15 +346,8 @@ fn gen_cmd(a: &GenArgs) -> brand_format::Result<ExitCode> {
 }
 
 fn open_source(a: &PackArgs, listing_dir: Option<PathBuf>) -> brand_format::Result<Box<dyn Source>> {
-    // A gzipped tar's payloads are spooled where the pack is written: beside
-    // OUT, or in the staging directory of a pack to a URL.
-    let spool_dir = match brand_store::Location::of_path(&a.out)? {
-        brand_store::Location::Url(_) => a.staging.clone().unwrap_or_else(std::env::temp_dir),
-        brand_store::Location::Dir(_) => match a.out.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => PathBuf::from("."),
-        },
-    };
+    // A gzipped tar's payloads are spooled where the pack is written.
+    let spool_dir = brand_pack::scratch_dir(&a.out, a.staging.as_deref())?;
     let opts = ImportOptions {
         label_feature: a.label_feature.clone(),
         field: a.field.clone(),
@@ -390,7 +356,7 @@ fn open_source(a: &PackArgs, listing_dir: Option<PathBuf>) -> brand_format::Resu
         store: a.store.policy()?,
         listing: listing_options(listing_dir),
     };
-    brand_pack::import::open(a.from.format(), &a.inputs, &opts)
+    brand_pack::import::open(a.from, &a.inputs, &opts)
 }
 
 /// The listing kept in `dir`, and its progress: a bar of inputs on a
@@ -537,21 +503,14 @@ fn pack_cmd(a: &PackArgs) -> brand_format::Result<ExitCode> {
 }
 
 fn pack_listed(a: &PackArgs, listing_dir: Option<PathBuf>) -> brand_format::Result<ExitCode> {
-    // A pack to a URL: the URL is checked first (a dataset there without
-    // --force fails before any input is read), and each segment is uploaded
-    // as soon as it is written, then removed here.
-    let upload = match brand_store::Location::of_path(&a.out)? {
-        brand_store::Location::Url(u) if a.partitions.is_none() => Some(brand_store::upload::SegmentUpload::begin(
-            &u,
-            a.force,
-            true,
-            &a.store.policy()?,
-        )?),
-        _ => None,
-    };
-    if listing_dir.is_some() {
-        brand_pack::check_output(&a.out, a.force)?;
+    if let (Some(_), brand_store::Location::Url(u)) = (a.partitions, brand_store::Location::of_path(&a.out)?) {
+        return Err(brand_format::Error::config(format!(
+            "{u}: --partitions writes one directory per node's local disk, not to object storage (every node can read the whole dataset from the store)"
+        )));
     }
+    // OUT is checked first: a dataset there without --force fails before
+    // any input is read.
+    let dest = brand_pack::Destination::prepare(&a.out, a.force, a.staging.as_deref(), &a.store.policy()?)?;
     let source = open_source(a, listing_dir)?;
     let partitions = match a.partitions {
         Some(w) => Some(partitioning(w, &a.memory, source.len() as u64, a.chunk_size)?),
@@ -566,44 +525,13 @@ fn pack_listed(a: &PackArgs, listing_dir: Option<PathBuf>) -> brand_format::Resu
         force: a.force,
         inputs: a.inputs.iter().map(|p| p.display().to_string()).collect(),
     };
-    let url = match brand_store::Location::of_path(&a.out)? {
-        brand_store::Location::Url(u) => Some(u),
-        brand_store::Location::Dir(_) => None,
-    };
-    if let (Some(u), Some(_)) = (&url, partitions) {
-        return Err(brand_format::Error::config(format!(
-            "{u}: --partitions writes one directory per node's local disk, not to object storage (every node can read the whole dataset from the store)"
-        )));
-    }
-    // A pack to a URL is made in a staging directory, then uploaded.
-    let staging = match &url {
-        Some(_) => {
-            let base = a.staging.clone().unwrap_or_else(std::env::temp_dir);
-            Some(
-                tempfile::Builder::new()
-                    .prefix("brand-pack-")
-                    .tempdir_in(&base)
-                    .map_err(|e| brand_format::Error::io(&base, e))?,
-            )
-        }
-        None => None,
-    };
-    let local = staging.as_ref().map_or(a.out.clone(), |t| t.path().join("ds"));
     let bar = progress_bar(source.len() as u64, "pack");
-    let segment_done = |path: &std::path::Path, name: &str| match &upload {
-        Some(up) => up.segment(path, name),
-        None => Ok(()),
-    };
     let hooks = brand_pack::Hooks {
         progress: &|done, _, _| bar.set_position(done),
         cancel: &std::sync::atomic::AtomicBool::new(false),
-        segment_done: &segment_done,
     };
-    let m = brand_pack::pack_with(source.as_ref(), &local, &opts, &hooks)?;
+    let m = brand_pack::pack_to(source.as_ref(), dest, &opts, &hooks)?;
     bar.finish_and_clear();
-    if let Some(up) = upload {
-        up.finish(&local)?;
-    }
     eprintln!(
         "packed {} samples into {} chunks, {} segment(s), {:.1} MiB, in {}",
         m.samples,

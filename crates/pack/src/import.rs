@@ -11,24 +11,16 @@ use crate::files::FileSource;
 use crate::listing::ListingOptions;
 use crate::source::Source;
 
-/// An input format.
+/// An input format: what each reads is [`Format::help`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
-    /// An ImageFolder directory: INPUT/<class>/<file>, label = class index.
     Dir,
-    /// A text file of `path<TAB>label` lines.
     List,
-    /// TFRecord files of tf.train.Examples.
     Tfrecord,
-    /// An LMDB environment (e.g. a Caffe datum database).
     Lmdb,
-    /// Tar files (WebDataset shards, tars of tars, .tar.gz), or directories of them.
     Tar,
-    /// A MosaicML Streaming MDS dataset: its directory or its `index.json`.
     Mds,
-    /// Parquet files (Hugging Face Hub `data/*.parquet`), or directories of them.
     Parquet,
-    /// Arrow IPC files (Hugging Face `save_to_disk` directories), or directories of them.
     Arrow,
 }
 
@@ -56,6 +48,23 @@ impl Format {
             Format::Mds => "mds",
             Format::Parquet => "parquet",
             Format::Arrow => "arrow",
+        }
+    }
+
+    /// What the format reads, in one line: `brand pack --help` lists it
+    /// beside the name.
+    pub fn help(self) -> &'static str {
+        match self {
+            Format::Dir => "ImageFolder directory: INPUT/<class>/<file>, label = class index",
+            Format::List => "Text file of `path<TAB>label` lines",
+            Format::Tfrecord => "One or more TFRecord files",
+            Format::Lmdb => "An LMDB environment (e.g. a Caffe datum database)",
+            Format::Tar => "Tar files (WebDataset shards, tars of tars, .tar.gz), or directories of them",
+            Format::Mds => "A MosaicML Streaming MDS dataset (its directory or index.json; plain or zstd shards)",
+            Format::Parquet => "Parquet files (Hugging Face Hub data/*.parquet), or directories of them",
+            Format::Arrow => {
+                "Arrow IPC files (a Hugging Face save_to_disk directory: one split's), or directories of them"
+            }
         }
     }
 

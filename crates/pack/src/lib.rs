@@ -10,6 +10,7 @@
 //! zstd, fixed order).
 
 pub mod arrow;
+mod destination;
 pub mod files;
 pub mod import;
 pub mod input;
@@ -40,6 +41,7 @@ use brand_format::index::{ChunkLoc, Index, IndexWriter};
 use brand_format::manifest::{Manifest, Partition, Provenance, SegmentInfo};
 use brand_format::rng::{Prng, domain};
 use brand_format::{self as format, align_up};
+pub use destination::{Destination, pack_to, scratch_dir};
 use source::Source;
 
 #[derive(Debug, Clone)]
@@ -455,15 +457,14 @@ pub fn pack(source: &dyn Source, out: &Path, opts: &PackOptions, progress: Progr
     let hooks = Hooks {
         progress,
         cancel: &AtomicBool::new(false),
-        segment_done: &|_, _| Ok(()),
     };
-    pack_with(source, out, opts, &hooks)
+    pack_with(source, out, opts, &hooks, &|_, _| Ok(()))
 }
 
 /// The error of a pack stopped by its `cancel` flag.
 pub const CANCELLED: &str = "the pack was cancelled; the unfinished dataset was removed";
 
-/// What a caller of [`pack_with`] hears while it packs, and how it stops it.
+/// What a caller of [`pack_to`] hears while it packs, and how it stops it.
 pub struct Hooks<'a> {
     pub progress: Progress<'a>,
     /// Stops the pack once set (checked before each sample is read, each
@@ -471,14 +472,19 @@ pub struct Hooks<'a> {
     /// [`CANCELLED`]: for callers that stop a pack without ending the
     /// process (Python's `brand.pack` on Ctrl-C).
     pub cancel: &'a AtomicBool,
-    /// Called with each segment file (path, name) once it is complete and
-    /// synced, in order: `brand pack -o URL` uploads it then, while the
-    /// next is written. An error stops the pack.
-    pub segment_done: &'a dyn Fn(&Path, &str) -> Result<()>,
 }
 
-/// [`pack`] with [`Hooks`].
-pub fn pack_with(source: &dyn Source, out: &Path, opts: &PackOptions, hooks: &Hooks<'_>) -> Result<Manifest> {
+/// [`pack`] with [`Hooks`], and `segment_done` called with each segment
+/// file (path, name) once it is complete and synced, in order: a pack to a
+/// URL ([`pack_to`]) uploads it then, while the next is written. An error
+/// stops the pack.
+pub(crate) fn pack_with(
+    source: &dyn Source,
+    out: &Path,
+    opts: &PackOptions,
+    hooks: &Hooks<'_>,
+    segment_done: &dyn Fn(&Path, &str) -> Result<()>,
+) -> Result<Manifest> {
     let (progress, cancel) = (hooks.progress, hooks.cancel);
     let check_cancel = || {
         if cancel.load(Ordering::Relaxed) {
@@ -595,7 +601,7 @@ pub fn pack_with(source: &dyn Source, out: &Path, opts: &PackOptions, hooks: &Ho
             let seg = &mut writers[part_of(c as u64)];
             if seg.as_ref().is_none_or(|s| s.offset + len > opts.segment_bytes) {
                 if let Some(s) = seg.take() {
-                    finish_segment(s, &mut segments, hooks)?;
+                    finish_segment(s, &mut segments, segment_done)?;
                 }
                 let number = segments.len() as u32;
                 let name = format::segment_name(number);
@@ -672,7 +678,7 @@ pub fn pack_with(source: &dyn Source, out: &Path, opts: &PackOptions, hooks: &Ho
         progress(last as u64, n as u64, totals.data_bytes);
     }
     for s in writers.iter_mut().filter_map(Option::take) {
-        finish_segment(s, &mut segments, hooks)?;
+        finish_segment(s, &mut segments, segment_done)?;
     }
     resume::remove(&tmp.path)?;
 
@@ -743,7 +749,11 @@ pub fn pack_with(source: &dyn Source, out: &Path, opts: &PackOptions, hooks: &Ho
 }
 
 /// Closes a full segment: durable, recorded, handed to `segment_done`.
-fn finish_segment(s: SegmentWriter, segments: &mut [SegmentInfo], hooks: &Hooks<'_>) -> Result<()> {
+fn finish_segment(
+    s: SegmentWriter,
+    segments: &mut [SegmentInfo],
+    segment_done: &dyn Fn(&Path, &str) -> Result<()>,
+) -> Result<()> {
     s.file.sync_all().at(&s.path)?;
     debug_assert_eq!(s.offset, align_up(s.offset));
     let info = segments
@@ -751,7 +761,7 @@ fn finish_segment(s: SegmentWriter, segments: &mut [SegmentInfo], hooks: &Hooks<
         .ok_or_else(|| Error::config("internal: a segment not in the list"))?;
     info.bytes = s.offset;
     info.chunks = s.chunks;
-    (hooks.segment_done)(&s.path, &info.name)
+    segment_done(&s.path, &info.name)
 }
 
 /// Writes a whole file and makes it durable.

@@ -279,9 +279,8 @@ mod tests {
                 cancel.store(true, Ordering::Relaxed);
             },
             cancel: &cancel,
-            segment_done: &|_, _| Ok(()),
         };
-        let e = crate::pack_with(&source, &out, &opts, &hooks).unwrap_err();
+        let e = crate::pack_with(&source, &out, &opts, &hooks, &|_, _| Ok(())).unwrap_err();
         assert_eq!(e.to_string(), format!("invalid configuration: {}", crate::CANCELLED));
         assert_eq!(calls.load(Ordering::Relaxed), 1);
         let left: Vec<_> = std::fs::read_dir(dir.path())
