@@ -1,34 +1,18 @@
 //! A read that fails after several chunks have been written must leave
 //! neither the output nor the temporary directory behind.
 
-use std::borrow::Cow;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use brand_pack::source::{Entries, Source};
 use brand_pack::{PackOptions, pack};
+use brand_testkit::Generated;
 
-struct FailingSource {
-    entries: Entries,
-    fail_at: usize,
-    reads: AtomicUsize,
-}
-
-impl Source for FailingSource {
-    fn kind(&self) -> &'static str {
-        "test"
-    }
-    fn len(&self) -> usize {
-        self.entries.len()
-    }
-    fn key(&self, i: usize) -> Cow<'_, [u8]> {
-        Cow::Borrowed(self.entries.key(i))
-    }
-    fn label(&self, i: usize) -> i64 {
-        self.entries.label(i)
-    }
-    fn read(&self, i: usize) -> brand_format::Result<Vec<u8>> {
-        self.reads.fetch_add(1, Ordering::Relaxed);
-        if i == self.fail_at {
+/// Samples of 5000 bytes, counted in `reads` as they are read; the read
+/// of sample `fail_at` fails.
+fn failing(entries: Entries, fail_at: usize, reads: &AtomicUsize) -> impl Source + '_ {
+    Generated::new(entries, move |i| {
+        reads.fetch_add(1, Ordering::Relaxed);
+        if i == fail_at {
             return Err(brand_format::Error::input(
                 "virtual/source",
                 format!("sample {i}"),
@@ -36,7 +20,7 @@ impl Source for FailingSource {
             ));
         }
         Ok(vec![i as u8; 5000])
-    }
+    })
 }
 
 #[test]
@@ -57,11 +41,8 @@ fn a_late_read_error_leaves_nothing() {
         "the failure must come after the first batch of chunks"
     );
 
-    let src = FailingSource {
-        entries,
-        fail_at: 1234,
-        reads: AtomicUsize::new(0),
-    };
+    let reads = AtomicUsize::new(0);
+    let src = failing(entries, 1234, &reads);
     let out = t.path().join("ds");
     let seen_bytes = std::sync::Mutex::new(0u64);
     let err = pack(&src, &out, &opts, &|_, _, bytes| {
@@ -76,7 +57,7 @@ fn a_late_read_error_leaves_nothing() {
         *seen_bytes.lock().expect("lock") > 0,
         "some chunks were written before the error"
     );
-    assert!(src.reads.load(Ordering::Relaxed) > 64);
+    assert!(reads.load(Ordering::Relaxed) > 64);
     let left: Vec<_> = std::fs::read_dir(t.path()).expect("list").collect();
     assert!(left.is_empty(), "left behind: {left:?}");
 }
@@ -85,11 +66,8 @@ fn a_late_read_error_leaves_nothing() {
 fn a_dead_packs_directory_with_a_damaged_checkpoint_is_removed_not_resumed() {
     let t = tempfile::tempdir().expect("tempdir");
     let entries: Entries = (0..100).map(|i| (format!("k{i}").into_bytes(), 0)).collect();
-    let src = FailingSource {
-        entries,
-        fail_at: usize::MAX,
-        reads: AtomicUsize::new(0),
-    };
+    let reads = AtomicUsize::new(0);
+    let src = failing(entries, usize::MAX, &reads);
     // A dead process id: a child that has exited.
     let mut dead = std::process::Command::new("true").spawn().expect("spawn true");
     dead.wait().expect("wait");
