@@ -294,6 +294,7 @@ pub fn tar(data: &[u8]) {
         fields,
         label,
         spool_dir: dir,
+        store: Default::default(),
         listing: Default::default(),
     };
     if let Ok(src) = TarSource::open(std::slice::from_ref(&path), &options) {
