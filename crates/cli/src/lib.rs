@@ -345,7 +345,11 @@ fn gen_cmd(a: &GenArgs) -> brand_format::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn open_source(a: &PackArgs, listing_dir: Option<PathBuf>) -> brand_format::Result<Box<dyn Source>> {
+fn open_source(
+    a: &PackArgs,
+    listing_dir: Option<PathBuf>,
+    policy: &brand_store::GetPolicy,
+) -> brand_format::Result<Box<dyn Source>> {
     // A gzipped tar's payloads are spooled where the pack is written.
     let spool_dir = brand_pack::scratch_dir(&a.out, a.staging.as_deref())?;
     let opts = ImportOptions {
@@ -353,7 +357,7 @@ fn open_source(a: &PackArgs, listing_dir: Option<PathBuf>) -> brand_format::Resu
         field: a.field.clone(),
         label: a.label.clone(),
         spool_dir,
-        store: a.store.policy()?,
+        store: policy.clone(),
         listing: listing_options(listing_dir),
     };
     brand_pack::import::open(a.from, &a.inputs, &opts)
@@ -510,8 +514,9 @@ fn pack_listed(a: &PackArgs, listing_dir: Option<PathBuf>) -> brand_format::Resu
     }
     // OUT is checked first: a dataset there without --force fails before
     // any input is read.
-    let dest = brand_pack::Destination::prepare(&a.out, a.force, a.staging.as_deref(), &a.store.policy()?)?;
-    let source = open_source(a, listing_dir)?;
+    let policy = a.store.policy()?;
+    let dest = brand_pack::Destination::prepare(&a.out, a.force, a.staging.as_deref(), &policy)?;
+    let source = open_source(a, listing_dir, &policy)?;
     let partitions = match a.partitions {
         Some(w) => Some(partitioning(w, &a.memory, source.len() as u64, a.chunk_size)?),
         None => None,
