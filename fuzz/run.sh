@@ -17,7 +17,7 @@ rss=${FUZZ_RSS_MB:-2048}
 target_dir=${CARGO_TARGET_DIR:-$here/../target}/fuzz
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  targets=(index chunk_header manifest state loader_toml tfrecord lmdb tar arrow nodes cache_wire)
+  targets=(index chunk_header manifest state loader_toml tfrecord lmdb lmdb_page tar arrow flatbuffers nodes cache_wire)
 fi
 export RUSTFLAGS="--cfg fuzzing -Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
 -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \

@@ -134,7 +134,7 @@ mod tests {
     #[test]
     fn a_panic_inside_a_loader_poisons_only_that_loader() {
         let t = tempfile::tempdir().expect("tempdir");
-        let opts = brand_pack::synthetic::GenOptions {
+        let opts = brand_import::synthetic::GenOptions {
             samples: 40,
             mean_bytes: 3000,
             min_bytes: 0,
@@ -147,7 +147,7 @@ mod tests {
             chunk_size: 16,
             ..Default::default()
         };
-        let ds = brand_pack::synthetic::generate_and_pack(t.path(), &opts, &pack).expect("dataset");
+        let ds = brand_import::synthetic::generate_and_pack(t.path(), &opts, &pack).expect("dataset");
         let path = std::ffi::CString::new(ds.to_str().expect("utf-8")).expect("no NUL");
         let cfg = c"batch_size = 16\nmemory = \"32 slots\"\nread_gap = \"0\"\nqueue_depth = 8\n";
         let (mut l, mut other) = (std::ptr::null_mut(), std::ptr::null_mut());

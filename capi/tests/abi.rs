@@ -8,7 +8,7 @@ use std::ptr::{null, null_mut};
 use brand::brand_status::*;
 use brand::*;
 use brand_format::Dataset;
-use brand_pack::files::FileSource;
+use brand_import::files::FileSource;
 use brand_pack::{PackOptions, pack};
 
 mod common;
@@ -24,7 +24,7 @@ const CFG: &str = "batch_size = 16\nmemory = \"32 slots\"\nread_gap = \"0\"\nque
 /// A packed synthetic dataset of `samples` samples (pack seed `seed`) in `root/name`.
 fn make_dataset(root: &Path, name: &str, samples: u64, seed: u64) -> CString {
     let src = root.join(format!("{name}-src"));
-    let opts = brand_pack::synthetic::GenOptions {
+    let opts = brand_import::synthetic::GenOptions {
         samples,
         mean_bytes: 3000,
         min_bytes: 0,
@@ -33,7 +33,7 @@ fn make_dataset(root: &Path, name: &str, samples: u64, seed: u64) -> CString {
         seed,
         ..Default::default()
     };
-    brand_pack::synthetic::generate(&src, &opts, &|_, _| {}).expect("gen");
+    brand_import::synthetic::generate(&src, &opts, &|_, _| {}).expect("gen");
     let source = FileSource::image_folder(&src).expect("source");
     let out = root.join(name);
     let popts = PackOptions {
@@ -763,7 +763,7 @@ fn no_read_ahead_past_a_last_epoch_and_the_next_still_served() {
 #[test]
 fn metrics_count_the_reads_of_a_starts_first_fill_made_record_by_record() {
     let t = tempfile::tempdir().expect("tempdir");
-    let ds = brand_pack::synthetic::large_dataset(t.path(), 320, 16).expect("pack");
+    let ds = brand_import::synthetic::large_dataset(t.path(), 320, 16).expect("pack");
     let path = CString::new(ds.to_str().expect("utf-8")).expect("no NUL");
     let l = open(&path, "memory = \"20%\"\nread_gap = \"0\"\nbatch_size = 8\n");
     let metrics = |l| {

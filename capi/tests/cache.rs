@@ -14,7 +14,7 @@ use brand::brand_status::*;
 use brand::*;
 use brand_cache::{CacheConfig, CacheHandle};
 use brand_format::Dataset;
-use brand_pack::synthetic::small_dataset;
+use brand_import::synthetic::small_dataset;
 use brand_plan::Memory;
 
 mod common;

@@ -37,7 +37,7 @@ fn child(handles: &[usize]) -> i32 {
 #[test]
 fn handles_used_in_a_forked_child_fail_fast_and_close_without_the_parents_threads() {
     let t = tempfile::tempdir().expect("tempdir");
-    let dir = brand_pack::synthetic::small_dataset(t.path(), SAMPLES).expect("gen and pack");
+    let dir = brand_import::synthetic::small_dataset(t.path(), SAMPLES).expect("gen and pack");
     let path = CString::new(dir.to_str().expect("utf-8")).expect("no NUL");
     let nodes = addresses(2);
     // Two nodes of one job, each opened and two batches in, on threads.

@@ -27,7 +27,7 @@ const SAMPLES: u64 = 240;
 const TIMEOUT_SECS: u64 = 4;
 
 fn dataset(root: &std::path::Path) -> CString {
-    let dir = brand_pack::synthetic::small_dataset(root, SAMPLES).expect("gen and pack");
+    let dir = brand_import::synthetic::small_dataset(root, SAMPLES).expect("gen and pack");
     CString::new(dir.to_str().expect("utf-8")).expect("no NUL")
 }
 
@@ -305,7 +305,7 @@ fn a_killed_c_abi_node_is_named_by_both_survivors() {
 fn a_killed_node_is_blamed_by_both_survivors_every_time() {
     const TIMEOUT: u64 = 8;
     let t = tempfile::tempdir().expect("tempdir");
-    let dir = brand_pack::synthetic::small_dataset(t.path(), 2400).expect("gen and pack");
+    let dir = brand_import::synthetic::small_dataset(t.path(), 2400).expect("gen and pack");
     let path = CString::new(dir.to_str().expect("utf-8")).expect("no NUL");
     let config = |nodes: &[String], rank: usize| {
         let list: Vec<String> = nodes.iter().map(|a| format!("\"{a}\"")).collect();

@@ -18,7 +18,7 @@ use common::{addresses, last_error};
 const SAMPLES: u64 = 200;
 
 fn dataset(root: &Path) -> (CString, Arc<Dataset>) {
-    let dir = brand_pack::synthetic::small_dataset(root, SAMPLES).expect("gen and pack");
+    let dir = brand_import::synthetic::small_dataset(root, SAMPLES).expect("gen and pack");
     let ds = Arc::new(Dataset::open(&dir).expect("open"));
     (CString::new(dir.to_str().expect("utf-8")).expect("no NUL"), ds)
 }

@@ -16,7 +16,7 @@ use brand_format::manifest::Manifest;
 pub type Target = fn(&[u8]);
 
 /// Every target, by the name of its corpus directory.
-pub const TARGETS: [(&str, Target); 11] = [
+pub const TARGETS: [(&str, Target); 13] = [
     ("index", index),
     ("chunk_header", chunk_header),
     ("manifest", manifest),
@@ -24,8 +24,10 @@ pub const TARGETS: [(&str, Target); 11] = [
     ("loader_toml", loader_toml),
     ("tfrecord", tfrecord),
     ("lmdb", lmdb),
+    ("lmdb_page", lmdb_page),
     ("tar", tar),
     ("arrow", arrow),
+    ("flatbuffers", flatbuffers),
     ("nodes", nodes),
     ("cache_wire", cache_wire),
 ];
@@ -243,7 +245,7 @@ pub fn tfrecord(data: &[u8]) {
     if std::fs::write(&path, data).is_err() {
         return;
     }
-    if let Ok(src) = brand_pack::tfrecord::TfRecordSource::open(std::slice::from_ref(&path), Some("label")) {
+    if let Ok(src) = brand_import::tfrecord::TfRecordSource::open(std::slice::from_ref(&path), Some("label")) {
         for i in 0..src.len().min(1000) {
             let _ = src.read(i);
         }
@@ -258,11 +260,18 @@ pub fn lmdb(data: &[u8]) {
         return;
     }
     let _ = std::fs::remove_file(dir.join("lock.mdb"));
-    if let Ok(src) = brand_pack::lmdb::LmdbSource::open(&dir) {
+    if let Ok(src) = brand_import::lmdb::LmdbSource::open(&dir) {
         for i in 0..src.len().min(1000) {
             let _ = src.read(i);
         }
     }
+}
+
+/// One page of an LMDB data file, without a file: checked as a meta page
+/// and as a branch or leaf page and every node on it (the B+tree reader,
+/// `brand_import::lmdb::btree`, below what `lmdb` reaches through a file).
+pub fn lmdb_page(data: &[u8]) {
+    let _ = brand_import::lmdb::btree::parse_page(data);
 }
 
 /// A tar archive (plain or gzipped; ustar, PAX, GNU long names, tars in
@@ -270,8 +279,8 @@ pub fn lmdb(data: &[u8]) {
 /// payload fields and the label. Then every 512-byte block through the
 /// header parser and the whole input through the PAX parser.
 pub fn tar(data: &[u8]) {
+    use brand_import::tar::{TarLabel, TarOptions, TarSource};
     use brand_pack::source::Source;
-    use brand_pack::tar::{TarLabel, TarOptions, TarSource};
     let Some((&choice, archive)) = data.split_first() else {
         return;
     };
@@ -303,12 +312,12 @@ pub fn tar(data: &[u8]) {
             let _ = src.read(i);
         }
     }
-    for block in archive.chunks_exact(brand_pack::tar::BLOCK as usize) {
+    for block in archive.chunks_exact(brand_import::tar::BLOCK as usize) {
         if let Ok(block) = block.try_into() {
-            let _ = brand_pack::tar::parse_header(block);
+            let _ = brand_import::tar::parse_header(block);
         }
     }
-    let _ = brand_pack::tar::parse_pax(archive);
+    let _ = brand_import::tar::parse_pax(archive);
 }
 
 /// The job every `nodes` input is a node of: what a hello must carry to be
@@ -334,7 +343,7 @@ pub fn nodes_digest() -> brand_nodes::wire::JobDigest {
 /// writes it) through `ArrowSource::open` and `read`; the first byte picks
 /// the payload field and the label.
 pub fn arrow(data: &[u8]) {
-    use brand_pack::arrow::{ArrowOptions, ArrowSource};
+    use brand_import::arrow::{ArrowOptions, ArrowSource};
     use brand_pack::source::Source;
     let Some((&choice, file)) = data.split_first() else {
         return;
@@ -354,6 +363,40 @@ pub fn arrow(data: &[u8]) {
             let _ = src.key(i);
             let _ = src.read(i);
         }
+    }
+}
+
+/// Arbitrary bytes as a flatbuffer through the Arrow importer's reader
+/// (`brand_import::arrow::flatbuffers`): from the root table, each of the
+/// first field ids read as every kind (scalars, strings, vectors of 1-, 8-
+/// and 16-byte structs, a table, a vector of tables), nested tables
+/// followed four deep, in any combination a damaged schema could ask for.
+pub fn flatbuffers(data: &[u8]) {
+    use brand_import::arrow::flatbuffers::Table;
+    fn walk(t: Table<'_>, depth: usize, budget: &mut usize) {
+        for id in 0..8 {
+            if *budget == 0 {
+                return;
+            }
+            *budget -= 1;
+            let _ = (t.i64(id, 0), t.i32(id, 0), t.i16(id, 0), t.u8(id, 0), t.string(id));
+            for size in [1, 8, 16] {
+                let _ = t.bytes(id, size);
+            }
+            if depth < 4 {
+                if let Ok(Some(child)) = t.table(id) {
+                    walk(child, depth + 1, budget);
+                }
+                if let Ok(children) = t.tables(id) {
+                    for child in children.into_iter().take(8) {
+                        walk(child, depth + 1, budget);
+                    }
+                }
+            }
+        }
+    }
+    if let Ok(root) = Table::root(data) {
+        walk(root, 0, &mut 10_000);
     }
 }
 

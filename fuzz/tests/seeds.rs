@@ -34,7 +34,7 @@ fn write_seed_corpus() {
     let _ = std::fs::remove_dir_all(&t);
     // "blocks": samples around 4 KiB, so that the blocks layout moves some.
     for (name, zstd, mean_bytes) in [("plain", None, 300), ("zstd", Some(3), 300), ("blocks", None, 4000)] {
-        let options = brand_pack::synthetic::GenOptions {
+        let options = brand_import::synthetic::GenOptions {
             samples: 20,
             mean_bytes,
             min_bytes: 10,
@@ -48,7 +48,7 @@ fn write_seed_corpus() {
             zstd,
             ..Default::default()
         };
-        let ds = brand_pack::synthetic::generate_and_pack(&t.join(name), &options, &pack).expect("dataset");
+        let ds = brand_import::synthetic::generate_and_pack(&t.join(name), &options, &pack).expect("dataset");
         put("index", name, &std::fs::read(ds.join("index.bin")).expect("index"));
         put(
             "manifest",

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use brand_format::error::Error;
 use brand_format::manifest::Manifest;
-use brand_pack::import::{Format, ImportOptions};
+use brand_import::{Format, ImportOptions};
 use brand_pack::source::Source;
 use brand_pack::spill::SpillWriter;
 use brand_pack::{Destination, PackOptions};
@@ -199,7 +199,7 @@ pub fn _pack(
     // `.OUT.listing` until it is installed; an error or an interrupt keeps
     // it if it holds a finished input, for the same call to reuse.
     let listing_dir = match Location::of_path(&out).map_err(to_py)? {
-        Location::Dir(_) => Some(brand_pack::listing::dir_for(&out).map_err(to_py)?),
+        Location::Dir(_) => Some(brand_import::listing::dir_for(&out).map_err(to_py)?),
         Location::Url(_) => None,
     };
     let dest = prepare(py, &out, force, staging.as_deref())?;
@@ -209,7 +209,7 @@ pub fn _pack(
         label,
         spool_dir: scratch_dir,
         store: brand_store::GetPolicy::default(),
-        listing: brand_pack::listing::ListingOptions {
+        listing: brand_import::listing::ListingOptions {
             dir: listing_dir.clone(),
             on_input: None,
         },
@@ -217,13 +217,13 @@ pub fn _pack(
     // Listing a large input takes a while: on the pack's thread, without the GIL.
     let result = pack_interruptibly(
         py,
-        || brand_pack::import::open(format, &inputs, &import),
+        || brand_import::open(format, &inputs, &import),
         dest,
         &opts,
         progress.as_ref(),
     );
     if let Some(dir) = &listing_dir {
-        let settled = brand_pack::listing::settle(dir, result.is_ok());
+        let settled = brand_import::listing::settle(dir, result.is_ok());
         // A failed pack's own error is the one to raise.
         if result.is_ok() {
             settled.map_err(to_py)?;

@@ -13,8 +13,8 @@ use brand_cache::{Attached, CacheConfig, CacheHandle, CachePolicy, Served};
 use brand_format::Dataset;
 use brand_format::ids::IdBits;
 use brand_format::rng::Prng;
+use brand_import::synthetic::small_dataset;
 use brand_loader::{IoConfig, LoaderConfig, OnCorrupt, ReadGapSetting};
-use brand_pack::synthetic::small_dataset;
 use brand_plan::order::OrderMeter;
 use brand_plan::{Memory, PlanConfig};
 

@@ -14,8 +14,8 @@ use brand_cache::wire::{Digest, Hello, ToCache, ToJob, read_frame};
 use brand_cache::{Attached, CacheConfig, CacheHandle, Served};
 use brand_format::Dataset;
 use brand_format::ids::IdBits;
+use brand_import::synthetic::small_dataset;
 use brand_loader::{IoConfig, LoaderConfig, ReadGapSetting};
-use brand_pack::synthetic::small_dataset;
 use brand_plan::Memory;
 
 const SAMPLES: u64 = 600;

@@ -9,7 +9,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use brand_format::rng::Prng;
-use brand_pack::files::FileSource;
+use brand_import::files::FileSource;
 use brand_pack::source::Source;
 
 #[derive(clap::Subcommand, Debug)]

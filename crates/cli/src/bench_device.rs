@@ -234,7 +234,7 @@ fn probe_dataset(path: &Path, size: &str, seed: u64) -> Result<Dataset> {
         // 1 MiB samples: whole segments of incompressible bytes, chunked as usual.
         let samples = bytes.div_ceil(1 << 20);
         eprintln!("writing a {samples} MiB probe dataset in {} (once)", probe.display());
-        let gen_opts = brand_pack::synthetic::GenOptions {
+        let gen_opts = brand_import::synthetic::GenOptions {
             samples,
             mean_bytes: 1 << 20,
             min_bytes: 1 << 20,
@@ -243,7 +243,7 @@ fn probe_dataset(path: &Path, size: &str, seed: u64) -> Result<Dataset> {
             seed,
             ..Default::default()
         };
-        brand_pack::synthetic::generate_and_pack(&probe, &gen_opts, &brand_pack::PackOptions::default())?;
+        brand_import::synthetic::generate_and_pack(&probe, &gen_opts, &brand_pack::PackOptions::default())?;
         let src = probe.join("src");
         std::fs::remove_dir_all(&src).map_err(|e| Error::io(&src, e))?;
         std::fs::write(&stamp, b"").map_err(|e| Error::io(&stamp, e))?;

@@ -21,8 +21,8 @@ mod simulate;
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use brand_pack::import::{Format, ImportOptions};
-use brand_pack::listing::{InputListed, ListingOptions, OnInput};
+use brand_import::listing::{InputListed, ListingOptions, OnInput};
+use brand_import::{Format, ImportOptions};
 use brand_pack::{PackOptions, Partitioning, source::Source};
 use brand_plan::Memory;
 use configure::StoreFlags;
@@ -302,7 +302,7 @@ fn progress_bar(len: u64, what: &str) -> ProgressBar {
 
 /// A size flag in KiB as bytes: finite, not negative, at most a record's 4 GiB.
 fn kib(flag: &str, x: f64) -> brand_format::Result<u64> {
-    let max = brand_pack::synthetic::MAX_SAMPLE_BYTES;
+    let max = brand_import::synthetic::MAX_SAMPLE_BYTES;
     let bytes = x * 1024.0;
     if !(bytes.is_finite() && bytes >= 0.0 && bytes <= max as f64) {
         return Err(brand_format::Error::config(format!(
@@ -315,13 +315,13 @@ fn kib(flag: &str, x: f64) -> brand_format::Result<u64> {
 
 fn gen_cmd(a: &GenArgs) -> brand_format::Result<ExitCode> {
     let format = match (a.format, a.shards) {
-        (GenFormat::Files, None) => brand_pack::synthetic::GenFormat::Files,
+        (GenFormat::Files, None) => brand_import::synthetic::GenFormat::Files,
         (GenFormat::Files, Some(_)) => {
             return Err(brand_format::Error::config("--shards applies to --format tfrecord"));
         }
-        (GenFormat::Tfrecord, shards) => brand_pack::synthetic::GenFormat::TfRecord { shards },
+        (GenFormat::Tfrecord, shards) => brand_import::synthetic::GenFormat::TfRecord { shards },
     };
-    let opts = brand_pack::synthetic::GenOptions {
+    let opts = brand_import::synthetic::GenOptions {
         samples: a.samples,
         mean_bytes: a.mean_bytes.map_or_else(|| kib("--mean-kib", a.mean_kib), Ok)?,
         min_bytes: a.min_bytes.map_or_else(|| kib("--min-kib", a.min_kib), Ok)?,
@@ -334,7 +334,7 @@ fn gen_cmd(a: &GenArgs) -> brand_format::Result<ExitCode> {
         format,
     };
     let bar = progress_bar(a.samples, "gen");
-    let bytes = brand_pack::synthetic::generate(&a.dir, &opts, &|done, _| bar.set_position(done))?;
+    let bytes = brand_import::synthetic::generate(&a.dir, &opts, &|done, _| bar.set_position(done))?;
     bar.finish_and_clear();
     eprintln!(
         "wrote {} samples, {:.1} MiB, into {}",
@@ -360,7 +360,7 @@ fn open_source(
         store: policy.clone(),
         listing: listing_options(listing_dir),
     };
-    brand_pack::import::open(a.from, &a.inputs, &opts)
+    brand_import::open(a.from, &a.inputs, &opts)
 }
 
 /// The listing kept in `dir`, and its progress: a bar of inputs on a
@@ -475,7 +475,7 @@ fn partitioning(
 /// An unfinished pack's listing directory: kept, and said so, if it holds
 /// a finished input (the same command reuses it); else removed.
 fn keep_or_remove_listing(dir: &std::path::Path) {
-    match brand_pack::listing::settle(dir, false) {
+    match brand_import::listing::settle(dir, false) {
         Ok(0) => {}
         Ok(n) => eprintln!(
             "brand: the listing of {n} input(s) is kept in {}: the same command reuses it (delete it to start over)",
@@ -490,7 +490,7 @@ fn pack_cmd(a: &PackArgs) -> brand_format::Result<ExitCode> {
     // are listed once: a pack into a local OUT keeps its listing and spool
     // in `.OUT.listing` until it is installed, for a rerun after a crash.
     let listing_dir = match brand_store::Location::of_path(&a.out)? {
-        brand_store::Location::Dir(_) => Some(brand_pack::listing::dir_for(&a.out)?),
+        brand_store::Location::Dir(_) => Some(brand_import::listing::dir_for(&a.out)?),
         brand_store::Location::Url(_) => None,
     };
     remove_unfinished_pack_on_interrupt(listing_dir.clone())?;
@@ -498,7 +498,7 @@ fn pack_cmd(a: &PackArgs) -> brand_format::Result<ExitCode> {
     if let Some(dir) = &listing_dir {
         match &result {
             Ok(_) => {
-                brand_pack::listing::settle(dir, true)?;
+                brand_import::listing::settle(dir, true)?;
             }
             Err(_) => keep_or_remove_listing(dir),
         }
@@ -580,7 +580,7 @@ fn inspect_cmd(a: &InspectArgs) -> brand_format::Result<ExitCode> {
             _ => Ok(ExitCode::SUCCESS),
         };
     }
-    let s = brand_pack::inspect::summary(&ds);
+    let s = brand_store::inspect::summary(&ds);
     if a.json {
         println!(
             "{}",
@@ -599,7 +599,7 @@ fn verify_cmd(a: &VerifyArgs) -> brand_format::Result<ExitCode> {
                 "{u}: --rebuild-index writes index.bin beside the segments: run it on a local copy, then upload index.bin"
             )));
         }
-        let idx = brand_pack::verify::rebuild_index(&a.dataset)?;
+        let idx = brand_store::verify::rebuild_index(&a.dataset)?;
         eprintln!(
             "rebuilt index.bin: {} samples in {} chunks",
             idx.samples(),
@@ -609,7 +609,7 @@ fn verify_cmd(a: &VerifyArgs) -> brand_format::Result<ExitCode> {
     let policy = a.store.policy()?;
     let ds = brand_store::open_any_with(&a.dataset, &policy)?;
     let bar = progress_bar(ds.index.chunk_count(), "verify");
-    let report = brand_pack::verify::verify_with(&ds, &policy, &|done, _| bar.set_position(done))?;
+    let report = brand_store::verify::verify_with(&ds, &policy, &|done, _| bar.set_position(done))?;
     bar.finish_and_clear();
     if a.json {
         println!(

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use brand_pack::synthetic::small_dataset;
+use brand_import::synthetic::small_dataset;
 
 const SAMPLES: u64 = 900;
 

@@ -7,8 +7,6 @@
 //! counts the requests: one listing (with entity tags, as S3's: no HEAD)
 //! and GETs of 8 MiB.
 
-#[path = "../../pack/tests/arrow_ipc/mod.rs"]
-mod arrow_ipc;
 mod common;
 
 use std::path::{Path, PathBuf};
@@ -459,7 +457,7 @@ fn label_names(ds: &Path) -> Vec<String> {
 
 #[test]
 fn arrow_save_to_disk_and_a_prefix_of_arrow_files_pack_as_their_directories() {
-    use arrow_ipc::{NAMES, file_format, hf_stream, rows, save_to_disk};
+    use brand_testkit::arrow_ipc::{NAMES, file_format, hf_stream, rows, save_to_disk};
     let store = Store::new();
     let t = &store.root;
     // state.json lists 00001 first; class names only in dataset_info.json.

@@ -5,7 +5,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use brand_pack::synthetic::small_dataset;
+use brand_import::synthetic::small_dataset;
 
 mod common;
 use common::addresses;

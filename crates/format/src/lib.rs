@@ -1,7 +1,9 @@
 //! brand-format: the dataset on disk (DESIGN.md §2), version 3, and what every
 //! later stage shares: the opened [`Dataset`] and its record decoder
 //! ([`decode`]: length, crc32c, zstd), the index, read extents, aligned
-//! buffers, the pinned PRNG, byte counts and the one [`Error`] type.
+//! buffers, the pinned PRNG, byte counts, the one [`Error`] type, and the two
+//! helpers every writer and checker shares: durable writes ([`durable`]) and a
+//! parallel map ([`parallel`]).
 //!
 //! A dataset is a directory holding `manifest.toml`, `index.bin` and one or
 //! more `data-NNNNN.brd` segment files. All integers are little-endian.
@@ -57,12 +59,14 @@ pub mod buffer;
 pub mod chunk;
 pub mod dataset;
 pub mod decode;
+pub mod durable;
 pub mod error;
 pub mod extents;
 pub mod ids;
 pub mod index;
 pub mod manifest;
 pub mod mapped;
+pub mod parallel;
 pub mod rng;
 pub mod units;
 

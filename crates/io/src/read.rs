@@ -146,8 +146,8 @@ mod tests {
     use brand_format::buffer::{AlignedBuf, SAMPLE_ALIGN};
     use brand_format::decode::ExtentBytes;
     use brand_format::extents::Records;
+    use brand_import::synthetic::{GenOptions, generate_and_pack};
     use brand_pack::PackOptions;
-    use brand_pack::synthetic::{GenOptions, generate_and_pack};
 
     /// A dataset packed from generated samples under `root/src`.
     fn dataset(root: &Path, zstd: Option<i32>) -> Dataset {

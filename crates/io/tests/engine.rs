@@ -220,7 +220,7 @@ fn the_probe_measures_a_finite_gap() {
 /// A dataset of samples above 64 KiB, which sparse reads at gap 0 carry one
 /// to an extent: the engine serves them in their read buffers.
 fn large_dataset(root: &Path) -> Dataset {
-    let g = brand_pack::synthetic::GenOptions {
+    let g = brand_import::synthetic::GenOptions {
         samples: 40,
         mean_bytes: 110_000,
         min_bytes: 70_000,
@@ -232,7 +232,7 @@ fn large_dataset(root: &Path) -> Dataset {
         chunk_size: 8,
         ..Default::default()
     };
-    Dataset::open(brand_pack::synthetic::generate_and_pack(root, &g, &p).expect("pack")).expect("open")
+    Dataset::open(brand_import::synthetic::generate_and_pack(root, &g, &p).expect("pack")).expect("open")
 }
 
 /// Both backends, records read one to an extent into buffers that become
@@ -309,7 +309,7 @@ fn block_sized_records_read_into_their_samples_keep_their_checks() {
             continue;
         }
         let t = tempfile::tempdir_in(&dir).expect("tempdir");
-        let g = brand_pack::synthetic::GenOptions {
+        let g = brand_import::synthetic::GenOptions {
             samples: 96,
             mean_bytes: 4096,
             min_bytes: 4096,
@@ -322,7 +322,7 @@ fn block_sized_records_read_into_their_samples_keep_their_checks() {
             ..Default::default()
         };
         let ds =
-            Dataset::open(brand_pack::synthetic::generate_and_pack(t.path(), &g, &p).expect("pack")).expect("open");
+            Dataset::open(brand_import::synthetic::generate_and_pack(t.path(), &g, &p).expect("pack")).expect("open");
         let bad = 37;
         let (_, offset, _) = ds.index.record_location(bad);
         let seg = ds.segment_path(0);
@@ -493,7 +493,7 @@ fn format_1_datasets_read_identically() {
         assert_eq!(v1.index, index);
         assert_eq!(v1.index.block_padding(), 0, "{layout}");
         assert_eq!(served(&v1), want, "{layout}");
-        let report = brand_pack::verify::verify(&v1, &|_, _| {}).expect("verify");
+        let report = brand_store::verify::verify(&v1, &|_, _| {}).expect("verify");
         assert!(report.problems.is_empty(), "{layout}: {:?}", report.problems);
     }
 }

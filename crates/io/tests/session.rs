@@ -158,8 +158,8 @@ fn a_partition_without_segments_reads_nothing_and_is_not_probed() {
     use brand_pack::{PackOptions, Partitioning, partition_dir};
     let t = tempfile::tempdir().expect("tempdir");
     let whole =
-        Dataset::open(brand_pack::synthetic::small_dataset(t.path(), 100).expect("gen and pack")).expect("open");
-    let source = brand_pack::files::FileSource::image_folder(&t.path().join("src")).expect("source");
+        Dataset::open(brand_import::synthetic::small_dataset(t.path(), 100).expect("gen and pack")).expect("open");
+    let source = brand_import::files::FileSource::image_folder(&t.path().join("src")).expect("source");
     let opts = PackOptions {
         chunk_size: 16,
         partitions: Some(Partitioning {

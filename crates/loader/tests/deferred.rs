@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use brand_format::Dataset;
 use brand_format::extents::{ReadGap, extents};
+use brand_import::synthetic::large_dataset;
 use brand_loader::{IoConfig, Loader, LoaderConfig, LoaderState, ReadGapSetting};
-use brand_pack::synthetic::large_dataset;
 use brand_plan::{Event, Memory, PlanConfig, Planner, Policy};
 
 const SAMPLES: u64 = 480;

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use brand_format::Dataset;
+use brand_import::synthetic::{GenOptions, generate_and_pack};
 use brand_loader::{IoBackend, IoConfig, Loader, LoaderConfig, LoaderState, OnCorrupt, ReadGapSetting};
 use brand_pack::PackOptions;
-use brand_pack::synthetic::{GenOptions, generate_and_pack};
 use brand_plan::{Memory, PlanConfig, Policy};
 
 fn dataset(root: &Path, samples: u64) -> Arc<Dataset> {

@@ -7,9 +7,9 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 
 use brand_format::Dataset;
+use brand_import::synthetic::small_dataset;
 use brand_loader::{LoaderState, Metrics};
 use brand_nodes::NodeLoader;
-use brand_pack::synthetic::small_dataset;
 use brand_plan::Planner;
 use common::Config;
 

@@ -11,10 +11,10 @@ use std::sync::Arc;
 
 use brand_format::Dataset;
 use brand_format::extents::{ReadGap, extents};
+use brand_import::synthetic::large_dataset;
 use brand_loader::{LoaderState, Metrics, ReadGapSetting};
 use brand_nodes::NodeLoader;
 use brand_nodes::routes::{OwnerPlan, Ownership};
-use brand_pack::synthetic::large_dataset;
 use brand_plan::{Memory, Planner};
 use common::Config;
 use common::{Served, addresses, node_config, plan_order, run_ranks_serving_their_plans, serve_epochs};

@@ -18,13 +18,13 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use brand_format::Dataset;
+use brand_import::synthetic::small_dataset;
 use brand_loader::LoaderState;
 use brand_loader::elastic::GlobalPosition;
 use brand_nodes::NodeLoader;
 use brand_nodes::wire::service::node_client::NodeClient;
 use brand_nodes::wire::service::node_server::{Node, NodeServer};
 use brand_nodes::wire::{Credit, Failure, Hello, JobDigest, Push, Sample, push};
-use brand_pack::synthetic::small_dataset;
 use common::Config;
 
 mod common;

@@ -15,9 +15,9 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use brand_format::Dataset;
+use brand_import::synthetic::small_dataset;
 use brand_loader::LoaderState;
 use brand_nodes::NodeLoader;
-use brand_pack::synthetic::small_dataset;
 use brand_plan::Memory;
 use common::Config;
 

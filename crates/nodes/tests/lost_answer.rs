@@ -7,9 +7,9 @@
 use std::sync::Arc;
 
 use brand_format::Dataset;
+use brand_import::synthetic::small_dataset;
 use brand_loader::LoaderState;
 use brand_nodes::NodeLoader;
-use brand_pack::synthetic::small_dataset;
 
 mod common;
 use common::{addresses, node_config, run_ranks_serving_their_plans, serve_epochs};

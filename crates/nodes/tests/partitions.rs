@@ -10,12 +10,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use brand_format::Dataset;
+use brand_import::files::FileSource;
+use brand_import::synthetic::small_dataset;
 use brand_loader::LoaderState;
 use brand_loader::Metrics;
 use brand_nodes::NodeLoader;
 use brand_nodes::routes::Ownership;
-use brand_pack::files::FileSource;
-use brand_pack::synthetic::small_dataset;
 use brand_pack::{PackOptions, Partitioning, partition_dir};
 use brand_plan::{Layout, Memory, Planner};
 use common::Config;

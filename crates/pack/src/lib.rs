@@ -1,4 +1,5 @@
-//! `brand pack`: turn a source of samples into a dataset (DESIGN.md §2).
+//! `brand pack`: turn a [`Source`] of samples into a dataset (DESIGN.md §2);
+//! the importers that make a `Source` of what users hold are brand-import's.
 //!
 //! All samples are shuffled once with the pack seed and the shuffled sequence
 //! is cut into chunks of K (paper §3.2). The output is written into a hidden
@@ -9,25 +10,10 @@
 //! and seed give a byte-identical dataset (no timestamps, single-threaded
 //! zstd, fixed order).
 
-pub mod arrow;
 mod destination;
-pub mod files;
-pub mod import;
-pub mod input;
-pub mod inspect;
-pub mod listing;
-pub mod lmdb;
-pub mod mds;
-mod parallel;
-pub mod parquet;
-mod protobuf;
 pub mod resume;
 pub mod source;
 pub mod spill;
-pub mod synthetic;
-pub mod tar;
-pub mod tfrecord;
-pub mod verify;
 
 use std::fs::File;
 use std::io::Write;
@@ -36,9 +22,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use brand_format::chunk::{self, FLAG_ALIGNED64, FLAG_BLOCKS, FLAG_ZSTD, RecordIn};
+use brand_format::durable::{sync_dir, write_synced};
 use brand_format::error::{Error, IoContext, Result};
 use brand_format::index::{ChunkLoc, Index, IndexWriter};
 use brand_format::manifest::{Manifest, Partition, Provenance, SegmentInfo};
+use brand_format::parallel;
 use brand_format::rng::{Prng, domain};
 use brand_format::{self as format, align_up};
 pub use destination::{Destination, pack_to, scratch_dir};
@@ -148,7 +136,7 @@ impl Drop for TempDir {
 
 /// `out`'s parent directory and the name of a hidden entry there for
 /// `out` (`.NAME.WHAT`): where a pack keeps its work beside its output.
-pub(crate) fn beside(out: &Path, what: &str) -> Result<(PathBuf, String)> {
+pub fn beside(out: &Path, what: &str) -> Result<(PathBuf, String)> {
     let name = out
         .file_name()
         .ok_or_else(|| Error::config(format!("{}: output must name a directory", out.display())))?;
@@ -762,17 +750,6 @@ fn finish_segment(
     info.bytes = s.offset;
     info.chunks = s.chunks;
     segment_done(&s.path, &info.name)
-}
-
-/// Writes a whole file and makes it durable.
-pub(crate) fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut f = File::create(path).at(path)?;
-    f.write_all(bytes).at(path)?;
-    f.sync_all().at(path)
-}
-
-fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir).at(dir)?.sync_all().at(dir)
 }
 
 /// Moves the finished temporary directory to `out`. With `force`, an

@@ -123,9 +123,9 @@ pub(crate) fn write(dir: &Path, cp: &Checkpoint) -> Result<()> {
     let path = dir.join(CHECKPOINT_FILE);
     let tmp = dir.join(format!("{CHECKPOINT_FILE}.new"));
     let bytes = serde_json::to_vec(cp).map_err(|e| Error::config(format!("internal: checkpoint: {e}")))?;
-    crate::write_synced(&tmp, &bytes)?;
+    brand_format::durable::write_synced(&tmp, &bytes)?;
     std::fs::rename(&tmp, &path).at(&path)?;
-    crate::sync_dir(dir)
+    brand_format::durable::sync_dir(dir)
 }
 
 /// Removes the checkpoint from a finished pack's directory.

@@ -65,7 +65,7 @@ fn samples_of_one_block_or_a_multiple_of_it_read_no_extra_block() {
         // The padding that bought it: the same in manifest, index and inspect.
         let padding = ds.index.block_padding();
         assert_eq!(ds.manifest.block_padding_bytes, padding, "{name}");
-        let s = brand_pack::inspect::summary(&ds);
+        let s = brand_store::inspect::summary(&ds);
         assert_eq!(
             (s.block_padding_bytes, s.layout.as_str()),
             (padding, "blocks"),
@@ -78,7 +78,7 @@ fn samples_of_one_block_or_a_multiple_of_it_read_no_extra_block() {
         if name == "mixed" {
             assert!(padding > 0, "{name}: some sample had to move");
         }
-        let report = brand_pack::verify::verify(&ds, &|_, _| {}).expect("verify");
+        let report = brand_store::verify::verify(&ds, &|_, _| {}).expect("verify");
         assert!(report.problems.is_empty(), "{name}: {:?}", report.problems);
         for id in [0, 17, 299] {
             let got = ds.read_sample(id).expect("read");
@@ -104,7 +104,7 @@ fn compressed_records_follow_the_layout_too() {
     let ds = packed(t.path(), 200, &[4096, 9000, 30000], Some(1));
     let (read, fewest) = read_alone(&ds);
     assert_eq!(read, fewest);
-    let report = brand_pack::verify::verify(&ds, &|_, _| {}).expect("verify");
+    let report = brand_store::verify::verify(&ds, &|_, _| {}).expect("verify");
     assert!(report.problems.is_empty(), "{:?}", report.problems);
 }
 

@@ -107,15 +107,15 @@ fn partitions_split_the_chunks_by_owner_and_share_the_index() {
             "{e}"
         );
         // verify checks its own chunks; inspect says which share it is.
-        let report = brand_pack::verify::verify(ds, &|_, _| {}).expect("verify");
+        let report = brand_store::verify::verify(ds, &|_, _| {}).expect("verify");
         assert!(report.ok(), "{:?}", report.problems);
         verified += report.samples;
-        let s = brand_pack::inspect::summary(ds);
+        let s = brand_store::inspect::summary(ds);
         let ps = s.partition.as_ref().expect("partition summary");
         assert_eq!((ps.index, ps.chunks), (w as u32, report.chunks));
         assert!(s.to_string().contains(&format!("partition    {w} of {count}")), "{s}");
         assert!(
-            brand_pack::verify::rebuild_index(ds.dir()).is_err(),
+            brand_store::verify::rebuild_index(ds.dir()).is_err(),
             "a partition cannot rebuild the index"
         );
     }
@@ -144,7 +144,7 @@ fn a_damaged_partition_is_reported_by_verify() {
     let at = bytes.len() / 2;
     bytes[at] ^= 0xff;
     std::fs::write(&path, bytes).expect("write");
-    let report = brand_pack::verify::verify(&ds, &|_, _| {}).expect("verify");
+    let report = brand_store::verify::verify(&ds, &|_, _| {}).expect("verify");
     assert!(!report.ok());
     assert!(
         report.problems[0].to_string().contains(&path.display().to_string()),

@@ -7,8 +7,8 @@ use std::path::Path;
 
 use brand_format::Dataset;
 use brand_pack::source::{Entries, Source};
-use brand_pack::verify::verify;
 use brand_pack::{PackOptions, pack};
+use brand_store::verify::verify;
 use brand_testkit::Generated;
 
 /// Compressible samples, different each.

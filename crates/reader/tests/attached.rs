@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use brand_cache::{CacheConfig, CacheHandle};
 use brand_format::Dataset;
+use brand_import::synthetic::small_dataset;
 use brand_loader::{Checkpoint, IoConfig, LoaderState, ReadGapSetting, Resume};
-use brand_pack::synthetic::small_dataset;
 use brand_plan::Memory;
 use brand_reader::{Config, Reader};
 

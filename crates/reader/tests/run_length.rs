@@ -7,8 +7,8 @@
 use std::sync::Arc;
 
 use brand_format::Dataset;
+use brand_import::synthetic::small_dataset;
 use brand_loader::{Loader, LoaderState, Resume};
-use brand_pack::synthetic::small_dataset;
 use brand_reader::{Config, Reader};
 
 #[test]

@@ -24,16 +24,22 @@
 //! * [`upload`]: a packed dataset written to a store, manifest last.
 //! * [`sequential`]: objects listed and read whole, in order, by large
 //!   ranged GETs made ahead of the reader: a pack's inputs in a store.
+//! * [`verify`] (`brand verify`: every chunk re-read and checked, a
+//!   directory's index rebuilt from its chunks) and [`inspect`] (`brand
+//!   inspect`: a dataset's vital statistics): what reads a whole dataset,
+//!   wherever it is, to check or describe it.
 
 pub mod connect;
 pub mod get;
 pub mod index_cache;
+pub mod inspect;
 pub mod limiter;
 pub mod location;
 pub mod open;
 pub mod runtime;
 pub mod sequential;
 pub mod upload;
+pub mod verify;
 
 pub use connect::Connection;
 pub use get::{GetCounters, GetPolicy, GetReport};

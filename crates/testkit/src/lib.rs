@@ -1,8 +1,11 @@
 //! brand-testkit: what brand's tests share, so each helper is written once:
 //! loopback addresses for nodes ([`addresses`]), tar archives
-//! ([`ustar`]), MDS datasets ([`write_mds`]) and sources of samples made
+//! ([`ustar`]), MDS datasets ([`write_mds`]), Arrow IPC files and
+//! `save_to_disk` directories ([`arrow_ipc`]) and sources of samples made
 //! in memory ([`Generated`]).
 //! A dev-dependency only; nothing here is shipped.
+
+pub mod arrow_ipc;
 
 use std::borrow::Cow;
 

@@ -8,7 +8,7 @@ use brand_loader::Loader;
 
 /// `samples` samples of brand_pack's small test dataset, in `root/ds`.
 pub fn small_dataset(root: &Path, samples: u64) -> Dataset {
-    let ds = brand_pack::synthetic::small_dataset(root, samples).expect("gen and pack");
+    let ds = brand_import::synthetic::small_dataset(root, samples).expect("gen and pack");
     Dataset::open(ds).expect("open")
 }
 

@@ -39,7 +39,7 @@ use std::path::{Path, PathBuf};
 
 use super::input::Input;
 use super::listing::{Listing, ListingOptions};
-use super::source::{Listed, ListedFormat};
+use crate::listed::{Listed, ListedFormat};
 use brand_format::error::{Error, IoContext, Result};
 
 pub const BLOCK: u64 = 512;

@@ -33,7 +33,7 @@ use ::parquet::schema::types::SchemaDescriptor;
 
 use super::input::Input;
 use super::listing::{Listing, ListingOptions};
-use super::source::{Listed, ListedFormat};
+use crate::listed::{Listed, ListedFormat};
 use brand_format::error::{Error, IoContext, Result};
 
 /// Rows decoded at a time: bounds the memory of one batch of payloads.

@@ -10,12 +10,11 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use brand_format::Dataset;
-use brand_pack::arrow::{ArrowOptions, ArrowSource};
+use brand_import::arrow::{ArrowOptions, ArrowSource};
 use brand_pack::source::Source;
 use brand_pack::{PackOptions, pack};
 
-mod arrow_ipc;
-use arrow_ipc::*;
+use brand_testkit::arrow_ipc::*;
 
 fn options(field: Option<&str>, label: Option<&str>) -> ArrowOptions {
     ArrowOptions {

@@ -22,7 +22,8 @@ use brand_format::error::{Error, IoContext, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::input::Input;
-use crate::source::{Entries, Ints, Listed, ListedFormat, PayloadFile, Payloads};
+use crate::listed::{Listed, ListedFormat, PayloadFile, Payloads};
+use brand_pack::source::{Entries, Ints};
 
 /// The journal's record of the inputs listed so far.
 pub const JOURNAL_FILE: &str = "journal.json";
@@ -572,9 +573,9 @@ impl ListingJournal {
         let tmp = self.dir.join(format!("{JOURNAL_FILE}.new"));
         let bytes = serde_json::to_vec(&self.committed)
             .map_err(|e| Error::config(format!("internal: listing journal: {e}")))?;
-        crate::write_synced(&tmp, &bytes)?;
+        brand_format::durable::write_synced(&tmp, &bytes)?;
         std::fs::rename(&tmp, &path).at(&path)?;
-        crate::sync_dir(&self.dir)
+        brand_format::durable::sync_dir(&self.dir)
     }
 }
 
@@ -623,7 +624,7 @@ fn read_state(dir: &Path, what: &str) -> JournalState {
 
 /// `.NAME.listing` beside `out`: where a pack into `out` keeps its listing.
 pub fn dir_for(out: &Path) -> Result<PathBuf> {
-    let (parent, name) = crate::beside(out, "listing")?;
+    let (parent, name) = brand_pack::beside(out, "listing")?;
     Ok(parent.join(name))
 }
 

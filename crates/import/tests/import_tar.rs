@@ -8,9 +8,9 @@ use std::io::Write;
 use std::path::Path;
 
 use brand_format::Dataset;
-use brand_pack::files::FileSource;
+use brand_import::files::FileSource;
+use brand_import::tar::{TarLabel, TarOptions, TarSource};
 use brand_pack::source::Source;
-use brand_pack::tar::{TarLabel, TarOptions, TarSource};
 use brand_pack::{PackOptions, pack};
 
 // ---- writing tars ----

@@ -5,8 +5,8 @@ use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use super::source::{Entries, Source};
 use brand_format::error::{Error, IoContext, Result};
+use brand_pack::source::{Entries, Source};
 
 /// Samples that are files on disk. Each sample's path relative to `base` is
 /// held once, in an arena, and is also its key (ImageFolder keys are the

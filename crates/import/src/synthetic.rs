@@ -245,7 +245,7 @@ impl Samples<'_> {
             std::fs::create_dir_all(&d).at(&d)?;
         }
         let total = AtomicU64::new(0);
-        crate::parallel::try_map(opts.samples as usize, |i| -> Result<()> {
+        brand_format::parallel::try_map(opts.samples as usize, |i| -> Result<()> {
             let (bytes, ext) = self.sample(i as u64)?;
             total.fetch_add(bytes.len() as u64, Ordering::Relaxed);
             let path = class_dir(dir, self.classes[i]).join(format!("sample-{i:08}.{ext}"));
@@ -272,7 +272,7 @@ impl Samples<'_> {
             }
         }
         let n = self.opts.samples;
-        let written = crate::parallel::try_map(shards as usize, |s| -> Result<u64> {
+        let written = brand_format::parallel::try_map(shards as usize, |s| -> Result<u64> {
             let path = dir.join(format!("shard-{s:05}-of-{shards:05}.tfrecord"));
             let (lo, hi) = (n * s as u64 / shards as u64, n * (s as u64 + 1) / shards as u64);
             let mut out = BufWriter::with_capacity(1 << 20, File::create(&path).at(&path)?);
@@ -323,12 +323,12 @@ fn example(image: &[u8], label: i64) -> Vec<u8> {
 
 /// Generates samples into `root/src` and packs them into `root/ds`, quietly:
 /// the small datasets of tests and examples. Returns the dataset's path.
-pub fn generate_and_pack(root: &Path, options: &GenOptions, pack: &crate::PackOptions) -> Result<PathBuf> {
+pub fn generate_and_pack(root: &Path, options: &GenOptions, pack: &brand_pack::PackOptions) -> Result<PathBuf> {
     let src = root.join("src");
     generate(&src, options, &|_, _| {})?;
     let source = crate::files::FileSource::image_folder(&src)?;
     let out = root.join("ds");
-    crate::pack(&source, &out, pack, &|_, _, _| {})?;
+    brand_pack::pack(&source, &out, pack, &|_, _, _| {})?;
     Ok(out)
 }
 
@@ -344,7 +344,7 @@ pub fn small_dataset(root: &Path, samples: u64) -> Result<PathBuf> {
         classes: 4,
         ..Default::default()
     };
-    let pack = crate::PackOptions {
+    let pack = brand_pack::PackOptions {
         chunk_size: 16,
         ..Default::default()
     };
@@ -364,7 +364,7 @@ pub fn large_dataset(root: &Path, samples: u64, chunk_size: u32) -> Result<PathB
         classes: 4,
         ..Default::default()
     };
-    let pack = crate::PackOptions {
+    let pack = brand_pack::PackOptions {
         chunk_size,
         ..Default::default()
     };
@@ -448,7 +448,7 @@ mod tests {
 
     #[test]
     fn tfrecord_shards_hold_the_same_samples_as_files_and_import_with_labels() {
-        use crate::source::Source;
+        use brand_pack::source::Source;
         let t = tempfile::tempdir().expect("tempdir");
         let base = GenOptions {
             samples: 203,

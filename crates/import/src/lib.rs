@@ -1,6 +1,27 @@
+//! brand-import: the importers that read what users hold into a
+//! [`Source`] for the packer (DESIGN.md §2, §7), one module per format —
+//! `files` (dir, list), `tfrecord`, `lmdb`, `tar`, `mds`, `parquet`, `arrow` —
+//! the readers they need (`protobuf`, `lmdb::btree`, `arrow::flatbuffers`),
+//! the inputs they take from a path or a store (`input`, `listing`,
+//! `listed`), and `brand gen`'s `synthetic` datasets.
+//!
 //! Which importer reads a pack's inputs: `brand pack --from FORMAT` and
-//! Python's `brand.pack(source=…)` name one of these, with the same options,
-//! so the command line and the package cannot disagree on what an input means.
+//! Python's `brand.pack(source=…)` name one of [`Format::ALL`], with the same
+//! options, so the command line and the package cannot disagree on what an
+//! input means.
+
+pub mod arrow;
+pub mod files;
+pub mod input;
+pub mod listed;
+pub mod listing;
+pub mod lmdb;
+pub mod mds;
+pub mod parquet;
+mod protobuf;
+pub mod synthetic;
+pub mod tar;
+pub mod tfrecord;
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -9,7 +30,7 @@ use brand_format::error::{Error, Result};
 
 use crate::files::FileSource;
 use crate::listing::ListingOptions;
-use crate::source::Source;
+use brand_pack::source::Source;
 
 /// An input format: what each reads is [`Format::help`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

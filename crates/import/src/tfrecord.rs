@@ -13,8 +13,8 @@ use std::io::{self, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use super::protobuf::{self, Malformed, Value};
-use super::source::{Ints, Source};
 use brand_format::error::{Error, IoContext, Result};
+use brand_pack::source::{Ints, Source};
 
 /// Bytes before a record's data: its length and the length's masked crc.
 const HEADER_LEN: u64 = 12;

@@ -8,7 +8,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use brand_format::Dataset;
-use brand_pack::mds::{MdsOptions, MdsSource};
+use brand_import::mds::{MdsOptions, MdsSource};
 use brand_pack::source::Source;
 use brand_pack::{PackOptions, pack};
 use serde_json::json;

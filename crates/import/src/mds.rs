@@ -34,7 +34,7 @@ use serde::Deserialize;
 
 use super::input::{Input, InputDir};
 use super::listing::{Listing, ListingOptions};
-use super::source::{Listed, ListedFormat};
+use crate::listed::{Listed, ListedFormat};
 use brand_format::error::{Error, IoContext, Result};
 
 /// Largest label value read into memory (`str_int` is decimal text).

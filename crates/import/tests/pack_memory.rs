@@ -9,9 +9,9 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use brand_pack::files::FileSource;
+use brand_import::files::FileSource;
+use brand_import::tfrecord::TfRecordSource;
 use brand_pack::source::{Entries, Source};
-use brand_pack::tfrecord::TfRecordSource;
 use brand_pack::{PackOptions, pack};
 use brand_testkit::Generated;
 

@@ -1,9 +1,4 @@
-//! LMDB environments as a pack source: Caffe datum databases (DESIGN.md §2,
-//! seeds/004) or any LMDB whose main database maps keys to samples.
-//!
-//! Samples are the main database's key/value pairs in LMDB's key order
-//! (sorted bytes, so deterministic). Values are returned as stored; a value
-//! that is a Caffe `Datum` carrying a label gives the sample its label.
+//! LMDB's B+tree, read for `--from lmdb` ([`super`]).
 //!
 //! The data file is read here in pure Rust with positioned reads, never
 //! memory-mapped: LMDB's C library maps it, and a truncated or damaged file
@@ -35,17 +30,12 @@
 //!   Each node takes its size rounded up to even.
 //! ```
 
-#![forbid(unsafe_code)]
-
 use std::cmp::Ordering;
-use std::fs::{self, File};
+use std::fs;
+use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use crate::protobuf::{self, Value};
-use std::borrow::Cow;
-
-use crate::source::{Entries, Source};
 use brand_format::error::{Error, Result};
 
 /// `mm_magic` of every LMDB meta page.
@@ -105,20 +95,10 @@ const MAX_PAGE_SIZE: u64 = 0x8000;
 /// LMDB's cursor stack (`CURSOR_STACK`): it cannot use a deeper tree.
 const MAX_DEPTH: u16 = 32;
 
-/// The samples of an LMDB environment, opened read-only.
-#[derive(Debug)]
-pub struct LmdbSource {
-    data: DataFile,
-    /// Keys (in one arena) and labels, by entry index.
-    entries: Entries,
-    /// Where each entry's node is, by entry index, as [`NodeAt::packed`].
-    nodes: Vec<u64>,
-}
-
 #[derive(Debug, Clone, Copy)]
-struct NodeAt {
-    page: u64,
-    index: usize,
+pub(super) struct NodeAt {
+    pub(super) page: u64,
+    pub(super) index: usize,
 }
 
 /// Bits of a packed [`NodeAt`] that hold the node's index in its page (a
@@ -128,12 +108,12 @@ const NODE_INDEX_BITS: u32 = 16;
 impl NodeAt {
     /// Page and index in one u64, or None for a page number beyond 2^48
     /// (more than 2^57 bytes of file).
-    fn packed(self) -> Option<u64> {
+    pub(super) fn packed(self) -> Option<u64> {
         let index = u64::try_from(self.index).ok().filter(|&i| i >> NODE_INDEX_BITS == 0)?;
         (self.page >> (64 - NODE_INDEX_BITS) == 0).then_some(self.page << NODE_INDEX_BITS | index)
     }
 
-    fn unpacked(packed: u64) -> Self {
+    pub(super) fn unpacked(packed: u64) -> Self {
         NodeAt {
             page: packed >> NODE_INDEX_BITS,
             index: (packed & ((1 << NODE_INDEX_BITS) - 1)) as usize,
@@ -141,10 +121,11 @@ impl NodeAt {
     }
 }
 
-impl LmdbSource {
-    /// Open the environment at `path` (a directory holding `data.mdb`, or
-    /// the data file itself) read-only and list its keys and labels.
-    pub fn open(path: &Path) -> Result<Self> {
+impl DataFile {
+    /// Opens the environment at `path` (a directory holding `data.mdb`, or
+    /// the data file itself) read-only: its meta page checked, a truncated
+    /// file's missing pages named, and its main database.
+    pub(super) fn open(path: &Path) -> Result<(DataFile, Db)> {
         let fail = |what: String| Error::input(path, "open", what);
 
         let metadata = fs::metadata(path).map_err(|e| fail(e.to_string()))?;
@@ -209,58 +190,21 @@ impl LmdbSource {
             return Err(fail("the database is empty".into()));
         }
 
-        let mut entries = Entries::new();
-        let mut nodes = Vec::new();
-        data.walk("main database", &main, KeyOrder::of(main.flags), |at, key, value| {
-            let packed = at.packed().ok_or_else(|| {
-                format!(
-                    "key {}: node {} of page {} is beyond what this importer can address",
-                    show_key(key),
-                    at.index,
-                    at.page
-                )
-            })?;
-            entries.push(key, caffe_datum_label(value).unwrap_or(-1));
-            nodes.push(packed);
-            Ok(())
-        })?;
-        if entries.is_empty() {
-            return Err(fail("the database is empty".into()));
-        }
-        entries.shrink_to_fit();
-        nodes.shrink_to_fit();
-        Ok(LmdbSource { data, entries, nodes })
-    }
-}
-
-impl Source for LmdbSource {
-    fn kind(&self) -> &'static str {
-        "lmdb"
+        Ok((data, main))
     }
 
-    fn len(&self) -> usize {
-        self.entries.len()
+    /// Walks the main database in key order ([`DataFile::walk`]).
+    pub(super) fn walk_main(
+        &self,
+        main: &Db,
+        visit: impl FnMut(NodeAt, &[u8], &[u8]) -> std::result::Result<(), String>,
+    ) -> Result<()> {
+        self.walk("main database", main, KeyOrder::of(main.flags), visit)
     }
 
-    fn key(&self, i: usize) -> Cow<'_, [u8]> {
-        Cow::Borrowed(self.entries.key(i))
-    }
-
-    fn label(&self, i: usize) -> i64 {
-        self.entries.label(i)
-    }
-
-    fn read(&self, i: usize) -> Result<Vec<u8>> {
-        let (Some(key), Some(at)) = (
-            (i < self.entries.len()).then(|| self.entries.key(i)),
-            self.nodes.get(i).copied().map(NodeAt::unpacked),
-        ) else {
-            return Err(Error::config(format!(
-                "sample {i} out of range: the LMDB database has {} keys",
-                self.entries.len()
-            )));
-        };
-        let data = &self.data;
+    /// The value of `key`, whose node the walk found `at`.
+    pub(super) fn value(&self, at: NodeAt, key: &[u8]) -> Result<Vec<u8>> {
+        let data = self;
         let fail = |what: String| {
             Error::input(
                 &data.path,
@@ -287,10 +231,6 @@ impl Source for LmdbSource {
             Data::SubDatabase | Data::Duplicates(_) => Err(gone()),
         }
     }
-
-    fn listing_bytes(&self) -> usize {
-        self.entries.heap_bytes() + self.nodes.capacity() * 8
-    }
 }
 
 /// The meta page fields this reader uses.
@@ -305,7 +245,7 @@ struct Meta {
 
 /// A B+tree's record in the meta page (`MDB_db`).
 #[derive(Debug, Clone, Copy)]
-struct Db {
+pub(super) struct Db {
     flags: u16,
     depth: u16,
     entries: u64,
@@ -426,7 +366,7 @@ fn parse_meta(page: &[u8], n: u64) -> std::result::Result<Meta, String> {
 
 /// The data file, read with positioned reads so any thread can read.
 #[derive(Debug)]
-struct DataFile {
+pub(super) struct DataFile {
     path: PathBuf,
     file: File,
     page_size: usize,
@@ -702,59 +642,7 @@ impl DataFile {
         self.file
             .read_exact_at(&mut bytes, offset)
             .map_err(|e| format!("reading the page: {}", read_failure(&e)))?;
-        let header = |at| le_u16(&bytes, at).ok_or_else(|| "the page is shorter than its header".to_string());
-        let stored = le_u64(&bytes, 0).unwrap_or(P_INVALID);
-        if stored != pgno {
-            return Err(format!("the page header says it is page {stored}: the page is damaged"));
-        }
-        let flags = header(10)?;
-        let leaf = match flags & P_KIND {
-            P_BRANCH => false,
-            P_LEAF => true,
-            kind if kind & P_LEAF2 != 0 => {
-                return Err("a LEAF2 page (MDB_DUPFIXED duplicates), which this reader does not support".into());
-            }
-            _ => return Err(format!("not a branch or leaf page (flags {flags:#06x})")),
-        };
-        let (lower, upper) = (usize::from(header(12)?), usize::from(header(14)?));
-        if lower < PAGE_HEADER || !(lower - PAGE_HEADER).is_multiple_of(2) || lower > upper || upper > self.page_size {
-            return Err(format!(
-                "bad free-space bounds lower {lower}, upper {upper} (page size {})",
-                self.page_size
-            ));
-        }
-        let page = TreePage {
-            pgno,
-            leaf,
-            bytes,
-            upper,
-            nodes: (lower - PAGE_HEADER) / 2,
-        };
-
-        // LMDB packs nodes from the end of the page down to `upper`, each
-        // rounded up to even, and closes gaps on delete. A node whose sizes
-        // were damaged overlaps a neighbour or leaves a gap.
-        let mut spans = Vec::with_capacity(page.nodes);
-        for i in 0..page.nodes {
-            let node = page.node(i)?;
-            spans.push((node.start, node.end));
-        }
-        spans.sort_unstable();
-        let mut expected = page.upper;
-        for (start, end) in spans {
-            if start != expected {
-                return Err(format!(
-                    "the nodes overlap or leave a gap at offset {start} (expected a node at {expected})"
-                ));
-            }
-            expected = end;
-        }
-        if expected != self.page_size {
-            return Err(format!(
-                "the last node ends at offset {expected}, not at the page's end"
-            ));
-        }
-        Ok(page)
+        TreePage::parse(pgno, bytes)
     }
 
     /// Walk `db`'s tree depth-first in key order and call `visit` with each
@@ -949,6 +837,65 @@ impl DataFile {
 }
 
 impl TreePage {
+    /// Page `pgno`'s bytes checked as a branch or leaf page: its number,
+    /// kind, free-space bounds and that its nodes tile the rest of the page.
+    fn parse(pgno: u64, bytes: Vec<u8>) -> std::result::Result<TreePage, String> {
+        let page_size = bytes.len();
+        let header = |at| le_u16(&bytes, at).ok_or_else(|| "the page is shorter than its header".to_string());
+        let stored = le_u64(&bytes, 0).unwrap_or(P_INVALID);
+        if stored != pgno {
+            return Err(format!("the page header says it is page {stored}: the page is damaged"));
+        }
+        let flags = header(10)?;
+        let leaf = match flags & P_KIND {
+            P_BRANCH => false,
+            P_LEAF => true,
+            kind if kind & P_LEAF2 != 0 => {
+                return Err("a LEAF2 page (MDB_DUPFIXED duplicates), which this reader does not support".into());
+            }
+            _ => return Err(format!("not a branch or leaf page (flags {flags:#06x})")),
+        };
+        let (lower, upper) = (usize::from(header(12)?), usize::from(header(14)?));
+        if lower < PAGE_HEADER || !(lower - PAGE_HEADER).is_multiple_of(2) || lower > upper || upper > page_size {
+            return Err(format!(
+                "bad free-space bounds lower {lower}, upper {upper} (page size {})",
+                page_size
+            ));
+        }
+        let page = TreePage {
+            pgno,
+            leaf,
+            bytes,
+            upper,
+            nodes: (lower - PAGE_HEADER) / 2,
+        };
+
+        // LMDB packs nodes from the end of the page down to `upper`, each
+        // rounded up to even, and closes gaps on delete. A node whose sizes
+        // were damaged overlaps a neighbour or leaves a gap.
+        let mut spans = Vec::with_capacity(page.nodes);
+        for i in 0..page.nodes {
+            let node = page.node(i)?;
+            spans.push((node.start, node.end));
+        }
+        spans.sort_unstable();
+        let mut expected = page.upper;
+        for (start, end) in spans {
+            if start != expected {
+                return Err(format!(
+                    "the nodes overlap or leave a gap at offset {start} (expected a node at {expected})"
+                ));
+            }
+            expected = end;
+        }
+        if expected != page_size {
+            return Err(format!(
+                "the last node ends at offset {expected}, not at the page's end"
+            ));
+        }
+        Ok(page)
+    }
+
     /// Node `i`, checked to lie between `upper` and the page's end.
     fn node(&self, i: usize) -> std::result::Result<Node<'_>, String> {
         let fail = |what: &str| format!("node {i} {what}");
@@ -1026,6 +973,17 @@ impl PageSet {
     }
 }
 
+/// One page's bytes checked as a meta page and as a branch or leaf page
+/// (numbered as its header says): the parsing of untrusted bytes behind
+/// `--from lmdb`, without a file, for the fuzz target `lmdb_page`. Returns
+/// the nodes of a tree page.
+#[doc(hidden)]
+pub fn parse_page(bytes: &[u8]) -> std::result::Result<usize, String> {
+    let _ = parse_meta(bytes, 0);
+    let pgno = le_u64(bytes, 0).ok_or("shorter than a page header")?;
+    Ok(TreePage::parse(pgno, bytes.to_vec())?.nodes)
+}
+
 /// A failed read, worded for the usual cause: the file shrank after open.
 fn read_failure(e: &std::io::Error) -> String {
     if e.kind() == std::io::ErrorKind::UnexpectedEof {
@@ -1049,7 +1007,7 @@ fn le_u64(bytes: &[u8], at: usize) -> Option<u64> {
 
 /// A key for an error message: escaped, and cut if long (a damaged key size
 /// can make a key of 64 KiB).
-fn show_key(key: &[u8]) -> String {
+pub(super) fn show_key(key: &[u8]) -> String {
     const SHOWN: usize = 64;
     match key.get(..SHOWN) {
         Some(head) if key.len() > SHOWN => format!("{}... ({} bytes)", head.escape_ascii(), key.len()),
@@ -1057,55 +1015,9 @@ fn show_key(key: &[u8]) -> String {
     }
 }
 
-/// The label of a serialized Caffe `Datum`, or None if `value` has no label
-/// or is not a Datum (a field Datum lacks, a wrong wire type, or bytes that
-/// are not protobuf at all).
-///
-/// ```text
-/// message Datum { optional int32 channels = 1; optional int32 height = 2;
-///   optional int32 width = 3; optional bytes data = 4; optional int32 label = 5;
-///   repeated float float_data = 6; optional bool encoded = 7; }
-/// ```
-fn caffe_datum_label(value: &[u8]) -> Option<i64> {
-    let mut label = None;
-    for field in protobuf::fields(value) {
-        match field.ok()? {
-            (1 | 2 | 3 | 7, Value::Varint(_)) | (4, Value::Bytes(_)) => {}
-            // int32 is sign-extended to 64 bits on the wire; protobuf keeps
-            // the low 32. The last occurrence wins.
-            (5, Value::Varint(v)) => label = Some(i64::from(v as i32)),
-            // float_data: unpacked (Caffe's proto2 default) or packed.
-            (6, Value::Fixed32(_)) => {}
-            (6, Value::Bytes(packed)) if packed.len() % 4 == 0 => {}
-            _ => return None,
-        }
-    }
-    label
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn datum_labels() {
-        // channels 3, height 2, width 1, data "abcdef", label 7, encoded false.
-        let datum = [
-            0x08, 3, 0x10, 2, 0x18, 1, 0x22, 6, b'a', b'b', b'c', b'd', b'e', b'f', 0x28, 7, 0x38, 0,
-        ];
-        assert_eq!(caffe_datum_label(&datum), Some(7));
-        // Unpacked and packed float_data.
-        let floats = [0x35, 0, 0, 0x80, 0x3f, 0x32, 4, 0, 0, 0, 0x40, 0x28, 1];
-        assert_eq!(caffe_datum_label(&floats), Some(1));
-        // A negative int32 label: ten-byte sign-extended varint.
-        let negative = [0x28, 0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01];
-        assert_eq!(caffe_datum_label(&negative), Some(-2));
-        // Bits above 32 are dropped, as protobuf does for int32.
-        let wide = [0x28, 0x81, 0x80, 0x80, 0x80, 0x10];
-        assert_eq!(caffe_datum_label(&wide), Some(1));
-        // The last label wins.
-        assert_eq!(caffe_datum_label(&[0x28, 1, 0x28, 2]), Some(2));
-    }
 
     #[test]
     fn key_orders_match_lmdb() {
@@ -1167,20 +1079,5 @@ mod tests {
             assert!(err.contains(what), "{err}");
         }
         assert!(fits.node(1).is_err(), "only one node");
-    }
-
-    #[test]
-    fn non_datums_have_no_label() {
-        assert_eq!(caffe_datum_label(b""), None, "empty Datum, no label");
-        assert_eq!(caffe_datum_label(&[0x08, 3]), None, "no label field");
-        assert_eq!(caffe_datum_label(&[0x28, 1, 0x40, 1]), None, "field 8");
-        assert_eq!(caffe_datum_label(&[0x2a, 1, 0, 0x28, 1]), None, "label as bytes");
-        assert_eq!(
-            caffe_datum_label(&[0x32, 3, 0, 0, 0, 0x28, 1]),
-            None,
-            "packed floats cut"
-        );
-        assert_eq!(caffe_datum_label(&[0x28, 1, 0x22, 9, 0]), None, "data past the end");
-        assert_eq!(caffe_datum_label(b"\x89PNG\r\n\x1a\n"), None, "PNG bytes");
     }
 }

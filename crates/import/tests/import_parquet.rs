@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use brand_format::Dataset;
-use brand_pack::parquet::{ParquetOptions, ParquetSource};
+use brand_import::parquet::{ParquetOptions, ParquetSource};
 use brand_pack::source::Source;
 use brand_pack::{PackOptions, pack};
 use parquet::basic::Compression;

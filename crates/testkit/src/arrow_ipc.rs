@@ -1,7 +1,6 @@
 //! A minimal Arrow IPC writer (flatbuffer tables laid out by hand, in the
 //! layout pyarrow writes) and `datasets`' `save_to_disk` layout: the files
-//! `import_arrow.rs` and `brand-cli`'s `objects_inputs.rs` pack.
-#![allow(dead_code)]
+//! brand-import's `import_arrow.rs` and brand-cli's `objects_inputs.rs` pack.
 
 use std::fs;
 use std::path::Path;

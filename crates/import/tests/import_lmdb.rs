@@ -5,7 +5,7 @@
 use std::fs;
 use std::path::Path;
 
-use brand_pack::lmdb::LmdbSource;
+use brand_import::lmdb::LmdbSource;
 use brand_pack::source::Source;
 use heed::types::Bytes;
 use heed::{CommitOrAbort, Database, DatabaseFlags, Env, EnvFlags, EnvOpenOptions};

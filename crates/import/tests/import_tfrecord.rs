@@ -5,8 +5,8 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use brand_import::tfrecord::TfRecordSource;
 use brand_pack::source::Source;
-use brand_pack::tfrecord::TfRecordSource;
 
 mod common;
 use common::varint;

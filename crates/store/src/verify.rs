@@ -62,14 +62,14 @@ impl VerifyReport {
 /// the segment files have the sizes the manifest records. Problems are
 /// collected, not returned as the first error, so one run lists them all.
 pub fn verify(ds: &Dataset, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<VerifyReport> {
-    verify_with(ds, &brand_store::GetPolicy::default(), progress)
+    verify_with(ds, &crate::GetPolicy::default(), progress)
 }
 
 /// [`verify`], a dataset in object storage fetched under `policy` (the
 /// user's `stall_timeout` and retries).
 pub fn verify_with(
     ds: &Dataset,
-    policy: &brand_store::GetPolicy,
+    policy: &crate::GetPolicy,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<VerifyReport> {
     if ds.is_remote() {
@@ -114,7 +114,7 @@ pub fn verify_with(
     let done = std::sync::atomic::AtomicU64::new(0);
     let held = held_chunks(ds);
     let total = held.len() as u64;
-    let per_chunk: Vec<(u64, Vec<Problem>)> = crate::parallel::try_map(held.len(), |i| {
+    let per_chunk: Vec<(u64, Vec<Problem>)> = brand_format::parallel::try_map(held.len(), |i| {
         let c = held[i];
         let loc = idx.chunk(c);
         let r = match &files[loc.segment as usize] {
@@ -305,7 +305,7 @@ fn report(ds: &Dataset, held: &[u64], bytes_read: u64, mut problems: Vec<Problem
 /// were checked against the manifest at open) and checked as from a file.
 fn verify_objects(
     ds: &Dataset,
-    policy: &brand_store::GetPolicy,
+    policy: &crate::GetPolicy,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<VerifyReport> {
     let held = held_chunks(ds);
@@ -314,7 +314,7 @@ fn verify_objects(
     let mut fetched_again = 0;
     // Bytes damaged on the way are not the dataset's: a chunk that fails a
     // check is fetched once more, and what that fetch shows is the answer.
-    brand_store::for_each_chunk(ds, &held, policy, &mut |c, bytes, again| {
+    crate::for_each_chunk(ds, &held, policy, &mut |c, bytes, again| {
         if !again {
             done += 1;
             if done.is_multiple_of(64) || done == total {
@@ -430,7 +430,7 @@ pub fn rebuild_index(dir: &Path) -> Result<Index> {
     let index = Index::new(manifest.chunk_size, manifest.segments.len() as u32, chunks, samples)
         .map_err(|e| Error::format(&ipath, 0, format!("rebuilt index is inconsistent: {e}")))?;
     let tmp = dir.join(".index.bin.rebuild");
-    crate::write_synced(&tmp, index.as_bytes())?;
+    brand_format::durable::write_synced(&tmp, index.as_bytes())?;
     std::fs::rename(&tmp, &ipath).at(&ipath)?;
     Ok(index)
 }

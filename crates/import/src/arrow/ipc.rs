@@ -1,44 +1,15 @@
-//! Arrow IPC files as a pack source (DESIGN.md §2), as Hugging Face
-//! `datasets` writes them with `save_to_disk`: `DIR/data-NNNNN-of-NNNNN.arrow`
-//! in the order `DIR/state.json` lists (`_data_files`), class names in the
-//! schema's `huggingface` metadata or `DIR/dataset_info.json`, an `Image`
-//! or `Audio` column as `struct<bytes: binary, path: string>`, a
-//! `ClassLabel` column as int64.
-//!
-//! A file is the IPC stream format (what `datasets` writes) or the IPC file
-//! format (`ARROW1` magic, the stream, a footer): messages, each a
-//! flatbuffer `Message` (Schema, then RecordBatches) and its body. `open`
-//! walks every message once, reading only the metadata, the payload
-//! column's validity and value-offset buffers and the label column's
-//! values; each sample's bytes stay where they are, and `read` is one
-//! positioned read at (file, offset, length) — no spool, no copy.
-//! Compressed bodies (LZ4_FRAME or ZSTD `BodyCompression`) are refused with
-//! a named error: `datasets` never writes them, and a spool would be a copy
-//! of the dataset.
-//!
-//! An input may be an object in a store, or a prefix of them
-//! ([`crate::input`]): `.arrow` objects, or a `save_to_disk` layout.
-//! Reading in place needs random access, so each object is fetched first,
-//! whole and in order, into the spool (an anonymous file in the directory
-//! the caller names, gone when the source is dropped), and read there.
-//!
-//! The flatbuffer metadata is parsed here, every offset bounds-checked
-//! (the `arrow-ipc` crate would bring arrow-array/-buffer/-data/-schema and
-//! their build time for the few tables read here). Nothing read from a file
-//! is trusted: buffer offsets are checked against the body, bodies against
-//! the file, node lengths against the batch, value offsets for order.
+//! Arrow IPC framing and column extraction: the messages of a stream or
+//! file (`ARROW1`) format file, the schema's fields, and each record
+//! batch's payload offsets and labels (module doc of [`super`]).
 
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
-use std::rc::Rc;
 
-use serde::Deserialize;
-
-use super::input::{self, Given, InputDir};
-use super::source::{Entries, Ints, Listed, ListedFormat, PayloadFile, Payloads};
+use super::flatbuffers::{self as fb, Table};
+use super::{ArrowInput, ArrowOptions, dataset_info_class_names};
 use brand_format::error::{Error, IoContext, Result};
+use brand_pack::source::{Entries, Ints};
 
 /// Deepest nesting of schema fields followed (a damaged schema cannot
 /// recurse without end).
@@ -47,357 +18,6 @@ const MAX_FIELD_DEPTH: usize = 64;
 /// Most schema fields parsed: flatbuffer tables can be shared, so a small
 /// damaged schema could otherwise name exponentially many fields.
 const MAX_FIELDS: usize = 100_000;
-
-/// What `--field` and `--label` name.
-#[derive(Debug, Clone, Default)]
-pub struct ArrowOptions {
-    /// The payload column: binary, string, or an `Image`/`Audio` struct
-    /// (its `bytes`); None: the only binary or struct{bytes} column.
-    pub field: Option<String>,
-    /// The label column (an integer column); None: no label (-1).
-    pub label: Option<String>,
-    /// Where objects are fetched to (an anonymous file, gone when the
-    /// source is dropped); unused for local files.
-    pub spool_dir: PathBuf,
-    /// How the requests for inputs in object storage are bounded and
-    /// retried (the user's `stall_timeout` and `retries`).
-    pub store: brand_store::GetPolicy,
-}
-
-/// `--from arrow`'s samples ([`Listed`]).
-#[derive(Debug)]
-pub struct Arrow;
-
-impl ListedFormat for Arrow {
-    const KIND: &'static str = "arrow";
-    const NAME: &'static str = "Arrow";
-    const NOUN: &'static str = "row";
-}
-
-/// The rows of one or more Arrow IPC files, in file order and then row
-/// order. Per row: its key (`file:row`) and label in an arena, its payload's
-/// offset in its file (or in the spool, for an object) and its length.
-pub type ArrowSource = Listed<Arrow>;
-
-/// One file to read and the name its keys carry.
-struct ArrowInput {
-    input: input::Input,
-    name: String,
-    /// The `dataset_info.json` beside it, if any: its bytes.
-    info: Option<Rc<Vec<u8>>>,
-}
-
-impl ArrowSource {
-    /// Lists the rows of `paths`: `.arrow` files, `save_to_disk`
-    /// directories (files in `state.json` order), or directories whose
-    /// `.arrow` files are taken in name order; URLs of such objects or
-    /// prefixes (fetched to the spool first).
-    pub fn open(paths: &[PathBuf], options: &ArrowOptions) -> Result<Self> {
-        let Some(first_input) = paths.first() else {
-            return Err(Error::config("no Arrow input given"));
-        };
-        let inputs = expand_inputs(paths, &options.store)?;
-        let mut scan = Scan {
-            options,
-            entries: Entries::new(),
-            offsets: Vec::new(),
-            lens: Ints::default(),
-            label_names: None,
-            spool: None,
-            spool_len: 0,
-        };
-        let mut files = Vec::with_capacity(inputs.len());
-        let mut inputs_identity = String::new();
-        for input in &inputs {
-            let first = scan.offsets.len();
-            scan.file(input)?;
-            inputs_identity.push_str(&format!(
-                "{}\t{}\n",
-                input.input.path().display(),
-                input.input.identity()?
-            ));
-            files.push(PayloadFile {
-                path: input.input.path().to_path_buf(),
-                first,
-                spooled: input.input.object().is_some(),
-            });
-        }
-        if scan.offsets.is_empty() {
-            return Err(Error::input(
-                first_input,
-                format!("{} input file(s)", files.len()),
-                "no rows in the Arrow input",
-            ));
-        }
-        let mut payloads = Payloads {
-            files,
-            entries: scan.entries,
-            offsets: scan.offsets,
-            lens: scan.lens,
-            spool: scan.spool,
-            noun: Arrow::NOUN,
-            format: Arrow::NAME,
-        };
-        payloads.shrink_to_fit();
-        Ok(Listed {
-            payloads,
-            label_names: scan.label_names.unwrap_or_default(),
-            inputs_identity,
-            format: std::marker::PhantomData,
-        })
-    }
-}
-
-#[derive(Deserialize)]
-struct StateJson {
-    #[serde(rename = "_data_files")]
-    data_files: Vec<DataFile>,
-}
-
-#[derive(Deserialize)]
-struct DataFile {
-    filename: String,
-}
-
-#[derive(Deserialize)]
-struct DatasetDictJson {
-    splits: Vec<String>,
-}
-
-/// Files to read: each file as given; a `save_to_disk` directory's files in
-/// `state.json` order; another directory's `.arrow` files (not hidden) by
-/// name. A `DatasetDict` directory is refused, naming its splits. Prefixes
-/// are directories here ([`input::given`]).
-fn expand_inputs(paths: &[PathBuf], policy: &brand_store::GetPolicy) -> Result<Vec<ArrowInput>> {
-    let mut files = Vec::new();
-    for given in input::given(paths, policy)? {
-        let dir = match given {
-            Given::File(file) => {
-                let name = String::from_utf8_lossy(&file.file_name()).into_owned();
-                files.push(ArrowInput {
-                    input: file,
-                    name,
-                    info: None,
-                });
-                continue;
-            }
-            Given::Dir(dir) => dir,
-        };
-        if let Some(dict) = small_file(&dir, "dataset_dict.json")? {
-            let splits = serde_json::from_slice::<DatasetDictJson>(&dict.1)
-                .map(|d| d.splits)
-                .unwrap_or_default();
-            let example = splits.first().map_or("train", String::as_str);
-            return Err(Error::input(
-                dict.0.path(),
-                "dataset_dict.json",
-                format!(
-                    "a DatasetDict of splits [{}]: pack one split, naming its directory (e.g. {})",
-                    splits.join(", "),
-                    dir.path().join(example).display()
-                ),
-            ));
-        }
-        let info = small_file(&dir, "dataset_info.json")?.map(|(_, bytes)| Rc::new(bytes));
-        if let Some((state, text)) = small_file(&dir, "state.json")? {
-            let state = state.path();
-            let parsed: StateJson = serde_json::from_slice(&text).map_err(|e| {
-                Error::input(
-                    state,
-                    "state.json",
-                    format!("not a datasets state.json (malformed JSON or no _data_files): {e}"),
-                )
-            })?;
-            if parsed.data_files.is_empty() {
-                return Err(Error::input(state, "state.json", "_data_files lists no file"));
-            }
-            for (k, data_file) in parsed.data_files.into_iter().enumerate() {
-                let at = format!("_data_files[{k}]");
-                let listed = dir
-                    .file(&data_file.filename)
-                    .map_err(|what| Error::input(state, at.as_str(), what))?;
-                let Some(file) = listed else {
-                    let missing = dir.show(&data_file.filename).unwrap_or_default();
-                    return Err(Error::input(
-                        state,
-                        at,
-                        format!("lists {}, which does not exist", missing.display()),
-                    ));
-                };
-                files.push(ArrowInput {
-                    input: file,
-                    name: data_file.filename,
-                    info: info.clone(),
-                });
-            }
-            continue;
-        }
-        let in_dir = dir.files(|name| name.ends_with(b".arrow"))?;
-        if in_dir.is_empty() {
-            return Err(dir.none_of(".arrow", " (and no state.json)"));
-        }
-        files.extend(in_dir.into_iter().map(|file| ArrowInput {
-            name: String::from_utf8_lossy(&file.file_name()).into_owned(),
-            input: file,
-            info: info.clone(),
-        }));
-    }
-    Ok(files)
-}
-
-/// The file `name` of `dir`, if there is one, and its bytes (a small JSON
-/// file: `state.json`, `dataset_info.json`).
-fn small_file(dir: &InputDir, name: &str) -> Result<Option<(input::Input, Vec<u8>)>> {
-    let Some(file) = dir.file(name).map_err(|what| Error::input(dir.path(), name, what))? else {
-        return Ok(None);
-    };
-    let bytes = file.read_all()?;
-    Ok(Some((file, bytes)))
-}
-
-/// Class names of `label` in a `dataset_info.json` (`features.<label>.names`).
-fn dataset_info_class_names(info: &[u8], label: &str) -> Option<Vec<String>> {
-    let json: serde_json::Value = serde_json::from_slice(info).ok()?;
-    let names = json.get("features")?.get(label)?.get("names")?.as_array()?;
-    names.iter().map(|n| n.as_str().map(str::to_string)).collect()
-}
-
-/// Just enough of the flatbuffers wire format to read Arrow's `Message`
-/// and `Schema` tables, every read bounds-checked against the metadata.
-mod fb {
-    pub type Res<T> = std::result::Result<T, String>;
-
-    pub fn bytes<const N: usize>(buf: &[u8], at: usize) -> Res<[u8; N]> {
-        at.checked_add(N)
-            .and_then(|end| buf.get(at..end))
-            .and_then(|s| s.try_into().ok())
-            .ok_or_else(|| {
-                format!(
-                    "flatbuffer read of {N} bytes at {at} is past the metadata's {} bytes",
-                    buf.len()
-                )
-            })
-    }
-
-    /// The target of the unsigned offset stored at `at`.
-    fn follow(buf: &[u8], at: usize) -> Res<usize> {
-        let rel = u32::from_le_bytes(bytes(buf, at)?) as usize;
-        at.checked_add(rel)
-            .filter(|&t| t < buf.len())
-            .ok_or_else(|| format!("flatbuffer offset at {at} points past the metadata"))
-    }
-
-    #[derive(Clone, Copy)]
-    pub struct Table<'a> {
-        buf: &'a [u8],
-        pos: usize,
-        vtable: usize,
-        vtable_len: usize,
-    }
-
-    impl<'a> Table<'a> {
-        pub fn root(buf: &'a [u8]) -> Res<Self> {
-            Self::at(buf, follow(buf, 0)?)
-        }
-
-        fn at(buf: &'a [u8], pos: usize) -> Res<Self> {
-            let back = i64::from(i32::from_le_bytes(bytes(buf, pos)?));
-            let vtable = i64::try_from(pos)
-                .ok()
-                .and_then(|p| p.checked_sub(back))
-                .and_then(|v| usize::try_from(v).ok())
-                .ok_or_else(|| format!("flatbuffer table at {pos} has its vtable outside the metadata"))?;
-            let vtable_len = u16::from_le_bytes(bytes(buf, vtable)?) as usize;
-            if vtable_len < 4 || vtable.saturating_add(vtable_len) > buf.len() {
-                return Err(format!(
-                    "flatbuffer vtable at {vtable} ({vtable_len} bytes) is malformed or past the metadata"
-                ));
-            }
-            Ok(Table {
-                buf,
-                pos,
-                vtable,
-                vtable_len,
-            })
-        }
-
-        /// Where field `id` is stored, if present.
-        fn field(&self, id: usize) -> Res<Option<usize>> {
-            let slot = 4 + 2 * id;
-            if slot + 2 > self.vtable_len {
-                return Ok(None);
-            }
-            let off = u16::from_le_bytes(bytes(self.buf, self.vtable + slot)?) as usize;
-            Ok((off != 0).then(|| self.pos + off))
-        }
-
-        fn scalar<const N: usize>(&self, id: usize) -> Res<Option<[u8; N]>> {
-            self.field(id)?.map(|at| bytes(self.buf, at)).transpose()
-        }
-
-        pub fn i64(&self, id: usize, default: i64) -> Res<i64> {
-            Ok(self.scalar(id)?.map_or(default, i64::from_le_bytes))
-        }
-
-        pub fn i32(&self, id: usize, default: i32) -> Res<i32> {
-            Ok(self.scalar(id)?.map_or(default, i32::from_le_bytes))
-        }
-
-        pub fn i16(&self, id: usize, default: i16) -> Res<i16> {
-            Ok(self.scalar(id)?.map_or(default, i16::from_le_bytes))
-        }
-
-        pub fn u8(&self, id: usize, default: u8) -> Res<u8> {
-            Ok(self.scalar::<1>(id)?.map_or(default, |[b]| b))
-        }
-
-        pub fn table(&self, id: usize) -> Res<Option<Table<'a>>> {
-            match self.field(id)? {
-                Some(at) => Ok(Some(Table::at(self.buf, follow(self.buf, at)?)?)),
-                None => Ok(None),
-            }
-        }
-
-        /// A vector's first element and length.
-        fn vector(&self, id: usize) -> Res<Option<(usize, usize)>> {
-            let Some(at) = self.field(id)? else {
-                return Ok(None);
-            };
-            let target = follow(self.buf, at)?;
-            let len = u32::from_le_bytes(bytes(self.buf, target)?) as usize;
-            Ok(Some((target + 4, len)))
-        }
-
-        /// A vector of `size`-byte structs (or a string, size 1) as bytes.
-        pub fn bytes(&self, id: usize, size: usize) -> Res<&'a [u8]> {
-            let Some((start, len)) = self.vector(id)? else {
-                return Ok(&[]);
-            };
-            len.checked_mul(size)
-                .and_then(|n| start.checked_add(n))
-                .and_then(|end| self.buf.get(start..end))
-                .ok_or_else(|| format!("flatbuffer vector at {start} ({len} elements) runs past the metadata"))
-        }
-
-        pub fn string(&self, id: usize) -> Res<String> {
-            Ok(String::from_utf8_lossy(self.bytes(id, 1)?).into_owned())
-        }
-
-        pub fn tables(&self, id: usize) -> Res<Vec<Table<'a>>> {
-            let Some((start, len)) = self.vector(id)? else {
-                return Ok(Vec::new());
-            };
-            if len.saturating_mul(4) > self.buf.len() {
-                return Err(format!("flatbuffer vector at {start} claims {len} tables"));
-            }
-            (0..len)
-                .map(|i| Table::at(self.buf, follow(self.buf, start + 4 * i)?))
-                .collect()
-        }
-    }
-}
-
-use fb::Table;
 
 // Arrow's `Type` union (Schema.fbs), the types named or laid out here.
 const TYPE_NULL: u8 = 1;
@@ -697,16 +317,30 @@ const HEADER_DICTIONARY_BATCH: u8 = 2;
 const HEADER_RECORD_BATCH: u8 = 3;
 
 /// State of the scan in `open`: the listing so far.
-struct Scan<'a> {
+pub(super) struct Scan<'a> {
     options: &'a ArrowOptions,
-    entries: Entries,
-    offsets: Vec<u64>,
-    lens: Ints,
+    pub(super) entries: Entries,
+    pub(super) offsets: Vec<u64>,
+    pub(super) lens: Ints,
     /// Class names from the first file (None: not seen yet).
-    label_names: Option<Vec<String>>,
+    pub(super) label_names: Option<Vec<String>>,
     /// The objects fetched so far, one after another (None: none yet).
-    spool: Option<File>,
+    pub(super) spool: Option<File>,
     spool_len: u64,
+}
+
+impl<'a> Scan<'a> {
+    pub(super) fn new(options: &'a ArrowOptions) -> Self {
+        Scan {
+            options,
+            entries: Entries::new(),
+            offsets: Vec::new(),
+            lens: Ints::default(),
+            label_names: None,
+            spool: None,
+            spool_len: 0,
+        }
+    }
 }
 
 /// Reads one file's messages: a local file, or an object's bytes in the
@@ -829,7 +463,7 @@ impl FileReader<'_> {
 }
 
 impl Scan<'_> {
-    fn file(&mut self, input: &ArrowInput) -> Result<()> {
+    pub(super) fn file(&mut self, input: &ArrowInput) -> Result<()> {
         let path = input.input.path();
         let (file, base, file_len) = match input.input.object() {
             Some(object) => {
