@@ -51,6 +51,8 @@ def pack(
     force: bool = False,
     staging: Optional[PathLike] = None,
     progress: Optional[Progress] = None,
+    stall_timeout: Optional[Union[str, float]] = None,
+    retries: Optional[int] = None,
 ) -> PackSummary:
     """Packs ``inputs`` into the dataset ``out``, as ``brand pack`` does (the
     same options, the same bytes for the same inputs and seed).
@@ -79,6 +81,12 @@ def pack(
     milliseconds while samples are packed, and once at the end with
     ``done == total``.
 
+    ``stall_timeout`` (``"10s"``, ``"500ms"`` or seconds; default 10 s) and
+    ``retries`` (default 10) bound every request to a store, the inputs'
+    and the output's, as ``brand.Loader``'s keys of the same names and
+    ``brand pack --stall-timeout/--retries`` do (an upload waits at least
+    30 s for an answer).
+
     The GIL is released while packing. Ctrl-C (``KeyboardInterrupt``), or an
     exception raised by ``progress``, stops the pack: its unfinished output is
     removed before the exception propagates, and no dataset is left. A
@@ -104,6 +112,7 @@ def pack(
         paths, os.fspath(out), source=source, field=field, label=label, label_feature=label_feature,
         seed=seed, chunk_size=chunk_size, zstd=zstd, segment_mib=segment_mib, force=force,
         staging=None if staging is None else os.fspath(staging), progress=progress,
+        stall_timeout=stall_timeout, retries=retries,
     )
     return _summary(result, out)
 
@@ -132,7 +141,8 @@ class Writer:
     ``out``: the dataset directory to create, or a URL (packed in ``staging``,
     then uploaded). ``seed``, ``chunk_size``, ``zstd``, ``segment_mib`` and
     ``force`` are ``brand.pack``'s, checked here, before any sample is written
-    (so is whether ``out`` exists).
+    (so is whether ``out`` exists); so are ``stall_timeout`` and ``retries``,
+    for a pack to a URL.
     """
 
     def __init__(
@@ -146,12 +156,15 @@ class Writer:
         force: bool = False,
         spill_dir: Optional[PathLike] = None,
         staging: Optional[PathLike] = None,
+        stall_timeout: Optional[Union[str, float]] = None,
+        retries: Optional[int] = None,
     ) -> None:
         self._out = os.fspath(out)
         self._inner = _brand._Writer(
             self._out, seed=seed, chunk_size=chunk_size, zstd=zstd, segment_mib=segment_mib, force=force,
             spill_dir=None if spill_dir is None else os.fspath(spill_dir),
             staging=None if staging is None else os.fspath(staging),
+            stall_timeout=stall_timeout, retries=retries,
         )
 
     def write(self, data: Union[bytes, bytearray], label: int = -1, key: Optional[str] = None) -> None:

@@ -20,12 +20,14 @@ use brand_import::{Format, ImportOptions};
 use brand_pack::source::Source;
 use brand_pack::spill::SpillWriter;
 use brand_pack::{Destination, PackOptions};
-use brand_store::Location;
+use brand_reader::Config;
+use brand_store::{GetPolicy, Location};
 use crossbeam_channel::RecvTimeoutError;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 
 use crate::errors::{BrandError, guarded, to_py};
+use crate::keywords;
 
 /// How long the waiting thread sleeps before it checks for signals and
 /// reports progress.
@@ -54,11 +56,34 @@ fn summary(m: &Manifest) -> Summary {
     (m.samples, m.chunks, m.segments.len(), m.data_bytes, m.raw_bytes)
 }
 
+/// The store policy of a pack's `stall_timeout` and `retries` (None: not
+/// given), resolved as `brand.Loader`'s keys and `brand pack`'s flags are,
+/// through the one configuration path: what every request of the pack
+/// takes, the inputs' and the output's.
+fn store_policy(
+    py: Python<'_>,
+    stall_timeout: Option<Bound<'_, PyAny>>,
+    retries: Option<Bound<'_, PyAny>>,
+) -> PyResult<GetPolicy> {
+    let keys = pyo3::types::PyDict::new(py);
+    keys.set_item("stall_timeout", stall_timeout)?;
+    keys.set_item("retries", retries)?;
+    let table = keywords::table(Some(&keys)).map_err(to_py)?;
+    // No environment: a pack is one process, never a node of a world.
+    let config = guarded(|| Config::resolve("", table, &|_| None))?;
+    Ok(config.loader.io.store.get_policy())
+}
+
 /// Checks `out` as `brand pack` does (a URL before any input is read),
 /// without the GIL: a pack's first step.
-fn prepare(py: Python<'_>, out: &Path, force: bool, staging: Option<&Path>) -> PyResult<Destination> {
-    let policy = brand_store::GetPolicy::default();
-    Ok(py.detach(|| guarded(|| Destination::prepare(out, force, staging, &policy)))?)
+fn prepare(
+    py: Python<'_>,
+    out: &Path,
+    force: bool,
+    staging: Option<&Path>,
+    policy: &GetPolicy,
+) -> PyResult<Destination> {
+    Ok(py.detach(|| guarded(|| Destination::prepare(out, force, staging, policy)))?)
 }
 
 /// Opens the source and packs it into `dest` on a thread of its own (a
@@ -166,7 +191,7 @@ fn pack_options(
 /// The engine of ``brand.pack`` (see its docstring in brand/_pack.py):
 /// returns ``(samples, chunks, segments, data_bytes, raw_bytes)``.
 #[pyfunction]
-#[pyo3(signature = (inputs, out, *, source, field, label, label_feature, seed, chunk_size, zstd, segment_mib, force, staging, progress))]
+#[pyo3(signature = (inputs, out, *, source, field, label, label_feature, seed, chunk_size, zstd, segment_mib, force, staging, progress, stall_timeout, retries))]
 #[allow(clippy::too_many_arguments)]
 pub fn _pack(
     py: Python<'_>,
@@ -183,9 +208,12 @@ pub fn _pack(
     force: bool,
     staging: Option<PathBuf>,
     progress: Option<Bound<'_, PyAny>>,
+    stall_timeout: Option<Bound<'_, PyAny>>,
+    retries: Option<Bound<'_, PyAny>>,
 ) -> PyResult<Summary> {
     crate::log::forward();
     let format: Format = source.parse().map_err(to_py)?;
+    let policy = store_policy(py, stall_timeout, retries)?;
     let scratch_dir = brand_pack::scratch_dir(&out, staging.as_deref()).map_err(to_py)?;
     let opts = pack_options(
         seed,
@@ -202,13 +230,13 @@ pub fn _pack(
         Location::Dir(_) => Some(brand_import::listing::dir_for(&out).map_err(to_py)?),
         Location::Url(_) => None,
     };
-    let dest = prepare(py, &out, force, staging.as_deref())?;
+    let dest = prepare(py, &out, force, staging.as_deref(), &policy)?;
     let import = ImportOptions {
         label_feature,
         field,
         label,
         spool_dir: scratch_dir,
-        store: brand_store::GetPolicy::default(),
+        store: policy,
         listing: brand_import::listing::ListingOptions {
             dir: listing_dir.clone(),
             on_input: None,
@@ -241,6 +269,8 @@ pub struct _Writer {
     /// A pack to a URL: where segments wait to be sent.
     staging: Option<PathBuf>,
     opts: PackOptions,
+    /// The requests of a pack to a URL (`stall_timeout`, `retries`).
+    policy: GetPolicy,
     /// None once closed or aborted.
     spill: Option<SpillWriter>,
 }
@@ -248,9 +278,10 @@ pub struct _Writer {
 #[pymethods]
 impl _Writer {
     #[new]
-    #[pyo3(signature = (out, *, seed, chunk_size, zstd, segment_mib, force, spill_dir, staging))]
+    #[pyo3(signature = (out, *, seed, chunk_size, zstd, segment_mib, force, spill_dir, staging, stall_timeout, retries))]
     #[allow(clippy::too_many_arguments)]
     fn new(
+        py: Python<'_>,
         out: PathBuf,
         seed: u64,
         chunk_size: u32,
@@ -259,8 +290,11 @@ impl _Writer {
         force: bool,
         spill_dir: Option<PathBuf>,
         staging: Option<PathBuf>,
+        stall_timeout: Option<Bound<'_, PyAny>>,
+        retries: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         crate::log::forward();
+        let policy = store_policy(py, stall_timeout, retries)?;
         let scratch_dir = brand_pack::scratch_dir(&out, staging.as_deref()).map_err(to_py)?;
         let opts = pack_options(seed, chunk_size, zstd, segment_mib, force, Vec::new());
         // Options that cannot work fail now, not after every sample is written.
@@ -277,6 +311,7 @@ impl _Writer {
             out,
             staging,
             opts,
+            policy,
             spill: Some(spill),
         })
     }
@@ -309,7 +344,7 @@ impl _Writer {
     fn close(&mut self, py: Python<'_>, progress: Option<Bound<'_, PyAny>>) -> PyResult<Summary> {
         let spill = self.spill.take().ok_or_else(closed)?;
         let open = move || spill.finish().map(|s| Box::new(s) as Box<dyn Source>);
-        let dest = prepare(py, &self.out, self.opts.force, self.staging.as_deref())?;
+        let dest = prepare(py, &self.out, self.opts.force, self.staging.as_deref(), &self.policy)?;
         pack_interruptibly(py, open, dest, &self.opts, progress.as_ref())
     }
 

@@ -109,6 +109,40 @@ def test_a_users_stall_timeout_ends_an_open_that_gets_no_answer(s3, monkeypatch)
             brand.Loader(s3[1], stall_timeout="1s", **CFG)
 
 
+def test_a_users_stall_timeout_and_retries_end_a_pack_whose_inputs_never_answer(s3, monkeypatch, tmp_path):
+    """brand.pack takes stall_timeout and retries as brand.Loader does (issue
+    55): a pack whose inputs are in a store that takes connections and never
+    answers ends after the user's one retry (of a request bounded by the
+    1 s stall timeout), not the default's 10 of 10 s, says so, and leaves no
+    dataset."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)  # never accepted: the kernel completes the handshakes
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{silent.getsockname()[1]}")
+        # The prefix's LIST is what never answers: object_store's request
+        # timeout, which the stall timeout sets, ends it.
+        with pytest.raises(brand.IoError, match=r"s3://bkt/shards.*timed out.*after 1 retries"):
+            brand.pack(["s3://bkt/shards/"], tmp_path / "out", source="tar", stall_timeout="1s", retries=1)
+        assert not (tmp_path / "out").exists()
+
+
+def test_a_writer_to_a_bucket_takes_the_store_keywords(s3, tmp_path):
+    """brand.Writer's stall_timeout and retries are checked when it is made,
+    as a Loader's are, and bound its upload."""
+    for bad, match in [(dict(retries=-1), "retries"), (dict(stall_timeout="soon"), "stall_timeout")]:
+        with pytest.raises(brand.ConfigError, match=match):
+            brand.Writer("s3://bkt/sets/never", **bad)
+        with pytest.raises(brand.ConfigError, match=match):
+            brand.pack([tmp_path], tmp_path / "never", **bad)
+    url = "s3://bkt/sets/written"
+    with brand.Writer(url, stall_timeout="5s", retries=2, chunk_size=4) as w:
+        for i in range(20):
+            w.write(bytes([i]) * (i + 1), label=i % 3)
+    with brand.Loader(url, batch_size=4, memory="100%", seed=1) as loader:
+        ids = sorted(i for b in loader for i in b.ids.tolist())
+    assert ids == list(range(20))
+
+
 def test_torch_workers_forked_after_the_parent_opened_the_dataset_read_it(s3):
     torch = pytest.importorskip("torch")
     import brand.torch
