@@ -176,7 +176,9 @@ endef
 
 install:
 	@$(brand_pkg_names)
-	BRAND_SONAME=$$soname cargo build --release --locked -p brand-capi
+	# The same packages as `make build`: one feature resolution, so the dependencies built there
+	# are reused and only libbrand is linked again, with its soname.
+	BRAND_SONAME=$$soname cargo build --release --locked -p brand-cli -p brand-capi
 	so=$(TARGET)/release/libbrand.so
 	readelf -d "$$so" | grep "(SONAME) .*\[$$soname\]" >/dev/null \
 		|| { echo "$$so has no SONAME $$soname (capi/build.rs, BRAND_SONAME)" >&2; exit 1; }
@@ -224,7 +226,19 @@ install-test: tools
 	[[ -z "$$left" ]] || { echo "uninstall left: $$left" >&2; exit 1; }
 	echo "install-test: passed"
 
-test: tools lint rust-test fuzz-replay capi-test cpp-test install-test python-test py-test bench-test
+# make test's phases in order, each timed: a phase's time is printed as it ends, all of them
+# at the end (what a fresh machine took: docs/bench/build-results.md).
+TEST_PHASES := tools lint rust-test fuzz-replay capi-test cpp-test install-test python-test py-test bench-test
+test:
+	times=()
+	for phase in $(TEST_PHASES); do
+		start=$$(date +%s)
+		$(MAKE) --no-print-directory $$phase
+		times+=("$$phase $$(( $$(date +%s) - start )) s")
+		echo "== make $$phase: $$(( $$(date +%s) - start )) s"
+	done
+	echo "== make test phases:"
+	printf '   %s\n' "$${times[@]}"
 
 # The benchmark harness (bench/, see bench/README.md): brand (CLI, C ABI, Python package, tf.data
 # op) against fio, PyTorch's DataLoader, SPDL, tf.data and a per-file loader, larger than memory
