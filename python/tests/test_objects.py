@@ -78,10 +78,15 @@ def test_gets_in_flight_are_sized_by_default_fixed_when_given_and_checked(s3):
 def test_503_bursts_are_retried_and_reported_in_metrics(s3, caplog):
     """Retried, counted, and told as a warning through Python's logging
     (logger "brand"), as the CLI prints it (issue 55: the wheel's log)."""
-    server, url, _, _ = s3
-    # The next 4 GETs of segments answer 503 (no other reader of this
-    # module's is left running to take them: each is closed).
-    server.admin("faults", fail=4, status=503, key_filter="data-")
+    server, _, files, _ = s3
+    # A copy of its own: a closed reader's GETs still on the wire (the
+    # previous tests read ahead into their next epoch) reach the server
+    # after their reader is gone, and would take faults meant for this one.
+    url = "s3://bkt/sets/ds-503"
+    subprocess.run([brand_bin(), "pack", str(files), "-o", url, "--chunk-size", "16", "--seed", "2"],
+                   check=True, capture_output=True)
+    # The next 4 GETs of that copy's segments answer 503.
+    server.admin("faults", fail=4, status=503, key_filter="ds-503/data-")
     with caplog.at_level(logging.WARNING, logger="brand"):
         with brand.Loader(url, **dict(CFG, readahead="1MiB", read_gap="whole")) as loader:
             try:
