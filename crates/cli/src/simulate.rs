@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use brand_format::extents::ReadGap;
 use brand_io::config::ReadGapSetting;
 use brand_plan::simulate::{FetchModel, SimOptions, simulate_with};
+use brand_plan::tier::TierModel;
 
 use crate::configure::{Flag, resolve};
 
@@ -46,6 +47,12 @@ pub struct SimulateArgs {
     /// `get_size`).
     #[arg(long, value_name = "BYTES", default_value = "8MiB")]
     pub get_size: String,
+    /// Also count what a local tier of whole chunks this large (bytes, or a
+    /// percentage of the dataset's chunks) would fetch from a store: every
+    /// rank on one machine sharing it, the chunk read furthest ahead evicted
+    /// first, misses fetched whole in GETs of `--get-size`.
+    #[arg(long, value_name = "BYTES|PCT")]
+    pub disk_cache_limit: Option<String>,
     /// Drop the tail so ranks get ⌊N/world⌋ samples instead of padding.
     #[arg(long)]
     pub drop_last: bool,
@@ -77,10 +84,16 @@ pub fn run(args: &SimulateArgs) -> brand_format::Result<()> {
         .as_deref()
         .map(|gap| fetch_model(gap, &args.get_size))
         .transpose()?;
+    let tier = args
+        .disk_cache_limit
+        .as_deref()
+        .map(|limit| tier_model(&dataset.index, limit, &args.get_size))
+        .transpose()?;
     let options = SimOptions {
         epochs: args.epochs,
         batch: args.batch,
         fetch,
+        tier,
     };
     let report = simulate_with(&dataset.index, &config, &options)?;
     let text = if args.json {
@@ -96,6 +109,29 @@ pub fn run(args: &SimulateArgs) -> brand_format::Result<()> {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(brand_format::Error::io("<stdout>", e)),
         _ => Ok(()),
     }
+}
+
+/// `--disk-cache-limit` (bytes, or a percentage of every chunk's padded
+/// bytes) and `--get-size` as the simulator's tier.
+fn tier_model(index: &brand_format::index::Index, limit: &str, get_size: &str) -> brand_format::Result<TierModel> {
+    let whole: u64 = (0..index.chunk_count()).map(|c| index.chunk_padded_len(c)).sum();
+    let limit_bytes = match limit.trim().strip_suffix('%') {
+        Some(pct) => {
+            let pct: f64 = pct
+                .trim()
+                .parse()
+                .ok()
+                .filter(|p: &f64| p.is_finite() && (0.0..=100.0).contains(p))
+                .ok_or_else(|| {
+                    brand_format::Error::config(format!("disk cache limit {limit:?}: a percentage is 0% to 100%"))
+                })?;
+            (whole as f64 * pct / 100.0) as u64
+        }
+        None => brand_format::units::parse_bytes(limit)
+            .map_err(|why| brand_format::Error::config(format!("disk cache limit {limit:?}: {why}")))?,
+    };
+    let get_bytes = fetch_model("whole", get_size)?.get_bytes;
+    Ok(TierModel { limit_bytes, get_bytes })
 }
 
 /// `--read-gap` and `--get-size` as the simulator counts GETs with them.

@@ -381,3 +381,48 @@ fn a_dataset_a_killed_pack_moved_aside_is_restored() {
     assert_eq!(restored.manifest.pack_seed, 7);
     assert!(hidden_entries(t.path()).is_empty());
 }
+
+/// `simulate --disk-cache-limit`: a tier as large as the dataset fetches
+/// every chunk in the first epoch and nothing after; a limit of 0 fetches a
+/// whole chunk per read; a limit that is not a size or a percentage is an
+/// error naming it.
+#[test]
+fn simulate_counts_what_a_local_tier_would_fetch() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let src = t.path().join("src");
+    gen_samples(&src, 600, "2");
+    let ds = t.path().join("ds");
+    ok(&["pack", s(&src), "-o", s(&ds), "--chunk-size", "16"]);
+    let tier = |limit: &str| -> serde_json::Value {
+        let out = ok(&[
+            "simulate",
+            s(&ds),
+            "--memory",
+            "10%",
+            "--epochs",
+            "2",
+            "--disk-cache-limit",
+            limit,
+            "--json",
+        ]);
+        serde_json::from_slice(&out.stdout).expect("json")
+    };
+    let all = tier("100%");
+    let chunks = all["geometry"]["chunks"].as_u64().expect("chunks");
+    assert_eq!(all["epochs"][0]["tier"]["misses"], chunks);
+    assert_eq!(all["epochs"][1]["tier"]["misses"], 0);
+    let none = tier("0");
+    for e in none["epochs"].as_array().expect("epochs") {
+        assert_eq!(e["tier"]["misses"], e["reads"]);
+        assert_eq!(e["tier"]["hits"], 0);
+    }
+    let text =
+        String::from_utf8_lossy(&ok(&["simulate", s(&ds), "--memory", "10%", "--disk-cache-limit", "30%"]).stdout)
+            .into_owned();
+    assert!(text.contains("with a local tier of"), "{text}");
+    for bad in ["lots", "150%", "-5%"] {
+        let flag = format!("--disk-cache-limit={bad}");
+        let err = fails(&["simulate", s(&ds), "--memory", "10%", &flag]);
+        assert!(err.contains("disk cache limit"), "{bad}: {err}");
+    }
+}

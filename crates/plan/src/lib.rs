@@ -49,6 +49,7 @@ mod global;
 pub mod order;
 mod rank;
 pub mod simulate;
+pub mod tier;
 
 use std::sync::Arc;
 

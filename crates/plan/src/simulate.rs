@@ -7,6 +7,7 @@ use std::fmt;
 use serde::Serialize;
 
 use crate::order::OrderMeter;
+use crate::tier::{ChunkRead, TierEpoch, TierModel, simulate_tier};
 use crate::{Event, Geometry, PlanConfig, Planner, Policy, Residency, Start};
 use brand_format::error::{Error, Result};
 use brand_format::extents::{ReadGap, extents, get_parts, group_touching};
@@ -22,6 +23,9 @@ pub struct SimOptions {
     /// Count the requests and bytes of reading from an object store this
     /// way (`None`: not counted).
     pub fetch: Option<FetchModel>,
+    /// Count what a local tier of whole chunks of this size would fetch
+    /// ([`crate::tier`]; every rank on one machine, sharing it).
+    pub tier: Option<TierModel>,
 }
 
 impl Default for SimOptions {
@@ -30,6 +34,7 @@ impl Default for SimOptions {
             epochs: 1,
             batch: 256,
             fetch: None,
+            tier: None,
         }
     }
 }
@@ -87,6 +92,8 @@ pub struct SimReport {
     pub read_gap: Option<String>,
     /// GETs are at most this many bytes (with `read_gap`).
     pub get_bytes: Option<u64>,
+    /// The tier's size in bytes (absent: no tier counted).
+    pub tier_limit_bytes: Option<u64>,
     pub mean_sample_bytes: f64,
     pub geometry: Geometry,
     pub epochs: Vec<EpochReport>,
@@ -130,6 +137,9 @@ pub struct EpochReport {
     pub gets_per_read: Option<f64>,
     /// `bytes_fetched / useful_bytes`.
     pub fetched_per_served: Option<f64>,
+    /// With a tier: what its reads cost (hits on the local disk, whole
+    /// chunks fetched from the store).
+    pub tier: Option<TierEpoch>,
     /// Every sample served exactly once over all ranks (padding aside); with
     /// `drop_last`, all distinct and `world × ⌊N/world⌋` of them.
     pub exactly_once: bool,
@@ -199,6 +209,9 @@ pub fn simulate_with(index: &Index, config: &PlanConfig, options: &SimOptions) -
     let mut held = held_bitmaps(world, n)?;
     let mut residency = vec![Residency::default(); world];
     let mut epochs = Vec::new();
+    // Every epoch's chunk reads in the order the ranks make them together
+    // (by the position each read is for), for the tier.
+    let mut chunk_reads: Vec<ChunkRead> = Vec::new();
     for epoch in 0..options.epochs {
         let global = planner.global_epoch(epoch);
         let start = if epoch == 0 {
@@ -222,6 +235,7 @@ pub fn simulate_with(index: &Index, config: &PlanConfig, options: &SimOptions) -
             bytes_fetched: None,
             gets_per_read: None,
             fetched_per_served: None,
+            tier: None,
             exactly_once: true,
             reads_cover_serves: true,
             peak_resident: 0,
@@ -231,7 +245,12 @@ pub fn simulate_with(index: &Index, config: &PlanConfig, options: &SimOptions) -
         };
         let mut times_served = vec![0u8; n];
         let mut cost = ReadCost::default();
+        // (position of the serve the read is for, rank, read number, chunk).
+        let mut epoch_reads: Vec<(u64, usize, usize, u64)> = Vec::new();
         for rank in 0..world {
+            // A rank serves positions rank, rank + world, …: a read comes
+            // before the serve of the next one.
+            let mut next_position = rank as u64;
             let plan = global.rank_plan(rank as u32, start)?;
             let held = &mut held[rank];
             let residency = &mut residency[rank];
@@ -242,6 +261,9 @@ pub fn simulate_with(index: &Index, config: &PlanConfig, options: &SimOptions) -
                 match event {
                     Event::Read { chunk, mask } => {
                         r.reads += 1;
+                        if options.tier.is_some() {
+                            epoch_reads.push((next_position, rank, epoch_reads.len(), chunk));
+                        }
                         // The first record of each run of set bits.
                         r.run_requests += (mask & !(mask << 1)).count_ones() as u64;
                         r.bytes_whole += index.chunk_padded_len(chunk);
@@ -268,6 +290,7 @@ pub fn simulate_with(index: &Index, config: &PlanConfig, options: &SimOptions) -
                     } => {
                         let id = sample as usize;
                         r.requests += 1;
+                        next_position = p + world as u64;
                         r.useful_bytes += index.stored_len(id as u64) as u64;
                         if !held.contains(sample) {
                             r.reads_cover_serves = false;
@@ -308,11 +331,21 @@ pub fn simulate_with(index: &Index, config: &PlanConfig, options: &SimOptions) -
             r.gets_per_read = (r.reads > 0).then(|| cost.gets as f64 / r.reads as f64);
             r.fetched_per_served = ratio(cost.bytes);
         }
+        epoch_reads.sort_unstable();
+        chunk_reads.extend(epoch_reads.iter().map(|&(_, _, _, chunk)| ChunkRead { epoch, chunk }));
         let q = order.end_epoch();
         r.chunk_mate_dispersion = q.chunk_mate_dispersion;
         r.spearman_vs_previous = q.spearman_vs_previous;
         r.label_diversity = q.label_diversity;
         epochs.push(r);
+    }
+    if let Some(model) = options.tier {
+        for (r, t) in epochs
+            .iter_mut()
+            .zip(simulate_tier(index, &chunk_reads, options.epochs, model))
+        {
+            r.tier = Some(t);
+        }
     }
     Ok(SimReport {
         policy: config.policy,
@@ -327,6 +360,7 @@ pub fn simulate_with(index: &Index, config: &PlanConfig, options: &SimOptions) -
             ReadGap::Bytes(b) => b.to_string(),
         }),
         get_bytes: options.fetch.map(|m| m.get_bytes),
+        tier_limit_bytes: options.tier.map(|t| t.limit_bytes),
         mean_sample_bytes: index.stored_lens().map(|l| l as f64).sum::<f64>() / n as f64,
         geometry: geo,
         epochs,
@@ -473,6 +507,38 @@ impl fmt::Display for SimReport {
             f.write_str(
                 "extents: reads the engine submits; GETs: the objects backend's requests for them \
                  (touching extents of a read merged, long ones split); fetch/s: fetched / served\n",
+            )?;
+        }
+        if let Some(limit) = self.tier_limit_bytes {
+            writeln!(
+                f,
+                "\nwith a local tier of {} (whole chunks, the chunk read furthest ahead evicted first):",
+                human(limit)
+            )?;
+            writeln!(
+                f,
+                "{:>5} {:>9} {:>9} {:>9} {:>11} {:>9} {:>9} {:>11}",
+                "epoch", "reads", "tier hits", "misses", "fetched", "GETs", "evicted", "tier holds"
+            )?;
+            for e in &self.epochs {
+                if let Some(t) = e.tier {
+                    writeln!(
+                        f,
+                        "{:>5} {:>9} {:>9} {:>9} {:>11} {:>9} {:>9} {:>11}",
+                        e.epoch,
+                        e.reads,
+                        t.hits,
+                        t.misses,
+                        human(t.bytes_fetched),
+                        t.gets,
+                        t.evictions,
+                        human(t.held_bytes),
+                    )?;
+                }
+            }
+            f.write_str(
+                "tier hits: reads from the local disk; misses: whole chunks fetched from the store \
+                 (GETs of at most the get size)\n",
             )?;
         }
         f.write_str(

@@ -602,6 +602,7 @@ fn simulate_several_ranks_pads_or_drops() {
                 epochs: 2,
                 batch: 32,
                 fetch: None,
+                tier: None,
             },
         )
         .expect("simulate");
@@ -627,6 +628,7 @@ fn simulate_refuses_absurd_worlds_instead_of_aborting() {
         epochs: 1,
         batch: 16,
         fetch: None,
+        tier: None,
     };
     for world in [301, 100_000, u32::MAX] {
         let mut cfg = PlanConfig::new(Memory::Percent(10.0));
@@ -709,4 +711,54 @@ fn simulate_shows_what_runs_save_and_cost() {
     assert!(dispersion(&chunk) < 0.2, "run length 64: {}", dispersion(&chunk));
     // A different run length is a different, still seeded, order.
     assert_ne!(one.epochs[1].spearman_vs_previous, two.epochs[1].spearman_vs_previous);
+}
+
+/// The tier in the simulator (issue 56): as large as the dataset, it fetches
+/// each chunk once over three epochs, whatever the world; of nothing, it
+/// fetches every read; between, a larger tier never fetches more, and every
+/// read is a hit or a miss.
+#[test]
+fn simulated_tier_fetches_each_chunk_once_when_it_holds_the_dataset() {
+    use brand_plan::tier::TierModel;
+    let index = synthetic_index(2_000, 16, 1, 8);
+    let whole: u64 = (0..index.chunk_count()).map(|c| index.chunk_padded_len(c)).sum();
+    for world in [1, 3] {
+        let mut cfg = PlanConfig::new(Memory::Percent(10.0));
+        cfg.world = world;
+        cfg.seed = 5;
+        let run = |limit_bytes: u64| {
+            let opts = SimOptions {
+                epochs: 3,
+                batch: 32,
+                fetch: None,
+                tier: Some(TierModel {
+                    limit_bytes,
+                    get_bytes: 8 << 20,
+                }),
+            };
+            simulate_with(&index, &cfg, &opts).expect("simulate")
+        };
+        let all = run(whole);
+        let misses: Vec<u64> = all.epochs.iter().map(|e| e.tier.expect("tier").misses).collect();
+        assert_eq!(misses, [index.chunk_count(), 0, 0], "world {world}");
+        let none = run(0);
+        let mut last = u64::MAX;
+        for pct in [0u64, 10, 30, 50, 100] {
+            let r = if pct == 0 { none.clone() } else { run(whole * pct / 100) };
+            let total: u64 = r.epochs.iter().map(|e| e.tier.expect("tier").misses).sum();
+            for e in &r.epochs {
+                let t = e.tier.expect("tier");
+                assert_eq!(t.hits + t.misses, e.reads, "world {world} tier {pct}%");
+                assert!(t.held_bytes <= whole * pct / 100);
+                if pct == 0 {
+                    assert_eq!((t.hits, t.misses), (0, e.reads));
+                }
+            }
+            assert!(
+                total <= last,
+                "world {world}: tier {pct}% fetched {total} chunks, more than a smaller one"
+            );
+            last = total;
+        }
+    }
 }
