@@ -234,8 +234,9 @@ test:
 	for phase in $(TEST_PHASES); do
 		start=$$(date +%s)
 		$(MAKE) --no-print-directory $$phase
-		times+=("$$phase $$(( $$(date +%s) - start )) s")
-		echo "== make $$phase: $$(( $$(date +%s) - start )) s"
+		took=$$(( $$(date +%s) - start ))
+		times+=("$$phase $$took s")
+		echo "== make $$phase: $$took s"
 	done
 	echo "== make test phases:"
 	printf '   %s\n' "$${times[@]}"

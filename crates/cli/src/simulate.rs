@@ -130,8 +130,10 @@ fn tier_model(index: &brand_format::index::Index, limit: &str, get_size: &str) -
         None => brand_format::units::parse_bytes(limit)
             .map_err(|why| brand_format::Error::config(format!("disk cache limit {limit:?}: {why}")))?,
     };
-    let get_bytes = fetch_model("whole", get_size)?.get_bytes;
-    Ok(TierModel { limit_bytes, get_bytes })
+    Ok(TierModel {
+        limit_bytes,
+        get_bytes: get_bytes(get_size)?,
+    })
 }
 
 /// `--read-gap` and `--get-size` as the simulator counts GETs with them.
@@ -145,6 +147,14 @@ fn fetch_model(gap: &str, get_size: &str) -> brand_format::Result<FetchModel> {
             ));
         }
     };
+    Ok(FetchModel {
+        gap,
+        get_bytes: get_bytes(get_size)?,
+    })
+}
+
+/// `--get-size`: bytes, at least one.
+fn get_bytes(get_size: &str) -> brand_format::Result<u64> {
     let get_bytes = brand_format::units::parse_bytes(get_size)
         .map_err(|why| brand_format::Error::config(format!("get size {get_size:?}: {why}")))?;
     if get_bytes == 0 {
@@ -152,5 +162,5 @@ fn fetch_model(gap: &str, get_size: &str) -> brand_format::Result<FetchModel> {
             "get size 0: a GET fetches at least one byte",
         ));
     }
-    Ok(FetchModel { gap, get_bytes })
+    Ok(get_bytes)
 }
