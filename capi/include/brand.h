@@ -363,6 +363,24 @@ typedef struct brand_metrics {
    * reported: a node of a multi-node job).
    */
   uint64_t run_length;
+  /**
+   * (Appended after `run_length` without an ABI bump, like
+   * `threads_backend`.) A dataset at a URL read with a local tier (0 otherwise): reads
+   * served from the tier and their bytes, chunks fetched whole into
+   * it and their bytes, reads it had no room for, reads that waited
+   * for another process's fetch, failed tier reads; the dataset's
+   * chunks kept, the bytes the tier holds and its limit now.
+   */
+  uint64_t tier_hits;
+  uint64_t tier_hit_bytes;
+  uint64_t tier_chunks_fetched;
+  uint64_t tier_bytes_fetched;
+  uint64_t tier_refused;
+  uint64_t tier_waited;
+  uint64_t tier_failed_reads;
+  uint64_t tier_kept_chunks;
+  uint64_t tier_held_bytes;
+  uint64_t tier_limit_bytes;
 } brand_metrics;
 
 #ifdef __cplusplus

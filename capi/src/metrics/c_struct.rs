@@ -118,10 +118,26 @@ pub struct brand_metrics {
     /// The plan's run length (`run_length`, records per run; 0 where not
     /// reported: a node of a multi-node job).
     pub run_length: u64,
+    /// (Appended after `run_length` without an ABI bump, like
+    /// `threads_backend`.) A dataset at a URL read with a local tier (0 otherwise): reads
+    /// served from the tier and their bytes, chunks fetched whole into
+    /// it and their bytes, reads it had no room for, reads that waited
+    /// for another process's fetch, failed tier reads; the dataset's
+    /// chunks kept, the bytes the tier holds and its limit now.
+    pub tier_hits: u64,
+    pub tier_hit_bytes: u64,
+    pub tier_chunks_fetched: u64,
+    pub tier_bytes_fetched: u64,
+    pub tier_refused: u64,
+    pub tier_waited: u64,
+    pub tier_failed_reads: u64,
+    pub tier_kept_chunks: u64,
+    pub tier_held_bytes: u64,
+    pub tier_limit_bytes: u64,
 }
 
 // No padding: brand_get_metrics copies the struct out as bytes.
-const _: () = assert!(size_of::<brand_metrics>() == 368);
+const _: () = assert!(size_of::<brand_metrics>() == 448);
 
 impl From<&Metrics> for brand_metrics {
     fn from(m: &Metrics) -> Self {
@@ -175,6 +191,16 @@ impl From<&Metrics> for brand_metrics {
             reads_deferred: m.reads_deferred,
             memory_slots: m.memory_slots,
             run_length: u64::from(m.run_length),
+            tier_hits: m.tier_hits,
+            tier_hit_bytes: m.tier_hit_bytes,
+            tier_chunks_fetched: m.tier_chunks_fetched,
+            tier_bytes_fetched: m.tier_bytes_fetched,
+            tier_refused: m.tier_refused,
+            tier_waited: m.tier_waited,
+            tier_failed_reads: m.tier_failed_reads,
+            tier_kept_chunks: m.tier_kept_chunks,
+            tier_held_bytes: m.tier_held_bytes,
+            tier_limit_bytes: m.tier_limit_bytes,
         }
     }
 }

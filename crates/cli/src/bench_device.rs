@@ -146,6 +146,7 @@ pub fn device(a: &DeviceArgs) -> Result<()> {
                     get_bytes: bs,
                     ..Default::default()
                 },
+                tier: None,
                 rings,
                 sqpoll,
             };

@@ -54,7 +54,7 @@ enum Command {
     /// Write one sample's original bytes to stdout.
     Cat(CatArgs),
     /// Stream epochs through the io engine and report throughput, amplification, stalls and memory.
-    Read(read::ReadArgs),
+    Read(Box<read::ReadArgs>),
     /// Baselines for benchmarks (bench/compare.py runs them side by side with brand).
     #[command(subcommand)]
     Bench(bench::BenchCommand),

@@ -71,6 +71,14 @@ pub struct ReadArgs {
     /// A dataset at a URL: neighbouring reads merge into GETs of at most this ("8MiB").
     #[arg(long)]
     get_size: Option<String>,
+    /// A dataset at a URL: keep its chunks in this directory on a local
+    /// disk (a tier the machine's processes share: each chunk fetched once).
+    #[arg(long, value_name = "DIR")]
+    disk_cache: Option<String>,
+    /// The most the --disk-cache directory holds: bytes ("500GiB") or a
+    /// share of the dataset ("50%"). Default: its disk, leaving 10 % free.
+    #[arg(long, value_name = "BYTES|PCT")]
+    disk_cache_limit: Option<String>,
     /// Milliseconds the consumer spends on each batch before asking for the
     /// next (a training step's compute), to see which reads the loader hides
     /// behind it. 0: the consumer takes batches as fast as they come.
@@ -146,6 +154,8 @@ fn config(a: &ReadArgs) -> brand_format::Result<LoaderConfig> {
             ("cache", Flag::Text(&a.cache)),
             ("gets_in_flight", Flag::Text(&a.gets_in_flight)),
             ("get_size", Flag::Text(&a.get_size)),
+            ("disk_cache", Flag::Text(&a.disk_cache)),
+            ("disk_cache_limit", Flag::Text(&a.disk_cache_limit)),
         ]
         .into_iter()
         .chain(a.store.keys())

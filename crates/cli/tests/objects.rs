@@ -1428,3 +1428,263 @@ fn a_users_stall_timeout_and_retries_end_a_stalled_open_cat_verify_and_pack_inpu
     assert!(!out.exists(), "a failed pack left {}", out.display());
     f.server.faults().clear();
 }
+
+/// `brand read URL --disk-cache DIR …`'s epochs.
+fn read_tiered(f: &Fixture, tier: &std::path::Path, extra: &[&str]) -> Vec<serde_json::Value> {
+    let mut args = vec!["--disk-cache", s(tier), "--read-gap", "whole", "--memory", "10%"];
+    args.extend_from_slice(extra);
+    f.read(&args)
+}
+
+fn sum_of(epochs: &[serde_json::Value], key: &str) -> u64 {
+    epochs.iter().map(|e| metric(e, key)).sum()
+}
+
+/// A tier larger than the dataset: the first epoch fetches each chunk
+/// once, whole; later epochs, and a later process, fetch nothing; the
+/// order served is the one without a tier (issue 56).
+#[test]
+fn a_local_tier_fetches_each_chunk_once_and_later_epochs_and_runs_read_it() {
+    let f = Fixture::new();
+    let tier = f.root.join("tier");
+    f.server.reset_stats();
+    let epochs = read_tiered(&f, &tier, &["--epochs", "3"]);
+    assert_exactly_once(&epochs, 3);
+    let stats = f.server.stats();
+    // The whole dataset fetched once: every GET was epoch 1's.
+    let dataset = f.segment_bytes();
+    assert_eq!(metric(&epochs[0], "tier_bytes_fetched"), dataset, "{}", epochs[0]);
+    assert!(
+        stats.get_bytes >= dataset && stats.get_bytes <= dataset + dataset / 10,
+        "{stats:?}"
+    );
+    // (Beside the open's two: the manifest and the index.)
+    assert_eq!(
+        stats.get_requests,
+        metric(&epochs[0], "store_requests") + 2,
+        "{stats:?}"
+    );
+    for e in &epochs[1..] {
+        assert_eq!(metric(e, "store_requests"), 0, "{e}");
+    }
+    assert!(sum_of(&epochs, "tier_hits") > 0, "{}", epochs[2]);
+    // The same order as without a tier.
+    let plain = f.read(&["--epochs", "3", "--read-gap", "whole", "--memory", "10%"]);
+    for (a, b) in epochs.iter().zip(&plain) {
+        assert_eq!(a["order"], b["order"]);
+    }
+    // A later process starts warm: no GET but the open's manifest.
+    f.server.reset_stats();
+    let again = read_tiered(&f, &tier, &[]);
+    assert_exactly_once(&again, 1);
+    assert_eq!(metric(&again[0], "store_requests"), 0, "{}", again[0]);
+    assert!(f.server.stats().get_requests <= 1, "{:?}", f.server.stats());
+}
+
+/// A tier of 30 % keeps that share of the chunks, never more, and the
+/// store serves the rest, in the order without a tier. (Metrics count a
+/// read in the epoch that issued it, and read-ahead crosses epochs: the
+/// figures are compared over whole runs.)
+#[test]
+fn a_tier_smaller_than_the_dataset_keeps_its_share_and_the_store_serves_the_rest() {
+    let f = Fixture::new();
+    let tier = f.root.join("tier");
+    let plain = f.read(&["--epochs", "3", "--read-gap", "whole", "--memory", "10%"]);
+    let epochs = read_tiered(&f, &tier, &["--epochs", "3", "--disk-cache-limit", "30%"]);
+    assert_exactly_once(&epochs, 3);
+    let dataset = f.segment_bytes();
+    let last = &epochs[2];
+    let held = metric(last, "tier_held_bytes");
+    assert!(held <= dataset * 3 / 10 && held > 0, "{held} of {dataset}");
+    assert_eq!(metric(last, "tier_limit_bytes"), (dataset as f64 * 0.3) as u64);
+    assert_eq!(sum_of(&epochs, "tier_bytes_fetched"), held, "{last}");
+    assert!(sum_of(&epochs, "tier_refused") > 0, "{last}");
+    let (hits, reads) = (sum_of(&epochs, "tier_hits"), sum_of(&epochs, "reads_issued"));
+    assert!(hits > 0 && hits < reads, "{hits} of {reads}");
+    let (tiered, without) = (
+        sum_of(&epochs, "store_bytes_fetched"),
+        sum_of(&plain, "store_bytes_fetched"),
+    );
+    assert!(tiered < without, "{tiered} against {without} without a tier");
+    for (a, b) in epochs.iter().zip(&plain) {
+        assert_eq!(a["order"], b["order"]);
+    }
+    // The directory's ledger is what it holds.
+    let usage = std::fs::read(tier.join("usage")).expect("usage");
+    assert_eq!(u64::from_le_bytes(usage[..8].try_into().expect("8 bytes")), held);
+}
+
+/// The one version directory of the fixture's dataset in `tier`.
+fn version_dirs(tier: &std::path::Path) -> Vec<PathBuf> {
+    std::fs::read_dir(tier)
+        .expect("tier")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect()
+}
+
+/// A process killed while it fetched a chunk leaves an entry marked
+/// fetching, unlocked, and the chunk's bytes torn: the next run clears it
+/// from the ledger, fetches the chunk again and serves no torn byte.
+#[test]
+fn a_chunk_a_killed_process_was_writing_is_fetched_again_never_served_torn() {
+    let f = Fixture::new();
+    let tier = f.root.join("tier");
+    let first = read_tiered(&f, &tier, &[]);
+    assert_exactly_once(&first, 1);
+    let dataset = f.segment_bytes();
+    let [dir] = &version_dirs(&tier)[..] else {
+        panic!("one version")
+    };
+    // Chunk 0 (offset 0 of the first segment) as a killed writer leaves it.
+    let table = dir.join("chunks");
+    let mut entries = std::fs::read(&table).expect("chunks");
+    let len = u64::from_le_bytes(entries[..8].try_into().expect("entry"));
+    assert!(len > 0 && len < 1 << 63, "{len}");
+    entries[..8].copy_from_slice(&(len | 1 << 63).to_le_bytes());
+    std::fs::write(&table, &entries).expect("mark fetching");
+    let segment = dir.join("data-00000.brd");
+    let mut bytes = std::fs::read(&segment).expect("segment");
+    bytes[..len as usize].fill(0);
+    std::fs::write(&segment, &bytes).expect("tear");
+    f.server.reset_stats();
+    let again = read_tiered(&f, &tier, &[]);
+    assert_exactly_once(&again, 1);
+    assert_eq!(metric(&again[0], "tier_chunks_fetched"), 1, "{}", again[0]);
+    assert_eq!(metric(&again[0], "tier_bytes_fetched"), len, "{}", again[0]);
+    assert_eq!(metric(&again[0], "tier_held_bytes"), dataset, "{}", again[0]);
+    assert_eq!(metric(&again[0], "tier_failed_reads"), 0, "{}", again[0]);
+}
+
+/// A tier chunk damaged on the disk fails its crc32c: the read goes to the
+/// store (one warning), the chunk is forgotten and fetched again.
+#[test]
+fn a_chunk_damaged_on_the_tiers_disk_is_read_from_the_store_and_fetched_again() {
+    let f = Fixture::new();
+    let tier = f.root.join("tier");
+    assert_exactly_once(&read_tiered(&f, &tier, &[]), 1);
+    let [dir] = &version_dirs(&tier)[..] else {
+        panic!("one version")
+    };
+    let segment = dir.join("data-00000.brd");
+    let mut bytes = std::fs::read(&segment).expect("segment");
+    // Every payload byte of the first 64 KiB past the first chunk's header.
+    for b in &mut bytes[4096..64 << 10] {
+        *b ^= 0x5a;
+    }
+    std::fs::write(&segment, &bytes).expect("damage");
+    let mut args = vec!["read", f.url.as_str(), "--json", "--disk-cache", s(&tier)];
+    args.extend(["--read-gap", "whole", "--memory", "10%", "--epochs", "2"]);
+    let out = f.run(&args);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    let epochs: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("json");
+    assert_exactly_once(&epochs, 2);
+    assert!(sum_of(&epochs, "tier_failed_reads") > 0, "{}", epochs[0]);
+    assert_eq!(err.matches("a read from the local tier failed").count(), 1, "{err}");
+    // Forgotten: the next run fetches it again, and reads it whole.
+    let again = read_tiered(&f, &tier, &[]);
+    assert_exactly_once(&again, 1);
+    assert_eq!(metric(&again[0], "tier_chunks_fetched"), 1, "{}", again[0]);
+    assert_eq!(metric(&again[0], "tier_failed_reads"), 0, "{}", again[0]);
+}
+
+/// An object replaced in the store between runs is a new version: its
+/// chunks are fetched again, never the old bytes served, and the old
+/// version, read by nobody, is removed.
+#[test]
+fn a_dataset_replaced_in_the_store_is_fetched_again_and_its_old_version_removed() {
+    let f = Fixture::new();
+    let tier = f.root.join("tier");
+    assert_exactly_once(&read_tiered(&f, &tier, &[]), 1);
+    let before = version_dirs(&tier);
+    assert_eq!(before.len(), 1);
+    let files = f.root.join("files");
+    let args = ["pack", s(&files), "-o", &f.url, "--chunk-size", "8", "--seed", "5"];
+    let out = f.run(&[&args[..], &["--staging", s(&f.root), "--force"]].concat());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let local5 = f.root.join("ds5");
+    common::ok(&["pack", s(&files), "-o", s(&local5), "--chunk-size", "8", "--seed", "5"]);
+    f.server.reset_stats();
+    let epochs = read_tiered(&f, &tier, &[]);
+    assert_exactly_once(&epochs, 1);
+    assert!(metric(&epochs[0], "tier_chunks_fetched") > 0, "{}", epochs[0]);
+    assert!(
+        f.server.stats().get_bytes >= f.segment_bytes(),
+        "{:?}",
+        f.server.stats()
+    );
+    let after = version_dirs(&tier);
+    assert_eq!(after.len(), 1, "{after:?}");
+    assert_ne!(after, before);
+    // Its chunks are the new dataset's, byte for byte.
+    let kept = std::fs::read(after[0].join("data-00000.brd")).expect("kept");
+    let new = std::fs::read(local5.join("data-00000.brd")).expect("new");
+    assert!(kept == new, "the tier's copy differs from the dataset now in the store");
+}
+
+/// A tier directory that cannot be made (a file is in the way) is one
+/// warning: the store serves every sample.
+#[test]
+fn a_tier_that_cannot_be_made_is_a_warning_and_the_store_serves_everything() {
+    let f = Fixture::new();
+    let blocker = f.root.join("a-file");
+    std::fs::write(&blocker, b"not a directory").expect("file");
+    let tier = blocker.join("tier");
+    let mut args = vec!["read", f.url.as_str(), "--json", "--disk-cache", s(&tier)];
+    args.extend(["--read-gap", "whole", "--memory", "10%", "--epochs", "2"]);
+    let out = f.run(&args);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    let epochs: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("json");
+    assert_exactly_once(&epochs, 2);
+    assert!(err.contains("the local tier cannot be used"), "{err}");
+    assert_eq!(sum_of(&epochs, "tier_hits"), 0);
+    assert!(sum_of(&epochs, "store_requests") > 0, "{}", epochs[1]);
+}
+
+/// Three processes started together on one new tier fetch each chunk once
+/// between them; each serves every sample once.
+#[test]
+fn three_processes_on_one_tier_fetch_each_chunk_once_between_them() {
+    let f = Fixture::new();
+    let tier = f.root.join("tier");
+    // The read-gap probe is the store's, not the tier's: fixed here.
+    let _ = f.read(&["--read-gap", "whole"]);
+    f.server.reset_stats();
+    let children: Vec<std::process::Child> = (0..3)
+        .map(|seed| {
+            let seed = seed.to_string();
+            let args = [
+                "read",
+                &f.url,
+                "--json",
+                "--disk-cache",
+                s(&tier),
+                "--read-gap",
+                "whole",
+            ];
+            f.command(&[&args[..], &["--seed", &seed, "--stall-timeout", "60s"]].concat())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn brand read")
+        })
+        .collect();
+    let mut fetched = 0;
+    for c in children {
+        let out = c.wait_with_output().expect("read");
+        assert!(out.status.success(), "{}", stderr(&out));
+        let epochs: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("json");
+        assert_exactly_once(&epochs, 1);
+        fetched += metric(&epochs[0], "tier_bytes_fetched");
+    }
+    let dataset = f.segment_bytes();
+    assert_eq!(fetched, dataset, "chunks fetched into the tier, all processes");
+    let stats = f.server.stats();
+    assert!(
+        stats.get_bytes <= dataset + dataset / 10,
+        "{stats:?} for {dataset} bytes"
+    );
+}

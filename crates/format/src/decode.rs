@@ -116,6 +116,24 @@ impl Dataset {
         Ok(sample)
     }
 
+    /// Checks every record of chunk `c` in `bytes` (the chunk's bytes from
+    /// its start): each ends inside them and matches its crc32c. What a
+    /// local tier checks before it keeps a chunk fetched whole.
+    pub fn check_chunk(&self, c: u64, bytes: &[u8]) -> Result<()> {
+        for id in self.index.chunk_ids(c) {
+            let at = self.index.rel_offset(id) as usize;
+            let end = at + self.index.stored_len(id) as usize;
+            let Some(stored) = bytes.get(at..end) else {
+                return Err(self.corrupt(
+                    id,
+                    format!("record ends at {end}, past the chunk's {} bytes", bytes.len()),
+                ));
+            };
+            self.check_crc(id, crc32c::crc32c(stored))?;
+        }
+        Ok(())
+    }
+
     fn check_crc(&self, id: u64, computed: u32) -> Result<()> {
         let stored = self.index.crc(id);
         if computed != stored {

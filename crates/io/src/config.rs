@@ -134,6 +134,12 @@ pub struct IoConfig {
     pub io_timeout: Duration,
     /// How a dataset in object storage is read.
     pub store: StoreSettings,
+    /// A local tier for a dataset at a URL: the directory its chunks are
+    /// kept in on this machine (key `disk_cache`; none by default).
+    pub disk_cache: Option<std::path::PathBuf>,
+    /// How much the tier may hold (key `disk_cache_limit`; default: what
+    /// its disk has, leaving 10 % of it free).
+    pub disk_cache_limit: Option<brand_store::tier::TierLimit>,
 }
 
 /// How the object-storage backend reads (a dataset at a URL only).
@@ -190,6 +196,8 @@ impl Default for IoConfig {
             decode_threads: default_decode_threads(),
             io_timeout: Duration::from_secs(60),
             store: StoreSettings::default(),
+            disk_cache: None,
+            disk_cache_limit: None,
         }
     }
 }
@@ -221,6 +229,10 @@ impl IoConfig {
             decode_threads: self.decode_threads,
             io_timeout: self.io_timeout,
             store: self.store,
+            tier: self.disk_cache.clone().map(|dir| brand_store::tier::TierSettings {
+                dir,
+                limit: self.disk_cache_limit.unwrap_or(brand_store::tier::TierLimit::Disk),
+            }),
             rings: RINGS,
             sqpoll: false,
         }
@@ -254,6 +266,8 @@ pub struct EngineConfig {
     pub io_timeout: Duration,
     /// The object-storage backend's settings.
     pub store: StoreSettings,
+    /// A local tier under the object-storage backend (a dataset at a URL only).
+    pub tier: Option<brand_store::tier::TierSettings>,
     /// Most io_uring rings (each a loop on its own thread), at most one per core
     /// and per read in flight. Default [`RINGS`].
     pub rings: usize,

@@ -60,31 +60,14 @@ impl Engine {
             done: done_tx,
             stats: stats.clone(),
         };
-        let (started, backend, uring_refused) = match cfg.backend {
-            _ if shared.ds.is_remote() => (crate::objects::start(shared)?, IoBackend::Objects, false),
-            IoBackend::Threads => (crate::threads::start(shared)?, IoBackend::Threads, false),
-            IoBackend::Objects => {
-                return Err(Error::config(format!(
-                    "{}: the objects backend reads datasets at a URL only",
-                    shared.ds.dir().display()
-                )));
-            }
-            IoBackend::Uring => match crate::uring::start(shared) {
-                Ok(s) => (s, IoBackend::Uring, false),
-                Err(e) => return Err(e.into_error()),
-            },
-            IoBackend::Auto => match crate::uring::start(shared) {
-                Ok(s) => (s, IoBackend::Uring, false),
-                Err(NotStarted {
-                    call,
-                    error,
-                    shared: Some(shared),
-                }) if crate::uring::refused(&error) => {
-                    tracing::warn!("io_uring refused ({call}: {error}); reading with the threads backend");
-                    (crate::threads::start(*shared)?, IoBackend::Threads, true)
-                }
-                Err(e) => return Err(e.into_error()),
-            },
+        let (started, backend, uring_refused) = if shared.ds.is_remote() {
+            let tier = match &cfg.tier {
+                Some(settings) => tier_disk(&shared, settings)?,
+                None => None,
+            };
+            (crate::objects::start(shared, tier)?, IoBackend::Objects, false)
+        } else {
+            start_disk(shared)?
         };
         Ok(Engine {
             jobs: Some(started.jobs),
@@ -164,10 +147,87 @@ impl Engine {
         self.stats.store.get().map(|s| s.report())
     }
 
+    /// What the local tier did, for a dataset at a URL read with one.
+    pub fn tier_report(&self) -> Option<crate::tier::TierReport> {
+        self.stats.tier.get().map(|t| t.report())
+    }
+
     /// Peak bytes of ordinary read buffers (in use or idle).
     pub fn peak_pool_bytes(&self) -> u64 {
         self.stats.pool_peak_bytes.load(Ordering::Relaxed)
     }
+}
+
+/// Starts the disk backend `shared.cfg.backend` names: `Auto` falls back
+/// from io_uring to threads, with one warning, where io_uring is refused.
+fn start_disk(shared: Shared) -> Result<(crate::job::Started, IoBackend, bool)> {
+    match shared.cfg.backend {
+        IoBackend::Threads => Ok((crate::threads::start(shared)?, IoBackend::Threads, false)),
+        IoBackend::Objects => Err(Error::config(format!(
+            "{}: the objects backend reads datasets at a URL only",
+            shared.ds.dir().display()
+        ))),
+        IoBackend::Uring => match crate::uring::start(shared) {
+            Ok(s) => Ok((s, IoBackend::Uring, false)),
+            Err(e) => Err(e.into_error()),
+        },
+        IoBackend::Auto => match crate::uring::start(shared) {
+            Ok(s) => Ok((s, IoBackend::Uring, false)),
+            Err(NotStarted {
+                call,
+                error,
+                shared: Some(shared),
+            }) if crate::uring::refused(&error) => {
+                tracing::warn!("io_uring refused ({call}: {error}); reading with the threads backend");
+                Ok((crate::threads::start(*shared)?, IoBackend::Threads, true))
+            }
+            Err(e) => Err(e.into_error()),
+        },
+    }
+}
+
+/// The local tier of a dataset at a URL, with a disk backend reading its
+/// files (the user's `io_backend`); None, with one warning, where the
+/// tier cannot be opened (the store is read without it).
+fn tier_disk(shared: &Shared, settings: &brand_store::tier::TierSettings) -> Result<Option<crate::objects::TierDisk>> {
+    let ds = &shared.ds;
+    let url = ds.dir().to_string_lossy().into_owned();
+    let tier = match brand_store::tier::Tier::open(settings, &url, ds.clone()) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!(
+                "{}: the local tier cannot be used ({e}); reading {url} from the store without it",
+                settings.dir.display()
+            );
+            return Ok(None);
+        }
+    };
+    // The same dataset, its segments the tier's files: a disk backend
+    // reads (and errors name) them there.
+    let local = Dataset::from_parts(
+        tier.dir().to_path_buf(),
+        ds.manifest.clone(),
+        ds.index.clone(),
+        brand_format::dataset::Origin::Dir,
+    )?;
+    let (done_tx, done_rx) = crossbeam_channel::unbounded();
+    let disk = Shared {
+        ds: Arc::new(local),
+        cfg: EngineConfig {
+            tier: None,
+            ..shared.cfg.clone()
+        },
+        done: done_tx,
+        stats: shared.stats.clone(),
+    };
+    let (started, _, _) = start_disk(disk)?;
+    let path = Arc::new(crate::tier::TierPath::new(tier, ds.clone(), started.jobs));
+    let _ = shared.stats.tier.set(path.clone());
+    Ok(Some(crate::objects::TierDisk {
+        path,
+        done: done_rx,
+        threads: started.threads,
+    }))
 }
 
 fn stopped() -> Error {

@@ -34,6 +34,7 @@ pub mod probe;
 mod read;
 pub mod session;
 mod threads;
+pub mod tier;
 mod uring;
 
 pub use config::{GetsInFlight, IoBackend, IoConfig, ReadGapSetting, StoreSettings};

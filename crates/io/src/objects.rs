@@ -20,6 +20,10 @@
 //!
 //! Groups start in the order their first job arrived (plan order), so the
 //! reads the loader needs first are asked for first.
+//!
+//! With a local tier (`crate::tier`), jobs for chunks it keeps go to a
+//! disk backend instead, and chunks it takes in are fetched whole and kept
+//! before their jobs are decoded from the same bytes.
 
 use std::sync::Arc;
 
@@ -37,6 +41,7 @@ use brand_store::runtime::IoRuntime;
 use crate::config::GetsInFlight;
 use crate::job::{Completion, Job, Shared, Started, StoreStats};
 use crate::read::reads_in_place;
+use crate::tier::TierPath;
 
 /// Threads of the engine's runtime: HTTP and copying bodies, not decoding.
 const RUNTIME_THREADS: usize = 2;
@@ -49,7 +54,19 @@ struct Ctx {
     conn: Connection,
     policy: GetPolicy,
     stats: Arc<StoreStats>,
+    tier: Option<Arc<TierPath>>,
 }
+
+/// A local tier's disk backend, started by the engine for this backend.
+pub(crate) struct TierDisk {
+    pub path: Arc<TierPath>,
+    /// The disk backend's completions (disconnected once it has stopped).
+    pub done: crossbeam_channel::Receiver<Completion>,
+    pub threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+/// A job sent back to the dispatcher, and whether it must skip the tier.
+type Again = (Job, bool);
 
 /// A run of neighbouring jobs' extents in one segment, read by one GET (or
 /// by `get_bytes` parts of it).
@@ -58,9 +75,11 @@ struct Group {
     start: u64,
     end: u64,
     jobs: Vec<Job>,
+    /// Chunks the group fetches whole for the tier.
+    keep: Vec<brand_store::tier::Reservation>,
 }
 
-pub(crate) fn start(shared: Shared) -> Result<Started> {
+pub(crate) fn start(shared: Shared, tier: Option<TierDisk>) -> Result<Started> {
     let ds = shared.ds.clone();
     let Location::Url(url) = Location::parse(&ds.dir().to_string_lossy())? else {
         return Err(Error::config(format!(
@@ -80,28 +99,88 @@ pub(crate) fn start(shared: Shared) -> Result<Started> {
     let _ = shared.stats.store.set(stats.clone());
     let rt = IoRuntime::new(RUNTIME_THREADS)?;
     let (job_tx, job_rx) = tokio::sync::mpsc::unbounded_channel::<Job>();
+    let (again_tx, again_rx) = tokio::sync::mpsc::unbounded_channel::<Again>();
     let (exit_tx, exit_rx) = crossbeam_channel::bounded::<()>(0);
+    let mut threads = Vec::new();
+    let path = match tier {
+        Some(disk) => {
+            let TierDisk {
+                path,
+                done,
+                threads: disk_threads,
+            } = disk;
+            threads.extend(disk_threads);
+            let (forward_to, forward_path, exit) = (shared.done.clone(), path.clone(), exit_tx.clone());
+            let again = again_tx.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name("brand-tier".into())
+                    .spawn(move || {
+                        let _exit = exit;
+                        forward(done, forward_to, &forward_path, again);
+                    })
+                    .map_err(|e| Error::io("<brand-tier thread>", e))?,
+            );
+            Some(path)
+        }
+        None => None,
+    };
     let ctx = Arc::new(Ctx {
         shared,
         conn,
         policy,
         stats,
+        tier: path,
     });
-    let t = std::thread::Builder::new()
-        .name("brand-objects".into())
-        .spawn(move || {
-            let _exit = exit_tx;
-            rt.block_on(dispatch(job_rx, ctx));
-            // Its connections' tasks stop before the engine says it exited:
-            // a request they had queued is not sent after the reader closed.
-            rt.shutdown(SHUTDOWN_WAIT);
-        })
-        .map_err(|e| Error::io("<brand-objects thread>", e))?;
+    threads.push(
+        std::thread::Builder::new()
+            .name("brand-objects".into())
+            .spawn(move || {
+                let _exit = exit_tx;
+                rt.block_on(dispatch(job_rx, again_rx, again_tx, ctx.clone()));
+                if let Some(t) = &ctx.tier {
+                    t.close();
+                }
+                // Its connections' tasks stop before the engine says it exited:
+                // a request they had queued is not sent after the reader closed.
+                rt.shutdown(SHUTDOWN_WAIT);
+            })
+            .map_err(|e| Error::io("<brand-objects thread>", e))?,
+    );
     Ok(Started {
         jobs: Box::new(job_tx),
-        threads: vec![t],
+        threads,
         exited: exit_rx,
     })
+}
+
+/// Hands the tier's disk reads on; one that failed goes back to the
+/// dispatcher for the store. Ends when the disk backend has stopped.
+fn forward(
+    done: crossbeam_channel::Receiver<Completion>,
+    to: crossbeam_channel::Sender<Completion>,
+    path: &TierPath,
+    again: tokio::sync::mpsc::UnboundedSender<Again>,
+) {
+    for c in done.iter() {
+        let failed = match &c.result {
+            Err(_) => true,
+            Ok(records) => records.iter().any(|(_, r)| r.is_err()),
+        };
+        if failed {
+            path.read_failed(&c);
+            // A dispatcher gone is a reader closed: nobody wants the job.
+            let _ = again.send((
+                Job {
+                    tag: c.tag,
+                    extent: c.extent,
+                },
+                true,
+            ));
+        } else if to.send(c).is_err() {
+            break;
+        }
+    }
 }
 
 /// Takes every job waiting, groups neighbours, starts a task per group;
@@ -109,9 +188,16 @@ pub(crate) fn start(shared: Shared) -> Result<Started> {
 /// (the engine dropped): nobody takes completions any more, so jobs not
 /// started are dropped and GETs in flight are aborted, not finished (they
 /// were the next epoch's read-ahead of a closed loader, still fetching).
-async fn dispatch(mut jobs: tokio::sync::mpsc::UnboundedReceiver<Job>, ctx: Arc<Ctx>) {
+async fn dispatch(
+    mut jobs: tokio::sync::mpsc::UnboundedReceiver<Job>,
+    mut again: tokio::sync::mpsc::UnboundedReceiver<Again>,
+    again_tx: tokio::sync::mpsc::UnboundedSender<Again>,
+    ctx: Arc<Ctx>,
+) {
     let mut tasks = tokio::task::JoinSet::new();
     let mut waiting = Vec::new();
+    let mut store_only = Vec::new();
+    let get_bytes = ctx.shared.cfg.store.get_bytes;
     'taking: loop {
         tokio::select! {
             n = jobs.recv_many(&mut waiting, 4096) => {
@@ -119,9 +205,27 @@ async fn dispatch(mut jobs: tokio::sync::mpsc::UnboundedReceiver<Job>, ctx: Arc<
                     break;
                 }
             }
+            Some((job, skip_tier)) = again.recv() => {
+                if skip_tier { store_only.push(job) } else { waiting.push(job) }
+            }
             Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
         }
-        for group in coalesce(std::mem::take(&mut waiting), ctx.shared.cfg.store.get_bytes) {
+        let mut store = std::mem::take(&mut store_only);
+        let mut groups = Vec::new();
+        match &ctx.tier {
+            Some(path) => {
+                let routed = path.route(std::mem::take(&mut waiting));
+                store.extend(routed.store);
+                groups = whole_chunks(&ctx.shared.ds, routed.fetch, get_bytes);
+                for (c, job) in routed.busy {
+                    let (path, again) = (path.clone(), again_tx.clone());
+                    tasks.spawn(wait_for_chunk(path, c, job, again, ctx.policy.stall));
+                }
+            }
+            None => store.append(&mut waiting),
+        }
+        groups.extend(coalesce(store, get_bytes));
+        for group in groups {
             // Places in flight are taken here, in the plan's order: a task
             // taking its own would start in the scheduler's (last spawned
             // first), and the reads needed first would wait behind later ones.
@@ -148,6 +252,59 @@ async fn dispatch(mut jobs: tokio::sync::mpsc::UnboundedReceiver<Job>, ctx: Arc<
     while tasks.join_next().await.is_some() {}
 }
 
+/// A job whose chunk another process is fetching for the tier: to the disk
+/// once the chunk is kept, or to the store if it is not within `stall`
+/// (that process may be stuck or gone).
+async fn wait_for_chunk(
+    path: Arc<TierPath>,
+    c: u64,
+    job: Job,
+    again: tokio::sync::mpsc::UnboundedSender<Again>,
+    stall: std::time::Duration,
+) {
+    path.waited();
+    let deadline = tokio::time::Instant::now() + stall;
+    while tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        if path.tier.is_present(c) {
+            path.to_disk(job);
+            return;
+        }
+    }
+    let _ = again.send((job, true));
+}
+
+/// Chunks taken in for the tier, as groups of whole chunks: neighbours in
+/// a segment merged up to `limit` bytes (as [`coalesce`] merges extents),
+/// each with the job that asked for it and its reservation.
+fn whole_chunks(ds: &Dataset, fetch: Vec<(brand_store::tier::Reservation, Job)>, limit: u64) -> Vec<Group> {
+    let ranges: Vec<(u32, u64, u64)> = fetch
+        .iter()
+        .map(|(r, _)| {
+            let loc = ds.index.chunk(r.chunk());
+            (loc.segment, loc.offset, ds.index.chunk_padded_len(r.chunk()))
+        })
+        .collect();
+    let mut fetch: Vec<Option<(brand_store::tier::Reservation, Job)>> = fetch.into_iter().map(Some).collect();
+    group_touching(&ranges, limit)
+        .into_iter()
+        .map(|g| {
+            let (keep, jobs) = g
+                .members
+                .iter()
+                .filter_map(|&i| fetch.get_mut(i).and_then(Option::take))
+                .unzip();
+            Group {
+                segment: g.segment,
+                start: g.start,
+                end: g.end,
+                jobs,
+                keep,
+            }
+        })
+        .collect()
+}
+
 /// Neighbouring extents of one segment grouped (at most `limit` bytes a
 /// group unless one extent is longer), groups in their first job's order:
 /// [`group_touching`], which `brand simulate` counts GETs with.
@@ -169,6 +326,7 @@ fn coalesce(jobs: Vec<Job>, limit: u64) -> Vec<Group> {
                 .iter()
                 .filter_map(|&i| jobs.get_mut(i).and_then(Option::take))
                 .collect(),
+            keep: Vec::new(),
         })
         .collect()
 }
@@ -217,9 +375,10 @@ impl Ctx {
                 let completions = match fetched {
                     Ok(()) => {
                         buf.set_len(len);
+                        let group = this.settle(group, Some(buf.as_slice()));
                         this.decode(group, buf)
                     }
-                    Err(e) => group.failed(&e),
+                    Err(e) => this.settle(group, None).failed(&e),
                 };
                 this.shared.stats.pool_shrank(cap);
                 this.hand_on(segment, completions, last)
@@ -238,6 +397,25 @@ impl Ctx {
                 }
             }
         }
+    }
+
+    /// The group's chunks fetched for the tier kept (from `fetched`, its
+    /// bytes; none if the fetch failed), and the jobs that waited on them
+    /// joined to it: they are decoded from the same bytes (or fail with it).
+    fn settle(&self, mut g: Group, fetched: Option<&[u8]>) -> Group {
+        let Some(path) = &self.tier else { return g };
+        for r in std::mem::take(&mut g.keep) {
+            let c = r.chunk();
+            if let Some(bytes) = fetched {
+                let at = (self.shared.ds.index.chunk(c).offset - g.start) as usize;
+                let len = self.shared.ds.index.chunk_padded_len(c) as usize;
+                if let Some(chunk) = bytes.get(at..at + len) {
+                    path.keep(r, chunk);
+                }
+            }
+            g.jobs.extend(path.waiting_on(c));
+        }
+        g
     }
 
     /// Sends a `segment` group's completions on, but for those with a
@@ -347,6 +525,7 @@ fn split_damaged(segment: u32, completions: Vec<Completion>) -> (Vec<Completion>
             start,
             end,
             jobs,
+            keep: Vec::new(),
         }),
     )
 }

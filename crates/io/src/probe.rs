@@ -175,6 +175,8 @@ pub fn measure(ds: Arc<Dataset>, io: &EngineConfig) -> Result<ProbeResult> {
         EngineConfig {
             verify: false,
             decode_threads: 0,
+            // The store is measured, not a local tier (whose reads are the plan's).
+            tier: None,
             ..io.clone()
         },
     )?;

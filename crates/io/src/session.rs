@@ -167,6 +167,10 @@ impl<T> ReadSession<T> {
         self.engine.store_report()
     }
 
+    pub fn tier_report(&self) -> Option<crate::tier::TierReport> {
+        self.engine.tier_report()
+    }
+
     pub fn peak_pool_bytes(&self) -> u64 {
         self.engine.peak_pool_bytes()
     }

@@ -34,6 +34,10 @@
 //! stall_timeout = 10    # a dataset at a URL: time without a byte ("10s", "500ms" or seconds) before a GET is retried at most
 //!                       # (less once first bytes are timed: 8 × their slowest 1 %, ≥ 1 s), (0, 3600]
 //! retries = 10          # a dataset at a URL: retries of one request (backing off from 100 ms to 5 s) before its error, 0..=100
+//! disk_cache = "/nvme/brand" # a dataset at a URL: keep its chunks in this directory on a local disk, shared by the
+//!                       # machine's processes (fetched once, read from there after); none by default
+//! disk_cache_limit = "500GiB" # the most that directory holds, every dataset in it together: bytes (≥ 1) or a share of
+//!                       # the dataset ("50%", (0, 100]); default: what the disk has, leaving 10 % of it free
 //! on_corrupt = "error"  # "error" (fail when the sample is due) or "skip" (leave it out, counted)
 //! cache = "/run/brand/imagenet.sock"  # attach to the `brand cache` at this socket instead of reading storage
 //! ```
@@ -122,7 +126,7 @@ impl std::str::FromStr for OnCorrupt {
 pub const DEFAULT_MEMORY: Memory = Memory::Percent(10.0);
 
 /// The loader's keys, in the order the module docs list them.
-pub const KEYS: [&str; 22] = [
+pub const KEYS: [&str; 24] = [
     "batch_size",
     "memory",
     "policy",
@@ -143,6 +147,8 @@ pub const KEYS: [&str; 22] = [
     "get_size",
     "stall_timeout",
     "retries",
+    "disk_cache",
+    "disk_cache_limit",
     "on_corrupt",
     "cache",
 ];
@@ -228,6 +234,14 @@ impl LoaderConfig {
             "get_size" => self.io.store.get_bytes = v.bytes()?,
             "stall_timeout" => self.io.store.stall_timeout = v.duration()?,
             "retries" => self.io.store.retries = v.whole()?,
+            "disk_cache" => {
+                let dir = v.text()?;
+                if dir.is_empty() {
+                    return Err(Error::config("disk_cache = \"\": expected a directory on a local disk"));
+                }
+                self.io.disk_cache = Some(dir.into());
+            }
+            "disk_cache_limit" => self.io.disk_cache_limit = Some(v.text()?.parse()?),
             "on_corrupt" => self.on_corrupt = v.text()?.parse()?,
             "cache" => {
                 let path = v.text()?;
@@ -294,6 +308,11 @@ impl LoaderConfig {
         }
         if io.store.retries > MAX_RETRIES {
             return outside("retries", io.store.retries.to_string(), "0..=100");
+        }
+        if io.disk_cache_limit.is_some() && io.disk_cache.is_none() {
+            return Err(Error::config(
+                "disk_cache_limit without disk_cache: say which directory the tier is in",
+            ));
         }
         if let RunLength::Records(n) = self.run_length
             && !(1..=brand_plan::MAX_RUN_LENGTH).contains(&n)

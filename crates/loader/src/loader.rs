@@ -80,6 +80,8 @@ pub struct Loader {
     metrics: Metrics,
     /// The store's counters when the metrics were last reset.
     store_base: Option<brand_store::GetReport>,
+    /// The tier's counters when the metrics were last reset.
+    tier_base: Option<brand_io::tier::TierReport>,
     /// What the plan holds (None for a loader made from an event source).
     plan_memory: Option<PlanMemory>,
 }
@@ -190,6 +192,7 @@ impl Loader {
             stalls: StallLog::default(),
             metrics,
             store_base: None,
+            tier_base: None,
             plan_memory: None,
         })
     }
@@ -237,6 +240,9 @@ impl Loader {
         if let Some(now) = reads.store_report() {
             m.set_store(&now, self.store_base.as_ref());
         }
+        if let Some(now) = reads.tier_report() {
+            m.set_tier(&now, self.tier_base.as_ref());
+        }
         m.index_file_bytes = self.ds.index.file_bytes();
         m.index_heap_bytes = self.ds.index.heap_bytes();
         if let Some(p) = &self.plan_memory {
@@ -258,6 +264,7 @@ impl Loader {
             ..Default::default()
         };
         self.store_base = self.reads.store_report();
+        self.tier_base = self.reads.tier_report();
         self.stalls = StallLog::default();
     }
 

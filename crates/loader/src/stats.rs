@@ -283,6 +283,31 @@ metrics! {
         /// most it held at once.
         plan_bytes: u64 => C[44] {},
         plan_peak_bytes: u64 => C[45],
+        /// A dataset at a URL read with a local tier (`disk_cache`; 0
+        /// otherwise): reads served from the tier's disk and their bytes,
+        /// chunks fetched whole into it and their bytes, reads of chunks it
+        /// had no room for (read from the store), reads that waited for
+        /// another process's fetch of their chunk, reads from it that failed
+        /// (read from the store instead); and now: the dataset's chunks it
+        /// keeps, the bytes its directory holds (every dataset in it) and
+        /// the limit.
+        tier_hits: u64 => C[49] {
+            /// (Appended after `run_length` without an ABI bump, like
+            /// `threads_backend`.) A dataset at a URL read with a local tier (0 otherwise): reads
+            /// served from the tier and their bytes, chunks fetched whole into
+            /// it and their bytes, reads it had no room for, reads that waited
+            /// for another process's fetch, failed tier reads; the dataset's
+            /// chunks kept, the bytes the tier holds and its limit now.
+        },
+        tier_hit_bytes: u64 => C[50],
+        tier_chunks_fetched: u64 => C[51],
+        tier_bytes_fetched: u64 => C[52],
+        tier_refused: u64 => C[53],
+        tier_waited: u64 => C[54],
+        tier_failed_reads: u64 => C[55],
+        tier_kept_chunks: u64 => C[56],
+        tier_held_bytes: u64 => C[57],
+        tier_limit_bytes: u64 => C[58],
     }
     C only {
         /// `bytes_read / bytes_served` (0 before anything was served).
@@ -319,6 +344,23 @@ impl Metrics {
 }
 
 impl Metrics {
+    /// The tier's fields from `now`, counted since `base` (what it keeps,
+    /// holds and may hold are `now`'s).
+    pub fn set_tier(&mut self, now: &brand_io::tier::TierReport, base: Option<&brand_io::tier::TierReport>) {
+        let zero = brand_io::tier::TierReport::default();
+        let base = base.unwrap_or(&zero);
+        self.tier_hits = now.hits.saturating_sub(base.hits);
+        self.tier_hit_bytes = now.hit_bytes.saturating_sub(base.hit_bytes);
+        self.tier_chunks_fetched = now.chunks_fetched.saturating_sub(base.chunks_fetched);
+        self.tier_bytes_fetched = now.bytes_fetched.saturating_sub(base.bytes_fetched);
+        self.tier_refused = now.refused.saturating_sub(base.refused);
+        self.tier_waited = now.waited.saturating_sub(base.waited);
+        self.tier_failed_reads = now.failed_reads.saturating_sub(base.failed_reads);
+        self.tier_kept_chunks = now.kept_chunks;
+        self.tier_held_bytes = now.held_bytes;
+        self.tier_limit_bytes = now.limit_bytes;
+    }
+
     /// Bytes read per byte served.
     pub fn read_amplification(&self) -> f64 {
         if self.bytes_served == 0 {

@@ -21,6 +21,8 @@
 //!   segment's entity tag and size pinned.
 //! * [`index_cache`]: a fetched index kept in a local file and mapped
 //!   (shared by the machine's processes; fetched once per version).
+//! * [`tier`]: a dataset's chunks kept on a local disk that the
+//!   machine's processes share (a chunk fetched once, not every epoch).
 //! * [`upload`]: a packed dataset written to a store, manifest last.
 //! * [`sequential`]: objects listed and read whole, in order, by large
 //!   ranged GETs made ahead of the reader: a pack's inputs in a store.
@@ -38,6 +40,7 @@ pub mod location;
 pub mod open;
 pub mod runtime;
 pub mod sequential;
+pub mod tier;
 pub mod upload;
 pub mod verify;
 

@@ -1,0 +1,257 @@
+//! The local tier under the object-storage backend (DESIGN.md §4, "A
+//! local tier"; the directory itself is `brand_store::tier`): which jobs
+//! read the tier's disk and which the store, chunks fetched whole for the
+//! tier, the jobs waiting on a chunk being fetched, and what it counted.
+//!
+//! * A job for a chunk the tier keeps goes to a disk backend reading the
+//!   tier's segment files (io_uring, O_DIRECT, only its records).
+//! * A job for a chunk not kept takes it in ([`Tier::admit`]) and the
+//!   whole chunk is fetched (neighbours merged into GETs as any extents),
+//!   kept, and the job's records decoded from the fetched bytes. Jobs for
+//!   a chunk this process is fetching wait for it; for a chunk another
+//!   process fetches, they wait until it is kept (co-operative misses), at
+//!   most the stall timeout, then read the store.
+//! * A chunk the tier has no room for is read from the store as without a
+//!   tier (only the records asked for).
+//! * A tier that cannot be written (a failed disk, a full one, a read-only
+//!   mount) is given up with one warning: the store serves the rest. A read
+//!   from the tier that fails (its bytes fail their crc32c: damaged on the
+//!   disk) forgets the chunk and reads the job from the store.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use brand_format::dataset::Dataset;
+use brand_format::error::Error;
+use brand_store::tier::{Admission, Refusal, Reservation, Tier};
+
+use crate::job::{Completion, Job, JobSender};
+
+/// What the tier did for one reader.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TierReport {
+    /// Reads served from the tier's disk, and their bytes.
+    pub hits: u64,
+    pub hit_bytes: u64,
+    /// Chunks this reader fetched whole into the tier, and their bytes.
+    pub chunks_fetched: u64,
+    pub bytes_fetched: u64,
+    /// Reads of chunks the tier had no room for (read from the store).
+    pub refused: u64,
+    /// Reads that waited for another process's fetch of their chunk.
+    pub waited: u64,
+    /// Reads from the tier that failed and went to the store.
+    pub failed_reads: u64,
+    /// Chunks of the dataset the tier keeps (as this reader knows).
+    pub kept_chunks: u64,
+    /// Bytes the tier directory holds, every dataset in it, and its limit here.
+    pub held_bytes: u64,
+    pub limit_bytes: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    hits: AtomicU64,
+    hit_bytes: AtomicU64,
+    chunks_fetched: AtomicU64,
+    bytes_fetched: AtomicU64,
+    refused: AtomicU64,
+    waited: AtomicU64,
+    failed_reads: AtomicU64,
+}
+
+/// Where a batch of jobs goes.
+#[derive(Default)]
+pub(crate) struct Routed {
+    /// Read from the store, records only.
+    pub store: Vec<Job>,
+    /// Chunks taken in for this process to fetch whole, each with the job that asked.
+    pub fetch: Vec<(Reservation, Job)>,
+    /// Jobs whose chunk another process is fetching.
+    pub busy: Vec<(u64, Job)>,
+}
+
+/// A reader's use of a tier: the tier, the disk backend reading it, and
+/// the jobs waiting on the chunks this process fetches.
+pub(crate) struct TierPath {
+    pub tier: Arc<Tier>,
+    ds: Arc<Dataset>,
+    /// Where jobs for kept chunks go; taken when the reader closes (the
+    /// disk backend stops once it is dropped).
+    disk: Mutex<Option<Box<dyn JobSender>>>,
+    /// Chunks being fetched by this process, with the jobs waiting on them.
+    fetching: Mutex<HashMap<u64, Vec<Job>>>,
+    /// The tier could not be written: no more chunks are taken in.
+    given_up: AtomicBool,
+    counters: Counters,
+}
+
+impl TierPath {
+    pub fn new(tier: Arc<Tier>, ds: Arc<Dataset>, disk: Box<dyn JobSender>) -> Self {
+        TierPath {
+            tier,
+            ds,
+            disk: Mutex::new(Some(disk)),
+            fetching: Mutex::new(HashMap::new()),
+            given_up: AtomicBool::new(false),
+            counters: Counters::default(),
+        }
+    }
+
+    /// The chunk a job reads.
+    pub fn chunk_of(&self, job: &Job) -> Option<u64> {
+        job.extent.records.first().map(|&(id, _)| self.ds.index.chunk_of(id))
+    }
+
+    /// Sends the jobs for kept chunks to the disk, joins those for chunks
+    /// being fetched here, and sorts the rest.
+    pub fn route(&self, jobs: Vec<Job>) -> Routed {
+        let mut routed = Routed::default();
+        for job in jobs {
+            let Some(c) = self.chunk_of(&job) else {
+                routed.store.push(job);
+                continue;
+            };
+            if self.tier.is_present(c) {
+                self.to_disk(job);
+                continue;
+            }
+            if self.given_up.load(Ordering::Relaxed) {
+                routed.store.push(job);
+                continue;
+            }
+            let mut fetching = self.fetching.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(waiting) = fetching.get_mut(&c) {
+                waiting.push(job);
+                continue;
+            }
+            match self.tier.admit(c) {
+                Ok(Admission::Present) => {
+                    drop(fetching);
+                    self.to_disk(job);
+                }
+                Ok(Admission::Admitted(r)) => {
+                    fetching.insert(c, Vec::new());
+                    routed.fetch.push((r, job));
+                }
+                Ok(Admission::Busy) => routed.busy.push((c, job)),
+                Ok(Admission::Refused(why)) => {
+                    if self.counters.refused.fetch_add(1, Ordering::Relaxed) == 0 {
+                        let why = match why {
+                            Refusal::Limit => format!("its limit, {} bytes, is reached", self.tier.limit()),
+                            Refusal::Disk => format!(
+                                "its disk would have less than {:.0} % free",
+                                brand_store::tier::FREE_SHARE * 100.0
+                            ),
+                        };
+                        tracing::info!(
+                            "{}: the tier keeps no more chunks ({why}); the others are read from the store",
+                            self.tier.root().display()
+                        );
+                    }
+                    routed.store.push(job);
+                }
+                Err(e) => {
+                    drop(fetching);
+                    self.give_up(&Error::io(self.tier.dir(), e));
+                    routed.store.push(job);
+                }
+            }
+        }
+        routed
+    }
+
+    /// A job for a kept chunk, to the tier's disk.
+    pub fn to_disk(&self, job: Job) {
+        self.counters.hits.fetch_add(1, Ordering::Relaxed);
+        self.counters.hit_bytes.fetch_add(job.extent.len, Ordering::Relaxed);
+        // No disk backend (or a stopped one) is a closing reader: nobody
+        // waits for the job.
+        if let Some(disk) = &*self.disk.lock().unwrap_or_else(|p| p.into_inner()) {
+            disk.send(job);
+        }
+    }
+
+    /// Stops sending jobs to the disk backend, so it ends.
+    pub fn close(&self) {
+        self.disk.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
+    /// The chunk's fetched `bytes` kept (checked, written, synced); a
+    /// damaged chunk is not kept (its jobs' records find the damage), a
+    /// tier that cannot be written is given up.
+    pub fn keep(&self, r: Reservation, bytes: &[u8]) {
+        match r.keep(bytes) {
+            Ok(()) => {
+                self.counters.chunks_fetched.fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .bytes_fetched
+                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            }
+            Err(Error::Corrupt { .. }) => {}
+            Err(e) => self.give_up(&e),
+        }
+    }
+
+    /// The jobs that waited on chunk `c`, which this process no longer fetches.
+    pub fn waiting_on(&self, c: u64) -> Vec<Job> {
+        let mut fetching = self.fetching.lock().unwrap_or_else(|p| p.into_inner());
+        fetching.remove(&c).unwrap_or_default()
+    }
+
+    /// A read from the tier failed: the chunk is forgotten (fetched again
+    /// by the next read that wants it) and this read goes to the store.
+    pub fn read_failed(&self, c: &Completion) {
+        if self.counters.failed_reads.fetch_add(1, Ordering::Relaxed) == 0 {
+            let why = match &c.result {
+                Err(e) => e.to_string(),
+                Ok(records) => records
+                    .iter()
+                    .find_map(|(_, r)| r.as_ref().err().map(|e| e.to_string()))
+                    .unwrap_or_default(),
+            };
+            tracing::warn!("a read from the local tier failed ({why}); reading it from the store");
+        }
+        if let Some(&(id, _)) = c.extent.records.first() {
+            self.tier.forget(self.ds.index.chunk_of(id));
+        }
+    }
+
+    /// Counts a read that waited for another process's fetch.
+    pub fn waited(&self) {
+        self.counters.waited.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn give_up(&self, e: &Error) {
+        if !self.given_up.swap(true, Ordering::Relaxed) {
+            tracing::warn!("the local tier cannot be written ({e}); reading from the store without it");
+        }
+    }
+
+    pub fn report(&self) -> TierReport {
+        let c = &self.counters;
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        TierReport {
+            hits: n(&c.hits),
+            hit_bytes: n(&c.hit_bytes),
+            chunks_fetched: n(&c.chunks_fetched),
+            bytes_fetched: n(&c.bytes_fetched),
+            refused: n(&c.refused),
+            waited: n(&c.waited),
+            failed_reads: n(&c.failed_reads),
+            kept_chunks: self.tier.kept_chunks(),
+            held_bytes: self.tier.held_bytes(),
+            limit_bytes: self.tier.limit(),
+        }
+    }
+}
+
+impl std::fmt::Debug for TierPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TierPath")
+            .field("dir", &self.tier.dir())
+            .field("report", &self.report())
+            .finish()
+    }
+}

@@ -1,0 +1,607 @@
+//! A local tier (DESIGN.md §4, "A local tier"): a dataset at a URL kept,
+//! chunk by chunk, in a directory on a local disk that every process of the
+//! machine shares, so a chunk crosses the network once, not every epoch.
+//!
+//! Layout of a tier directory `DIR`:
+//!
+//! * `DIR/lock`, `DIR/usage`: the ledger. `usage` holds the bytes every
+//!   dataset in `DIR` holds or has reserved (a u64); it changes only under
+//!   an exclusive `flock` of `lock`, so the limit holds under every
+//!   interleaving of the machine's processes. Each open recounts it from
+//!   the chunk tables, so a process killed with a reservation leaks nothing.
+//! * `DIR/<dataset>-<version>/`: one version of one dataset, named by
+//!   crc32c of its URL and of what pins its contents (the index's digest,
+//!   every segment's name, size and entity tag): an object replaced in the
+//!   store is a new version, never stale bytes. Inside: `url` (for people),
+//!   `open` (a shared `flock` held by every process reading the version,
+//!   so an open of a newer version removes only versions nobody reads),
+//!   the segment files at their own names and offsets (sparse: only the
+//!   chunks kept are written), and `chunks`, a u64 per chunk: 0 absent,
+//!   its length when kept, its length with [`FETCHING`] while a process
+//!   fetches it, holding an OFD lock on those 8 bytes (released by the
+//!   kernel if it dies).
+//!
+//! A chunk is kept only once its bytes are checked (every record's crc32c)
+//! and on the disk (`fdatasync`), and its entry written after that: a
+//! crash leaves an entry marked fetching with no lock, which the next open
+//! clears, never a chunk half written and marked kept. Reads still check
+//! every record's crc32c, so damage on the disk is found, never served.
+//!
+//! What a tier keeps: every chunk it is asked for while the limit (and the
+//! file system's free space, of which it leaves [`FREE_SHARE`]) allows,
+//! then nothing more; nothing a reader may still read is evicted. So a
+//! tier at least the dataset's size holds all of it after one epoch, and a
+//! smaller one holds a fixed share of its chunks (hits in proportion,
+//! CoorDL's rule: under a fresh order each epoch, evicting by recency
+//! keeps nothing useful).
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use brand_format::dataset::{Dataset, Origin};
+use brand_format::error::{Error, Result};
+
+/// Bit of a chunk's entry saying it is being fetched (its length reserved).
+const FETCHING: u64 = 1 << 63;
+
+/// Bytes of one chunk's entry in `chunks`.
+const ENTRY: u64 = 8;
+
+/// Share of its file system a tier leaves free, whatever its limit.
+pub const FREE_SHARE: f64 = 0.10;
+
+/// How much a tier may hold.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum TierLimit {
+    /// At most this many bytes, every dataset in the directory together.
+    Bytes(u64),
+    /// At most this share (per cent, (0, 100]) of the dataset opened.
+    Percent(f64),
+    /// No limit but the disk's ([`FREE_SHARE`] of it left free).
+    Disk,
+}
+
+impl std::str::FromStr for TierLimit {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        let t = s.trim();
+        if let Some(p) = t.strip_suffix('%') {
+            return match p.trim().parse::<f64>() {
+                Ok(p) if p > 0.0 && p <= 100.0 => Ok(TierLimit::Percent(p)),
+                _ => Err(Error::config(format!(
+                    "disk_cache_limit {s:?}: a share of the dataset is (0, 100] %"
+                ))),
+            };
+        }
+        match brand_format::units::parse_bytes(t) {
+            Ok(0) => Err(Error::config(format!(
+                "disk_cache_limit {s:?}: at least one byte (no tier: leave disk_cache out)"
+            ))),
+            Ok(b) => Ok(TierLimit::Bytes(b)),
+            Err(why) => Err(Error::config(format!(
+                "disk_cache_limit {s:?}: {why}; expected bytes (\"500GiB\") or a share of the dataset (\"50%\")"
+            ))),
+        }
+    }
+}
+
+impl std::fmt::Display for TierLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TierLimit::Bytes(b) => write!(f, "{b}"),
+            TierLimit::Percent(p) => write!(f, "{p}%"),
+            TierLimit::Disk => f.write_str("the disk"),
+        }
+    }
+}
+
+/// A tier as a user configures it: the keys `disk_cache` and `disk_cache_limit`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TierSettings {
+    pub dir: PathBuf,
+    pub limit: TierLimit,
+}
+
+/// Why a chunk was not taken in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The tier's limit is reached.
+    Limit,
+    /// The file system would have less than [`FREE_SHARE`] free.
+    Disk,
+}
+
+/// What [`Tier::admit`] found.
+pub enum Admission {
+    /// The chunk is kept: read it from the tier.
+    Present,
+    /// Another process is fetching it.
+    Busy,
+    /// Not taken in: read it from the store.
+    Refused(Refusal),
+    /// This process fetches it: [`Reservation::keep`] its bytes.
+    Admitted(Reservation),
+}
+
+/// The ledger: bytes held or reserved by the directory's datasets.
+struct Ledger {
+    /// Threads of this process: a `flock` excludes other processes only.
+    threads: Mutex<()>,
+    lock: File,
+    usage: File,
+}
+
+impl Ledger {
+    fn open(root: &Path) -> std::io::Result<Self> {
+        let rw = |name: &str| {
+            File::options()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(root.join(name))
+        };
+        Ok(Ledger {
+            threads: Mutex::new(()),
+            lock: rw("lock")?,
+            usage: rw("usage")?,
+        })
+    }
+
+    /// Runs `f` on the usage, alone on the machine; writes it back if changed.
+    fn locked<T>(&self, f: impl FnOnce(&mut u64) -> std::io::Result<T>) -> std::io::Result<T> {
+        let _threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
+        self.lock.lock()?;
+        let result = (|| {
+            let before = read_u64(&self.usage, 0)?;
+            let mut usage = before;
+            let out = f(&mut usage)?;
+            if usage != before {
+                self.usage.write_all_at(&usage.to_le_bytes(), 0)?;
+            }
+            Ok(out)
+        })();
+        let _ = self.lock.unlock();
+        result
+    }
+}
+
+/// One dataset version's chunks in a tier directory, as one process uses it.
+pub struct Tier {
+    ds: Arc<Dataset>,
+    root: PathBuf,
+    dir: PathBuf,
+    limit: u64,
+    ledger: Ledger,
+    chunks: File,
+    segments: Vec<OnceLock<File>>,
+    /// Chunks seen kept (a bit each): they stay until this process forgets them.
+    present: Vec<AtomicU64>,
+    /// Held while this process reads the version (a shared `flock`).
+    _open: File,
+}
+
+impl Tier {
+    /// The tier of `ds` (at `url`) in `settings.dir`, made if new; the
+    /// ledger recounted and the dataset's versions nobody reads removed.
+    pub fn open(settings: &TierSettings, url: &str, ds: Arc<Dataset>) -> std::io::Result<Arc<Tier>> {
+        let root = settings.dir.clone();
+        std::fs::create_dir_all(&root)?;
+        let (dataset, version) = keys(url, &ds);
+        let dir = root.join(format!("{dataset}-{version}"));
+        std::fs::create_dir_all(&dir)?;
+        if !dir.join("url").exists() {
+            std::fs::write(dir.join("url"), format!("{url}\n"))?;
+        }
+        let open = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(dir.join("open"))?;
+        open.lock_shared()?;
+        let chunk_count = ds.index.chunk_count();
+        let chunks = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(dir.join("chunks"))?;
+        if chunks.metadata()?.len() < chunk_count * ENTRY {
+            chunks.set_len(chunk_count * ENTRY)?;
+        }
+        let dataset_bytes: u64 = ds.manifest.segments.iter().map(|s| s.bytes).sum();
+        let limit = match settings.limit {
+            TierLimit::Bytes(b) => b,
+            TierLimit::Percent(p) => (dataset_bytes as f64 * p / 100.0) as u64,
+            TierLimit::Disk => u64::MAX,
+        };
+        let ledger = Ledger::open(&root)?;
+        ledger.locked(|usage| {
+            remove_unread_versions(&root, &dataset, &dir);
+            *usage = recount(&root)?;
+            Ok(())
+        })?;
+        let tier = Tier {
+            segments: (0..ds.manifest.segments.len()).map(|_| OnceLock::new()).collect(),
+            present: (0..chunk_count.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+            ds,
+            root,
+            dir,
+            limit,
+            ledger,
+            chunks,
+            _open: open,
+        };
+        let table = read_table(&tier.chunks)?;
+        for (c, &entry) in table.iter().enumerate().take(chunk_count as usize) {
+            if entry != 0 && entry & FETCHING == 0 {
+                tier.mark(c as u64, true);
+            }
+        }
+        Ok(Arc::new(tier))
+    }
+
+    /// The directory holding this version's segment files (a local view of
+    /// the dataset reads its kept chunks there).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The tier directory every dataset shares.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Most bytes this process lets the directory hold.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Bytes the directory holds or has reserved, every dataset together.
+    pub fn held_bytes(&self) -> u64 {
+        read_u64(&self.ledger.usage, 0).unwrap_or(0)
+    }
+
+    /// Chunks of this dataset kept, as this process knows them.
+    pub fn kept_chunks(&self) -> u64 {
+        self.present
+            .iter()
+            .map(|w| w.load(Ordering::Relaxed).count_ones() as u64)
+            .sum()
+    }
+
+    /// Whether chunk `c` is kept: known here, or (one 8-byte read) kept by
+    /// another process since.
+    pub fn is_present(&self, c: u64) -> bool {
+        if self.known(c) {
+            return true;
+        }
+        match read_u64(&self.chunks, c * ENTRY) {
+            Ok(e) if e != 0 && e & FETCHING == 0 => {
+                self.mark(c, true);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Takes chunk `c` in for this process to fetch, unless it is kept,
+    /// another process fetches it, or there is no room.
+    pub fn admit(self: &Arc<Self>, c: u64) -> std::io::Result<Admission> {
+        if self.known(c) {
+            return Ok(Admission::Present);
+        }
+        if !ofd_try_lock(&self.chunks, c)? {
+            return Ok(Admission::Busy);
+        }
+        let decided = (|| {
+            let entry = read_u64(&self.chunks, c * ENTRY)?;
+            if entry != 0 && entry & FETCHING == 0 {
+                self.mark(c, true);
+                return Ok(Some(Admission::Present));
+            }
+            let len = self.ds.index.chunk_padded_len(c);
+            // A fetch whose process died: its reservation is counted already.
+            let reserved = entry & FETCHING != 0;
+            self.ledger.locked(|usage| {
+                if !reserved {
+                    if usage.saturating_add(len) > self.limit {
+                        return Ok(Some(Admission::Refused(Refusal::Limit)));
+                    }
+                    if !room_on_disk(&self.dir, len)? {
+                        return Ok(Some(Admission::Refused(Refusal::Disk)));
+                    }
+                    *usage += len;
+                }
+                self.chunks.write_all_at(&(len | FETCHING).to_le_bytes(), c * ENTRY)?;
+                Ok(None)
+            })
+        })();
+        match decided {
+            Ok(None) => Ok(Admission::Admitted(Reservation {
+                tier: self.clone(),
+                chunk: c,
+                kept: false,
+            })),
+            Ok(Some(found)) => {
+                ofd_unlock(&self.chunks, c);
+                Ok(found)
+            }
+            Err(e) => {
+                ofd_unlock(&self.chunks, c);
+                Err(e)
+            }
+        }
+    }
+
+    /// Forgets chunk `c` (a read of it from the tier failed): its entry and
+    /// bytes are given up, so the next read fetches it again.
+    pub fn forget(&self, c: u64) {
+        self.mark(c, false);
+        if !matches!(ofd_try_lock(&self.chunks, c), Ok(true)) {
+            return;
+        }
+        let _ = self.ledger.locked(|usage| {
+            let entry = read_u64(&self.chunks, c * ENTRY)?;
+            if entry != 0 && entry & FETCHING == 0 {
+                *usage = usage.saturating_sub(entry);
+                self.chunks.write_all_at(&0u64.to_le_bytes(), c * ENTRY)?;
+            }
+            Ok(())
+        });
+        ofd_unlock(&self.chunks, c);
+    }
+
+    fn known(&self, c: u64) -> bool {
+        self.present
+            .get((c / 64) as usize)
+            .is_some_and(|w| w.load(Ordering::Relaxed) & (1 << (c % 64)) != 0)
+    }
+
+    fn mark(&self, c: u64, kept: bool) {
+        if let Some(w) = self.present.get((c / 64) as usize) {
+            let bit = 1u64 << (c % 64);
+            if kept {
+                w.fetch_or(bit, Ordering::Relaxed);
+            } else {
+                w.fetch_and(!bit, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Segment `s`'s file in the tier, opened for writing (and sized, sparse,
+    /// to the segment's length) the first time.
+    fn segment_file(&self, s: u32) -> std::io::Result<&File> {
+        let cell = self
+            .segments
+            .get(s as usize)
+            .ok_or_else(|| std::io::Error::other(format!("no segment {s}")))?;
+        if let Some(f) = cell.get() {
+            return Ok(f);
+        }
+        let seg = &self.ds.manifest.segments[s as usize];
+        let f = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(self.dir.join(&seg.name))?;
+        if f.metadata()?.len() < seg.bytes {
+            f.set_len(seg.bytes)?;
+        }
+        Ok(cell.get_or_init(|| f))
+    }
+}
+
+/// A chunk this process fetches for the tier: [`keep`](Self::keep) its
+/// bytes, or drop it to give the reservation back.
+pub struct Reservation {
+    tier: Arc<Tier>,
+    chunk: u64,
+    kept: bool,
+}
+
+impl Reservation {
+    pub fn chunk(&self) -> u64 {
+        self.chunk
+    }
+
+    /// Writes the chunk's `bytes` (from its start, its padded length),
+    /// checked first (every record's crc32c: damage from the network is
+    /// not kept), syncs them, then marks the chunk kept.
+    pub fn keep(mut self, bytes: &[u8]) -> Result<()> {
+        let tier = self.tier.clone();
+        let c = self.chunk;
+        tier.ds.check_chunk(c, bytes)?;
+        let loc = tier.ds.index.chunk(c);
+        let io = |e: std::io::Error| Error::io(tier.dir.join(&tier.ds.manifest.segments[loc.segment as usize].name), e);
+        let file = tier.segment_file(loc.segment).map_err(io)?;
+        file.write_all_at(bytes, loc.offset).map_err(io)?;
+        file.sync_data().map_err(io)?;
+        // The chunk is on the disk: the page cache need not keep it (the
+        // tier is read with O_DIRECT, and the plan is the cache).
+        // SAFETY: an open descriptor; fadvise only advises the kernel.
+        unsafe {
+            libc::posix_fadvise(
+                file.as_raw_fd(),
+                loc.offset as libc::off_t,
+                bytes.len() as libc::off_t,
+                libc::POSIX_FADV_DONTNEED,
+            );
+        }
+        let len = tier.ds.index.chunk_padded_len(c);
+        tier.chunks
+            .write_all_at(&len.to_le_bytes(), c * ENTRY)
+            .map_err(|e| Error::io(tier.dir.join("chunks"), e))?;
+        tier.mark(c, true);
+        self.kept = true;
+        ofd_unlock(&tier.chunks, c);
+        Ok(())
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if self.kept {
+            return;
+        }
+        let (tier, c) = (&self.tier, self.chunk);
+        let given_back = tier.ledger.locked(|usage| {
+            let entry = read_u64(&tier.chunks, c * ENTRY)?;
+            if entry & FETCHING != 0 {
+                *usage = usage.saturating_sub(entry & !FETCHING);
+                tier.chunks.write_all_at(&0u64.to_le_bytes(), c * ENTRY)?;
+            }
+            Ok(())
+        });
+        if let Err(e) = given_back {
+            tracing::debug!("{}: chunk {c}'s reservation not given back: {e}", tier.dir.display());
+        }
+        ofd_unlock(&tier.chunks, c);
+    }
+}
+
+/// The names of `ds`'s directory in a tier: its dataset part (the URL's
+/// crc32c) and its version part (what pins its contents).
+fn keys(url: &str, ds: &Dataset) -> (String, String) {
+    let dataset = crc32c::crc32c(url.as_bytes());
+    let mut v = crc32c::crc32c_append(dataset ^ 0x7a1e_5eed, &ds.index.content_digest().to_le_bytes());
+    for (i, seg) in ds.manifest.segments.iter().enumerate() {
+        v = crc32c::crc32c_append(v, seg.name.as_bytes());
+        v = crc32c::crc32c_append(v, &seg.bytes.to_le_bytes());
+        if let Origin::Objects(objects) = &ds.origin
+            && let Some(tag) = objects.get(i).and_then(|o| o.e_tag.as_deref())
+        {
+            v = crc32c::crc32c_append(v, tag.as_bytes());
+        }
+    }
+    (format!("{dataset:08x}"), format!("{v:08x}"))
+}
+
+/// Removes the versions of `dataset` other than `keep` that no process
+/// reads (their `open` lock free). Best effort.
+fn remove_unread_versions(root: &Path, dataset: &str, keep: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else { return };
+    for e in entries.flatten() {
+        let path = e.path();
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if path == keep || !name.starts_with(&format!("{dataset}-")) || !path.is_dir() {
+            continue;
+        }
+        let Ok(open) = File::options().read(true).write(true).open(path.join("open")) else {
+            continue;
+        };
+        if open.try_lock().is_ok() {
+            match std::fs::remove_dir_all(&path) {
+                Ok(()) => tracing::info!("{}: removed a version of the dataset nobody reads", path.display()),
+                Err(e) => tracing::debug!("{}: not removed: {e}", path.display()),
+            }
+        }
+    }
+}
+
+/// Bytes every version in `root` holds or has reserved: kept chunks, and
+/// chunks being fetched by a live process (their entry's lock held). An
+/// entry marked fetching with no lock is a dead process's: cleared.
+fn recount(root: &Path) -> std::io::Result<u64> {
+    let mut total = 0u64;
+    for e in std::fs::read_dir(root)?.flatten() {
+        let path = e.path().join("chunks");
+        let Ok(file) = File::options().read(true).write(true).open(&path) else {
+            continue;
+        };
+        for (c, entry) in read_table(&file)?.into_iter().enumerate() {
+            if entry & FETCHING == 0 {
+                total = total.saturating_add(entry);
+            } else if ofd_locked(&file, c as u64)? {
+                total = total.saturating_add(entry & !FETCHING);
+            } else {
+                file.write_all_at(&0u64.to_le_bytes(), c as u64 * ENTRY)?;
+            }
+        }
+    }
+    Ok(total)
+}
+
+fn read_table(file: &File) -> std::io::Result<Vec<u64>> {
+    let len = file.metadata()?.len();
+    let mut bytes = vec![0u8; (len - len % ENTRY) as usize];
+    file.read_exact_at(&mut bytes, 0)?;
+    Ok(bytes
+        .chunks_exact(ENTRY as usize)
+        .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+        .collect())
+}
+
+/// The u64 at `at` (0 past the end: a new file).
+fn read_u64(file: &File, at: u64) -> std::io::Result<u64> {
+    let mut b = [0u8; 8];
+    match file.read_exact_at(&mut b, at) {
+        Ok(()) => Ok(u64::from_le_bytes(b)),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(0),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether `len` more bytes leave the file system of `dir` [`FREE_SHARE`] free.
+fn room_on_disk(dir: &Path, len: u64) -> std::io::Result<bool> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
+    // SAFETY: a NUL-terminated path and a zeroed struct statvfs fills.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; the pointers live across the call.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let block = st.f_frsize as u64;
+    let free = (st.f_bavail as u64).saturating_mul(block);
+    let total = (st.f_blocks as u64).saturating_mul(block);
+    Ok(free >= len.saturating_add((total as f64 * FREE_SHARE) as u64))
+}
+
+fn entry_lock(kind: libc::c_int, c: u64) -> libc::flock {
+    // SAFETY: a plain C struct; zero is a valid value of every field.
+    let mut l: libc::flock = unsafe { std::mem::zeroed() };
+    l.l_type = kind as libc::c_short;
+    l.l_whence = libc::SEEK_SET as libc::c_short;
+    l.l_start = (c * ENTRY) as libc::off_t;
+    l.l_len = ENTRY as libc::off_t;
+    l
+}
+
+/// Takes the OFD write lock on chunk `c`'s entry, without waiting; false
+/// if another open file holds it.
+fn ofd_try_lock(file: &File, c: u64) -> std::io::Result<bool> {
+    let l = entry_lock(libc::F_WRLCK, c);
+    // SAFETY: an open descriptor and a struct flock that lives across the call.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &l) } == 0 {
+        return Ok(true);
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EAGAIN) | Some(libc::EACCES) => Ok(false),
+        _ => Err(e),
+    }
+}
+
+fn ofd_unlock(file: &File, c: u64) {
+    let l = entry_lock(libc::F_UNLCK, c);
+    // SAFETY: as in `ofd_try_lock`; unlocking cannot block.
+    unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &l) };
+}
+
+/// Whether some open file holds a lock on chunk `c`'s entry.
+fn ofd_locked(file: &File, c: u64) -> std::io::Result<bool> {
+    let mut l = entry_lock(libc::F_WRLCK, c);
+    // SAFETY: an open descriptor and a struct flock the kernel fills.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_GETLK, &mut l) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(l.l_type != libc::F_UNLCK as libc::c_short)
+}
