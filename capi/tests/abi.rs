@@ -935,12 +935,14 @@ fn brand_metrics_fields_keep_their_offsets() {
         store_bytes_fetched 256 store_retries 264 store_hedges 272 store_get_p50_ms 280
         store_get_p99_ms 288 store_first_byte_p50_ms 296 store_gets_in_flight_limit 304
         index_file_bytes 312 index_heap_bytes 320 plan_bytes 328 plan_peak_bytes 336
-        reads_deferred 344 memory_slots 352 run_length 360
+        reads_deferred 344 memory_slots 352 run_length 360 tier_hits 368 tier_hit_bytes 376
+        tier_chunks_fetched 384 tier_bytes_fetched 392 tier_refused 400 tier_waited 408
+        tier_failed_reads 416 tier_kept_chunks 424 tier_held_bytes 432 tier_limit_bytes 440
     );
     for (field, got, want) in released {
         assert_eq!(got, want, "brand_metrics.{field} moved: fields are only appended");
     }
-    assert!(size_of::<brand_metrics>() >= 368);
+    assert!(size_of::<brand_metrics>() >= 448);
 }
 
 #[test]

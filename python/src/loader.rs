@@ -45,7 +45,9 @@ const STATE_DICT_VERSION: i64 = 1;
 /// ``world``, ``drop_last``, ``readahead``, ``queue_depth``, ``read_gap``,
 /// ``run_length``, ``verify``, ``direct``, ``io_backend``,
 /// ``decode_threads``, ``io_timeout``, for a URL ``gets_in_flight``,
-/// ``get_size``, ``stall_timeout`` and ``retries``, ``on_corrupt``, ``cache`` (the
+/// ``get_size``, ``stall_timeout``, ``retries``, ``disk_cache`` (a directory on a
+/// local disk keeping its chunks, shared by the machine's processes) and
+/// ``disk_cache_limit``, ``on_corrupt``, ``cache`` (the
 /// socket of a ``brand cache`` to attach to), and for a multi-node job ``nodes``,
 /// ``remote_memory``, ``peer_timeout``, ``job``, ``tf_port_offset``), checked
 /// as a TOML config file's keys are; a keyword given as None is not given.

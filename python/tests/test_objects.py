@@ -50,6 +50,29 @@ def test_a_url_reads_every_sample_once_per_epoch_with_its_bytes(s3):
     assert_reads_as_local(url, files, ds, CFG)
 
 
+def test_a_local_tier_is_filled_once_and_read_by_a_later_loader(s3, tmp_path):
+    """disk_cache keeps the dataset's chunks on local disk (issue 56): a
+    second loader on the same tier reads every sample from it, sending the
+    store no GET, with the same bytes; its keys are checked like any."""
+    server, url, files, ds = s3
+    tier = tmp_path / "tier"
+    cfg = dict(CFG, disk_cache=str(tier), read_gap="whole")
+    filled = assert_reads_as_local(url, files, ds, cfg)
+    assert filled["tier_kept_chunks"] > 0, filled
+    assert filled["tier_held_bytes"] > 0, filled
+    with brand.Loader(url, **cfg) as second:
+        for _ in second:
+            pass
+        warm = second.metrics()
+    assert warm["store_requests"] == 0, warm
+    assert warm["tier_hits"] > 0 and warm["tier_chunks_fetched"] == 0, warm
+    for bad, match in [(dict(disk_cache_limit="50%"), "disk_cache_limit without disk_cache"),
+                       (dict(disk_cache=str(tier), disk_cache_limit="150%"), "disk_cache_limit"),
+                       (dict(disk_cache=""), "disk_cache")]:
+        with pytest.raises(brand.ConfigError, match=match):
+            brand.Loader(url, **CFG, **bad)
+
+
 def test_a_url_resumes_from_a_state(s3):
     _, url, _, _ = s3
     with brand.Loader(url, **CFG) as loader:

@@ -1688,3 +1688,35 @@ fn three_processes_on_one_tier_fetch_each_chunk_once_between_them() {
         "{stats:?} for {dataset} bytes"
     );
 }
+
+/// A limit smaller than one chunk keeps nothing and says so once; the
+/// store serves every sample.
+#[test]
+fn a_tier_limit_below_one_chunk_keeps_nothing_and_the_store_serves_all() {
+    let f = Fixture::new();
+    let tier = f.root.join("tier");
+    let mut args = vec!["read", f.url.as_str(), "--json", "--disk-cache", s(&tier)];
+    args.extend([
+        "--disk-cache-limit",
+        "4KiB",
+        "--read-gap",
+        "whole",
+        "--epochs",
+        "2",
+        "-v",
+    ]);
+    let out = f.run(&args);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    let epochs: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("json");
+    assert_exactly_once(&epochs, 2);
+    assert_eq!(sum_of(&epochs, "tier_bytes_fetched"), 0);
+    assert_eq!(metric(&epochs[1], "tier_held_bytes"), 0);
+    assert!(sum_of(&epochs, "tier_refused") > 0, "{}", epochs[0]);
+    assert_eq!(
+        err.matches("the tier keeps no more chunks (its limit, 4096 bytes")
+            .count(),
+        1,
+        "{err}"
+    );
+}

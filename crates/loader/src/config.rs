@@ -425,10 +425,22 @@ mod tests {
                gets_in_flight = 8
                get_size = "16MiB"
                stall_timeout = "500ms"
+               disk_cache = "/nvme/brand"
+               disk_cache_limit = "1.5TiB"
                on_corrupt = "skip"
                cache = "/run/brand/ds.sock""#,
         )
         .expect("valid");
+        assert_eq!(c.io.disk_cache.as_deref(), Some(std::path::Path::new("/nvme/brand")));
+        assert_eq!(
+            c.io.disk_cache_limit,
+            Some(brand_store::tier::TierLimit::Bytes(3 << 39))
+        );
+        let pct = LoaderConfig::from_toml("disk_cache = \"/t\"\ndisk_cache_limit = \"12.5%\"").expect("a share");
+        assert_eq!(
+            pct.io.disk_cache_limit,
+            Some(brand_store::tier::TierLimit::Percent(12.5))
+        );
         assert_eq!(c.cache.as_deref(), Some(std::path::Path::new("/run/brand/ds.sock")));
         assert_eq!(c.batch_size, 8);
         assert_eq!(c.plan.memory, Memory::Bytes(512 << 20));
@@ -536,6 +548,19 @@ mod tests {
             ("stall_timeout = -1", "stall_timeout"),
             ("stall_timeout = 3601", "stall_timeout"),
             ("retries = 101", "retries 101 outside 0..=100"),
+            ("disk_cache = \"\"", "disk_cache = \"\": expected a directory"),
+            ("disk_cache = 3", "disk_cache"),
+            ("disk_cache_limit = \"50%\"", "disk_cache_limit without disk_cache"),
+            (
+                "disk_cache = \"/t\"\ndisk_cache_limit = \"0\"",
+                "disk_cache_limit \"0\": at least one byte",
+            ),
+            ("disk_cache = \"/t\"\ndisk_cache_limit = \"0%\"", "(0, 100] %"),
+            ("disk_cache = \"/t\"\ndisk_cache_limit = \"101%\"", "(0, 100] %"),
+            (
+                "disk_cache = \"/t\"\ndisk_cache_limit = \"lots\"",
+                "disk_cache_limit \"lots\": not a byte count",
+            ),
             ("retries = -1", "retries -1 is out of range"),
             ("retries = \"many\"", "retries"),
             ("on_corrupt = \"ignore\"", "on_corrupt"),
