@@ -1068,14 +1068,20 @@ fn put_object(f: &Fixture, key: &str, bytes: Vec<u8>) {
 /// `brand serve --json` reports of one job of `world` processes over the
 /// fixture's URL, each run with `args` after its rank's.
 fn serve_all(f: &Fixture, world: usize, args: &[&str]) -> Vec<serde_json::Value> {
+    serve_each(f, world, |_| args.iter().map(|a| a.to_string()).collect())
+}
+
+/// [`serve_all`] with each rank's own `args`.
+fn serve_each(f: &Fixture, world: usize, args: impl Fn(usize) -> Vec<String>) -> Vec<serde_json::Value> {
     let nodes = common::addresses(world);
     let children: Vec<std::process::Child> = (0..world)
         .map(|rank| {
-            let rank = rank.to_string();
-            let mut argv = vec!["serve", &f.url, "--nodes"];
+            let rank_text = rank.to_string();
             let joined = nodes.join(",");
-            argv.extend([joined.as_str(), "--rank", &rank, "--json"]);
-            argv.extend(args);
+            let mut argv = vec!["serve", &f.url, "--nodes"];
+            argv.extend([joined.as_str(), "--rank", &rank_text, "--json"]);
+            let own = args(rank);
+            argv.extend(own.iter().map(String::as_str));
             f.command(&argv)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
@@ -1092,6 +1098,68 @@ fn serve_all(f: &Fixture, world: usize, args: &[&str]) -> Vec<serde_json::Value>
             serde_json::from_slice(&out.stdout).expect("json")
         })
         .collect()
+}
+
+/// Nodes of a job, each with a tier of its own (a machine's disk), keep
+/// only the chunks they own: no chunk in two tiers, every chunk in one, so
+/// the job holds the nodes' tiers' worth; a restarted job fetches nothing.
+#[test]
+fn serve_nodes_keep_their_own_chunks_in_their_own_tiers() {
+    let f = Fixture::new();
+    let args = |rank: usize| {
+        let config = f.root.join(format!("node-{rank}.toml"));
+        let tier = f.root.join(format!("tier-{rank}"));
+        std::fs::write(&config, format!("disk_cache = {:?}\n", tier.to_string_lossy())).expect("config");
+        [
+            "--config",
+            s(&config),
+            "--memory",
+            "32 slots",
+            "--read-gap",
+            "whole",
+            "--batch",
+            "8",
+            "--epochs",
+            "2",
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    f.server.reset_stats();
+    for (rank, report) in serve_each(&f, 3, args).iter().enumerate() {
+        for e in report["epochs"].as_array().expect("epochs") {
+            assert_eq!(e["samples"].as_u64(), Some(SAMPLES / 3), "rank {rank}");
+        }
+    }
+    let dataset = f.segment_bytes();
+    let fetched = f.server.stats().get_bytes;
+    assert!(
+        fetched >= dataset && fetched <= dataset + dataset / 10,
+        "{fetched} for {dataset}"
+    );
+    // Each tier's kept chunks (entries of its one version's table).
+    let kept: Vec<Vec<bool>> = (0..3)
+        .map(|rank| {
+            let [dir] = &version_dirs(&f.root.join(format!("tier-{rank}")))[..] else {
+                panic!("rank {rank}: one version")
+            };
+            std::fs::read(dir.join("chunks"))
+                .expect("chunks")
+                .chunks_exact(8)
+                .map(|e| u64::from_le_bytes(e.try_into().expect("entry")) != 0)
+                .collect()
+        })
+        .collect();
+    for c in 0..kept[0].len() {
+        let holders = kept.iter().filter(|k| k[c]).count();
+        assert_eq!(holders, 1, "chunk {c} is kept by {holders} nodes");
+    }
+    f.server.reset_stats();
+    for report in serve_each(&f, 3, args) {
+        assert_eq!(report["closed"]["store_requests"].as_u64(), Some(0), "{report}");
+    }
+    // (Each open GETs the manifest; the index is in each process's cache.)
+    assert_eq!(f.server.stats().get_requests, 3, "{:?}", f.server.stats());
 }
 
 #[test]
