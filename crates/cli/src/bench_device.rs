@@ -268,6 +268,7 @@ fn sweep_point(engine: &Engine, segments: &[u64], qd: usize, bs: u64, seconds: f
                 len: bs,
                 records: Records::new(),
             },
+            first_fill: false,
         }
     };
     let cpu_before = crate::process_stats::cpu_seconds();

@@ -1788,3 +1788,36 @@ fn a_tier_limit_below_one_chunk_keeps_nothing_and_the_store_serves_all() {
         "{err}"
     );
 }
+
+/// A start's first fill is read record by record from the store even with
+/// a tier (the first batch waits for its own records, not for every chunk
+/// the first fill touches); the chunks are taken in at their later reads.
+#[test]
+fn a_tiers_first_fill_is_read_record_by_record_and_its_chunks_taken_in_later() {
+    // Chunks of 8 samples of 160 KiB: 1.25 MiB, above the 1 MiB a read
+    // must reach to be split.
+    let f = Fixture::with_samples(SAMPLES, "160", "200");
+    let tier = f.root.join("tier");
+    f.server.reset_stats();
+    let epochs = f.read(&[
+        "--disk-cache",
+        s(&tier),
+        "--read-gap",
+        "0",
+        "--memory",
+        "10%",
+        "--epochs",
+        "2",
+    ]);
+    assert_exactly_once(&epochs, 2);
+    let deferred = metric(&epochs[0], "reads_deferred");
+    assert!(deferred > 0, "{}", epochs[0]);
+    let dataset = f.segment_bytes();
+    assert_eq!(sum_of(&epochs, "tier_bytes_fetched"), dataset, "{}", epochs[1]);
+    // The dataset once, whole, and the first fill's records (memory's 10 %).
+    let fetched = f.server.stats().get_bytes;
+    assert!(fetched <= dataset + dataset / 5, "{fetched} for {dataset}");
+    f.server.reset_stats();
+    let warm = read_tiered(&f, &tier, &[]);
+    assert_eq!(metric(&warm[0], "store_requests"), 0, "{}", warm[0]);
+}

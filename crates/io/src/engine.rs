@@ -221,7 +221,10 @@ fn tier_disk(shared: &Shared, settings: &brand_store::tier::TierSettings) -> Res
         stats: shared.stats.clone(),
     };
     let (started, _, _) = start_disk(disk)?;
-    let path = Arc::new(crate::tier::TierPath::new(tier, ds.clone(), started.jobs));
+    // Whole chunks in flight are read-ahead memory too: at most the
+    // reader's read-ahead (what it registers), or two GETs' worth.
+    let budget = shared.cfg.fixed_buffer_bytes.max(2 * shared.cfg.store.get_bytes);
+    let path = Arc::new(crate::tier::TierPath::new(tier, ds.clone(), started.jobs, budget));
     let _ = shared.stats.tier.set(path.clone());
     Ok(Some(crate::objects::TierDisk {
         path,

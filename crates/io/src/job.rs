@@ -16,6 +16,21 @@ use crate::config::EngineConfig;
 pub struct Job {
     pub tag: u64,
     pub extent: Extent,
+    /// A read of a start's first fill, made record by record as samples
+    /// come due: a local tier reads it from the store as asked rather than
+    /// fetch its chunk whole first (the first batch would wait for every
+    /// chunk the first fill touches: about the whole dataset).
+    pub first_fill: bool,
+}
+
+impl Job {
+    pub fn new(tag: u64, extent: Extent) -> Job {
+        Job {
+            tag,
+            extent,
+            first_fill: false,
+        }
+    }
 }
 
 /// One record's outcome: its decoded bytes, or why it cannot be served.

@@ -170,13 +170,7 @@ fn forward(
         if failed {
             path.read_failed(&c);
             // A dispatcher gone is a reader closed: nobody wants the job.
-            let _ = again.send((
-                Job {
-                    tag: c.tag,
-                    extent: c.extent,
-                },
-                true,
-            ));
+            let _ = again.send((Job::new(c.tag, c.extent), true));
         } else if to.send(c).is_err() {
             break;
         }
@@ -226,6 +220,11 @@ async fn dispatch(
         }
         groups.extend(coalesce(store, get_bytes));
         for group in groups {
+            // A tier's whole chunks wait for room in its budget first.
+            let budget = match &ctx.tier {
+                Some(path) if !group.keep.is_empty() => Some(path.fetch_room(group.end - group.start).await),
+                _ => None,
+            };
             // Places in flight are taken here, in the plan's order: a task
             // taking its own would start in the scheduler's (last spawned
             // first), and the reads needed first would wait behind later ones.
@@ -245,7 +244,10 @@ async fn dispatch(
                 break 'taking;
             }
             let ctx = ctx.clone();
-            tasks.spawn(async move { ctx.read(group, permits).await });
+            tasks.spawn(async move {
+                ctx.read(group, permits).await;
+                drop(budget);
+            });
         }
     }
     tasks.abort_all();
@@ -511,13 +513,7 @@ fn split_damaged(segment: u32, completions: Vec<Completion>) -> (Vec<Completion>
         .map(|c| c.extent.offset + c.extent.len)
         .max()
         .unwrap_or(start);
-    let jobs = again
-        .into_iter()
-        .map(|c| Job {
-            tag: c.tag,
-            extent: c.extent,
-        })
-        .collect();
+    let jobs = again.into_iter().map(|c| Job::new(c.tag, c.extent)).collect();
     (
         on,
         Some(Group {
@@ -554,6 +550,7 @@ mod tests {
                 len,
                 records: Records::new(),
             },
+            first_fill: false,
         }
     }
 

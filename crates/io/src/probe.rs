@@ -141,6 +141,7 @@ fn time_reads(
                 len,
                 records: Records::new(),
             },
+            first_fill: false,
         })?;
         Ok(len)
     };

@@ -77,6 +77,12 @@ impl<T> ReadSession<T> {
 
     /// Starts reading `extent`; `payload` comes back with its completion.
     pub fn submit(&mut self, extent: Extent, payload: T) -> Result<()> {
+        self.submit_as(extent, payload, false)
+    }
+
+    /// [`submit`](Self::submit), saying whether `extent` is a read of a
+    /// start's first fill made record by record (see [`Job::first_fill`]).
+    pub fn submit_as(&mut self, extent: Extent, payload: T, first_fill: bool) -> Result<()> {
         self.next_tag += 1;
         let tag = self.next_tag;
         let read = InFlight {
@@ -85,7 +91,11 @@ impl<T> ReadSession<T> {
             offset: extent.offset,
             len: extent.len,
         };
-        self.engine.submit(Job { tag, extent })?;
+        self.engine.submit(Job {
+            tag,
+            extent,
+            first_fill,
+        })?;
         self.in_flight_read_bytes += read.len;
         self.in_flight.insert(tag, read);
         Ok(())

@@ -84,12 +84,22 @@ pub(crate) struct TierPath {
     fetching: Mutex<HashMap<u64, Vec<Job>>>,
     /// The tier could not be written: no more chunks are taken in.
     given_up: AtomicBool,
+    /// Bytes of whole chunks being fetched, in MiB: a reader's read-ahead
+    /// bounds what it asked for, and a chunk fetched whole for one record
+    /// is more (at most `budget` MiB at once).
+    fetching_bytes: Arc<tokio::sync::Semaphore>,
+    budget_mib: u32,
     counters: Counters,
 }
 
 impl TierPath {
-    pub fn new(tier: Arc<Tier>, ds: Arc<Dataset>, disk: Box<dyn JobSender>) -> Self {
+    /// The tier's routing; whole chunks being fetched hold at most
+    /// `budget_bytes` (at least one GET's worth).
+    pub fn new(tier: Arc<Tier>, ds: Arc<Dataset>, disk: Box<dyn JobSender>, budget_bytes: u64) -> Self {
+        let budget_mib = budget_bytes.div_ceil(1 << 20).clamp(1, u32::MAX as u64 >> 4) as u32;
         TierPath {
+            fetching_bytes: Arc::new(tokio::sync::Semaphore::new(budget_mib as usize)),
+            budget_mib,
             tier,
             ds,
             disk: Mutex::new(Some(disk)),
@@ -117,7 +127,7 @@ impl TierPath {
                 self.to_disk(job);
                 continue;
             }
-            if self.given_up.load(Ordering::Relaxed) {
+            if job.first_fill || self.given_up.load(Ordering::Relaxed) {
                 routed.store.push(job);
                 continue;
             }
@@ -160,6 +170,14 @@ impl TierPath {
             }
         }
         routed
+    }
+
+    /// Room for `bytes` of whole chunks in the fetch budget, waited for
+    /// (a group larger than the budget takes all of it).
+    pub async fn fetch_room(&self, bytes: u64) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let mib = bytes.div_ceil(1 << 20).clamp(1, self.budget_mib as u64) as u32;
+        // The semaphore is never closed: None only if it were.
+        self.fetching_bytes.clone().acquire_many_owned(mib).await.ok()
     }
 
     /// A job for a kept chunk, to the tier's disk.

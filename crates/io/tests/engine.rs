@@ -44,7 +44,7 @@ fn read_all_with(ds: Arc<Dataset>, gap: ReadGap, cfg: EngineConfig) -> (u64, u64
     for c in 0..ds.index.chunk_count() {
         let mask = 0x5a5a_5a5a_5a5a_5a5au64.rotate_left(c as u32);
         for e in extents(&ds.index, c, mask, gap) {
-            engine.submit(Job { tag: c, extent: e }).expect("submit");
+            engine.submit(Job::new(c, e)).expect("submit");
             jobs += 1;
         }
     }
@@ -142,10 +142,7 @@ fn a_job_submitted_to_an_idle_ring_is_read() {
             let chunk = round % ds.index.chunk_count();
             let jobs = extents(&ds.index, chunk, u64::MAX, ReadGap::Whole);
             for e in &jobs {
-                let job = Job {
-                    tag: chunk,
-                    extent: e.clone(),
-                };
+                let job = Job::new(chunk, e.clone());
                 engine.submit(job).expect("submit");
             }
             for _ in &jobs {
@@ -178,7 +175,7 @@ fn a_corrupt_record_is_a_named_error() {
     let ds = Arc::new(ds);
     let engine = Engine::start(ds.clone(), EngineConfig::default()).expect("engine");
     for e in extents(&ds.index, 1, u64::MAX, ReadGap::Whole) {
-        engine.submit(Job { tag: 1, extent: e }).expect("submit");
+        engine.submit(Job::new(1, e)).expect("submit");
     }
     let records = engine
         .recv()
@@ -266,7 +263,7 @@ fn large_records_are_served_in_their_read_buffers_by_both_backends() {
             for (c, mask) in (0..ds.index.chunk_count()).flat_map(|c| [(c, 0x5555), (c, 0xaaaa)]) {
                 for e in extents(&ds.index, c, mask, ReadGap::Bytes(0)) {
                     assert_eq!(e.records.len(), 1, "records of 64 KiB or more are read one at a time");
-                    engine.submit(Job { tag: c, extent: e }).expect("submit");
+                    engine.submit(Job::new(c, e)).expect("submit");
                     jobs += 1;
                 }
             }
@@ -341,7 +338,7 @@ fn block_sized_records_read_into_their_samples_keep_their_checks() {
             for (c, mask) in (0..ds.index.chunk_count()).flat_map(|c| [(c, 0x5555u64), (c, 0xaaaa)]) {
                 for e in extents(&ds.index, c, mask, ReadGap::Bytes(0)) {
                     assert_eq!((e.records.len(), e.len), (1, 4096));
-                    engine.submit(Job { tag: c, extent: e }).expect("submit");
+                    engine.submit(Job::new(c, e)).expect("submit");
                     jobs += 1;
                 }
             }
@@ -387,7 +384,7 @@ fn served(ds: &Arc<Dataset>) -> Vec<Vec<u8>> {
         let mut jobs = 0;
         for (c, mask) in (0..ds.index.chunk_count()).flat_map(|c| [(c, 0x5555u64), (c, 0xaaaa)]) {
             for e in extents(&ds.index, c, mask, gap) {
-                engine.submit(Job { tag: c, extent: e }).expect("submit");
+                engine.submit(Job::new(c, e)).expect("submit");
                 jobs += 1;
             }
         }

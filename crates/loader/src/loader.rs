@@ -533,8 +533,10 @@ impl Loader {
         };
         let chunk = self.ds.index.chunk_of(sample);
         let record = sample - chunk * self.ds.index.chunk_size() as u64;
-        let (ext, bytes) = self.extents_of(chunk, 1 << record);
-        self.submit_extents(ext)?;
+        let (mut ext, bytes) = self.extents_of(chunk, 1 << record);
+        let submitted = ext.drain(..).try_for_each(|e| self.submit_as(e, true));
+        self.extents = ext;
+        submitted?;
         match seq
             .checked_sub(self.reached)
             .and_then(|i| self.ahead.get_mut(i as usize))
@@ -550,13 +552,19 @@ impl Loader {
     }
 
     fn submit(&mut self, e: Extent) -> Result<()> {
+        self.submit_as(e, false)
+    }
+
+    /// [`submit`](Self::submit), saying whether `e` reads a start's first
+    /// fill record by record (`brand_io::engine::Job::first_fill`).
+    fn submit_as(&mut self, e: Extent, first_fill: bool) -> Result<()> {
         let mut decoded = 0;
         for &(id, _) in &e.records {
             decoded += self.ds.index.raw_len(id) as u64;
             self.held.reading(id);
         }
         self.metrics.reads_issued += 1;
-        self.reads.submit(e, ReadFor { decoded })?;
+        self.reads.submit_as(e, ReadFor { decoded }, first_fill)?;
         self.in_flight_decoded += decoded;
         let in_flight = self.reads.in_flight_read_bytes();
         self.metrics.peak_readahead_bytes = self.metrics.peak_readahead_bytes.max(in_flight);

@@ -369,7 +369,7 @@ impl Owner {
                 let r = &p.plan.reads[read];
                 if r.deliveries.iter().any(|d| d.0 == sample && live(d.1)) {
                     let record = sample - r.chunk * self.ownership.chunk_size as u64;
-                    *in_flight_bytes += self.storage.submit(read, r.chunk, 1 << record)?;
+                    *in_flight_bytes += self.storage.submit_first_fill(read, r.chunk, 1 << record)?;
                 }
             } else if let Some(r) = next {
                 *in_flight_bytes += self.storage.submit(p.next_read, r.chunk, r.mask)?;

@@ -37,10 +37,20 @@ impl Storage {
     /// Starts reading the records of `chunk` in `mask`; returns the bytes
     /// the device will transfer.
     pub fn submit(&mut self, read: usize, chunk: u64, mask: u64) -> Result<u64> {
+        self.submit_as(read, chunk, mask, false)
+    }
+
+    /// [`submit`](Self::submit) of a start's first fill, record by record
+    /// (`brand_io::engine::Job::first_fill`).
+    pub fn submit_first_fill(&mut self, read: usize, chunk: u64, mask: u64) -> Result<u64> {
+        self.submit_as(read, chunk, mask, true)
+    }
+
+    fn submit_as(&mut self, read: usize, chunk: u64, mask: u64, first_fill: bool) -> Result<u64> {
         let mut bytes = 0;
         for extent in self.session.extents(chunk, mask) {
             bytes += extent.len;
-            self.session.submit(extent, read)?;
+            self.session.submit_as(extent, read, first_fill)?;
         }
         Ok(bytes)
     }
