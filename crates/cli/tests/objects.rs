@@ -1821,3 +1821,27 @@ fn a_tiers_first_fill_is_read_record_by_record_and_its_chunks_taken_in_later() {
     let warm = read_tiered(&f, &tier, &[]);
     assert_eq!(metric(&warm[0], "store_requests"), 0, "{}", warm[0]);
 }
+
+/// A tier whose writes fail (here its segment file cannot be opened: a
+/// directory is in the way, as a failing or full disk fails a write) is
+/// given up with one warning; the store serves every sample and the
+/// reservations are given back.
+#[test]
+fn a_tier_whose_writes_fail_is_given_up_with_one_warning() {
+    let f = Fixture::new();
+    let tier = f.root.join("tier");
+    // A first run keeps nothing (its limit is below a chunk) but makes the version's directory.
+    let _ = f.read(&["--disk-cache", s(&tier), "--disk-cache-limit", "4KiB", "--read-gap", "whole"]);
+    let [dir] = &version_dirs(&tier)[..] else { panic!("one version") };
+    std::fs::create_dir(dir.join("data-00000.brd")).expect("in the way");
+    let mut args = vec!["read", f.url.as_str(), "--json", "--disk-cache", s(&tier)];
+    args.extend(["--read-gap", "whole", "--memory", "10%", "--epochs", "2"]);
+    let out = f.run(&args);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    let epochs: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("json");
+    assert_exactly_once(&epochs, 2);
+    assert_eq!(err.matches("the local tier cannot be written").count(), 1, "{err}");
+    assert_eq!(sum_of(&epochs, "tier_bytes_fetched"), 0);
+    assert_eq!(metric(&epochs[1], "tier_held_bytes"), 0, "{}", epochs[1]);
+}
