@@ -1831,8 +1831,17 @@ fn a_tier_whose_writes_fail_is_given_up_with_one_warning() {
     let f = Fixture::new();
     let tier = f.root.join("tier");
     // A first run keeps nothing (its limit is below a chunk) but makes the version's directory.
-    let _ = f.read(&["--disk-cache", s(&tier), "--disk-cache-limit", "4KiB", "--read-gap", "whole"]);
-    let [dir] = &version_dirs(&tier)[..] else { panic!("one version") };
+    let _ = f.read(&[
+        "--disk-cache",
+        s(&tier),
+        "--disk-cache-limit",
+        "4KiB",
+        "--read-gap",
+        "whole",
+    ]);
+    let [dir] = &version_dirs(&tier)[..] else {
+        panic!("one version")
+    };
     std::fs::create_dir(dir.join("data-00000.brd")).expect("in the way");
     let mut args = vec!["read", f.url.as_str(), "--json", "--disk-cache", s(&tier)];
     args.extend(["--read-gap", "whole", "--memory", "10%", "--epochs", "2"]);
