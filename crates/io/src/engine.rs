@@ -215,6 +215,9 @@ fn tier_disk(shared: &Shared, settings: &brand_store::tier::TierSettings) -> Res
         ds: Arc::new(local),
         cfg: EngineConfig {
             tier: None,
+            // A tier's bytes are checked on every read, whatever `verify`
+            // says: a chunk damaged on its disk is read from the store.
+            verify: true,
             ..shared.cfg.clone()
         },
         done: done_tx,
