@@ -1499,9 +1499,14 @@ fn a_users_stall_timeout_and_retries_end_a_stalled_open_cat_verify_and_pack_inpu
 
 /// `brand read URL --disk-cache DIR …`'s epochs.
 fn read_tiered(f: &Fixture, tier: &std::path::Path, extra: &[&str]) -> Vec<serde_json::Value> {
+    read_tiered_and_stderr(f, tier, extra).0
+}
+
+/// [`read_tiered`], and what it wrote to stderr.
+fn read_tiered_and_stderr(f: &Fixture, tier: &std::path::Path, extra: &[&str]) -> (Vec<serde_json::Value>, String) {
     let mut args = vec!["--disk-cache", s(tier), "--read-gap", "whole", "--memory", "10%"];
     args.extend_from_slice(extra);
-    f.read(&args)
+    f.read_and_stderr(&args)
 }
 
 fn sum_of(epochs: &[serde_json::Value], key: &str) -> u64 {
@@ -1592,19 +1597,24 @@ fn version_dirs(tier: &std::path::Path) -> Vec<PathBuf> {
         .collect()
 }
 
+/// A tier the fixture's dataset was read through once, and its one version's directory.
+fn filled_tier(f: &Fixture) -> (PathBuf, PathBuf) {
+    let tier = f.root.join("tier");
+    assert_exactly_once(&read_tiered(f, &tier, &[]), 1);
+    let [dir] = &version_dirs(&tier)[..] else {
+        panic!("one version")
+    };
+    (tier, dir.clone())
+}
+
 /// A process killed while it fetched a chunk leaves an entry marked
 /// fetching, unlocked, and the chunk's bytes torn: the next run clears it
 /// from the ledger, fetches the chunk again and serves no torn byte.
 #[test]
 fn a_chunk_a_killed_process_was_writing_is_fetched_again_never_served_torn() {
     let f = Fixture::new();
-    let tier = f.root.join("tier");
-    let first = read_tiered(&f, &tier, &[]);
-    assert_exactly_once(&first, 1);
+    let (tier, dir) = filled_tier(&f);
     let dataset = f.segment_bytes();
-    let [dir] = &version_dirs(&tier)[..] else {
-        panic!("one version")
-    };
     // Chunk 0 (offset 0 of the first segment) as a killed writer leaves it.
     let table = dir.join("chunks");
     let mut entries = std::fs::read(&table).expect("chunks");
@@ -1630,11 +1640,7 @@ fn a_chunk_a_killed_process_was_writing_is_fetched_again_never_served_torn() {
 #[test]
 fn a_chunk_damaged_on_the_tiers_disk_is_read_from_the_store_and_fetched_again() {
     let f = Fixture::new();
-    let tier = f.root.join("tier");
-    assert_exactly_once(&read_tiered(&f, &tier, &[]), 1);
-    let [dir] = &version_dirs(&tier)[..] else {
-        panic!("one version")
-    };
+    let (tier, dir) = filled_tier(&f);
     let segment = dir.join("data-00000.brd");
     let mut bytes = std::fs::read(&segment).expect("segment");
     // Every payload byte of the first 64 KiB past the first chunk's header.
@@ -1642,12 +1648,7 @@ fn a_chunk_damaged_on_the_tiers_disk_is_read_from_the_store_and_fetched_again() 
         *b ^= 0x5a;
     }
     std::fs::write(&segment, &bytes).expect("damage");
-    let mut args = vec!["read", f.url.as_str(), "--json", "--disk-cache", s(&tier)];
-    args.extend(["--read-gap", "whole", "--memory", "10%", "--epochs", "2"]);
-    let out = f.run(&args);
-    let err = stderr(&out);
-    assert!(out.status.success(), "{err}");
-    let epochs: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("json");
+    let (epochs, err) = read_tiered_and_stderr(&f, &tier, &["--epochs", "2"]);
     assert_exactly_once(&epochs, 2);
     assert!(sum_of(&epochs, "tier_failed_reads") > 0, "{}", epochs[0]);
     assert_eq!(err.matches("a read from the local tier failed").count(), 1, "{err}");
@@ -1700,12 +1701,7 @@ fn a_tier_that_cannot_be_made_is_a_warning_and_the_store_serves_everything() {
     let blocker = f.root.join("a-file");
     std::fs::write(&blocker, b"not a directory").expect("file");
     let tier = blocker.join("tier");
-    let mut args = vec!["read", f.url.as_str(), "--json", "--disk-cache", s(&tier)];
-    args.extend(["--read-gap", "whole", "--memory", "10%", "--epochs", "2"]);
-    let out = f.run(&args);
-    let err = stderr(&out);
-    assert!(out.status.success(), "{err}");
-    let epochs: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("json");
+    let (epochs, err) = read_tiered_and_stderr(&f, &tier, &["--epochs", "2"]);
     assert_exactly_once(&epochs, 2);
     assert!(err.contains("the local tier cannot be used"), "{err}");
     assert_eq!(sum_of(&epochs, "tier_hits"), 0);
@@ -1763,20 +1759,7 @@ fn three_processes_on_one_tier_fetch_each_chunk_once_between_them() {
 fn a_tier_limit_below_one_chunk_keeps_nothing_and_the_store_serves_all() {
     let f = Fixture::new();
     let tier = f.root.join("tier");
-    let mut args = vec!["read", f.url.as_str(), "--json", "--disk-cache", s(&tier)];
-    args.extend([
-        "--disk-cache-limit",
-        "4KiB",
-        "--read-gap",
-        "whole",
-        "--epochs",
-        "2",
-        "-v",
-    ]);
-    let out = f.run(&args);
-    let err = stderr(&out);
-    assert!(out.status.success(), "{err}");
-    let epochs: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("json");
+    let (epochs, err) = read_tiered_and_stderr(&f, &tier, &["--disk-cache-limit", "4KiB", "--epochs", "2", "-v"]);
     assert_exactly_once(&epochs, 2);
     assert_eq!(sum_of(&epochs, "tier_bytes_fetched"), 0);
     assert_eq!(metric(&epochs[1], "tier_held_bytes"), 0);
@@ -1843,12 +1826,7 @@ fn a_tier_whose_writes_fail_is_given_up_with_one_warning() {
         panic!("one version")
     };
     std::fs::create_dir(dir.join("data-00000.brd")).expect("in the way");
-    let mut args = vec!["read", f.url.as_str(), "--json", "--disk-cache", s(&tier)];
-    args.extend(["--read-gap", "whole", "--memory", "10%", "--epochs", "2"]);
-    let out = f.run(&args);
-    let err = stderr(&out);
-    assert!(out.status.success(), "{err}");
-    let epochs: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("json");
+    let (epochs, err) = read_tiered_and_stderr(&f, &tier, &["--epochs", "2"]);
     assert_exactly_once(&epochs, 2);
     assert_eq!(err.matches("the local tier cannot be written").count(), 1, "{err}");
     assert_eq!(sum_of(&epochs, "tier_bytes_fetched"), 0);

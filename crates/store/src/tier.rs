@@ -137,18 +137,10 @@ struct Ledger {
 
 impl Ledger {
     fn open(root: &Path) -> std::io::Result<Self> {
-        let rw = |name: &str| {
-            File::options()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(root.join(name))
-        };
         Ok(Ledger {
             threads: Mutex::new(()),
-            lock: rw("lock")?,
-            usage: rw("usage")?,
+            lock: open_rw(&root.join("lock"))?,
+            usage: open_rw(&root.join("usage"))?,
         })
     }
 
@@ -197,20 +189,10 @@ impl Tier {
         if !dir.join("url").exists() {
             std::fs::write(dir.join("url"), format!("{url}\n"))?;
         }
-        let open = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(dir.join("open"))?;
+        let open = open_rw(&dir.join("open"))?;
         open.lock_shared()?;
         let chunk_count = ds.index.chunk_count();
-        let chunks = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(dir.join("chunks"))?;
+        let chunks = open_rw(&dir.join("chunks"))?;
         if chunks.metadata()?.len() < chunk_count * ENTRY {
             chunks.set_len(chunk_count * ENTRY)?;
         }
@@ -385,12 +367,7 @@ impl Tier {
             return Ok(f);
         }
         let seg = &self.ds.manifest.segments[s as usize];
-        let f = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(self.dir.join(&seg.name))?;
+        let f = open_rw(&self.dir.join(&seg.name))?;
         if f.metadata()?.len() < seg.bytes {
             f.set_len(seg.bytes)?;
         }
@@ -527,6 +504,16 @@ fn recount(root: &Path) -> std::io::Result<u64> {
         }
     }
     Ok(total)
+}
+
+/// `path` opened for reading and writing, made empty if new.
+fn open_rw(path: &Path) -> std::io::Result<File> {
+    File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
 }
 
 fn read_table(file: &File) -> std::io::Result<Vec<u64>> {
