@@ -645,6 +645,11 @@ def main():
     ap.add_argument("--parts", default="brand,local,mds,jobs")
     ap.add_argument("--limits", default=",".join(BRAND_LIMITS))
     ap.add_argument("--mds-limits", default=",".join(MDS_LIMITS))
+    ap.add_argument("--heavy", default="0,10,30,50",
+                    help="brand limits run only in the first --heavy-rounds rounds (each of their epochs "
+                         "fetches (1 - f) x ~9x the dataset at --read-gap whole: ~66 s at 1 Gbit/s)")
+    ap.add_argument("--heavy-rounds", type=int, default=None, help="default: --rounds")
+    ap.add_argument("--peer-rounds", type=int, default=None, help="peers run in the first N rounds (default: --rounds)")
     ap.add_argument("--jobs", type=int, default=4)
     ap.add_argument("--peer-workers", type=int, default=2)
     ap.add_argument("--rate", default="1gbit")
@@ -694,7 +699,8 @@ def main():
     res = {"command": " ".join(["bench/tier.py", *sys.argv[1:]]), "build": build + ("+dirty" if dirty else ""),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "dataset": meta, "tier_dataset": extra,
            "allowance": a.allowance, "rate": a.rate, "delay_ms": a.delay_ms, "rounds": a.rounds, "epochs": a.epochs,
-           "jobs": a.jobs, "peer_workers": a.peer_workers, "disk": " ".join(disk).strip() or str(a.work),
+           "heavy": a.heavy, "heavy_rounds": a.heavy_rounds,
+           "peer_rounds": a.peer_rounds, "jobs": a.jobs, "peer_workers": a.peer_workers, "disk": " ".join(disk).strip() or str(a.work),
            "cgroup": f"v{layout.version}", "runs": runs, "links": links, "skipped": {}}
 
     def save():
@@ -725,12 +731,14 @@ def main():
                     print(f"probe failed: {p.stderr[-500:]}", file=sys.stderr)
             # The round's configurations, rotated.
             confs = []
+            heavy = set(a.heavy.split(","))
             if "brand" in parts:
-                confs += [("brand", x) for x in limits]
+                confs += [("brand", x) for x in limits
+                          if x not in heavy or a.heavy_rounds is None or rnd < a.heavy_rounds]
             if "local" in parts:
                 confs.append(("local", "local"))
             for peer in ("mds", "litdata"):
-                if peer in parts:
+                if peer in parts and (a.peer_rounds is None or rnd < a.peer_rounds):
                     confs += [(peer, x) for x in mds_limits]
             if "jobs" in parts:
                 confs.append(("jobs", "jobs"))

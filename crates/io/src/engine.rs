@@ -41,6 +41,8 @@ pub struct Engine {
     backend: IoBackend,
     uring_refused: bool,
     io_timeout: Duration,
+    /// The local tier under the object backend, if it has one (for its report).
+    tier: Option<Arc<crate::tier::TierPath>>,
 }
 
 impl Engine {
@@ -60,11 +62,13 @@ impl Engine {
             done: done_tx,
             stats: stats.clone(),
         };
+        let mut tier_path = None;
         let (started, backend, uring_refused) = if shared.ds.is_remote() {
             let tier = match &cfg.tier {
                 Some(settings) => tier_disk(&shared, settings)?,
                 None => None,
             };
+            tier_path = tier.as_ref().map(|t| t.path.clone());
             (crate::objects::start(shared, tier)?, IoBackend::Objects, false)
         } else {
             start_disk(shared)?
@@ -78,6 +82,7 @@ impl Engine {
             backend,
             uring_refused,
             io_timeout: cfg.io_timeout,
+            tier: tier_path,
         })
     }
 
@@ -149,7 +154,7 @@ impl Engine {
 
     /// What the local tier did, for a dataset at a URL read with one.
     pub fn tier_report(&self) -> Option<crate::tier::TierReport> {
-        self.stats.tier.get().map(|t| t.report())
+        self.tier.as_ref().map(|t| t.report())
     }
 
     /// Peak bytes of ordinary read buffers (in use or idle).
@@ -228,7 +233,6 @@ fn tier_disk(shared: &Shared, settings: &brand_store::tier::TierSettings) -> Res
     // reader's read-ahead (what it registers), or two GETs' worth.
     let budget = shared.cfg.fixed_buffer_bytes.max(2 * shared.cfg.store.get_bytes);
     let path = Arc::new(crate::tier::TierPath::new(tier, ds.clone(), started.jobs, budget));
-    let _ = shared.stats.tier.set(path.clone());
     Ok(Some(crate::objects::TierDisk {
         path,
         done: done_rx,

@@ -57,8 +57,6 @@ pub(crate) struct EngineStats {
     pub pool_peak_bytes: AtomicU64,
     /// The object backend's GET counters and limiter (set when it starts).
     pub store: std::sync::OnceLock<Arc<StoreStats>>,
-    /// The local tier under the object backend, if it has one.
-    pub tier: std::sync::OnceLock<Arc<crate::tier::TierPath>>,
 }
 
 impl EngineStats {

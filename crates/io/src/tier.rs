@@ -264,12 +264,3 @@ impl TierPath {
         }
     }
 }
-
-impl std::fmt::Debug for TierPath {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TierPath")
-            .field("dir", &self.tier.dir())
-            .field("report", &self.report())
-            .finish()
-    }
-}
