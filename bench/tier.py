@@ -730,7 +730,7 @@ def main():
                 else:
                     print(f"probe failed: {p.stderr[-500:]}", file=sys.stderr)
             # The round's configurations, rotated.
-            confs = []
+            confs = [("jobs", "jobs")] if "jobs" in parts else []
             heavy = set(a.heavy.split(","))
             if "brand" in parts:
                 confs += [("brand", x) for x in limits
@@ -740,8 +740,6 @@ def main():
             for peer in ("mds", "litdata"):
                 if peer in parts and (a.peer_rounds is None or rnd < a.peer_rounds):
                     confs += [(peer, x) for x in mds_limits]
-            if "jobs" in parts:
-                confs.append(("jobs", "jobs"))
             k = rnd % len(confs)
             for part, cfg in confs[k:] + confs[:k]:
                 if part == "brand":

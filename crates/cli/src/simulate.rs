@@ -47,10 +47,11 @@ pub struct SimulateArgs {
     /// `get_size`).
     #[arg(long, value_name = "BYTES", default_value = "8MiB")]
     pub get_size: String,
-    /// Also count what a local tier of whole chunks this large (bytes, or a
-    /// percentage of the dataset's chunks) would fetch from a store: every
-    /// rank on one machine sharing it, the chunk read furthest ahead evicted
-    /// first, misses fetched whole in GETs of `--get-size`.
+    /// Also count what a local tier this large (bytes, or a share of the
+    /// dataset: "30%") would fetch from a store, every rank on one machine
+    /// sharing it, misses fetched whole in GETs of `--get-size`: as built
+    /// (chunks kept as first read, never evicted; the others read as
+    /// without a tier) and if it evicted by the plan (Belady).
     #[arg(long, value_name = "BYTES|PCT")]
     pub disk_cache_limit: Option<String>,
     /// Drop the tail so ranks get ⌊N/world⌋ samples instead of padding.
@@ -87,7 +88,7 @@ pub fn run(args: &SimulateArgs) -> brand_format::Result<()> {
     let tier = args
         .disk_cache_limit
         .as_deref()
-        .map(|limit| tier_model(&dataset.index, limit, &args.get_size))
+        .map(|limit| tier_model(&dataset, limit, &args.get_size))
         .transpose()?;
     let options = SimOptions {
         epochs: args.epochs,
@@ -111,27 +112,12 @@ pub fn run(args: &SimulateArgs) -> brand_format::Result<()> {
     }
 }
 
-/// `--disk-cache-limit` (bytes, or a percentage of every chunk's padded
-/// bytes) and `--get-size` as the simulator's tier.
-fn tier_model(index: &brand_format::index::Index, limit: &str, get_size: &str) -> brand_format::Result<TierModel> {
-    let whole: u64 = (0..index.chunk_count()).map(|c| index.chunk_padded_len(c)).sum();
-    let limit_bytes = match limit.trim().strip_suffix('%') {
-        Some(pct) => {
-            let pct: f64 = pct
-                .trim()
-                .parse()
-                .ok()
-                .filter(|p: &f64| p.is_finite() && (0.0..=100.0).contains(p))
-                .ok_or_else(|| {
-                    brand_format::Error::config(format!("disk cache limit {limit:?}: a percentage is 0% to 100%"))
-                })?;
-            (whole as f64 * pct / 100.0) as u64
-        }
-        None => brand_format::units::parse_bytes(limit)
-            .map_err(|why| brand_format::Error::config(format!("disk cache limit {limit:?}: {why}")))?,
-    };
+/// `--disk-cache-limit` (parsed as the key `disk_cache_limit` is, a share
+/// of the dataset's bytes as the tier takes it) and `--get-size` as the
+/// simulator's tier.
+fn tier_model(ds: &brand_format::Dataset, limit: &str, get_size: &str) -> brand_format::Result<TierModel> {
     Ok(TierModel {
-        limit_bytes,
+        limit_bytes: limit.parse::<brand_store::tier::TierLimit>()?.bytes_for(ds),
         get_bytes: get_bytes(get_size)?,
     })
 }

@@ -383,9 +383,10 @@ fn a_dataset_a_killed_pack_moved_aside_is_restored() {
 }
 
 /// `simulate --disk-cache-limit`: a tier as large as the dataset fetches
-/// every chunk in the first epoch and nothing after; a limit of 0 fetches a
-/// whole chunk per read; a limit that is not a size or a percentage is an
-/// error naming it.
+/// every chunk in the first epoch and nothing after, as built and with
+/// eviction by the plan; a limit of 0 keeps nothing (as built every read
+/// passes to the store; by the plan each fetches a whole chunk); a limit
+/// that is not a size or a percentage is an error naming it.
 #[test]
 fn simulate_counts_what_a_local_tier_would_fetch() {
     let t = tempfile::tempdir().expect("tempdir");
@@ -409,20 +410,26 @@ fn simulate_counts_what_a_local_tier_would_fetch() {
     };
     let all = tier("100%");
     let chunks = all["geometry"]["chunks"].as_u64().expect("chunks");
-    assert_eq!(all["epochs"][0]["tier"]["misses"], chunks);
-    assert_eq!(all["epochs"][1]["tier"]["misses"], 0);
-    let none = tier("0");
+    for rule in ["tier", "tier_by_plan"] {
+        assert_eq!(all["epochs"][0][rule]["misses"], chunks);
+        assert_eq!(all["epochs"][1][rule]["misses"], 0);
+    }
+    let none = tier("1");
     for e in none["epochs"].as_array().expect("epochs") {
-        assert_eq!(e["tier"]["misses"], e["reads"]);
-        assert_eq!(e["tier"]["hits"], 0);
+        assert_eq!(e["tier"]["passed"], e["reads"]);
+        assert_eq!(e["tier_by_plan"]["misses"], e["reads"]);
+        assert_eq!((&e["tier"]["hits"], &e["tier_by_plan"]["hits"]), (&0.into(), &0.into()));
     }
     let text =
         String::from_utf8_lossy(&ok(&["simulate", s(&ds), "--memory", "10%", "--disk-cache-limit", "30%"]).stdout)
             .into_owned();
-    assert!(text.contains("with a local tier of"), "{text}");
-    for bad in ["lots", "150%", "-5%"] {
+    assert!(
+        text.contains("with a local tier of") && text.contains("(as built"),
+        "{text}"
+    );
+    for bad in ["lots", "150%", "-5%", "0"] {
         let flag = format!("--disk-cache-limit={bad}");
         let err = fails(&["simulate", s(&ds), "--memory", "10%", &flag]);
-        assert!(err.contains("disk cache limit"), "{bad}: {err}");
+        assert!(err.contains("disk_cache_limit"), "{bad}: {err}");
     }
 }

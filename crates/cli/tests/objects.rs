@@ -1563,8 +1563,39 @@ fn a_tier_smaller_than_the_dataset_keeps_its_share_and_the_store_serves_the_rest
     let f = Fixture::new();
     let tier = f.root.join("tier");
     let plain = f.read(&["--epochs", "3", "--read-gap", "whole", "--memory", "10%"]);
+    f.server.reset_stats();
     let epochs = read_tiered(&f, &tier, &["--epochs", "3", "--disk-cache-limit", "30%"]);
     assert_exactly_once(&epochs, 3);
+    // As `brand simulate` predicts: the bytes exactly (the same chunks kept,
+    // the same reads passed), the GETs at most (neighbours waiting together merge).
+    let stats = f.server.stats();
+    let sim = common::ok(&[
+        "simulate",
+        s(&f.local),
+        "--memory",
+        "10%",
+        "--epochs",
+        "3",
+        "--disk-cache-limit",
+        "30%",
+        "--json",
+    ]);
+    let sim: serde_json::Value = serde_json::from_slice(&sim.stdout).expect("json");
+    let predicted = |key: &str| -> u64 {
+        sim["epochs"]
+            .as_array()
+            .expect("epochs")
+            .iter()
+            .map(|e| e["tier"][key].as_u64().expect(key))
+            .sum()
+    };
+    // (Beside the open's manifest: the index is in the cache since the run without a tier.)
+    let manifest = std::fs::metadata(f.local.join("manifest.toml"))
+        .expect("manifest")
+        .len();
+    assert_eq!(stats.get_bytes - manifest, predicted("bytes_fetched"), "{stats:?}");
+    let gets = predicted("gets");
+    assert!(stats.get_requests - 1 <= gets, "{stats:?} against {gets}");
     let dataset = f.segment_bytes();
     let last = &epochs[2];
     let held = metric(last, "tier_held_bytes");

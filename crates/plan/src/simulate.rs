@@ -7,7 +7,7 @@ use std::fmt;
 use serde::Serialize;
 
 use crate::order::OrderMeter;
-use crate::tier::{ChunkRead, TierEpoch, TierModel, simulate_tier};
+use crate::tier::{ChunkRead, TierEpoch, TierModel, simulate_kept, simulate_tier};
 use crate::{Event, Geometry, PlanConfig, Planner, Policy, Residency, Start};
 use brand_format::error::{Error, Result};
 use brand_format::extents::{ReadGap, extents, get_parts, group_touching};
@@ -78,6 +78,9 @@ pub fn read_cost(index: &Index, chunk: u64, mask: u64, model: FetchModel) -> Rea
     }
 }
 
+/// Which of an epoch's tier counts a table shows.
+type TierOf = fn(&EpochReport) -> Option<TierEpoch>;
+
 #[derive(Debug, Clone, Serialize)]
 pub struct SimReport {
     pub policy: Policy,
@@ -137,9 +140,12 @@ pub struct EpochReport {
     pub gets_per_read: Option<f64>,
     /// `bytes_fetched / useful_bytes`.
     pub fetched_per_served: Option<f64>,
-    /// With a tier: what its reads cost (hits on the local disk, whole
-    /// chunks fetched from the store).
+    /// With a tier: what its reads cost with the tier as built (chunks kept
+    /// as first read while there is room, never evicted: hits on the local
+    /// disk, whole chunks fetched, reads passed to the store as without a
+    /// tier), and with eviction by the plan (Belady) instead.
     pub tier: Option<TierEpoch>,
+    pub tier_by_plan: Option<TierEpoch>,
     /// Every sample served exactly once over all ranks (padding aside); with
     /// `drop_last`, all distinct and `world × ⌊N/world⌋` of them.
     pub exactly_once: bool,
@@ -236,6 +242,7 @@ pub fn simulate_with(index: &Index, config: &PlanConfig, options: &SimOptions) -
             gets_per_read: None,
             fetched_per_served: None,
             tier: None,
+            tier_by_plan: None,
             exactly_once: true,
             reads_cover_serves: true,
             peak_resident: 0,
@@ -245,8 +252,9 @@ pub fn simulate_with(index: &Index, config: &PlanConfig, options: &SimOptions) -
         };
         let mut times_served = vec![0u8; n];
         let mut cost = ReadCost::default();
-        // (position of the serve the read is for, rank, read number, chunk).
-        let mut epoch_reads: Vec<(u64, usize, usize, u64)> = Vec::new();
+        // (position of the serve the read is for, rank, read number, chunk,
+        // its bytes and GETs from the store without a tier).
+        let mut epoch_reads: Vec<(u64, usize, usize, u64, u64, u64)> = Vec::new();
         for rank in 0..world {
             // A rank serves positions rank, rank + world, …: a read comes
             // before the serve of the next one.
@@ -261,8 +269,19 @@ pub fn simulate_with(index: &Index, config: &PlanConfig, options: &SimOptions) -
                 match event {
                     Event::Read { chunk, mask } => {
                         r.reads += 1;
-                        if options.tier.is_some() {
-                            epoch_reads.push((next_position, rank, epoch_reads.len(), chunk));
+                        if let Some(t) = options.tier {
+                            // Without a tier: as the fetch model says, else whole.
+                            let (bytes, gets) = match options.fetch {
+                                Some(model) => {
+                                    let c = read_cost(index, chunk, mask, model);
+                                    (c.bytes, c.gets)
+                                }
+                                None => {
+                                    let len = index.chunk_padded_len(chunk);
+                                    (len, get_parts(len, t.get_bytes))
+                                }
+                            };
+                            epoch_reads.push((next_position, rank, epoch_reads.len(), chunk, bytes, gets));
                         }
                         // The first record of each run of set bits.
                         r.run_requests += (mask & !(mask << 1)).count_ones() as u64;
@@ -332,7 +351,16 @@ pub fn simulate_with(index: &Index, config: &PlanConfig, options: &SimOptions) -
             r.fetched_per_served = ratio(cost.bytes);
         }
         epoch_reads.sort_unstable();
-        chunk_reads.extend(epoch_reads.iter().map(|&(_, _, _, chunk)| ChunkRead { epoch, chunk }));
+        chunk_reads.extend(
+            epoch_reads
+                .iter()
+                .map(|&(_, _, _, chunk, store_bytes, store_gets)| ChunkRead {
+                    epoch,
+                    chunk,
+                    store_bytes,
+                    store_gets,
+                }),
+        );
         let q = order.end_epoch();
         r.chunk_mate_dispersion = q.chunk_mate_dispersion;
         r.spearman_vs_previous = q.spearman_vs_previous;
@@ -340,11 +368,11 @@ pub fn simulate_with(index: &Index, config: &PlanConfig, options: &SimOptions) -
         epochs.push(r);
     }
     if let Some(model) = options.tier {
-        for (r, t) in epochs
-            .iter_mut()
-            .zip(simulate_tier(index, &chunk_reads, options.epochs, model))
-        {
-            r.tier = Some(t);
+        let kept = simulate_kept(index, &chunk_reads, options.epochs, model);
+        let by_plan = simulate_tier(index, &chunk_reads, options.epochs, model);
+        for ((r, k), p) in epochs.iter_mut().zip(kept).zip(by_plan) {
+            r.tier = Some(k);
+            r.tier_by_plan = Some(p);
         }
     }
     Ok(SimReport {
@@ -510,35 +538,45 @@ impl fmt::Display for SimReport {
             )?;
         }
         if let Some(limit) = self.tier_limit_bytes {
-            writeln!(
-                f,
-                "\nwith a local tier of {} (whole chunks, the chunk read furthest ahead evicted first):",
-                human(limit)
-            )?;
-            writeln!(
-                f,
-                "{:>5} {:>9} {:>9} {:>9} {:>11} {:>9} {:>9} {:>11}",
-                "epoch", "reads", "tier hits", "misses", "fetched", "GETs", "evicted", "tier holds"
-            )?;
-            for e in &self.epochs {
-                if let Some(t) = e.tier {
-                    writeln!(
-                        f,
-                        "{:>5} {:>9} {:>9} {:>9} {:>11} {:>9} {:>9} {:>11}",
-                        e.epoch,
-                        e.reads,
-                        t.hits,
-                        t.misses,
-                        human(t.bytes_fetched),
-                        t.gets,
-                        t.evictions,
-                        human(t.held_bytes),
-                    )?;
+            let tables: [(&str, TierOf); 2] = [
+                (
+                    "as built: chunks kept as first read while there is room, never evicted",
+                    |e| e.tier,
+                ),
+                (
+                    "if it evicted by the plan: the chunk read furthest ahead first (Belady)",
+                    |e| e.tier_by_plan,
+                ),
+            ];
+            for (rule, tier_of) in tables {
+                writeln!(f, "\nwith a local tier of {} ({rule}):", human(limit))?;
+                writeln!(
+                    f,
+                    "{:>5} {:>9} {:>9} {:>9} {:>9} {:>11} {:>9} {:>9} {:>11}",
+                    "epoch", "reads", "tier hits", "misses", "passed", "fetched", "GETs", "evicted", "tier holds"
+                )?;
+                for e in &self.epochs {
+                    if let Some(t) = tier_of(e) {
+                        writeln!(
+                            f,
+                            "{:>5} {:>9} {:>9} {:>9} {:>9} {:>11} {:>9} {:>9} {:>11}",
+                            e.epoch,
+                            e.reads,
+                            t.hits,
+                            t.misses,
+                            t.passed,
+                            human(t.bytes_fetched),
+                            t.gets,
+                            t.evictions,
+                            human(t.held_bytes),
+                        )?;
+                    }
                 }
             }
             f.write_str(
                 "tier hits: reads from the local disk; misses: whole chunks fetched from the store \
-                 (GETs of at most the get size)\n",
+                 (GETs of at most the get size); passed: reads of chunks not kept, fetched as without \
+                 a tier (with --read-gap, its records; else the whole chunk)\n",
             )?;
         }
         f.write_str(

@@ -714,9 +714,11 @@ fn simulate_shows_what_runs_save_and_cost() {
 }
 
 /// The tier in the simulator (issue 56): as large as the dataset, it fetches
-/// each chunk once over three epochs, whatever the world; of nothing, it
-/// fetches every read; between, a larger tier never fetches more, and every
-/// read is a hit or a miss.
+/// each chunk once over three epochs, whatever the world, under either rule;
+/// of nothing, every read goes to the store; between, under eviction by the
+/// plan a larger tier never fetches more chunks, and under the rule as built
+/// it keeps more of them and passes fewer reads; every read is a hit, a
+/// miss or passed.
 #[test]
 fn simulated_tier_fetches_each_chunk_once_when_it_holds_the_dataset() {
     use brand_plan::tier::TierModel;
@@ -739,26 +741,35 @@ fn simulated_tier_fetches_each_chunk_once_when_it_holds_the_dataset() {
             simulate_with(&index, &cfg, &opts).expect("simulate")
         };
         let all = run(whole);
-        let misses: Vec<u64> = all.epochs.iter().map(|e| e.tier.expect("tier").misses).collect();
-        assert_eq!(misses, [index.chunk_count(), 0, 0], "world {world}");
+        for rule in [
+            |e: &brand_plan::simulate::EpochReport| e.tier,
+            |e: &brand_plan::simulate::EpochReport| e.tier_by_plan,
+        ] {
+            let misses: Vec<u64> = all.epochs.iter().map(|e| rule(e).expect("tier").misses).collect();
+            assert_eq!(misses, [index.chunk_count(), 0, 0], "world {world}");
+        }
         let none = run(0);
-        let mut last = u64::MAX;
+        let (mut last, mut last_passed) = (u64::MAX, u64::MAX);
         for pct in [0u64, 10, 30, 50, 100] {
             let r = if pct == 0 { none.clone() } else { run(whole * pct / 100) };
-            let total: u64 = r.epochs.iter().map(|e| e.tier.expect("tier").misses).sum();
+            let total: u64 = r.epochs.iter().map(|e| e.tier_by_plan.expect("tier").misses).sum();
+            let passed: u64 = r.epochs.iter().map(|e| e.tier.expect("tier").passed).sum();
             for e in &r.epochs {
-                let t = e.tier.expect("tier");
-                assert_eq!(t.hits + t.misses, e.reads, "world {world} tier {pct}%");
-                assert!(t.held_bytes <= whole * pct / 100);
+                let (t, p) = (e.tier.expect("tier"), e.tier_by_plan.expect("tier"));
+                assert_eq!(t.hits + t.misses + t.passed, e.reads, "world {world} tier {pct}%");
+                assert_eq!(p.hits + p.misses, e.reads, "world {world} tier {pct}%");
+                assert!(t.held_bytes <= whole * pct / 100 && p.held_bytes <= whole * pct / 100);
                 if pct == 0 {
-                    assert_eq!((t.hits, t.misses), (0, e.reads));
+                    assert_eq!((t.hits, t.misses, t.passed), (0, 0, e.reads));
+                    assert_eq!((p.hits, p.misses), (0, e.reads));
                 }
             }
             assert!(
                 total <= last,
                 "world {world}: tier {pct}% fetched {total} chunks, more than a smaller one"
             );
-            last = total;
+            assert!(passed <= last_passed, "world {world}: tier {pct}% passed {passed}");
+            (last, last_passed) = (total, passed);
         }
     }
 }

@@ -89,6 +89,18 @@ impl std::str::FromStr for TierLimit {
     }
 }
 
+impl TierLimit {
+    /// The bytes this limit allows for `ds` (a share is of its segments' bytes).
+    pub fn bytes_for(&self, ds: &Dataset) -> u64 {
+        let dataset: u64 = ds.manifest.segments.iter().map(|s| s.bytes).sum();
+        match *self {
+            TierLimit::Bytes(b) => b,
+            TierLimit::Percent(p) => (dataset as f64 * p / 100.0) as u64,
+            TierLimit::Disk => u64::MAX,
+        }
+    }
+}
+
 impl std::fmt::Display for TierLimit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -196,12 +208,7 @@ impl Tier {
         if chunks.metadata()?.len() < chunk_count * ENTRY {
             chunks.set_len(chunk_count * ENTRY)?;
         }
-        let dataset_bytes: u64 = ds.manifest.segments.iter().map(|s| s.bytes).sum();
-        let limit = match settings.limit {
-            TierLimit::Bytes(b) => b,
-            TierLimit::Percent(p) => (dataset_bytes as f64 * p / 100.0) as u64,
-            TierLimit::Disk => u64::MAX,
-        };
+        let limit = settings.limit.bytes_for(&ds);
         let ledger = Ledger::open(&root)?;
         ledger.locked(|usage| {
             remove_unread_versions(&root, &dataset, &dir);
