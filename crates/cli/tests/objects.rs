@@ -1863,3 +1863,63 @@ fn a_tier_whose_writes_fail_is_given_up_with_one_warning() {
     assert_eq!(sum_of(&epochs, "tier_bytes_fetched"), 0);
     assert_eq!(metric(&epochs[1], "tier_held_bytes"), 0, "{}", epochs[1]);
 }
+
+/// A process killed with SIGKILL while it fetches chunks for the tier (its
+/// GETs held at the server, so the kill lands mid-fetch) leaves
+/// reservations no process holds: the next run's open clears them, fetches
+/// those chunks, serves every sample once and keeps within the limit.
+#[test]
+fn a_reader_killed_mid_fetch_leaves_a_tier_the_next_run_repairs() {
+    let f = Fixture::new();
+    let tier = f.root.join("tier");
+    f.server.faults().set_key_filter(Some("data-"));
+    f.server.faults().stall_all(true);
+    let args = ["read", &f.url, "--disk-cache", s(&tier), "--disk-cache-limit", "50%"];
+    let mut child = f
+        .command(&[&args[..], &["--read-gap", "whole", "--stall-timeout", "60s"]].concat())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn brand read");
+    // Wait (bounded) until it holds a chunk as being fetched.
+    let fetching = |table: &std::path::Path| {
+        std::fs::read(table)
+            .unwrap_or_default()
+            .chunks_exact(8)
+            .any(|e| e[7] & 0x80 != 0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let table = loop {
+        let found = version_dirs_if_any(&tier)
+            .into_iter()
+            .map(|d| d.join("chunks"))
+            .find(|t| fetching(t));
+        if let Some(t) = found {
+            break t;
+        }
+        assert!(Instant::now() < deadline, "the reader never began a fetch");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reaped");
+    let dataset = f.segment_bytes();
+    let usage = |tier: &std::path::Path| {
+        let b = std::fs::read(tier.join("usage")).expect("usage");
+        u64::from_le_bytes(b[..8].try_into().expect("8 bytes"))
+    };
+    let reserved = usage(&tier);
+    assert!(reserved > 0 && reserved <= dataset / 2, "{reserved} of {dataset}");
+    f.server.faults().clear();
+    let epochs = read_tiered(&f, &tier, &["--disk-cache-limit", "50%"]);
+    assert_exactly_once(&epochs, 1);
+    let held = metric(&epochs[0], "tier_held_bytes");
+    assert!(held > 0 && held <= dataset / 2, "{held} of {dataset}");
+    assert_eq!(usage(&tier), held);
+    assert!(!fetching(&table), "an entry is still marked fetching");
+    assert_eq!(metric(&epochs[0], "tier_failed_reads"), 0);
+}
+
+/// The version directories in `tier`, none if it is not made yet.
+fn version_dirs_if_any(tier: &std::path::Path) -> Vec<PathBuf> {
+    if tier.is_dir() { version_dirs(tier) } else { Vec::new() }
+}
