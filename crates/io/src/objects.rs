@@ -26,6 +26,7 @@
 //! before their jobs are decoded from the same bytes.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use brand_format::buffer::AlignedBuf;
 use brand_format::dataset::{Dataset, Origin};
@@ -192,7 +193,17 @@ async fn dispatch(
     let mut waiting = Vec::new();
     let mut store_only = Vec::new();
     let get_bytes = ctx.shared.cfg.store.get_bytes;
+    // GETs in flight for the reader's jobs, and whether one fetches ahead.
+    let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let ahead = Arc::new(std::sync::atomic::AtomicBool::new(false));
     'taking: loop {
+        if let Some(path) = &ctx.tier
+            && asked.load(Ordering::Relaxed) == 0
+            && !ahead.load(Ordering::Relaxed)
+            && let Some(task) = fetch_ahead(&ctx, path, get_bytes, &ahead)
+        {
+            tasks.spawn(task);
+        }
         tokio::select! {
             n = jobs.recv_many(&mut waiting, 4096) => {
                 if n == 0 {
@@ -244,14 +255,56 @@ async fn dispatch(
                 break 'taking;
             }
             let ctx = ctx.clone();
+            let asking = Counted::new(&asked);
             tasks.spawn(async move {
                 ctx.read(group, permits).await;
-                drop(budget);
+                drop((budget, asking));
             });
         }
     }
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}
+}
+
+/// One GET of chunks a start's first fill passed by, when the store has a
+/// place and the budget room for it now (never waited for: the reader's own
+/// reads come first); None if there is nothing to fetch.
+fn fetch_ahead(
+    ctx: &Arc<Ctx>,
+    path: &TierPath,
+    get_bytes: u64,
+    ahead: &Arc<std::sync::atomic::AtomicBool>,
+) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
+    let budget = path.try_fetch_room(get_bytes)?;
+    let place = ctx.stats.limiter.try_acquire()?;
+    let fetch = path.take_later(get_bytes);
+    // One run of neighbours: one group.
+    let group = whole_chunks(&ctx.shared.ds, fetch.into_iter().map(|r| (r, None)).collect(), get_bytes)
+        .into_iter()
+        .next()?;
+    ahead.store(true, Ordering::Relaxed);
+    let (ctx, ahead) = (ctx.clone(), ahead.clone());
+    Some(async move {
+        ctx.read(group, vec![place]).await;
+        drop(budget);
+        ahead.store(false, Ordering::Relaxed);
+    })
+}
+
+/// One more in a count while it lives.
+struct Counted(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Counted {
+    fn new(count: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Counted(count.clone())
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// A job whose chunk another process is fetching for the tier: to the disk
@@ -279,7 +332,7 @@ async fn wait_for_chunk(
 /// Chunks taken in for the tier, as groups of whole chunks: neighbours in
 /// a segment merged up to `limit` bytes (as [`coalesce`] merges extents),
 /// each with the job that asked for it and its reservation.
-fn whole_chunks(ds: &Dataset, fetch: Vec<(brand_store::tier::Reservation, Job)>, limit: u64) -> Vec<Group> {
+fn whole_chunks(ds: &Dataset, fetch: Vec<(brand_store::tier::Reservation, Option<Job>)>, limit: u64) -> Vec<Group> {
     let ranges: Vec<(u32, u64, u64)> = fetch
         .iter()
         .map(|(r, _)| {
@@ -287,15 +340,16 @@ fn whole_chunks(ds: &Dataset, fetch: Vec<(brand_store::tier::Reservation, Job)>,
             (loc.segment, loc.offset, ds.index.chunk_padded_len(r.chunk()))
         })
         .collect();
-    let mut fetch: Vec<Option<(brand_store::tier::Reservation, Job)>> = fetch.into_iter().map(Some).collect();
+    let mut fetch: Vec<Option<(brand_store::tier::Reservation, Option<Job>)>> = fetch.into_iter().map(Some).collect();
     group_touching(&ranges, limit)
         .into_iter()
         .map(|g| {
-            let (keep, jobs) = g
+            let (keep, jobs): (Vec<_>, Vec<Option<Job>>) = g
                 .members
                 .iter()
                 .filter_map(|&i| fetch.get_mut(i).and_then(Option::take))
                 .unzip();
+            let jobs = jobs.into_iter().flatten().collect();
             Group {
                 segment: g.segment,
                 start: g.start,

@@ -13,6 +13,11 @@
 //!   most the stall timeout, then read the store.
 //! * A chunk the tier has no room for is read from the store as without a
 //!   tier (only the records asked for).
+//! * A start's first fill is read record by record from the store (its
+//!   first batch waits for its records, not for whole chunks); the chunks it
+//!   touched that no later read takes in are fetched whole while the store
+//!   has nothing else to do for this reader (one GET at a time), so an
+//!   epoch after the first finds them kept.
 //! * A tier that cannot be written (a failed disk, a full one, a read-only
 //!   mount) is given up with one warning: the store serves the rest. A read
 //!   from the tier that fails (its bytes fail their crc32c: damaged on the
@@ -66,8 +71,9 @@ struct Counters {
 pub(crate) struct Routed {
     /// Read from the store, records only.
     pub store: Vec<Job>,
-    /// Chunks taken in for this process to fetch whole, each with the job that asked.
-    pub fetch: Vec<(Reservation, Job)>,
+    /// Chunks taken in for this process to fetch whole, each with the job
+    /// that asked (none for a chunk fetched ahead of any).
+    pub fetch: Vec<(Reservation, Option<Job>)>,
     /// Jobs whose chunk another process is fetching.
     pub busy: Vec<(u64, Job)>,
 }
@@ -89,6 +95,9 @@ pub(crate) struct TierPath {
     /// is more (at most `budget` MiB at once).
     fetching_bytes: Arc<tokio::sync::Semaphore>,
     budget_mib: u32,
+    /// Chunks a start's first fill read from the store, to fetch whole
+    /// when the store is idle, in chunk order (neighbours share a GET).
+    later: Mutex<std::collections::BTreeSet<u64>>,
     counters: Counters,
 }
 
@@ -100,6 +109,7 @@ impl TierPath {
         TierPath {
             fetching_bytes: Arc::new(tokio::sync::Semaphore::new(budget_mib as usize)),
             budget_mib,
+            later: Mutex::new(Default::default()),
             tier,
             ds,
             disk: Mutex::new(Some(disk)),
@@ -127,7 +137,12 @@ impl TierPath {
                 self.to_disk(job);
                 continue;
             }
-            if job.first_fill || self.given_up.load(Ordering::Relaxed) {
+            if self.given_up.load(Ordering::Relaxed) {
+                routed.store.push(job);
+                continue;
+            }
+            if job.first_fill {
+                self.later.lock().unwrap_or_else(|p| p.into_inner()).insert(c);
                 routed.store.push(job);
                 continue;
             }
@@ -143,7 +158,7 @@ impl TierPath {
                 }
                 Ok(Admission::Admitted(r)) => {
                     fetching.insert(c, Vec::new());
-                    routed.fetch.push((r, job));
+                    routed.fetch.push((r, Some(job)));
                 }
                 Ok(Admission::Busy) => routed.busy.push((c, job)),
                 Ok(Admission::Refused(why)) => {
@@ -170,6 +185,56 @@ impl TierPath {
             }
         }
         routed
+    }
+
+    /// Chunks a start's first fill passed by, taken in for this reader to
+    /// fetch now: a run of neighbours in one segment, at most `limit` bytes,
+    /// none kept or being fetched. Empty when there are none, or no room.
+    pub fn take_later(&self, limit: u64) -> Vec<Reservation> {
+        let mut later = self.later.lock().unwrap_or_else(|p| p.into_inner());
+        let mut fetching = self.fetching.lock().unwrap_or_else(|p| p.into_inner());
+        let mut run: Vec<Reservation> = Vec::new();
+        let mut end: Option<(u32, u64)> = None;
+        let mut bytes = 0;
+        while let Some(&c) = later.first() {
+            let loc = self.ds.index.chunk(c);
+            let len = self.ds.index.chunk_padded_len(c);
+            let next_to_run = end.is_none_or(|e| e == (loc.segment, loc.offset));
+            if !next_to_run || (bytes > 0 && bytes + len > limit) {
+                break;
+            }
+            later.remove(&c);
+            if self.given_up.load(Ordering::Relaxed) || fetching.contains_key(&c) {
+                continue;
+            }
+            match self.tier.admit(c) {
+                Ok(Admission::Admitted(r)) => {
+                    fetching.insert(c, Vec::new());
+                    run.push(r);
+                    bytes += len;
+                    end = Some((loc.segment, loc.offset + len));
+                }
+                Ok(Admission::Refused(_)) => {
+                    // No room: nothing passed by will be taken in.
+                    later.clear();
+                    break;
+                }
+                // Kept, or another process fetches it.
+                Ok(Admission::Present | Admission::Busy) => {}
+                Err(e) => {
+                    drop((later, fetching));
+                    self.give_up(&Error::io(self.tier.dir(), e));
+                    return run;
+                }
+            }
+        }
+        run
+    }
+
+    /// Room for `bytes` of whole chunks in the fetch budget, if free now.
+    pub fn try_fetch_room(&self, bytes: u64) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let mib = bytes.div_ceil(1 << 20).clamp(1, self.budget_mib as u64) as u32;
+        self.fetching_bytes.clone().try_acquire_many_owned(mib).ok()
     }
 
     /// Room for `bytes` of whole chunks in the fetch budget, waited for
