@@ -193,13 +193,11 @@ async fn dispatch(
     let mut waiting = Vec::new();
     let mut store_only = Vec::new();
     let get_bytes = ctx.shared.cfg.store.get_bytes;
-    // GETs in flight for the reader's jobs, and whether one fetches ahead.
-    let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let ahead = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // GETs fetching chunks ahead for the tier.
+    let ahead = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     'taking: loop {
-        if let Some(path) = &ctx.tier
-            && asked.load(Ordering::Relaxed) == 0
-            && !ahead.load(Ordering::Relaxed)
+        while let Some(path) = &ctx.tier
+            && ahead.load(Ordering::Relaxed) < FETCHES_AHEAD
             && let Some(task) = fetch_ahead(&ctx, path, get_bytes, &ahead)
         {
             tasks.spawn(task);
@@ -255,10 +253,9 @@ async fn dispatch(
                 break 'taking;
             }
             let ctx = ctx.clone();
-            let asking = Counted::new(&asked);
             tasks.spawn(async move {
                 ctx.read(group, permits).await;
-                drop((budget, asking));
+                drop(budget);
             });
         }
     }
@@ -266,45 +263,36 @@ async fn dispatch(
     while tasks.join_next().await.is_some() {}
 }
 
-/// One GET of chunks a start's first fill passed by, when the store has a
-/// place and the budget room for it now (never waited for: the reader's own
-/// reads come first); None if there is nothing to fetch.
+/// GETs at most fetching chunks ahead for the tier at once: the link is
+/// shared with the reader's own GETs, which take their places in order
+/// with these, and all the chunks a first fill passed by (a memory's worth
+/// at most) are fetched within the epoch.
+const FETCHES_AHEAD: usize = 2;
+
+/// One GET of chunks a start's first fill passed by, when the budget has
+/// room for it now (never waited for: the reader's own reads come first);
+/// it waits for its place among the reader's GETs. None if there is
+/// nothing to fetch.
 fn fetch_ahead(
     ctx: &Arc<Ctx>,
     path: &TierPath,
     get_bytes: u64,
-    ahead: &Arc<std::sync::atomic::AtomicBool>,
+    ahead: &Arc<std::sync::atomic::AtomicUsize>,
 ) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
     let budget = path.try_fetch_room(get_bytes)?;
-    let place = ctx.stats.limiter.try_acquire()?;
     let fetch = path.take_later(get_bytes);
     // One run of neighbours: one group.
     let group = whole_chunks(&ctx.shared.ds, fetch.into_iter().map(|r| (r, None)).collect(), get_bytes)
         .into_iter()
         .next()?;
-    ahead.store(true, Ordering::Relaxed);
+    ahead.fetch_add(1, Ordering::Relaxed);
     let (ctx, ahead) = (ctx.clone(), ahead.clone());
     Some(async move {
+        let place = ctx.stats.limiter.acquire().await;
         ctx.read(group, vec![place]).await;
         drop(budget);
-        ahead.store(false, Ordering::Relaxed);
+        ahead.fetch_sub(1, Ordering::Relaxed);
     })
-}
-
-/// One more in a count while it lives.
-struct Counted(Arc<std::sync::atomic::AtomicUsize>);
-
-impl Counted {
-    fn new(count: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
-        count.fetch_add(1, Ordering::Relaxed);
-        Counted(count.clone())
-    }
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
 }
 
 /// A job whose chunk another process is fetching for the tier: to the disk

@@ -15,9 +15,9 @@
 //!   tier (only the records asked for).
 //! * A start's first fill is read record by record from the store (its
 //!   first batch waits for its records, not for whole chunks); the chunks it
-//!   touched that no later read takes in are fetched whole while the store
-//!   has nothing else to do for this reader (one GET at a time), so an
-//!   epoch after the first finds them kept.
+//!   touched that no later read takes in are fetched whole beside the
+//!   reader's reads (two GETs at most at a time, within the fetch budget),
+//!   so an epoch after the first finds them kept.
 //! * A tier that cannot be written (a failed disk, a full one, a read-only
 //!   mount) is given up with one warning: the store serves the rest. A read
 //!   from the tier that fails (its bytes fail their crc32c: damaged on the
