@@ -356,6 +356,18 @@ def probe(endpoint: str, key: str, streams: int, get_size: int, total: int) -> d
 # ---------------------------------------------------------------- runs
 
 
+def dir_bytes(path) -> int:
+    """Bytes allocated under a directory (its files' blocks)."""
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, f)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
 class DiskWatch:
     """Peak bytes allocated under a directory, sampled every 0.25 s."""
 
@@ -364,14 +376,7 @@ class DiskWatch:
         self.t = threading.Thread(target=self._loop, daemon=True)
 
     def _size(self) -> int:
-        total = 0
-        for dirpath, _, files in os.walk(self.path):
-            for f in files:
-                try:
-                    total += os.lstat(os.path.join(dirpath, f)).st_blocks * 512
-                except OSError:
-                    pass
-        return total
+        return dir_bytes(self.path)
 
     def _loop(self):
         while not self._stop.wait(0.25):
@@ -387,6 +392,21 @@ class DiskWatch:
             self._stop.set()
             self.t.join()
             self.peak = max(self.peak, self._size())
+
+
+def set_up(a):
+    """The cgroup layout, the loaders' memory groups and the network (not up yet); SIGTERM as
+    Ctrl-C, so the network is taken down on either."""
+    layout = detect()
+    groups = Groups(layout, block_device(a.work))
+    groups.profile("net", None, None)
+    net = Net(a, a.work / "srv")
+
+    def on_signal(*_):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    return layout, groups, net
 
 
 def tail(path: Path, n: int = 1500) -> str:
@@ -782,15 +802,7 @@ def main():
         sys.exit("objstore.py needs root (network namespaces, tc, cgroups)")
     meta = prepare(a)
     out.mkdir(parents=True, exist_ok=True)
-    layout = detect()
-    groups = Groups(layout, block_device(a.work))
-    groups.profile("net", None, None)
-    net = Net(a, a.work / "srv")
-
-    def on_signal(*_):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_signal)
+    layout, groups, net = set_up(a)
     loaders = a.loaders.split(",") if a.loaders else []
     runs, links, sweep = [], [], []
     build = sh("git", "-C", ROOT, "rev-parse", "--short", "HEAD", check=False).stdout.strip()

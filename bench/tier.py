@@ -43,7 +43,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -56,7 +55,7 @@ sys.path.insert(0, str(HERE))
 import objstore  # noqa: E402
 from objstore import (ENDPOINT, MIB, Net, DiskWatch, LocalServer, order_quality, parse_brand, probe,  # noqa: E402,F401
                       s3_client, sh, summary, tagged_lines, next_tagged, tail)
-from brandbench.cgroups import Groups, RssSampler, block_device, detect, evict  # noqa: E402
+from brandbench.cgroups import Groups, RssSampler, evict  # noqa: E402
 
 ROOT = HERE.parent
 BRAND_LIMITS = ("0", "10", "30", "50", "100")
@@ -688,15 +687,7 @@ def main():
     meta = objstore.prepare(a)
     extra = prepare_tier(a, meta)
     a.out.mkdir(parents=True, exist_ok=True)
-    layout = detect()
-    groups = Groups(layout, block_device(a.work))
-    groups.profile("net", None, None)
-    net = Net(a, a.work / "srv")
-
-    def on_signal(*_):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_signal)
+    layout, groups, net = objstore.set_up(a)
     parts = [p for p in a.parts.split(",") if p]
     limits = [x for x in a.limits.split(",") if x]
     mds_limits = [x for x in a.mds_limits.split(",") if x]

@@ -28,6 +28,19 @@ import common  # noqa: E402
 REGION = "us-east-1"
 
 
+
+def one_epoch(loader, t0: float):
+    """Iterates `loader` once: the ids served in order, their bytes, and the seconds from `t0` to
+    the first batch and to the end."""
+    ids, nbytes, first = [], 0, None
+    for batch in loader:
+        if first is None:
+            first = time.perf_counter() - t0
+        for item in batch:
+            ids.append(int(item["id"]))
+            nbytes += len(item["data"])
+    return ids, nbytes, first, time.perf_counter() - t0
+
 def collate(batch):
     # LitData hands out memoryviews (zero-copy views of its chunk), which cannot cross the worker
     # queue: copy them into bytes in the worker, as any consumer would.
@@ -141,15 +154,7 @@ def main():
     make = {"s3map": s3map, "s3iter": s3iter, "mds": mds, "litdata": litdata}[a.loader](a)
     common.ready_and_wait()
     t0 = time.perf_counter()
-    loader = make()
-    ids, nbytes, first = [], 0, None
-    for batch in loader:
-        if first is None:
-            first = time.perf_counter() - t0
-        for item in batch:
-            ids.append(int(item["id"]))
-            nbytes += len(item["data"])
-    secs = time.perf_counter() - t0
+    ids, nbytes, first, secs = one_epoch(make(), t0)
     np.save(a.out, np.asarray(ids, dtype=np.int64))
     common.say({"samples": len(ids), "bytes": nbytes, "seconds": secs, "first_batch_s": first})
 

@@ -27,18 +27,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
-from objstore_peer import REGION, collate  # noqa: E402
+from objstore_peer import REGION, collate, one_epoch  # noqa: E402
 
-
-def dir_bytes(path):
-    total = 0
-    for dirpath, _, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.lstat(os.path.join(dirpath, f)).st_blocks * 512
-            except OSError:
-                pass
-    return total
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from objstore import dir_bytes  # noqa: E402
 
 
 def mds(a):
@@ -98,14 +90,7 @@ def main():
         t0 = time.perf_counter()
         if loader is None:
             loader = make()
-        ids, nbytes, first = [], 0, None
-        for batch in loader:
-            if first is None:
-                first = time.perf_counter() - t0
-            for item in batch:
-                ids.append(int(item["id"]))
-                nbytes += len(item["data"])
-        secs = time.perf_counter() - t0
+        ids, nbytes, first, secs = one_epoch(loader, t0)
         np.save(f"{a.out_prefix}-e{epoch}.npy", np.asarray(ids, dtype=np.int64))
         common.say({"epoch": epoch, "samples": len(ids), "bytes": nbytes, "seconds": secs, "first_batch_s": first,
                     "cache_bytes": dir_bytes(a.cache)})
