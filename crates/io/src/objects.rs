@@ -282,9 +282,13 @@ fn fetch_ahead(
     let budget = path.try_fetch_room(get_bytes)?;
     let fetch = path.take_later(get_bytes);
     // One run of neighbours: one group.
-    let group = whole_chunks(&ctx.shared.ds, fetch.into_iter().map(|r| (r, None)).collect(), get_bytes)
-        .into_iter()
-        .next()?;
+    let group = whole_chunks(
+        &ctx.shared.ds,
+        fetch.into_iter().map(|r| (r, None)).collect(),
+        get_bytes,
+    )
+    .into_iter()
+    .next()?;
     ahead.fetch_add(1, Ordering::Relaxed);
     let (ctx, ahead) = (ctx.clone(), ahead.clone());
     Some(async move {
