@@ -325,23 +325,45 @@ async fn wait_for_chunk(
 /// a segment merged up to `limit` bytes (as [`coalesce`] merges extents),
 /// each with the job that asked for it and its reservation.
 fn whole_chunks(ds: &Dataset, fetch: Vec<(brand_store::tier::Reservation, Option<Job>)>, limit: u64) -> Vec<Group> {
-    let ranges: Vec<(u32, u64, u64)> = fetch
-        .iter()
-        .map(|(r, _)| {
-            let loc = ds.index.chunk(r.chunk());
-            (loc.segment, loc.offset, ds.index.chunk_padded_len(r.chunk()))
-        })
-        .collect();
-    let mut fetch: Vec<Option<(brand_store::tier::Reservation, Option<Job>)>> = fetch.into_iter().map(Some).collect();
+    let chunk = |(r, _): &(brand_store::tier::Reservation, Option<Job>)| {
+        let loc = ds.index.chunk(r.chunk());
+        (loc.segment, loc.offset, ds.index.chunk_padded_len(r.chunk()))
+    };
+    grouped(fetch, chunk, limit, |members| {
+        let (keep, jobs): (Vec<_>, Vec<Option<Job>>) = members.into_iter().unzip();
+        (jobs.into_iter().flatten().collect(), keep)
+    })
+}
+
+/// Neighbouring extents of one segment grouped (at most `limit` bytes a
+/// group unless one extent is longer), groups in their first job's order:
+/// [`group_touching`], which `brand simulate` counts GETs with.
+fn coalesce(jobs: Vec<Job>, limit: u64) -> Vec<Group> {
+    let extent = |j: &Job| (j.extent.segment, j.extent.offset, j.extent.len);
+    grouped(jobs, extent, limit, |jobs| (jobs, Vec::new()))
+}
+
+/// `items` grouped by their byte ranges (segment, offset, length) with
+/// [`group_touching`], in their first item's order; `split` makes each
+/// group's items its jobs and reservations.
+fn grouped<T>(
+    items: Vec<T>,
+    range: impl Fn(&T) -> (u32, u64, u64),
+    limit: u64,
+    split: impl Fn(Vec<T>) -> (Vec<Job>, Vec<brand_store::tier::Reservation>),
+) -> Vec<Group> {
+    let ranges: Vec<(u32, u64, u64)> = items.iter().map(range).collect();
+    let mut items: Vec<Option<T>> = items.into_iter().map(Some).collect();
     group_touching(&ranges, limit)
         .into_iter()
         .map(|g| {
-            let (keep, jobs): (Vec<_>, Vec<Option<Job>>) = g
+            // Each index is in exactly one group: every take finds its item.
+            let members = g
                 .members
                 .iter()
-                .filter_map(|&i| fetch.get_mut(i).and_then(Option::take))
-                .unzip();
-            let jobs = jobs.into_iter().flatten().collect();
+                .filter_map(|&i| items.get_mut(i).and_then(Option::take))
+                .collect();
+            let (jobs, keep) = split(members);
             Group {
                 segment: g.segment,
                 start: g.start,
@@ -349,32 +371,6 @@ fn whole_chunks(ds: &Dataset, fetch: Vec<(brand_store::tier::Reservation, Option
                 jobs,
                 keep,
             }
-        })
-        .collect()
-}
-
-/// Neighbouring extents of one segment grouped (at most `limit` bytes a
-/// group unless one extent is longer), groups in their first job's order:
-/// [`group_touching`], which `brand simulate` counts GETs with.
-fn coalesce(jobs: Vec<Job>, limit: u64) -> Vec<Group> {
-    let ranges: Vec<(u32, u64, u64)> = jobs
-        .iter()
-        .map(|j| (j.extent.segment, j.extent.offset, j.extent.len))
-        .collect();
-    let mut jobs: Vec<Option<Job>> = jobs.into_iter().map(Some).collect();
-    group_touching(&ranges, limit)
-        .into_iter()
-        .map(|g| Group {
-            segment: g.segment,
-            start: g.start,
-            end: g.end,
-            // Each index is in exactly one group: every take finds its job.
-            jobs: g
-                .members
-                .iter()
-                .filter_map(|&i| jobs.get_mut(i).and_then(Option::take))
-                .collect(),
-            keep: Vec::new(),
         })
         .collect()
 }

@@ -233,16 +233,26 @@ impl TierPath {
 
     /// Room for `bytes` of whole chunks in the fetch budget, if free now.
     pub fn try_fetch_room(&self, bytes: u64) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        let mib = bytes.div_ceil(1 << 20).clamp(1, self.budget_mib as u64) as u32;
-        self.fetching_bytes.clone().try_acquire_many_owned(mib).ok()
+        self.fetching_bytes
+            .clone()
+            .try_acquire_many_owned(self.budget_units(bytes))
+            .ok()
     }
 
     /// Room for `bytes` of whole chunks in the fetch budget, waited for
     /// (a group larger than the budget takes all of it).
     pub async fn fetch_room(&self, bytes: u64) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        let mib = bytes.div_ceil(1 << 20).clamp(1, self.budget_mib as u64) as u32;
         // The semaphore is never closed: None only if it were.
-        self.fetching_bytes.clone().acquire_many_owned(mib).await.ok()
+        self.fetching_bytes
+            .clone()
+            .acquire_many_owned(self.budget_units(bytes))
+            .await
+            .ok()
+    }
+
+    /// The budget's units (MiB) `bytes` takes: all of it at most.
+    fn budget_units(&self, bytes: u64) -> u32 {
+        bytes.div_ceil(1 << 20).clamp(1, self.budget_mib as u64) as u32
     }
 
     /// A job for a kept chunk, to the tier's disk.

@@ -335,15 +335,21 @@ impl Tier {
         if !matches!(ofd_try_lock(&self.chunks, c), Ok(true)) {
             return;
         }
-        let _ = self.ledger.locked(|usage| {
+        let _ = self.clear(c);
+        ofd_unlock(&self.chunks, c);
+    }
+
+    /// Clears chunk `c`'s entry, kept or reserved, and gives its bytes back
+    /// to the ledger. The caller holds the entry's lock.
+    fn clear(&self, c: u64) -> std::io::Result<()> {
+        self.ledger.locked(|usage| {
             let entry = read_u64(&self.chunks, c * ENTRY)?;
-            if entry != 0 && entry & FETCHING == 0 {
-                *usage = usage.saturating_sub(entry);
+            if entry != 0 {
+                *usage = usage.saturating_sub(entry & !FETCHING);
                 self.chunks.write_all_at(&0u64.to_le_bytes(), c * ENTRY)?;
             }
             Ok(())
-        });
-        ofd_unlock(&self.chunks, c);
+        })
     }
 
     fn known(&self, c: u64) -> bool {
@@ -435,15 +441,7 @@ impl Drop for Reservation {
             return;
         }
         let (tier, c) = (&self.tier, self.chunk);
-        let given_back = tier.ledger.locked(|usage| {
-            let entry = read_u64(&tier.chunks, c * ENTRY)?;
-            if entry & FETCHING != 0 {
-                *usage = usage.saturating_sub(entry & !FETCHING);
-                tier.chunks.write_all_at(&0u64.to_le_bytes(), c * ENTRY)?;
-            }
-            Ok(())
-        });
-        if let Err(e) = given_back {
+        if let Err(e) = tier.clear(c) {
             tracing::debug!("{}: chunk {c}'s reservation not given back: {e}", tier.dir.display());
         }
         ofd_unlock(&tier.chunks, c);
