@@ -1065,6 +1065,18 @@ fn put_object(f: &Fixture, key: &str, bytes: Vec<u8>) {
         .expect("put");
 }
 
+/// Two epochs of `brand serve` in 32 slots, whole chunks, batches of 8.
+const SERVE_TWO_EPOCHS: [&str; 8] = [
+    "--memory",
+    "32 slots",
+    "--read-gap",
+    "whole",
+    "--batch",
+    "8",
+    "--epochs",
+    "2",
+];
+
 /// `brand serve --json` reports of one job of `world` processes over the
 /// fixture's URL, each run with `args` after its rank's.
 fn serve_all(f: &Fixture, world: usize, args: &[&str]) -> Vec<serde_json::Value> {
@@ -1110,20 +1122,11 @@ fn serve_nodes_keep_their_own_chunks_in_their_own_tiers() {
         let config = f.root.join(format!("node-{rank}.toml"));
         let tier = f.root.join(format!("tier-{rank}"));
         std::fs::write(&config, format!("disk_cache = {:?}\n", tier.to_string_lossy())).expect("config");
-        [
-            "--config",
-            s(&config),
-            "--memory",
-            "32 slots",
-            "--read-gap",
-            "whole",
-            "--batch",
-            "8",
-            "--epochs",
-            "2",
-        ]
-        .map(String::from)
-        .to_vec()
+        ["--config", s(&config)]
+            .iter()
+            .chain(&SERVE_TWO_EPOCHS)
+            .map(|a| a.to_string())
+            .collect()
     };
     f.server.reset_stats();
     for (rank, report) in serve_each(&f, 3, args).iter().enumerate() {
@@ -1166,20 +1169,7 @@ fn serve_nodes_keep_their_own_chunks_in_their_own_tiers() {
 fn three_serve_processes_read_each_chunk_of_a_url_once_between_them() {
     let f = Fixture::new();
     f.server.reset_stats();
-    let reports = serve_all(
-        &f,
-        3,
-        &[
-            "--memory",
-            "32 slots",
-            "--read-gap",
-            "whole",
-            "--batch",
-            "8",
-            "--epochs",
-            "2",
-        ],
-    );
+    let reports = serve_all(&f, 3, &SERVE_TWO_EPOCHS);
     let (mut read, mut reads) = (0u64, 0u64);
     for (rank, report) in reports.iter().enumerate() {
         for e in report["epochs"].as_array().expect("epochs") {
@@ -1540,7 +1530,6 @@ fn a_local_tier_fetches_each_chunk_once_and_later_epochs_and_runs_read_it() {
     for e in &epochs[1..] {
         assert_eq!(metric(e, "store_requests"), 0, "{e}");
     }
-    assert!(sum_of(&epochs, "tier_hits") > 0, "{}", epochs[2]);
     // The same order as without a tier.
     let plain = f.read(&["--epochs", "3", "--read-gap", "whole", "--memory", "10%"]);
     for (a, b) in epochs.iter().zip(&plain) {
@@ -1552,6 +1541,16 @@ fn a_local_tier_fetches_each_chunk_once_and_later_epochs_and_runs_read_it() {
     assert_exactly_once(&again, 1);
     assert_eq!(metric(&again[0], "store_requests"), 0, "{}", again[0]);
     assert!(f.server.stats().get_requests <= 1, "{:?}", f.server.stats());
+    // Every read of it from the tier's disk. (Not asserted of the first run:
+    // all three epochs' reads fit its read-ahead, and reads of a chunk
+    // routed while its fetch is in flight are served from the fetched
+    // bytes, not the disk.)
+    assert_eq!(
+        metric(&again[0], "tier_hits"),
+        metric(&again[0], "reads_issued"),
+        "{}",
+        again[0]
+    );
 }
 
 /// A tier of 30 % keeps that share of the chunks, never more, and the
@@ -1603,8 +1602,6 @@ fn a_tier_smaller_than_the_dataset_keeps_its_share_and_the_store_serves_the_rest
     assert_eq!(metric(last, "tier_limit_bytes"), (dataset as f64 * 0.3) as u64);
     assert_eq!(sum_of(&epochs, "tier_bytes_fetched"), held, "{last}");
     assert!(sum_of(&epochs, "tier_refused") > 0, "{last}");
-    let (hits, reads) = (sum_of(&epochs, "tier_hits"), sum_of(&epochs, "reads_issued"));
-    assert!(hits > 0 && hits < reads, "{hits} of {reads}");
     let (tiered, without) = (
         sum_of(&epochs, "store_bytes_fetched"),
         sum_of(&plain, "store_bytes_fetched"),
@@ -1616,6 +1613,16 @@ fn a_tier_smaller_than_the_dataset_keeps_its_share_and_the_store_serves_the_rest
     // The directory's ledger is what it holds.
     let usage = std::fs::read(tier.join("usage")).expect("usage");
     assert_eq!(u64::from_le_bytes(usage[..8].try_into().expect("8 bytes")), held);
+    // A later process reads the kept share from the disk, the rest from the
+    // store, and takes nothing more in. (Asserted here, not of the first
+    // run: its reads all fit its read-ahead, so reads of a chunk routed
+    // while its fetch was in flight came from the fetched bytes, not the
+    // disk, however the timing fell.)
+    let again = read_tiered(&f, &tier, &["--disk-cache-limit", "30%"]);
+    assert_exactly_once(&again, 1);
+    let (hits, reads) = (metric(&again[0], "tier_hits"), metric(&again[0], "reads_issued"));
+    assert!(hits > 0 && hits < reads, "{hits} of {reads}");
+    assert_eq!(metric(&again[0], "tier_chunks_fetched"), 0, "{}", again[0]);
 }
 
 /// The one version directory of the fixture's dataset in `tier`.
@@ -1827,7 +1834,21 @@ fn a_tiers_first_fill_is_read_record_by_record_and_its_chunks_taken_in_later() {
     let deferred = metric(&epochs[0], "reads_deferred");
     assert!(deferred > 0, "{}", epochs[0]);
     let dataset = f.segment_bytes();
-    assert_eq!(sum_of(&epochs, "tier_bytes_fetched"), dataset, "{}", epochs[1]);
+    // Every chunk kept once: the table after the run, and the ledger, say
+    // so. (The run's own counters may miss a fetch ahead still finishing
+    // when the last epoch's metrics were taken.)
+    assert!(sum_of(&epochs, "tier_bytes_fetched") <= dataset, "{}", epochs[1]);
+    let [dir] = &version_dirs(&tier)[..] else {
+        panic!("one version")
+    };
+    let entries = std::fs::read(dir.join("chunks")).expect("chunks");
+    let kept: u64 = entries
+        .chunks_exact(8)
+        .map(|e| u64::from_le_bytes(e.try_into().expect("entry")))
+        .sum();
+    assert_eq!(kept, dataset, "every chunk kept, none left reserved");
+    let usage = std::fs::read(tier.join("usage")).expect("usage");
+    assert_eq!(u64::from_le_bytes(usage[..8].try_into().expect("8 bytes")), dataset);
     // The dataset once, whole, and the first fill's records (memory's 10 %).
     let fetched = f.server.stats().get_bytes;
     assert!(fetched <= dataset + dataset / 5, "{fetched} for {dataset}");
