@@ -381,6 +381,14 @@ typedef struct brand_metrics {
   uint64_t tier_kept_chunks;
   uint64_t tier_held_bytes;
   uint64_t tier_limit_bytes;
+  /**
+   * The tier's placement: the share of its time this loader's
+   * consumer waits for the store (-1: not measured yet), the bytes of
+   * the tier its dataset is owed, the bytes it evicted for others.
+   */
+  double tier_benefit;
+  uint64_t tier_owed_bytes;
+  uint64_t tier_evicted_bytes;
 } brand_metrics;
 
 #ifdef __cplusplus

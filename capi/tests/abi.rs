@@ -938,11 +938,12 @@ fn brand_metrics_fields_keep_their_offsets() {
         reads_deferred 344 memory_slots 352 run_length 360 tier_hits 368 tier_hit_bytes 376
         tier_chunks_fetched 384 tier_bytes_fetched 392 tier_refused 400 tier_waited 408
         tier_failed_reads 416 tier_kept_chunks 424 tier_held_bytes 432 tier_limit_bytes 440
+        tier_benefit 448 tier_owed_bytes 456 tier_evicted_bytes 464
     );
     for (field, got, want) in released {
         assert_eq!(got, want, "brand_metrics.{field} moved: fields are only appended");
     }
-    assert!(size_of::<brand_metrics>() >= 448);
+    assert!(size_of::<brand_metrics>() >= 472);
 }
 
 #[test]

@@ -134,10 +134,16 @@ pub struct brand_metrics {
     pub tier_kept_chunks: u64,
     pub tier_held_bytes: u64,
     pub tier_limit_bytes: u64,
+    /// The tier's placement: the share of its time this loader's
+    /// consumer waits for the store (-1: not measured yet), the bytes of
+    /// the tier its dataset is owed, the bytes it evicted for others.
+    pub tier_benefit: f64,
+    pub tier_owed_bytes: u64,
+    pub tier_evicted_bytes: u64,
 }
 
 // No padding: brand_get_metrics copies the struct out as bytes.
-const _: () = assert!(size_of::<brand_metrics>() == 448);
+const _: () = assert!(size_of::<brand_metrics>() == 472);
 
 impl From<&Metrics> for brand_metrics {
     fn from(m: &Metrics) -> Self {
@@ -201,6 +207,9 @@ impl From<&Metrics> for brand_metrics {
             tier_kept_chunks: m.tier_kept_chunks,
             tier_held_bytes: m.tier_held_bytes,
             tier_limit_bytes: m.tier_limit_bytes,
+            tier_benefit: m.tier_benefit.unwrap_or(-1.0),
+            tier_owed_bytes: m.tier_owed_bytes,
+            tier_evicted_bytes: m.tier_evicted_bytes,
         }
     }
 }

@@ -1625,14 +1625,95 @@ fn a_tier_smaller_than_the_dataset_keeps_its_share_and_the_store_serves_the_rest
     assert_eq!(metric(&again[0], "tier_chunks_fetched"), 0, "{}", again[0]);
 }
 
-/// The one version directory of the fixture's dataset in `tier`.
+/// The version directories in `tier` (its readers' claims are beside them, in `jobs`).
 fn version_dirs(tier: &std::path::Path) -> Vec<PathBuf> {
     std::fs::read_dir(tier)
         .expect("tier")
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p.is_dir())
+        .filter(|p| p.join("chunks").is_file())
         .collect()
+}
+
+/// Two datasets, a tier that fits one. The job that waits for the store
+/// (its GETs delayed at the server, no compute) is owed the tier; the
+/// version a finished job left there, which nobody reads now, is removed
+/// for it; a later run of it fetches nothing. (Placement between live
+/// jobs, which sheds chunks, is `brand-io`'s tests/tier.rs; which job
+/// benefits more is timing, measured in bench/tier.py's placement part.)
+#[test]
+fn a_full_tier_goes_to_the_job_that_waits_for_the_store_and_an_idle_dataset_is_removed_for_it() {
+    let f = Fixture::new();
+    let other = "s3://bkt/sets/other";
+    let out = f.run(&[
+        "pack",
+        s(&f.root.join("files")),
+        "-o",
+        other,
+        "--chunk-size",
+        "8",
+        "--seed",
+        "5",
+        "--staging",
+        s(&f.root),
+    ]);
+    assert!(out.status.success(), "pack to s3: {}", stderr(&out));
+    let tier = f.root.join("tier");
+    let limit = f.segment_bytes().to_string();
+    let tiered = |url: &str, extra: &[&str]| {
+        let mut args = vec![
+            "read",
+            url,
+            "--json",
+            "-v",
+            "--disk-cache",
+            s(&tier),
+            "--disk-cache-limit",
+            &limit,
+        ];
+        args.extend_from_slice(&["--memory", "10%"]);
+        args.extend_from_slice(extra);
+        let out = f.run(&args);
+        assert!(out.status.success(), "brand {args:?}: {}", stderr(&out));
+        let epochs: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("read --json");
+        (epochs, stderr(&out))
+    };
+    // The other dataset's job fills the tier (free space is anyone's).
+    let (epochs, _) = tiered(other, &["--epochs", "2", "--read-gap", "whole"]);
+    assert_exactly_once(&epochs, 2);
+    let [held] = &version_dirs(&tier)[..] else {
+        panic!("one version")
+    };
+    assert!(sum_of(&epochs, "tier_chunks_fetched") > 0);
+    // A job that waits for every read (records, each GET delayed): it
+    // measures that (a reader rebalances about every second: a run too
+    // short for it is run again, a few times at most), is owed the tier,
+    // removes the idle version and fills the tier with its own.
+    f.server.faults().delay_gets(Duration::from_millis(300));
+    let mut runs = Vec::new();
+    while held.exists() && runs.len() < 4 {
+        runs.push(tiered(&f.url, &["--epochs", "12", "--read-gap", "0"]));
+    }
+    f.server.faults().clear();
+    let (epochs, err) = runs.last().expect("a run");
+    assert_exactly_once(epochs, 12);
+    assert!(
+        !held.exists(),
+        "the idle version is still there after {} runs: {err}",
+        runs.len()
+    );
+    let last = &epochs[11];
+    let benefit = last["metrics"]["tier_benefit"].as_f64().unwrap_or(-1.0);
+    assert!(benefit >= brand_store::placement::MIN_BENEFIT, "{last}\n{err}");
+    assert!(metric(last, "tier_owed_bytes") > 0, "{last}");
+    assert!(sum_of(epochs, "tier_evicted_bytes") > 0, "{err}");
+    assert!(err.contains("removed a version nobody reads"), "{err}");
+    // All of it kept: a later run fetches nothing.
+    f.server.reset_stats();
+    let (again, _) = tiered(&f.url, &["--read-gap", "0"]);
+    assert_exactly_once(&again, 1);
+    assert_eq!(metric(&again[0], "store_requests"), 0, "{}", again[0]);
+    assert_eq!(metric(&again[0], "tier_evicted_bytes"), 0, "{}", again[0]);
 }
 
 /// A tier the fixture's dataset was read through once, and its one version's directory.

@@ -157,6 +157,21 @@ impl Engine {
         self.tier.as_ref().map(|t| t.report())
     }
 
+    /// The consumer took its first sample: a local tier measures from now
+    /// how long it waits for reads (its benefit, for the placement).
+    pub fn consumer_started(&self) {
+        if let Some(t) = &self.tier {
+            t.consumer_started();
+        }
+    }
+
+    /// The consumer waited `d` for a read.
+    pub fn consumer_waited(&self, d: std::time::Duration) {
+        if let Some(t) = &self.tier {
+            t.consumer_waited(d);
+        }
+    }
+
     /// Peak bytes of ordinary read buffers (in use or idle).
     pub fn peak_pool_bytes(&self) -> u64 {
         self.stats.pool_peak_bytes.load(Ordering::Relaxed)

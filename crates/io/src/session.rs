@@ -181,6 +181,17 @@ impl<T> ReadSession<T> {
         self.engine.tier_report()
     }
 
+    /// The consumer took its first sample (a local tier's placement
+    /// measures its waits from then on).
+    pub fn consumer_started(&self) {
+        self.engine.consumer_started();
+    }
+
+    /// The consumer waited `d` for a read.
+    pub fn consumer_waited(&self, d: Duration) {
+        self.engine.consumer_waited(d);
+    }
+
     pub fn peak_pool_bytes(&self) -> u64 {
         self.engine.peak_pool_bytes()
     }

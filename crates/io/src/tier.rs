@@ -21,11 +21,17 @@
 //! * A tier that cannot be written (a failed disk, a full one, a read-only
 //!   mount) is given up with one warning: the store serves the rest. A read
 //!   from the tier that fails (its bytes fail their crc32c: damaged on the
-//!   disk) forgets the chunk and reads the job from the store.
+//!   disk) forgets the chunk and reads the job from the store; so does a
+//!   read of a chunk shed for the placement meanwhile (silently).
+//! * About every second ([`PLACEMENT_PERIOD`]) the reader measures its
+//!   benefit (the share of its consumer's time spent waiting, over the
+//!   share of its reads served by the store) and rebalances the tier's
+//!   space among the machine's readers (`brand_store::placement`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use brand_format::dataset::Dataset;
 use brand_format::error::Error;
@@ -33,8 +39,17 @@ use brand_store::tier::{Admission, Refusal, Reservation, Tier};
 
 use crate::job::{Completion, Job, JobSender};
 
+/// How often a reader measures its benefit and rebalances the tier.
+pub const PLACEMENT_PERIOD: Duration = Duration::from_secs(1);
+
+/// A benefit is measured only over a period in which the store served at
+/// least this share of the reader's reads (a reader the tier serves
+/// keeps the benefit it measured while the store did: what the tier
+/// saves it, not what is left to save).
+const MIN_STORE_SHARE: f64 = 0.25;
+
 /// What the tier did for one reader.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct TierReport {
     /// Reads served from the tier's disk, and their bytes.
     pub hits: u64,
@@ -53,6 +68,12 @@ pub struct TierReport {
     /// Bytes the tier directory holds, every dataset in it, and its limit here.
     pub held_bytes: u64,
     pub limit_bytes: u64,
+    /// The placement: the share of its time this reader's consumer waits
+    /// for the store (None: not measured), the bytes of the tier its
+    /// dataset is owed, and the bytes it evicted for others.
+    pub benefit: Option<f64>,
+    pub owed_bytes: u64,
+    pub evicted_bytes: u64,
 }
 
 #[derive(Default)]
@@ -64,6 +85,24 @@ struct Counters {
     refused: AtomicU64,
     waited: AtomicU64,
     failed_reads: AtomicU64,
+    /// Bytes of every job routed (to the disk, the store or a fetch).
+    routed_bytes: AtomicU64,
+}
+
+/// A reader's benefit as it measures it, period by period.
+struct Gauge {
+    /// When the consumer took its first sample (None: no consumer says
+    /// when it waits, as `brand serve`'s nodes; the benefit stays unknown).
+    started: Option<Instant>,
+    /// The period's start, and the counts then.
+    since: Instant,
+    waited_ns: u64,
+    routed: u64,
+    hits: u64,
+    benefit: Option<f64>,
+    owed: u64,
+    /// What the last rebalance logged (to log changes only).
+    said: Option<(u64, bool)>,
 }
 
 /// Where a batch of jobs goes.
@@ -99,6 +138,9 @@ pub(crate) struct TierPath {
     /// when the store is idle, in chunk order (neighbours share a GET).
     later: Mutex<std::collections::BTreeSet<u64>>,
     counters: Counters,
+    /// Nanoseconds the consumer waited for reads, since it started.
+    waited_ns: AtomicU64,
+    gauge: Mutex<Gauge>,
 }
 
 impl TierPath {
@@ -116,6 +158,112 @@ impl TierPath {
             fetching: Mutex::new(HashMap::new()),
             given_up: AtomicBool::new(false),
             counters: Counters::default(),
+            waited_ns: AtomicU64::new(0),
+            gauge: Mutex::new(Gauge {
+                started: None,
+                since: Instant::now(),
+                waited_ns: 0,
+                routed: 0,
+                hits: 0,
+                benefit: None,
+                owed: 0,
+                said: None,
+            }),
+        }
+    }
+
+    /// The consumer took its first sample: from now on it says how long it
+    /// waits for reads ([`Self::consumer_waited`]), and the reader's
+    /// benefit is measured.
+    pub fn consumer_started(&self) {
+        let mut g = self.gauge.lock().unwrap_or_else(|p| p.into_inner());
+        if g.started.is_none() {
+            let now = Instant::now();
+            g.started = Some(now);
+            g.since = now;
+            g.waited_ns = self.waited_ns.load(Ordering::Relaxed);
+            g.routed = self.counters.routed_bytes.load(Ordering::Relaxed);
+            g.hits = self.counters.hit_bytes.load(Ordering::Relaxed);
+        }
+    }
+
+    /// The consumer waited `d` for a read.
+    pub fn consumer_waited(&self, d: Duration) {
+        self.waited_ns
+            .fetch_add(d.as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
+    }
+
+    /// Every [`PLACEMENT_PERIOD`]: the benefit measured over the period
+    /// and the tier rebalanced with it.
+    fn tick(&self) {
+        let mut g = match self.gauge.try_lock() {
+            Ok(g) => g,
+            Err(_) => return,
+        };
+        let now = Instant::now();
+        let wall = now.duration_since(g.since);
+        if wall < PLACEMENT_PERIOD || self.given_up.load(Ordering::Relaxed) {
+            return;
+        }
+        let (waited, routed, hits) = (
+            self.waited_ns.load(Ordering::Relaxed),
+            self.counters.routed_bytes.load(Ordering::Relaxed),
+            self.counters.hit_bytes.load(Ordering::Relaxed),
+        );
+        if g.started.is_some() {
+            let read = routed.saturating_sub(g.routed);
+            let from_store = 1.0 - hits.saturating_sub(g.hits) as f64 / read.max(1) as f64;
+            if read > 0 && from_store >= MIN_STORE_SHARE {
+                let waiting = waited.saturating_sub(g.waited_ns) as f64 / wall.as_nanos() as f64;
+                let now_measured = (waiting / from_store).clamp(0.0, 1.0);
+                // Half the last period, half what came before: a change of
+                // phase shows within a few periods, one stall does not.
+                g.benefit = Some(g.benefit.map_or(now_measured, |b| (b + now_measured) / 2.0));
+            }
+        }
+        (g.since, g.waited_ns, g.routed, g.hits) = (now, waited, routed, hits);
+        match self.tier.rebalance(g.benefit) {
+            Ok(r) => {
+                g.owed = r.owed;
+                if r.evicted > 0 || g.said != Some((r.owed, r.yielding)) {
+                    g.said = Some((r.owed, r.yielding));
+                    let others: Vec<String> = r
+                        .placement
+                        .shares
+                        .iter()
+                        .filter(|s| s.version != self.tier.version())
+                        .map(|s| format!("{} owed {} (benefit {})", s.version, s.owed, benefit_text(s.benefit)))
+                        .collect();
+                    tracing::info!(
+                        "tier placement: this dataset ({}) waits {} of its time for the store; owed {} bytes of {}, \
+                         holds {}{}{}; others: {}",
+                        self.tier.version(),
+                        benefit_text(g.benefit),
+                        r.owed,
+                        self.tier.limit(),
+                        r.held,
+                        if r.evicted > 0 {
+                            format!(", evicted {} bytes", r.evicted)
+                        } else {
+                            String::new()
+                        },
+                        if r.yielding {
+                            ", leaves the free space to others"
+                        } else {
+                            ""
+                        },
+                        if others.is_empty() {
+                            "none".to_string()
+                        } else {
+                            others.join(", ")
+                        }
+                    );
+                }
+            }
+            Err(e) => {
+                drop(g);
+                self.give_up(&Error::io(self.tier.root(), e));
+            }
         }
     }
 
@@ -127,8 +275,10 @@ impl TierPath {
     /// Sends the jobs for kept chunks to the disk, joins those for chunks
     /// being fetched here, and sorts the rest.
     pub fn route(&self, jobs: Vec<Job>) -> Routed {
+        self.tick();
         let mut routed = Routed::default();
         for job in jobs {
+            self.counters.routed_bytes.fetch_add(job.extent.len, Ordering::Relaxed);
             let Some(c) = self.chunk_of(&job) else {
                 routed.store.push(job);
                 continue;
@@ -169,6 +319,7 @@ impl TierPath {
                                 "its disk would have less than {:.0} % free",
                                 brand_store::tier::FREE_SHARE * 100.0
                             ),
+                            Refusal::Placement => "its free space is owed to jobs that wait for the store more".into(),
                         };
                         tracing::info!(
                             "{}: the tier keeps no more chunks ({why}); the others are read from the store",
@@ -296,6 +447,14 @@ impl TierPath {
     /// A read from the tier failed: the chunk is forgotten (fetched again
     /// by the next read that wants it) and this read goes to the store.
     pub fn read_failed(&self, c: &Completion) {
+        let Some(chunk) = c.extent.records.first().map(|&(id, _)| self.ds.index.chunk_of(id)) else {
+            return;
+        };
+        if !self.tier.entry_kept(chunk) {
+            // Shed for the placement (by this reader or another): not damage.
+            self.tier.forget(chunk);
+            return;
+        }
         if self.counters.failed_reads.fetch_add(1, Ordering::Relaxed) == 0 {
             let why = match &c.result {
                 Err(e) => e.to_string(),
@@ -306,9 +465,7 @@ impl TierPath {
             };
             tracing::warn!("a read from the local tier failed ({why}); reading it from the store");
         }
-        if let Some(&(id, _)) = c.extent.records.first() {
-            self.tier.forget(self.ds.index.chunk_of(id));
-        }
+        self.tier.forget(chunk);
     }
 
     /// Counts a read that waited for another process's fetch.
@@ -323,6 +480,7 @@ impl TierPath {
     }
 
     pub fn report(&self) -> TierReport {
+        let g = self.gauge.lock().unwrap_or_else(|p| p.into_inner());
         let c = &self.counters;
         let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
         TierReport {
@@ -336,6 +494,13 @@ impl TierPath {
             kept_chunks: self.tier.kept_chunks(),
             held_bytes: self.tier.held_bytes(),
             limit_bytes: self.tier.limit(),
+            benefit: g.benefit,
+            owed_bytes: g.owed,
+            evicted_bytes: self.tier.evicted_bytes(),
         }
     }
+}
+
+fn benefit_text(b: Option<f64>) -> String {
+    b.map_or("(not measured)".into(), |b| format!("{b:.2}"))
 }

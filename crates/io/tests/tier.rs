@@ -125,3 +125,138 @@ fn limits_parse_as_bytes_or_a_share_and_refuse_the_rest() {
         assert!(e.contains("disk_cache_limit"), "{bad}: {e}");
     }
 }
+
+/// Asks `tier` for every chunk of `ds` and keeps those admitted; returns
+/// the chunks now kept and the refusals.
+fn fill(tier: &Arc<Tier>, ds: &Dataset) -> (u64, Vec<Refusal>) {
+    let mut refused = Vec::new();
+    for c in 0..ds.index.chunk_count() {
+        match tier.admit(c).expect("admit") {
+            Admission::Admitted(r) => r.keep(&chunk_bytes(ds, c)).expect("keep"),
+            Admission::Refused(why) => refused.push(why),
+            Admission::Present | Admission::Busy => {}
+        }
+    }
+    let kept = (0..ds.index.chunk_count()).filter(|&c| tier.is_present(c)).count() as u64;
+    (kept, refused)
+}
+
+fn chunks_bytes(ds: &Dataset) -> u64 {
+    (0..ds.index.chunk_count()).map(|c| ds.index.chunk_padded_len(c)).sum()
+}
+
+#[test]
+fn a_full_tiers_space_goes_to_the_dataset_that_waits_for_the_store() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let a_ds = Arc::new(common::small_dataset(&t.path().join("a"), 300));
+    let b_ds = Arc::new(common::small_dataset(&t.path().join("b"), 300));
+    let (a_bytes, b_bytes) = (chunks_bytes(&a_ds), chunks_bytes(&b_ds));
+    // Room for one dataset and half the other.
+    let limit = a_bytes + b_bytes / 2;
+    let settings = TierSettings {
+        dir: t.path().join("tier"),
+        limit: TierLimit::Bytes(limit),
+    };
+    // b's job hides the store behind its compute (benefit 0), and takes the
+    // free space while nobody else wants it.
+    let b = Tier::open(&settings, "s3://bkt/b", b_ds.clone()).expect("open b");
+    let r = b.rebalance(Some(0.0)).expect("rebalance");
+    assert_eq!((r.owed, r.yielding, r.evicted), (0, false, 0));
+    assert_eq!(fill(&b, &b_ds), (b_ds.index.chunk_count(), vec![]));
+    // a's job waits for the store most of its time: owed all of a.
+    let a = Tier::open(&settings, "s3://bkt/a", a_ds.clone()).expect("open a");
+    let r = a.rebalance(Some(0.8)).expect("rebalance");
+    assert_eq!((r.owed, r.held, r.evicted, r.yielding), (a_bytes, 0, 0, false));
+    let (kept, refused) = fill(&a, &a_ds);
+    assert!(kept < a_ds.index.chunk_count() && refused.iter().all(|&w| w == Refusal::Limit));
+    let a_first = kept;
+    // b's next rebalance sheds what a is short of (no more than that and a
+    // chunk), and leaves the free space to a.
+    let a_held: u64 = (0..a_ds.index.chunk_count())
+        .filter(|&c| a.is_present(c))
+        .map(|c| a_ds.index.chunk_padded_len(c))
+        .sum();
+    // What a is short of beyond the free space.
+    let short = (a_bytes - a_held) - (limit - (b_bytes + a_held));
+    let r = b.rebalance(Some(0.0)).expect("rebalance");
+    assert!(r.yielding && r.owed == 0 && r.evicted > 0, "{r:?}");
+    let max_chunk = (0..b_ds.index.chunk_count())
+        .map(|c| b_ds.index.chunk_padded_len(c))
+        .max()
+        .unwrap_or(0);
+    assert!(
+        r.evicted <= short + max_chunk,
+        "shed {} for a shortfall of {short}",
+        r.evicted
+    );
+    assert_eq!(r.held, b_bytes - r.evicted);
+    assert_eq!(b.evicted_bytes(), r.evicted);
+    let shed: Vec<u64> = (0..b_ds.index.chunk_count()).filter(|&c| !b.entry_kept(c)).collect();
+    assert!(!shed.is_empty());
+    for &c in &shed {
+        assert!(!b.is_present(c), "chunk {c} shed but still known kept");
+        assert!(matches!(
+            b.admit(c).expect("admit"),
+            Admission::Refused(Refusal::Placement)
+        ));
+        // Its bytes are gone from the tier's file (a hole): a reader that
+        // still thought it kept finds its records' crc32c wrong.
+        let loc = b_ds.index.chunk(c);
+        let file = std::fs::read(b.dir().join(&b_ds.manifest.segments[loc.segment as usize].name)).expect("segment");
+        let at = loc.offset as usize;
+        let len = b_ds.index.chunk_padded_len(c) as usize;
+        assert!(
+            file[at..at + len].iter().all(|&x| x == 0),
+            "chunk {c}'s bytes are still there"
+        );
+        assert!(b_ds.check_chunk(c, &file[at..at + len]).is_err());
+    }
+    // a takes the room: all of a kept, the limit held.
+    let (kept, refused) = fill(&a, &a_ds);
+    assert!(kept > a_first);
+    assert_eq!((kept, refused), (a_ds.index.chunk_count(), vec![]));
+    assert!(a.held_bytes() <= limit, "{} > {limit}", a.held_bytes());
+    assert_eq!(a.held_bytes(), a_bytes + r.held);
+    // a's job ends; b's turns I/O-bound: a's version, read by nobody, is
+    // removed for it (a whole version: nobody is left to shed its chunks).
+    let a_dir = a.dir().to_path_buf();
+    drop(a);
+    let r = b.rebalance(Some(0.9)).expect("rebalance");
+    assert!(!a_dir.exists(), "a's version is still there");
+    assert_eq!((r.owed, r.yielding), (b_bytes, false));
+    assert!(r.evicted >= a_bytes, "{r:?}");
+    assert_eq!(fill(&b, &b_ds), (b_ds.index.chunk_count(), vec![]));
+    assert_eq!(b.held_bytes(), b_bytes);
+}
+
+#[test]
+fn a_dead_readers_claim_is_not_counted() {
+    let (t, ds, settings) = setup(TierLimit::Disk);
+    let tier = open(&settings, &ds);
+    // A claim file nobody holds (its reader died without removing it).
+    let jobs = settings.dir.join("jobs");
+    std::fs::write(
+        jobs.join("ffffffff-ffffffff.1.0"),
+        "version ffffffff-ffffffff\nwant 100\nbenefit 0.9\n",
+    )
+    .expect("write");
+    let r = tier.rebalance(Some(0.5)).expect("rebalance");
+    assert_eq!(r.placement.shares.len(), 1, "{r:?}");
+    assert_eq!(r.placement.shares[0].version, tier.version());
+    assert!(
+        !jobs.join("ffffffff-ffffffff.1.0").exists(),
+        "the dead claim is removed"
+    );
+    // This reader's own claim says what it measured.
+    let own: Vec<_> = std::fs::read_dir(&jobs).expect("jobs").flatten().collect();
+    assert_eq!(own.len(), 1);
+    let text = std::fs::read_to_string(own[0].path()).expect("claim");
+    assert!(text.contains("benefit 0.500000"), "{text}");
+    drop(tier);
+    assert_eq!(
+        std::fs::read_dir(&jobs).expect("jobs").count(),
+        0,
+        "a closed reader's claim is removed"
+    );
+    drop(t);
+}

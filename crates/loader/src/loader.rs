@@ -77,6 +77,10 @@ pub struct Loader {
     /// The process that opened the loader (see the crate docs on fork).
     pid: u32,
     stalls: StallLog,
+    /// A sample was served: the engine hears of the consumer's waits from
+    /// then on (a local tier's placement measures them; the first fill's
+    /// wait is the start's, not the store's steady cost).
+    consumer_started: bool,
     metrics: Metrics,
     /// The store's counters when the metrics were last reset.
     store_base: Option<brand_store::GetReport>,
@@ -190,6 +194,7 @@ impl Loader {
             failed: None,
             pid: std::process::id(),
             stalls: StallLog::default(),
+            consumer_started: false,
             metrics,
             store_base: None,
             tier_base: None,
@@ -687,6 +692,10 @@ impl Loader {
         self.served += 1;
         self.metrics.samples_served += 1;
         self.metrics.bytes_served += self.ds.index.stored_len(sample) as u64;
+        if !self.consumer_started {
+            self.consumer_started = true;
+            self.reads.consumer_started();
+        }
         Ok(Taken::Served(ev, sample, bytes))
     }
 
@@ -708,7 +717,11 @@ impl Loader {
             };
             if let Some(bytes) = found {
                 if let Some(t) = stalled {
-                    self.stalls.record(t.elapsed());
+                    let waited = t.elapsed();
+                    self.stalls.record(waited);
+                    if self.consumer_started {
+                        self.reads.consumer_waited(waited);
+                    }
                 }
                 return Ok(bytes);
             }

@@ -308,6 +308,19 @@ metrics! {
         tier_kept_chunks: u64 => C[56],
         tier_held_bytes: u64 => C[57],
         tier_limit_bytes: u64 => C[58],
+        /// The tier's placement among the datasets its directory's readers
+        /// read: the share of its time this loader's consumer waits for the
+        /// store (measured while the store serves most reads; None until
+        /// then), the bytes of the tier its dataset is owed, and the bytes
+        /// it evicted for datasets owed more room (its own chunks shed,
+        /// datasets nobody read removed).
+        tier_benefit: Option<f64> => C[59: f64 = m.tier_benefit.unwrap_or(-1.0)] {
+            /// The tier's placement: the share of its time this loader's
+            /// consumer waits for the store (-1: not measured yet), the bytes of
+            /// the tier its dataset is owed, the bytes it evicted for others.
+        },
+        tier_owed_bytes: u64 => C[60],
+        tier_evicted_bytes: u64 => C[61],
     }
     C only {
         /// `bytes_read / bytes_served` (0 before anything was served).
@@ -359,6 +372,9 @@ impl Metrics {
         self.tier_kept_chunks = now.kept_chunks;
         self.tier_held_bytes = now.held_bytes;
         self.tier_limit_bytes = now.limit_bytes;
+        self.tier_benefit = now.benefit;
+        self.tier_owed_bytes = now.owed_bytes;
+        self.tier_evicted_bytes = now.evicted_bytes.saturating_sub(base.evicted_bytes);
     }
 
     /// Bytes read per byte served.

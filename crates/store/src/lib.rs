@@ -22,7 +22,8 @@
 //! * [`index_cache`]: a fetched index kept in a local file and mapped
 //!   (shared by the machine's processes; fetched once per version).
 //! * [`tier`]: a dataset's chunks kept on a local disk that the
-//!   machine's processes share (a chunk fetched once, not every epoch).
+//!   machine's processes share (a chunk fetched once, not every epoch);
+//!   [`placement`]: whose chunks its space goes to when it is full.
 //! * [`upload`]: a packed dataset written to a store, manifest last.
 //! * [`sequential`]: objects listed and read whole, in order, by large
 //!   ranged GETs made ahead of the reader: a pack's inputs in a store.
@@ -38,6 +39,7 @@ pub mod inspect;
 pub mod limiter;
 pub mod location;
 pub mod open;
+pub mod placement;
 pub mod runtime;
 pub mod sequential;
 pub mod tier;

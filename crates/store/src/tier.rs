@@ -29,11 +29,21 @@
 //!
 //! What a tier keeps: every chunk it is asked for while the limit (and the
 //! file system's free space, of which it leaves [`FREE_SHARE`]) allows,
-//! then nothing more; nothing a reader may still read is evicted. So a
-//! tier at least the dataset's size holds all of it after one epoch, and a
-//! smaller one holds a fixed share of its chunks (hits in proportion,
-//! CoorDL's rule: under a fresh order each epoch, evicting by recency
-//! keeps nothing useful).
+//! then nothing more. So a tier at least the dataset's size holds all of
+//! it after one epoch, and a smaller one holds a fixed share of its chunks
+//! (hits in proportion, CoorDL's rule: under a fresh order each epoch,
+//! evicting by recency keeps nothing useful).
+//!
+//! When the versions read through one directory want more than its limit,
+//! [`Tier::rebalance`] (each reader, every second or so) shares the space
+//! by benefit (`crate::placement`): every reader publishes a claim in
+//! `DIR/jobs/` (a file it holds an exclusive `flock` on, so a dead
+//! reader's claim is known as such); a version short of what it is owed
+//! removes versions nobody reads, and a version holding more than it is
+//! owed gives up (sheds) its chunks, holes punched in its segment files,
+//! while another is short, and takes no free space another is owed. A
+//! reader of a chunk shed under it finds the chunk's bytes gone (its
+//! records fail their crc32c) and reads the store.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -45,6 +55,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use brand_format::dataset::{Dataset, Origin};
 use brand_format::error::{Error, Result};
 
+use crate::placement::{Claim, Placement};
+
 /// Bit of a chunk's entry saying it is being fetched (its length reserved).
 const FETCHING: u64 = 1 << 63;
 
@@ -53,6 +65,9 @@ const ENTRY: u64 = 8;
 
 /// Share of its file system a tier leaves free, whatever its limit.
 pub const FREE_SHARE: f64 = 0.10;
+
+/// The directory of readers' claims, in a tier directory.
+const JOBS: &str = "jobs";
 
 /// How much a tier may hold.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -125,6 +140,8 @@ pub enum Refusal {
     Limit,
     /// The file system would have less than [`FREE_SHARE`] free.
     Disk,
+    /// The free space is owed to versions that benefit more (placement).
+    Placement,
 }
 
 /// What [`Tier::admit`] found.
@@ -179,7 +196,18 @@ pub struct Tier {
     ds: Arc<Dataset>,
     root: PathBuf,
     dir: PathBuf,
+    /// `dir`'s name: the version, as claims name it.
+    version: String,
+    /// The version's chunks' bytes: the most it could hold.
+    want: u64,
     limit: u64,
+    /// This reader's claim in `DIR/jobs/`.
+    claim: ClaimFile,
+    /// The last rebalance found other versions short of what they are
+    /// owed, and this one holding its share: it takes no free space.
+    yielding: std::sync::atomic::AtomicBool,
+    /// Bytes this reader evicted for the placement.
+    evicted: AtomicU64,
     ledger: Ledger,
     chunks: File,
     segments: Vec<OnceLock<File>>,
@@ -196,24 +224,26 @@ impl Tier {
         let root = settings.dir.clone();
         std::fs::create_dir_all(&root)?;
         let (dataset, version) = keys(url, &ds);
-        let dir = root.join(format!("{dataset}-{version}"));
-        std::fs::create_dir_all(&dir)?;
-        if !dir.join("url").exists() {
-            std::fs::write(dir.join("url"), format!("{url}\n"))?;
-        }
-        let open = open_rw(&dir.join("open"))?;
-        open.lock_shared()?;
+        let version = format!("{dataset}-{version}");
+        let dir = root.join(&version);
+        let open = open_version(&dir, url)?;
         let chunk_count = ds.index.chunk_count();
         let chunks = open_rw(&dir.join("chunks"))?;
         if chunks.metadata()?.len() < chunk_count * ENTRY {
             chunks.set_len(chunk_count * ENTRY)?;
         }
         let limit = settings.limit.bytes_for(&ds);
+        let want = (0..chunk_count).map(|c| ds.index.chunk_padded_len(c)).sum();
         let ledger = Ledger::open(&root)?;
+        let claim = ClaimFile::create(&root.join(JOBS), &version)?;
         ledger.locked(|usage| {
             remove_unread_versions(&root, &dataset, &dir);
             *usage = recount(&root)?;
-            Ok(())
+            claim.write(&Claim {
+                version: version.clone(),
+                want,
+                benefit: None,
+            })
         })?;
         let tier = Tier {
             segments: (0..ds.manifest.segments.len()).map(|_| OnceLock::new()).collect(),
@@ -221,7 +251,12 @@ impl Tier {
             ds,
             root,
             dir,
+            version,
+            want,
             limit,
+            claim,
+            yielding: Default::default(),
+            evicted: AtomicU64::new(0),
             ledger,
             chunks,
             _open: open,
@@ -249,6 +284,117 @@ impl Tier {
     /// Most bytes this process lets the directory hold.
     pub fn limit(&self) -> u64 {
         self.limit
+    }
+
+    /// The version's name in the directory (its claims' and placement's).
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// Bytes this reader evicted for the placement (its own chunks shed,
+    /// versions nobody read removed).
+    pub fn evicted_bytes(&self) -> u64 {
+        self.evicted.load(Ordering::Relaxed)
+    }
+
+    /// Whether chunk `c`'s entry says kept now (one 8-byte read): false
+    /// after a reader shed it.
+    pub fn entry_kept(&self, c: u64) -> bool {
+        matches!(read_u64(&self.chunks, c * ENTRY), Ok(e) if e != 0 && e & FETCHING == 0)
+    }
+
+    /// Publishes this reader's `benefit` (share of its time waiting for the
+    /// store; None: not measured) and acts on the placement the directory's
+    /// live claims give: removes versions nobody reads while this one is
+    /// short of its share and the free space cannot cover it; sheds this
+    /// version's chunks beyond its share while others are short; stops
+    /// taking free space others are owed.
+    pub fn rebalance(&self, benefit: Option<f64>) -> std::io::Result<Rebalanced> {
+        let claim = Claim {
+            version: self.version.clone(),
+            want: self.want,
+            benefit,
+        };
+        let done = self.ledger.locked(|usage| {
+            self.claim.write(&claim)?;
+            let placement = Placement::of(&live_claims(&self.root.join(JOBS))?, self.limit);
+            let mut held = held_by_version(&self.root)?;
+            let short = |held: &std::collections::HashMap<String, u64>, v: &str| {
+                placement.owed(v).saturating_sub(held.get(v).copied().unwrap_or(0))
+            };
+            let mut evicted = 0;
+            let free = self.limit.saturating_sub(*usage);
+            let own_short = short(&held, &self.version);
+            if own_short > free {
+                let removed = remove_idle_versions(&self.root, &self.dir, own_short - free, &held);
+                if removed > 0 {
+                    evicted += removed;
+                    *usage = recount(&self.root)?;
+                    held = held_by_version(&self.root)?;
+                }
+            }
+            let others_short: u64 = placement
+                .shares
+                .iter()
+                .filter(|s| s.version != self.version)
+                .map(|s| short(&held, &s.version))
+                .sum();
+            let owed = placement.owed(&self.version);
+            let mut own_held = held.get(&self.version).copied().unwrap_or(0);
+            let free = self.limit.saturating_sub(*usage);
+            if own_held > owed && others_short > free {
+                let shed = self.shed((own_held - owed).min(others_short - free), usage)?;
+                own_held -= shed;
+                evicted += shed;
+            }
+            let yielding = own_held >= owed && others_short > 0;
+            Ok(Rebalanced {
+                placement,
+                held: own_held,
+                owed,
+                evicted,
+                yielding,
+            })
+        })?;
+        self.yielding.store(done.yielding, Ordering::Relaxed);
+        self.evicted.fetch_add(done.evicted, Ordering::Relaxed);
+        Ok(done)
+    }
+
+    /// Gives up kept chunks of this version, the last first, until `bytes`
+    /// are freed: entries cleared (`usage` with them), holes punched where
+    /// their bytes were. Chunks being fetched stay. Under the ledger's lock.
+    fn shed(&self, bytes: u64, usage: &mut u64) -> std::io::Result<u64> {
+        let table = read_table(&self.chunks)?;
+        let mut freed = 0;
+        for (c, &entry) in table.iter().enumerate().rev() {
+            if freed >= bytes {
+                break;
+            }
+            let c = c as u64;
+            if entry == 0
+                || entry & FETCHING != 0
+                || c >= self.ds.index.chunk_count()
+                || !ofd_try_lock(&self.chunks, c)?
+            {
+                continue;
+            }
+            let done = (|| -> std::io::Result<u64> {
+                let entry = read_u64(&self.chunks, c * ENTRY)?;
+                if entry == 0 || entry & FETCHING != 0 {
+                    return Ok(0);
+                }
+                self.mark(c, false);
+                self.chunks.write_all_at(&0u64.to_le_bytes(), c * ENTRY)?;
+                *usage = usage.saturating_sub(entry);
+                let loc = self.ds.index.chunk(c);
+                punch_hole(self.segment_file(loc.segment)?, loc.offset, entry)?;
+                Ok(entry)
+            })();
+            ofd_unlock(&self.chunks, c);
+            freed += done?;
+        }
+        Ok(freed)
     }
 
     /// Bytes the directory holds or has reserved, every dataset together.
@@ -299,6 +445,9 @@ impl Tier {
             let reserved = entry & FETCHING != 0;
             self.ledger.locked(|usage| {
                 if !reserved {
+                    if self.yielding.load(Ordering::Relaxed) {
+                        return Ok(Some(Admission::Refused(Refusal::Placement)));
+                    }
                     if usage.saturating_add(len) > self.limit {
                         return Ok(Some(Admission::Refused(Refusal::Limit)));
                     }
@@ -330,21 +479,24 @@ impl Tier {
 
     /// Forgets chunk `c` (a read of it from the tier failed): its entry and
     /// bytes are given up, so the next read fetches it again.
+    /// A chunk no longer kept (shed) or being fetched is only forgotten here.
     pub fn forget(&self, c: u64) {
         self.mark(c, false);
-        if !matches!(ofd_try_lock(&self.chunks, c), Ok(true)) {
+        // A fetch's entry is left alone: its lock may be this process's own
+        // (an OFD lock taken twice is held once).
+        if !self.entry_kept(c) || !matches!(ofd_try_lock(&self.chunks, c), Ok(true)) {
             return;
         }
-        let _ = self.clear(c);
+        let _ = self.clear(c, true);
         ofd_unlock(&self.chunks, c);
     }
 
-    /// Clears chunk `c`'s entry, kept or reserved, and gives its bytes back
-    /// to the ledger. The caller holds the entry's lock.
-    fn clear(&self, c: u64) -> std::io::Result<()> {
+    /// Clears chunk `c`'s entry (kept, or also reserved unless `kept_only`)
+    /// and gives its bytes back to the ledger. The caller holds the entry's lock.
+    fn clear(&self, c: u64, kept_only: bool) -> std::io::Result<()> {
         self.ledger.locked(|usage| {
             let entry = read_u64(&self.chunks, c * ENTRY)?;
-            if entry != 0 {
+            if entry != 0 && !(kept_only && entry & FETCHING != 0) {
                 *usage = usage.saturating_sub(entry & !FETCHING);
                 self.chunks.write_all_at(&0u64.to_le_bytes(), c * ENTRY)?;
             }
@@ -386,6 +538,126 @@ impl Tier {
         }
         Ok(cell.get_or_init(|| f))
     }
+}
+
+/// What one [`Tier::rebalance`] found and did.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Rebalanced {
+    /// The directory's space shared out among the versions read now.
+    pub placement: Placement,
+    /// Bytes this version holds (kept or being fetched) and is owed.
+    pub held: u64,
+    pub owed: u64,
+    /// Bytes evicted now: this version's chunks shed, versions nobody reads removed.
+    pub evicted: u64,
+    /// This version takes no more free space: others are short of theirs.
+    pub yielding: bool,
+}
+
+/// A reader's claim file in `DIR/jobs/`, held under an exclusive `flock`
+/// while it lives (the kernel drops it when the process dies), removed
+/// when it closes.
+struct ClaimFile {
+    path: PathBuf,
+    file: File,
+}
+
+impl ClaimFile {
+    fn create(jobs: &Path, version: &str) -> std::io::Result<ClaimFile> {
+        static READERS: AtomicU64 = AtomicU64::new(0);
+        std::fs::create_dir_all(jobs)?;
+        let n = READERS.fetch_add(1, Ordering::Relaxed);
+        let path = jobs.join(format!("{version}.{}.{n}", std::process::id()));
+        let file = open_rw(&path)?;
+        file.lock()?;
+        Ok(ClaimFile { path, file })
+    }
+
+    /// Writes `claim` (under the ledger's lock: nobody reads it half written).
+    fn write(&self, claim: &Claim) -> std::io::Result<()> {
+        let text = claim.encode();
+        self.file.set_len(0)?;
+        self.file.write_all_at(text.as_bytes(), 0)
+    }
+}
+
+impl Drop for ClaimFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// The claims of the live readers in `jobs`; a dead reader's claim (its
+/// lock free) is removed.
+fn live_claims(jobs: &Path) -> std::io::Result<Vec<Claim>> {
+    let mut claims = Vec::new();
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(jobs)?.flatten().map(|e| e.path()).collect();
+    paths.sort();
+    for path in paths {
+        let Ok(file) = File::open(&path) else { continue };
+        match file.try_lock_shared() {
+            Ok(()) => {
+                let _ = std::fs::remove_file(&path);
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                claims.extend(Claim::decode(&text));
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(e),
+        }
+    }
+    Ok(claims)
+}
+
+/// Bytes each version in `root` holds or has reserved, by its name.
+fn held_by_version(root: &Path) -> std::io::Result<std::collections::HashMap<String, u64>> {
+    let mut held = std::collections::HashMap::new();
+    for e in std::fs::read_dir(root)?.flatten() {
+        let Ok(file) = File::open(e.path().join("chunks")) else {
+            continue;
+        };
+        let bytes = read_table(&file)?
+            .into_iter()
+            .fold(0u64, |sum, entry| sum.saturating_add(entry & !FETCHING));
+        held.insert(e.file_name().to_string_lossy().into_owned(), bytes);
+    }
+    Ok(held)
+}
+
+/// Removes versions in `root` nobody reads (their `open` lock free), other
+/// than `keep`, until `need` bytes are freed (by `held`'s count); returns
+/// the bytes freed. Best effort.
+fn remove_idle_versions(root: &Path, keep: &Path, need: u64, held: &std::collections::HashMap<String, u64>) -> u64 {
+    let mut idle: Vec<(String, u64)> = held
+        .iter()
+        .filter(|&(name, &bytes)| bytes > 0 && root.join(name) != keep)
+        .map(|(name, &bytes)| (name.clone(), bytes))
+        .collect();
+    idle.sort();
+    let mut freed = 0;
+    for (name, bytes) in idle {
+        if freed >= need {
+            break;
+        }
+        let path = root.join(&name);
+        let Ok(open) = File::options().read(true).write(true).open(path.join("open")) else {
+            continue;
+        };
+        if open.try_lock().is_err() {
+            continue;
+        }
+        match std::fs::remove_dir_all(&path) {
+            Ok(()) => {
+                tracing::info!(
+                    "{}: removed a version nobody reads ({bytes} bytes) for a job that benefits from the room",
+                    path.display()
+                );
+                freed += bytes;
+            }
+            Err(e) => tracing::debug!("{}: not removed: {e}", path.display()),
+        }
+    }
+    freed
 }
 
 /// A chunk this process fetches for the tier: [`keep`](Self::keep) its
@@ -441,7 +713,7 @@ impl Drop for Reservation {
             return;
         }
         let (tier, c) = (&self.tier, self.chunk);
-        if let Err(e) = tier.clear(c) {
+        if let Err(e) = tier.clear(c, false) {
             tracing::debug!("{}: chunk {c}'s reservation not given back: {e}", tier.dir.display());
         }
         ofd_unlock(&tier.chunks, c);
@@ -509,6 +781,52 @@ fn recount(root: &Path) -> std::io::Result<u64> {
         }
     }
     Ok(total)
+}
+
+/// Version directory `dir` (made if new) with its `open` file locked
+/// shared. A version removed between making it and locking it (by a
+/// reader that found it idle) is made again.
+fn open_version(dir: &Path, url: &str) -> std::io::Result<File> {
+    use std::os::unix::fs::MetadataExt;
+    let mut tries = 0;
+    loop {
+        std::fs::create_dir_all(dir)?;
+        if !dir.join("url").exists() {
+            std::fs::write(dir.join("url"), format!("{url}\n"))?;
+        }
+        let open = open_rw(&dir.join("open"));
+        if let Ok(open) = open {
+            open.lock_shared()?;
+            let still = std::fs::metadata(dir.join("open")).map(|m| m.ino());
+            if still.is_ok_and(|ino| ino == open.metadata().map(|m| m.ino()).unwrap_or(0)) {
+                return Ok(open);
+            }
+        }
+        tries += 1;
+        if tries == 3 {
+            return Err(std::io::Error::other(format!(
+                "{}: removed again and again while being opened",
+                dir.display()
+            )));
+        }
+    }
+}
+
+/// Frees the disk blocks of `len` bytes at `offset` of `file` (its size kept).
+fn punch_hole(file: &File, offset: u64, len: u64) -> std::io::Result<()> {
+    // SAFETY: an open descriptor; fallocate changes only the file's blocks.
+    let r = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset as libc::off_t,
+            len as libc::off_t,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// `path` opened for reading and writing, made empty if new.
