@@ -260,3 +260,37 @@ fn a_dead_readers_claim_is_not_counted() {
     );
     drop(t);
 }
+
+#[test]
+fn while_another_dataset_is_short_one_takes_free_space_only_up_to_its_own_share() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let a_ds = Arc::new(common::small_dataset(&t.path().join("a"), 300));
+    let b_ds = Arc::new(common::small_dataset(&t.path().join("b"), 300));
+    let (a_bytes, b_bytes) = (chunks_bytes(&a_ds), chunks_bytes(&b_ds));
+    let limit = a_bytes + b_bytes / 2;
+    let settings = TierSettings {
+        dir: t.path().join("tier"),
+        limit: TierLimit::Bytes(limit),
+    };
+    let a = Tier::open(&settings, "s3://bkt/a", a_ds.clone()).expect("open a");
+    let b = Tier::open(&settings, "s3://bkt/b", b_ds.clone()).expect("open b");
+    // Both benefit; a more per byte: a is owed all of a, b the rest.
+    a.rebalance(Some(0.9)).expect("rebalance");
+    let r = b.rebalance(Some(0.1)).expect("rebalance");
+    assert_eq!((r.owed, r.held, r.evicted), (limit - a_bytes, 0, 0));
+    assert!(r.yielding, "a is short: {r:?}");
+    // The ledger has room for far more than b's share; b takes its share only.
+    let (kept, refused) = fill(&b, &b_ds);
+    assert!(kept > 0 && refused.contains(&Refusal::Placement), "{kept} {refused:?}");
+    let b_held: u64 = (0..b_ds.index.chunk_count())
+        .filter(|&c| b.is_present(c))
+        .map(|c| b_ds.index.chunk_padded_len(c))
+        .sum();
+    assert!(b_held <= r.owed, "b holds {b_held} of a share of {}", r.owed);
+    // a fills all of a beside it, nothing shed.
+    assert_eq!(fill(&a, &a_ds), (a_ds.index.chunk_count(), vec![]));
+    assert_eq!(a.held_bytes(), a_bytes + b_held);
+    // Once nobody is short, b may use free space again (the rest of its share).
+    let r = b.rebalance(Some(0.1)).expect("rebalance");
+    assert!(!r.yielding && r.evicted == 0, "{r:?}");
+}

@@ -203,9 +203,10 @@ pub struct Tier {
     limit: u64,
     /// This reader's claim in `DIR/jobs/`.
     claim: ClaimFile,
-    /// The last rebalance found other versions short of what they are
-    /// owed, and this one holding its share: it takes no free space.
-    yielding: std::sync::atomic::AtomicBool,
+    /// Bytes this version may still take in while other versions are short
+    /// of what they are owed (its share less what it held at the last
+    /// rebalance); `u64::MAX` while nobody is short.
+    room: AtomicU64,
     /// Bytes this reader evicted for the placement.
     evicted: AtomicU64,
     ledger: Ledger,
@@ -255,7 +256,7 @@ impl Tier {
             want,
             limit,
             claim,
-            yielding: Default::default(),
+            room: AtomicU64::new(u64::MAX),
             evicted: AtomicU64::new(0),
             ledger,
             chunks,
@@ -347,7 +348,16 @@ impl Tier {
                 own_held -= shed;
                 evicted += shed;
             }
-            let yielding = own_held >= owed && others_short > 0;
+            // While others are short, this version takes free space only up
+            // to its own share (beyond it, it would take what they are owed
+            // and shed it again at the next rebalance).
+            let yielding = others_short > 0;
+            let room = if yielding {
+                owed.saturating_sub(own_held)
+            } else {
+                u64::MAX
+            };
+            self.room.store(room, Ordering::Relaxed);
             Ok(Rebalanced {
                 placement,
                 held: own_held,
@@ -356,7 +366,6 @@ impl Tier {
                 yielding,
             })
         })?;
-        self.yielding.store(done.yielding, Ordering::Relaxed);
         self.evicted.fetch_add(done.evicted, Ordering::Relaxed);
         Ok(done)
     }
@@ -445,8 +454,13 @@ impl Tier {
             let reserved = entry & FETCHING != 0;
             self.ledger.locked(|usage| {
                 if !reserved {
-                    if self.yielding.load(Ordering::Relaxed) {
-                        return Ok(Some(Admission::Refused(Refusal::Placement)));
+                    let room = self.room.load(Ordering::Relaxed);
+                    if room != u64::MAX {
+                        if room < len {
+                            return Ok(Some(Admission::Refused(Refusal::Placement)));
+                        }
+                        // Under the ledger's lock: no other admission races this one.
+                        self.room.store(room - len, Ordering::Relaxed);
                     }
                     if usage.saturating_add(len) > self.limit {
                         return Ok(Some(Admission::Refused(Refusal::Limit)));
@@ -550,7 +564,8 @@ pub struct Rebalanced {
     pub owed: u64,
     /// Bytes evicted now: this version's chunks shed, versions nobody reads removed.
     pub evicted: u64,
-    /// This version takes no more free space: others are short of theirs.
+    /// Others are short of their shares: this version takes free space only
+    /// up to its own.
     pub yielding: bool,
 }
 
