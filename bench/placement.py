@@ -31,6 +31,7 @@ Output in WORK/out-placement: placement-results.json and placement-results.md.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import shutil
@@ -51,13 +52,26 @@ CONFIGS = ("placement", "even", "none")
 JOBS = (("io", "s3://brand/ds", 0.0), ("compute", "s3://brand/ds2", None))
 
 
+def sidecar(srv: Path, bucket: str, key: str, kind: str) -> Path:
+    """The server's (s3s-fs's) metadata file of an object: its entity tag and checksum ("internal")
+    and user metadata; without them it hashes the whole object on every request."""
+    b64 = lambda t: base64.urlsafe_b64encode(t.encode()).decode().rstrip("=")  # noqa: E731
+    return srv / f".bucket-{b64(bucket)}.object-{b64(key)}.{kind}.json"
+
+
 def copy_dataset(a):
-    """s3://brand/ds2: the server's files of s3://brand/ds copied (the server keeps objects as files)."""
-    src, dst = a.work / "srv" / "brand" / "ds", a.work / "srv" / "brand" / "ds2"
+    """s3://brand/ds2: the server's files of s3://brand/ds copied, with their metadata files."""
+    srv = a.work / "srv"
+    src, dst = srv / "brand" / "ds", srv / "brand" / "ds2"
     if not dst.exists():
         tmp = dst.with_name("ds2.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(src, tmp)
+        for f in src.iterdir():
+            for kind in ("internal", "metadata"):
+                meta = sidecar(srv, "brand", f"ds/{f.name}", kind)
+                if meta.exists():
+                    shutil.copyfile(meta, sidecar(srv, "brand", f"ds2/{f.name}", kind))
         tmp.rename(dst)
 
 
