@@ -757,6 +757,20 @@ DELAY_NOTE = [10.0]
 # ---------------------------------------------------------------- main
 
 
+def add_setup_args(ap):
+    """The options every script on this shaped link shares: the link (rate, RTT, MTU), the memory
+    group's allowance, and the binaries and Python it runs."""
+    ap.add_argument("--rate", default="1gbit")
+    ap.add_argument("--delay-ms", type=float, default=10)
+    ap.add_argument("--mtu", type=int, default=9000)
+    ap.add_argument("--allowance", type=int, default=640 * MIB)
+    target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "release"
+    ap.add_argument("--brand", default=str(target / "brand"))
+    ap.add_argument("--server-bin", default=str(target / "brand-s3-server"))
+    ap.add_argument("--relay-bin", default=str(target / "delay-relay"))
+    ap.add_argument("--venv-python", default=sys.executable)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("cmd", nargs="?", default="run")
@@ -765,21 +779,13 @@ def main():
     ap.add_argument("--samples", type=int, default=8000)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--loaders", default=",".join(LOADERS))
-    ap.add_argument("--rate", default="1gbit")
-    ap.add_argument("--delay-ms", type=float, default=10)
-    ap.add_argument("--mtu", type=int, default=9000)
-    ap.add_argument("--allowance", type=int, default=640 * MIB)
+    add_setup_args(ap)
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--sweep-rounds", type=int, default=1)
     ap.add_argument("--sweep-loader", default="brand-auto", choices=list(BRAND_FLAGS))
     ap.add_argument("--sweep-in-flight", default="2,4,8,16,32,64")
     ap.add_argument("--sweep-get-mib", default="1,4,8,16")
-    target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "release"
-    ap.add_argument("--brand", default=str(target / "brand"))
-    ap.add_argument("--server-bin", default=str(target / "brand-s3-server"))
-    ap.add_argument("--relay-bin", default=str(target / "delay-relay"))
-    ap.add_argument("--venv-python", default=sys.executable)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--report-only", type=Path)
     a = ap.parse_args()

@@ -44,7 +44,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import objstore  # noqa: E402
 import tier as tierbench  # noqa: E402
-from objstore import MIB, parse_brand, sh, summary  # noqa: E402
+from objstore import sh, summary  # noqa: E402
 from brandbench.cgroups import evict  # noqa: E402
 
 ROOT = HERE.parent
@@ -161,14 +161,13 @@ def summarise(res: dict) -> dict:
                                               if r["epochs"] and r["epochs"][-1]["tier_benefit"] is not None])
             row[f"{name}_owed"] = summary([r["epochs"][-1]["tier_owed_bytes"] for r in jr if r["epochs"]])
             row[f"{name}_evicted"] = summary([sum(e["tier_evicted_bytes"] or 0 for e in r["epochs"]) for r in jr])
-        pair = []
+        # A round's pair: both jobs' rates, in rounds where both ran to the end.
+        row["pair_by_round"] = {}
         for rnd in rounds:
             rr = [r for r in rs if r["round"] == rnd]
             if len(rr) == len(JOBS) and all(r.get("samples_per_sec") for r in rr):
-                pair.append(sum(r["samples_per_sec"] for r in rr))
-        row["pair"] = summary(pair)
-        row["pair_by_round"] = {rnd: sum(r.get("samples_per_sec") or 0 for r in rs if r["round"] == rnd)
-                                for rnd in rounds}
+                row["pair_by_round"][rnd] = sum(r["samples_per_sec"] for r in rr)
+        row["pair"] = summary(list(row["pair_by_round"].values()))
         row["store_gb"] = summary([next(r["server_get_bytes"] for r in rs if r["round"] == rnd) / 1e9
                                    for rnd in rounds])
         row["exactly_once"] = all(r.get("exactly_once") for r in rs)
@@ -232,16 +231,8 @@ def main():
     ap.add_argument("--limit", type=int, default=None, help="the tier's bytes (default 1.05x one dataset)")
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--read-gap", default="auto")
-    ap.add_argument("--rate", default="1gbit")
-    ap.add_argument("--delay-ms", type=float, default=10)
-    ap.add_argument("--mtu", type=int, default=9000)
-    ap.add_argument("--allowance", type=int, default=640 * MIB)
+    objstore.add_setup_args(ap)
     ap.add_argument("--timeout", type=float, default=900)
-    target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "release"
-    ap.add_argument("--brand", default=str(target / "brand"))
-    ap.add_argument("--server-bin", default=str(target / "brand-s3-server"))
-    ap.add_argument("--relay-bin", default=str(target / "delay-relay"))
-    ap.add_argument("--venv-python", default=sys.executable)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--build", help="the commit the binaries were built from (default: this checkout's HEAD)")
     a = ap.parse_args()

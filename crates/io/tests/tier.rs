@@ -145,18 +145,49 @@ fn chunks_bytes(ds: &Dataset) -> u64 {
     (0..ds.index.chunk_count()).map(|c| ds.index.chunk_padded_len(c)).sum()
 }
 
-#[test]
-fn a_full_tiers_space_goes_to_the_dataset_that_waits_for_the_store() {
+/// Two datasets and a tier with room for one of them and half the other.
+struct TwoDatasets {
+    _t: tempfile::TempDir,
+    a_ds: Arc<Dataset>,
+    b_ds: Arc<Dataset>,
+    a_bytes: u64,
+    b_bytes: u64,
+    limit: u64,
+    settings: TierSettings,
+}
+
+fn two_datasets() -> TwoDatasets {
     let t = tempfile::tempdir().expect("tempdir");
     let a_ds = Arc::new(common::small_dataset(&t.path().join("a"), 300));
     let b_ds = Arc::new(common::small_dataset(&t.path().join("b"), 300));
     let (a_bytes, b_bytes) = (chunks_bytes(&a_ds), chunks_bytes(&b_ds));
-    // Room for one dataset and half the other.
     let limit = a_bytes + b_bytes / 2;
     let settings = TierSettings {
         dir: t.path().join("tier"),
         limit: TierLimit::Bytes(limit),
     };
+    TwoDatasets {
+        _t: t,
+        a_ds,
+        b_ds,
+        a_bytes,
+        b_bytes,
+        limit,
+        settings,
+    }
+}
+
+#[test]
+fn a_full_tiers_space_goes_to_the_dataset_that_waits_for_the_store() {
+    let TwoDatasets {
+        _t,
+        a_ds,
+        b_ds,
+        a_bytes,
+        b_bytes,
+        limit,
+        settings,
+    } = two_datasets();
     // b's job hides the store behind its compute (benefit 0), and takes the
     // free space while nobody else wants it.
     let b = Tier::open(&settings, "s3://bkt/b", b_ds.clone()).expect("open b");
@@ -263,15 +294,15 @@ fn a_dead_readers_claim_is_not_counted() {
 
 #[test]
 fn while_another_dataset_is_short_one_takes_free_space_only_up_to_its_own_share() {
-    let t = tempfile::tempdir().expect("tempdir");
-    let a_ds = Arc::new(common::small_dataset(&t.path().join("a"), 300));
-    let b_ds = Arc::new(common::small_dataset(&t.path().join("b"), 300));
-    let (a_bytes, b_bytes) = (chunks_bytes(&a_ds), chunks_bytes(&b_ds));
-    let limit = a_bytes + b_bytes / 2;
-    let settings = TierSettings {
-        dir: t.path().join("tier"),
-        limit: TierLimit::Bytes(limit),
-    };
+    let TwoDatasets {
+        _t,
+        a_ds,
+        b_ds,
+        a_bytes,
+        b_bytes: _,
+        limit,
+        settings,
+    } = two_datasets();
     let a = Tier::open(&settings, "s3://bkt/a", a_ds.clone()).expect("open a");
     let b = Tier::open(&settings, "s3://bkt/b", b_ds.clone()).expect("open b");
     // Both benefit; a more per byte: a is owed all of a, b the rest.
