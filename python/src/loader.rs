@@ -46,7 +46,9 @@ const STATE_DICT_VERSION: i64 = 1;
 /// ``run_length``, ``verify``, ``direct``, ``io_backend``,
 /// ``decode_threads``, ``io_timeout``, for a URL ``gets_in_flight``,
 /// ``get_size``, ``stall_timeout``, ``retries``, ``disk_cache`` (a directory on a
-/// local disk keeping its chunks, shared by the machine's processes) and
+/// local disk keeping its chunks, shared by the machine's processes; when it is
+/// full, its space goes to the datasets whose jobs wait for the store most:
+/// ``metrics()``'s ``tier_benefit``, ``tier_owed_bytes``, ``tier_evicted_bytes``) and
 /// ``disk_cache_limit``, ``on_corrupt``, ``cache`` (the
 /// socket of a ``brand cache`` to attach to), and for a multi-node job ``nodes``,
 /// ``remote_memory``, ``peer_timeout``, ``job``, ``tf_port_offset``), checked

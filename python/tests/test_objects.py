@@ -66,6 +66,12 @@ def test_a_local_tier_is_filled_once_and_read_by_a_later_loader(s3, tmp_path):
         warm = second.metrics()
     assert warm["store_requests"] == 0, warm
     assert warm["tier_hits"] > 0 and warm["tier_chunks_fetched"] == 0, warm
+    # The placement's figures (alone on the tier: nothing evicted; its benefit
+    # a share of time when measured, None before a second of its consumer's time).
+    for m in (filled, warm):
+        assert m["tier_evicted_bytes"] == 0, m
+        assert m["tier_benefit"] is None or 0.0 <= m["tier_benefit"] <= 1.0, m
+        assert m["tier_owed_bytes"] <= m["tier_limit_bytes"], m
     for bad, match in [(dict(disk_cache_limit="50%"), "disk_cache_limit without disk_cache"),
                        (dict(disk_cache=str(tier), disk_cache_limit="150%"), "disk_cache_limit"),
                        (dict(disk_cache=""), "disk_cache")]:
