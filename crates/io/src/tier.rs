@@ -267,9 +267,9 @@ impl TierPath {
         }
     }
 
-    /// The chunk a job reads.
-    pub fn chunk_of(&self, job: &Job) -> Option<u64> {
-        job.extent.records.first().map(|&(id, _)| self.ds.index.chunk_of(id))
+    /// The chunk an extent (a job's, a completion's) reads.
+    pub fn chunk_of(&self, extent: &brand_format::extents::Extent) -> Option<u64> {
+        extent.records.first().map(|&(id, _)| self.ds.index.chunk_of(id))
     }
 
     /// Sends the jobs for kept chunks to the disk, joins those for chunks
@@ -279,7 +279,7 @@ impl TierPath {
         let mut routed = Routed::default();
         for job in jobs {
             self.counters.routed_bytes.fetch_add(job.extent.len, Ordering::Relaxed);
-            let Some(c) = self.chunk_of(&job) else {
+            let Some(c) = self.chunk_of(&job.extent) else {
                 routed.store.push(job);
                 continue;
             };
@@ -447,7 +447,7 @@ impl TierPath {
     /// A read from the tier failed: the chunk is forgotten (fetched again
     /// by the next read that wants it) and this read goes to the store.
     pub fn read_failed(&self, c: &Completion) {
-        let Some(chunk) = c.extent.records.first().map(|&(id, _)| self.ds.index.chunk_of(id)) else {
+        let Some(chunk) = self.chunk_of(&c.extent) else {
             return;
         };
         if !self.tier.entry_kept(chunk) {

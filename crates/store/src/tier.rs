@@ -45,6 +45,7 @@
 //! reader of a chunk shed under it finds the chunk's bytes gone (its
 //! records fail their crc32c) and reads the store.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
@@ -239,7 +240,7 @@ impl Tier {
         let claim = ClaimFile::create(&root.join(JOBS), &version)?;
         ledger.locked(|usage| {
             remove_unread_versions(&root, &dataset, &dir);
-            *usage = recount(&root)?;
+            *usage = recount(&root)?.values().sum();
             claim.write(&Claim {
                 version: version.clone(),
                 want,
@@ -320,7 +321,7 @@ impl Tier {
             self.claim.write(&claim)?;
             let placement = Placement::of(&live_claims(&self.root.join(JOBS))?, self.limit);
             let mut held = held_by_version(&self.root)?;
-            let short = |held: &std::collections::HashMap<String, u64>, v: &str| {
+            let short = |held: &HashMap<String, u64>, v: &str| {
                 placement.owed(v).saturating_sub(held.get(v).copied().unwrap_or(0))
             };
             let mut evicted = 0;
@@ -330,8 +331,8 @@ impl Tier {
                 let removed = remove_idle_versions(&self.root, &self.dir, own_short - free, &held);
                 if removed > 0 {
                     evicted += removed;
-                    *usage = recount(&self.root)?;
-                    held = held_by_version(&self.root)?;
+                    held = recount(&self.root)?;
+                    *usage = held.values().sum();
                 }
             }
             let others_short: u64 = placement
@@ -492,8 +493,8 @@ impl Tier {
     }
 
     /// Forgets chunk `c` (a read of it from the tier failed): its entry and
-    /// bytes are given up, so the next read fetches it again.
-    /// A chunk no longer kept (shed) or being fetched is only forgotten here.
+    /// bytes are given up, so the next read fetches it again. A chunk no
+    /// longer kept (shed) or being fetched is only forgotten here.
     pub fn forget(&self, c: u64) {
         self.mark(c, false);
         // A fetch's entry is left alone: its lock may be this process's own
@@ -625,8 +626,8 @@ fn live_claims(jobs: &Path) -> std::io::Result<Vec<Claim>> {
 }
 
 /// Bytes each version in `root` holds or has reserved, by its name.
-fn held_by_version(root: &Path) -> std::io::Result<std::collections::HashMap<String, u64>> {
-    let mut held = std::collections::HashMap::new();
+fn held_by_version(root: &Path) -> std::io::Result<HashMap<String, u64>> {
+    let mut held = HashMap::new();
     for e in std::fs::read_dir(root)?.flatten() {
         let Ok(file) = File::open(e.path().join("chunks")) else {
             continue;
@@ -642,7 +643,7 @@ fn held_by_version(root: &Path) -> std::io::Result<std::collections::HashMap<Str
 /// Removes versions in `root` nobody reads (their `open` lock free), other
 /// than `keep`, until `need` bytes are freed (by `held`'s count); returns
 /// the bytes freed. Best effort.
-fn remove_idle_versions(root: &Path, keep: &Path, need: u64, held: &std::collections::HashMap<String, u64>) -> u64 {
+fn remove_idle_versions(root: &Path, keep: &Path, need: u64, held: &HashMap<String, u64>) -> u64 {
     let mut idle: Vec<(String, u64)> = held
         .iter()
         .filter(|&(name, &bytes)| bytes > 0 && root.join(name) != keep)
@@ -655,21 +656,12 @@ fn remove_idle_versions(root: &Path, keep: &Path, need: u64, held: &std::collect
             break;
         }
         let path = root.join(&name);
-        let Ok(open) = File::options().read(true).write(true).open(path.join("open")) else {
-            continue;
-        };
-        if open.try_lock().is_err() {
-            continue;
-        }
-        match std::fs::remove_dir_all(&path) {
-            Ok(()) => {
-                tracing::info!(
-                    "{}: removed a version nobody reads ({bytes} bytes) for a job that benefits from the room",
-                    path.display()
-                );
-                freed += bytes;
-            }
-            Err(e) => tracing::debug!("{}: not removed: {e}", path.display()),
+        if remove_if_unread(&path) {
+            tracing::info!(
+                "{}: removed a version nobody reads ({bytes} bytes) for a job that benefits from the room",
+                path.display()
+            );
+            freed += bytes;
         }
     }
     freed
@@ -763,28 +755,42 @@ fn remove_unread_versions(root: &Path, dataset: &str, keep: &Path) {
         if path == keep || !name.starts_with(&format!("{dataset}-")) || !path.is_dir() {
             continue;
         }
-        let Ok(open) = File::options().read(true).write(true).open(path.join("open")) else {
-            continue;
-        };
-        if open.try_lock().is_ok() {
-            match std::fs::remove_dir_all(&path) {
-                Ok(()) => tracing::info!("{}: removed a version of the dataset nobody reads", path.display()),
-                Err(e) => tracing::debug!("{}: not removed: {e}", path.display()),
-            }
+        if remove_if_unread(&path) {
+            tracing::info!("{}: removed a version of the dataset nobody reads", path.display());
         }
     }
 }
 
-/// Bytes every version in `root` holds or has reserved: kept chunks, and
-/// chunks being fetched by a live process (their entry's lock held). An
-/// entry marked fetching with no lock is a dead process's: cleared.
-fn recount(root: &Path) -> std::io::Result<u64> {
-    let mut total = 0u64;
+/// Removes version directory `path` if no process reads it (its `open`
+/// file's lock free, taken for the removal); whether it did. Best effort.
+fn remove_if_unread(path: &Path) -> bool {
+    let Ok(open) = File::options().read(true).write(true).open(path.join("open")) else {
+        return false;
+    };
+    if open.try_lock().is_err() {
+        return false;
+    }
+    match std::fs::remove_dir_all(path) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::debug!("{}: not removed: {e}", path.display());
+            false
+        }
+    }
+}
+
+/// Bytes each version in `root` holds or has reserved, by its name: kept
+/// chunks, and chunks being fetched by a live process (their entry's lock
+/// held). An entry marked fetching with no lock is a dead process's:
+/// cleared. Their sum is the ledger's usage.
+fn recount(root: &Path) -> std::io::Result<HashMap<String, u64>> {
+    let mut held = HashMap::new();
     for e in std::fs::read_dir(root)?.flatten() {
         let path = e.path().join("chunks");
         let Ok(file) = File::options().read(true).write(true).open(&path) else {
             continue;
         };
+        let mut total = 0u64;
         for (c, entry) in read_table(&file)?.into_iter().enumerate() {
             if entry & FETCHING == 0 {
                 total = total.saturating_add(entry);
@@ -794,8 +800,9 @@ fn recount(root: &Path) -> std::io::Result<u64> {
                 file.write_all_at(&0u64.to_le_bytes(), c as u64 * ENTRY)?;
             }
         }
+        held.insert(e.file_name().to_string_lossy().into_owned(), total);
     }
-    Ok(total)
+    Ok(held)
 }
 
 /// Version directory `dir` (made if new) with its `open` file locked
