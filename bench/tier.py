@@ -19,6 +19,9 @@ Parts, each in every round (--rounds, the configurations' order rotating each ro
            configuration): a later process starts warm from the tier (the restart case). L = none
            (no tier), 10, 30, 50, 100. The server's counters are reset before each process and read
            after it: exact GETs and bytes per epoch.
+  tiered   as brand, with `--policy tiered` (the order that changes: the tier's pinned chunks served at
+           random over the epoch, the others read whole once an epoch through a shuffle buffer of
+           the memory), L = --tiered-limits (30, 50).
   local    `brand read WORK/local --memory 10% --read-gap G --seed R --start-epoch E --epochs 1`
            for E = 1, 2: brand's objects downloaded to a directory on the same disk (part 4's
            reference for the 100 % tier's warm epochs).
@@ -76,9 +79,10 @@ def files_under(*dirs: Path) -> list[Path]:
 # ---------------------------------------------------------------- brand, one epoch per process
 
 
-def brand_argv(a, src: str, epoch: int, seed: int, limit: str | None, tier: Path | None) -> list[str]:
+def brand_argv(a, src: str, epoch: int, seed: int, limit: str | None, tier: Path | None,
+               policy: str = "brand") -> list[str]:
     argv = [a.brand, "read", src, "--memory", "10%", "--read-gap", a.read_gap, "--epochs", "1", "--start-epoch",
-            str(epoch), "--seed", str(seed), "--json"]
+            str(epoch), "--seed", str(seed), "--policy", policy, "--json"]
     if limit is not None and limit != "0":
         argv += ["--disk-cache", str(tier), "--disk-cache-limit", f"{limit}%"]
     return argv
@@ -98,13 +102,14 @@ def brand_record(ep: dict) -> dict:
 
 
 def run_brand(a, net: Net, groups: Groups, meta: dict, *, part: str, config: str, rnd: int, epoch: int, seed: int,
-              src: str = "s3://brand/ds", limit: str | None = None, tier: Path | None = None) -> dict:
+              src: str = "s3://brand/ds", limit: str | None = None, tier: Path | None = None,
+              policy: str = "brand") -> dict:
     g = groups.run_group("net", a.allowance + meta["bytes"] // 10)
     rec = {"part": part, "config": config, "round": rnd, "epoch": epoch, "seed": seed}
     evict(files_under(a.work / "tier", a.work / "local"))
     net.admin("reset-stats", "POST")
     try:
-        argv = brand_argv(a, src, epoch, seed, limit, tier)
+        argv = brand_argv(a, src, epoch, seed, limit, tier, policy)
         rec["argv"] = " ".join(str(x) for x in argv)
         sampler = RssSampler(g)
         sampler.start()
@@ -136,12 +141,13 @@ def say_brand(r: dict):
           f"first {r.get('first_batch_s')}, once {r.get('exactly_once')}", file=sys.stderr)
 
 
-def brand_config(a, net, groups, meta, limit: str, rnd: int, runs: list):
+def brand_config(a, net, groups, meta, limit: str, rnd: int, runs: list, policy: str = "brand"):
     tier = a.work / "tier"
     shutil.rmtree(tier, ignore_errors=True)
+    part = "brand" if policy == "brand" else policy
     for e in range(a.epochs):
-        r = run_brand(a, net, groups, meta, part="brand", config=limit, rnd=rnd, epoch=e, seed=rnd + 1,
-                      limit=limit, tier=tier)
+        r = run_brand(a, net, groups, meta, part=part, config=limit, rnd=rnd, epoch=e, seed=rnd + 1,
+                      limit=limit, tier=tier, policy=policy)
         runs.append(r)
         say_brand(r)
     r = runs[-1]
@@ -364,13 +370,13 @@ def summarise(res: dict) -> dict:
     runs, meta, extra = res["runs"], res["dataset"], res["tier_dataset"]
     dbytes, n = extra["brand_object_bytes"], meta["samples"]
     link = {l["round"]: l["mb_per_s"] for l in res["links"] if l["kind"] == "parallel"}
-    out: dict = {"brand": {}, "local": {}, "mds": {}, "litdata": {}, "jobs": {}}
+    out: dict = {"brand": {}, "tiered": {}, "local": {}, "mds": {}, "litdata": {}, "jobs": {}}
 
     def cell(rs, key, f=lambda r, v: v):
         return summary([f(r, r.get(key)) if r.get(key) is not None else None for r in rs])
 
-    for part in ("brand", "local", "mds", "litdata"):
-        ref_bytes = dbytes if part in ("brand", "local") else (extra["mds_shard_bytes"] if part == "mds"
+    for part in ("brand", "tiered", "local", "mds", "litdata"):
+        ref_bytes = dbytes if part in ("brand", "tiered", "local") else (extra["mds_shard_bytes"] if part == "mds"
                                                               else extra["litdata_chunk_bytes"])
         for cfg in sorted({r["config"] for r in runs if r["part"] == part}):
             for e in range(res["epochs"]):
@@ -480,7 +486,24 @@ def goals(res: dict) -> list[str]:
             rg = med(r["gets"]) / med(n0["gets"])
             G.append(f"tier {lim} %, epoch {e}: store bytes {rb:.3f}× and GETs {rg:.3f}× the no-tier figure "
                      f"(≤ {bound:.2f}: bytes {ok(rb <= bound)}, GETs {ok(rg <= bound)})")
-    m = S.get("mds", {})
+    t, m = S.get("tiered", {}), S.get("mds", {})
+    for lim in sorted(t, key=int):
+        for e in range(1, res["epochs"]):
+            r, n0, br = t[lim].get(str(e)), none.get(str(e)), b.get(lim, {}).get(str(e))
+            if not (r and n0 and med(n0["bytes_x"]) and med(n0["gets"])):
+                continue
+            f = int(lim) / 100
+            rb, rg = med(r["bytes_x"]) / med(n0["bytes_x"]), med(r["gets"]) / med(n0["gets"])
+            G.append(f"tiered {lim} %, epoch {e}: store bytes {rb:.3f}× and GETs {rg:.4f}× the no-tier figure "
+                     f"(proportional: {1 - f:.2f}; bytes ≤ {1 - f + 0.05:.2f}: {ok(rb <= 1 - f + 0.05)}, GETs better "
+                     f"than proportional: {ok(rg < 1 - f)}); brand's order at {lim} %: GETs "
+                     f"{med(br['gets']) / med(n0['gets']) if br else float('nan'):.3f}×")
+            mr = m.get(lim, {}).get(str(e))
+            if mr and mr["chunk_mate_dispersion"] and r["chunk_mate_dispersion"]:
+                d, dm = med(r["chunk_mate_dispersion"]), med(mr["chunk_mate_dispersion"])
+                G.append(f"tiered {lim} %, epoch {e}: dispersion {d:.3f} against Streaming's {dm:.3f} at cache_limit "
+                         f"{lim} % ({d / dm:.2f}×; ≥ 2×: {ok(d >= 2 * dm)}), which fetched {fmt(mr['bytes_x'])}× its "
+                         f"shards against tiered's {fmt(r['bytes_x'])}× the dataset")
     for lim in ("30", "50", "100", "none"):
         for e in range(1, res["epochs"]):
             r, br = m.get(lim, {}).get(str(e)), b.get(lim if lim != "none" else "100", {}).get(str(e))
@@ -527,6 +550,17 @@ def report(res: dict, out: Path):
                      f"{fmt(r['gets_per_sample'], 3)} | {fmt(r['m_tier_hits'], 0)} | {fmt(r['useful_mb_per_sec'], 1)} | "
                      f"{fmt(r['link_fraction'])} | {fmt(r['first_batch_s'])} | {fmt(r['chunk_mate_dispersion'], 3)} | "
                      f"{r['exactly_once']} | {r['runs']} ({r['failed']}) |")
+    if S.get("tiered"):
+        L += ["", "## brand `--policy tiered`: the tier's pinned chunks at random, the rest whole once an epoch", "",
+              "The same runs as above with `--policy tiered` (the order changes: see DESIGN.md §3).", "",
+              "| tier | epoch | store bytes × dataset | GETs | GETs / sample | tier hits | useful MB/s | of link | "
+              "first batch s | dispersion | exactly once | runs (failed) |", "|---" * 12 + "|"]
+        for lim in sorted(S["tiered"], key=int):
+            for e, r in sorted(S["tiered"][lim].items()):
+                L.append(f"| {lim} % | {e} | {fmt(r['bytes_x'], 3)} | {fmt(r['gets'], 0)} | "
+                         f"{fmt(r['gets_per_sample'], 4)} | {fmt(r['m_tier_hits'], 0)} | {fmt(r['useful_mb_per_sec'], 1)} | "
+                         f"{fmt(r['link_fraction'])} | {fmt(r['first_batch_s'])} | {fmt(r['chunk_mate_dispersion'], 3)} | "
+                         f"{r['exactly_once']} | {r['runs']} ({r['failed']}) |")
     loc = S["local"].get("local", {})
     if loc:
         L += ["", "## Epochs 2+ from a 100 % tier against `brand read` of a local copy (same disk)", "",
@@ -653,6 +687,7 @@ def main():
     ap.add_argument("--parts", default="brand,local,mds,jobs")
     ap.add_argument("--limits", default=",".join(BRAND_LIMITS))
     ap.add_argument("--mds-limits", default=",".join(MDS_LIMITS))
+    ap.add_argument("--tiered-limits", default="30,50", help="tier limits of the part tiered")
     ap.add_argument("--heavy", default="0,10,30,50",
                     help="brand limits run only in the first --heavy-rounds rounds (each of their epochs "
                          "fetches (1 - f) x ~9x the dataset at --read-gap whole: ~66 s at 1 Gbit/s)")
@@ -731,6 +766,8 @@ def main():
             if "brand" in parts:
                 confs += [("brand", x) for x in limits
                           if x not in heavy or a.heavy_rounds is None or rnd < a.heavy_rounds]
+            if "tiered" in parts:
+                confs += [("tiered", x) for x in a.tiered_limits.split(",") if x]
             if "local" in parts:
                 confs.append(("local", "local"))
             for peer in ("mds", "litdata"):
@@ -738,8 +775,8 @@ def main():
                     confs += [(peer, x) for x in mds_limits]
             k = rnd % len(confs)
             for part, cfg in confs[k:] + confs[:k]:
-                if part == "brand":
-                    brand_config(a, net, groups, meta, cfg, rnd, runs)
+                if part in ("brand", "tiered"):
+                    brand_config(a, net, groups, meta, cfg, rnd, runs, policy=part)
                 elif part == "local":
                     local_config(a, net, groups, meta, rnd, runs)
                 elif part in ("mds", "litdata"):

@@ -19,7 +19,7 @@ pub struct CacheArgs {
     #[arg(long)]
     socket: PathBuf,
     /// The plan whose reads fill the memory: brand, brand-random, direct,
-    /// chunk-shuffle or sequential (the jobs' order follows its fill).
+    /// chunk-shuffle, sequential or tiered (the jobs' order follows its fill).
     #[arg(long)]
     policy: Option<String>,
     /// The fill plan's seed (each job draws with its own).

@@ -32,7 +32,7 @@ pub struct ReadArgs {
     /// Memory budget per rank: bytes ("4GiB") or a percentage of the dataset ("10%").
     #[arg(long)]
     memory: Option<String>,
-    /// brand, brand-random, direct, chunk-shuffle or sequential.
+    /// brand, brand-random, direct, chunk-shuffle, sequential or tiered (with --disk-cache-limit: the tier's pinned chunks spread over the epoch, the rest read whole once).
     #[arg(long)]
     policy: Option<String>,
     /// whole, auto, or a byte count ("16KiB").

@@ -20,7 +20,7 @@ pub struct SimulateArgs {
     /// percentage of the dataset (`10%`).
     #[arg(long, value_name = "BYTES|PCT")]
     pub memory: String,
-    /// brand, brand-random, direct, chunk-shuffle or sequential.
+    /// brand, brand-random, direct, chunk-shuffle, sequential or tiered.
     #[arg(long, default_value = "brand")]
     pub policy: String,
     #[arg(long, default_value_t = 1)]
@@ -66,7 +66,7 @@ pub fn run(args: &SimulateArgs) -> brand_format::Result<()> {
     let dataset = brand_store::open(&args.dataset)?;
     // The plan settings as every command resolves them (rank 0: every
     // rank is simulated).
-    let config = resolve(
+    let mut config = resolve(
         None,
         &[
             ("memory", Flag::Text(&Some(args.memory.clone()))),
@@ -90,6 +90,13 @@ pub fn run(args: &SimulateArgs) -> brand_format::Result<()> {
         .as_deref()
         .map(|limit| tier_model(&dataset, limit, &args.get_size))
         .transpose()?;
+    if let Some(t) = tier {
+        // What a tiered reader pins under this limit (IoConfig::pinned_share).
+        config.pinned_share = match config.policy {
+            brand_plan::Policy::Tiered => brand_format::pin::share_within(&dataset.index, t.limit_bytes),
+            _ => 0,
+        };
+    }
     let options = SimOptions {
         epochs: args.epochs,
         batch: args.batch,

@@ -1625,6 +1625,62 @@ fn a_tier_smaller_than_the_dataset_keeps_its_share_and_the_store_serves_the_rest
     assert_eq!(metric(&again[0], "tier_chunks_fetched"), 0, "{}", again[0]);
 }
 
+/// The tiered policy with a tier of 30 %: the tier takes in the pinned
+/// chunks and nothing else; every later epoch, and a later process, reads
+/// them from the disk and the other chunks whole from the store, each once
+/// (as `brand simulate --policy tiered` predicts), in the same order.
+#[test]
+fn the_tiered_policy_pins_its_share_on_the_tier_and_reads_the_rest_whole_once_an_epoch() {
+    let f = Fixture::new();
+    let tier = f.root.join("tier");
+    let tiered = ["--policy", "tiered", "--disk-cache-limit", "30%"];
+    let mut args = vec!["--epochs", "3"];
+    args.extend_from_slice(&tiered);
+    let epochs = read_tiered(&f, &tier, &args);
+    assert_exactly_once(&epochs, 3);
+    let sim = common::ok(&[
+        "simulate",
+        s(&f.local),
+        "--memory",
+        "10%",
+        "--epochs",
+        "2",
+        "--policy",
+        "tiered",
+        "--disk-cache-limit",
+        "30%",
+        "--json",
+    ]);
+    let sim: serde_json::Value = serde_json::from_slice(&sim.stdout).expect("json");
+    let warm = &sim["epochs"][1]["tier"];
+    let field = |key: &str| warm[key].as_u64().expect(key);
+    // Only the pinned chunks are taken in: all of them, nothing else.
+    let held = metric(&epochs[2], "tier_held_bytes");
+    assert_eq!(held, field("held_bytes"), "{}", epochs[2]);
+    assert_eq!(sum_of(&epochs, "tier_bytes_fetched"), held, "{}", epochs[2]);
+    let dataset = f.segment_bytes();
+    assert!(held > dataset / 5 && held <= dataset * 3 / 10, "{held} of {dataset}");
+    // A later process: the pinned chunks from the disk, the rest whole from
+    // the store, at most one GET a chunk (neighbours read together share
+    // one), nothing taken in, the same order as the first run's first epoch.
+    f.server.reset_stats();
+    let again = read_tiered(&f, &tier, &tiered);
+    assert_exactly_once(&again, 1);
+    assert_eq!(again[0]["order"], epochs[0]["order"]);
+    let e = &again[0];
+    assert_eq!(metric(e, "tier_chunks_fetched"), 0, "{e}");
+    assert!(metric(e, "tier_hits") > 0, "{e}");
+    let passed = field("passed");
+    assert!(passed > 0 && field("misses") == 0, "{warm}");
+    let requests = metric(e, "store_requests");
+    assert!(
+        requests > 0 && requests <= passed,
+        "{requests} requests for {passed} chunks: {e}"
+    );
+    let fetched = metric(e, "store_bytes_fetched");
+    assert!(fetched <= dataset - held, "{fetched} of {dataset}, {held} on the tier");
+}
+
 /// The version directories in `tier` (its readers' claims are beside them, in `jobs`).
 fn version_dirs(tier: &std::path::Path) -> Vec<PathBuf> {
     std::fs::read_dir(tier)

@@ -67,6 +67,7 @@ pub mod index;
 pub mod manifest;
 pub mod mapped;
 pub mod parallel;
+pub mod pin;
 pub mod rng;
 pub mod units;
 

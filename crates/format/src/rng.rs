@@ -92,6 +92,13 @@ pub mod domain {
     /// Where an epoch's runs of records start in every chunk (plans with a
     /// run length above 1): path `[RUNS, epoch]`.
     pub const RUNS: u64 = 7;
+    /// The fixed order in which a local tier pins chunks for the `tiered`
+    /// policy (`crate::pin`): path `[PIN]` with seed 0, the same for every
+    /// job whatever its seed, so jobs with different seeds pin the same chunks.
+    pub const PIN: u64 = 8;
+    /// A `tiered` epoch's choices (pinned or streamed at each position, which
+    /// streamed sample): path `[TIERED, epoch]`.
+    pub const TIERED: u64 = 9;
 }
 
 #[cfg(test)]

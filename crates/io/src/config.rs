@@ -216,6 +216,22 @@ impl IoConfig {
         self.engine(fixed_buffer_bytes.min(held_bytes))
     }
 
+    /// What the tier may hold (the disk's free space if no limit is given).
+    fn tier_limit(&self) -> brand_store::tier::TierLimit {
+        self.disk_cache_limit.unwrap_or(brand_store::tier::TierLimit::Disk)
+    }
+
+    /// The share of `ds`'s chunks a tiered plan pins
+    /// (`brand_format::pin`): as many as the tier's limit holds; all of
+    /// them with no limit but the disk's (a full disk refuses the rest,
+    /// which are then read from the store); none without a tier.
+    pub fn pinned_share(&self, ds: &Dataset) -> u8 {
+        match &self.disk_cache {
+            Some(_) => brand_format::pin::share_within(&ds.index, self.tier_limit().bytes_for(ds)),
+            None => 0,
+        }
+    }
+
     /// The engine these settings ask for, registering at most
     /// `fixed_buffer_bytes`.
     fn engine(&self, fixed_buffer_bytes: u64) -> EngineConfig {
@@ -231,7 +247,8 @@ impl IoConfig {
             store: self.store,
             tier: self.disk_cache.clone().map(|dir| brand_store::tier::TierSettings {
                 dir,
-                limit: self.disk_cache_limit.unwrap_or(brand_store::tier::TierLimit::Disk),
+                limit: self.tier_limit(),
+                pinned_share: None,
             }),
             rings: RINGS,
             sqpoll: false,

@@ -247,7 +247,16 @@ fn tier_disk(shared: &Shared, settings: &brand_store::tier::TierSettings) -> Res
     // Whole chunks in flight are read-ahead memory too: at most the
     // reader's read-ahead (what it registers), or two GETs' worth.
     let budget = shared.cfg.fixed_buffer_bytes.max(2 * shared.cfg.store.get_bytes);
-    let path = Arc::new(crate::tier::TierPath::new(tier, ds.clone(), started.jobs, budget));
+    let pinned = settings
+        .pinned_share
+        .map(|share| brand_format::pin::pinned(ds.index.chunk_count(), share));
+    let path = Arc::new(crate::tier::TierPath::new(
+        tier,
+        ds.clone(),
+        started.jobs,
+        budget,
+        pinned,
+    ));
     Ok(Some(crate::objects::TierDisk {
         path,
         done: done_rx,

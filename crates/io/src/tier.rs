@@ -12,7 +12,9 @@
 //!   process fetches, they wait until it is kept (co-operative misses), at
 //!   most the stall timeout, then read the store.
 //! * A chunk the tier has no room for is read from the store as without a
-//!   tier (only the records asked for).
+//!   tier (only the records asked for); so is a chunk the tiered policy
+//!   does not pin (`brand_format::pin`: it reads those whole, once an
+//!   epoch), which is never taken in.
 //! * A start's first fill is read record by record from the store (its
 //!   first batch waits for its records, not for whole chunks); the chunks it
 //!   touched that no later read takes in are fetched whole beside the
@@ -137,6 +139,9 @@ pub(crate) struct TierPath {
     /// Chunks a start's first fill read from the store, to fetch whole
     /// when the store is idle, in chunk order (neighbours share a GET).
     later: Mutex<std::collections::BTreeSet<u64>>,
+    /// `pinned[c]`: chunk `c` may be taken in (the tiered policy); `None`:
+    /// any chunk may.
+    pinned: Option<Vec<bool>>,
     counters: Counters,
     /// Nanoseconds the consumer waited for reads, since it started.
     waited_ns: AtomicU64,
@@ -145,8 +150,15 @@ pub(crate) struct TierPath {
 
 impl TierPath {
     /// The tier's routing; whole chunks being fetched hold at most
-    /// `budget_bytes` (at least one GET's worth).
-    pub fn new(tier: Arc<Tier>, ds: Arc<Dataset>, disk: Box<dyn JobSender>, budget_bytes: u64) -> Self {
+    /// `budget_bytes` (at least one GET's worth); only `pinned` chunks are
+    /// taken in, if given.
+    pub fn new(
+        tier: Arc<Tier>,
+        ds: Arc<Dataset>,
+        disk: Box<dyn JobSender>,
+        budget_bytes: u64,
+        pinned: Option<Vec<bool>>,
+    ) -> Self {
         let budget_mib = budget_bytes.div_ceil(1 << 20).clamp(1, u32::MAX as u64 >> 4) as u32;
         TierPath {
             fetching_bytes: Arc::new(tokio::sync::Semaphore::new(budget_mib as usize)),
@@ -157,6 +169,7 @@ impl TierPath {
             disk: Mutex::new(Some(disk)),
             fetching: Mutex::new(HashMap::new()),
             given_up: AtomicBool::new(false),
+            pinned,
             counters: Counters::default(),
             waited_ns: AtomicU64::new(0),
             gauge: Mutex::new(Gauge {
@@ -287,7 +300,7 @@ impl TierPath {
                 self.to_disk(job);
                 continue;
             }
-            if self.given_up.load(Ordering::Relaxed) {
+            if self.given_up.load(Ordering::Relaxed) || !self.takes_in(c) {
                 routed.store.push(job);
                 continue;
             }
@@ -336,6 +349,14 @@ impl TierPath {
             }
         }
         routed
+    }
+
+    /// Whether chunk `c` may be taken in (every chunk, unless the tiered
+    /// policy pins some).
+    fn takes_in(&self, c: u64) -> bool {
+        self.pinned
+            .as_ref()
+            .is_none_or(|p| p.get(c as usize).copied().unwrap_or(false))
     }
 
     /// Chunks a start's first fill passed by, taken in for this reader to

@@ -16,6 +16,7 @@ fn setup(limit: TierLimit) -> (tempfile::TempDir, Arc<Dataset>, TierSettings) {
     let settings = TierSettings {
         dir: t.path().join("tier"),
         limit,
+        pinned_share: None,
     };
     (t, ds, settings)
 }
@@ -165,6 +166,7 @@ fn two_datasets() -> TwoDatasets {
     let settings = TierSettings {
         dir: t.path().join("tier"),
         limit: TierLimit::Bytes(limit),
+        pinned_share: None,
     };
     TwoDatasets {
         _t: t,

@@ -29,11 +29,14 @@
 //! 64  seed       u64
 //! 72  rank       u32
 //! 76  world      u32
-//! 80  policy     u8  0 brand, 1 brand-random, 2 direct, 3 chunk-shuffle, 4 sequential
+//! 80  policy     u8  0 brand, 1 brand-random, 2 direct, 3 chunk-shuffle, 4 sequential,
+//!                    5 tiered
 //! 81  drop_last  u8  0 or 1
 //! 82  run_length u8  the plan's run length minus 1 (0 in states saved
 //!                    before runs existed, which ran length 1)
-//! 83  reserved   u8  zero
+//! 83  pinned     u8  the tiered policy's pinned share of the chunks, in
+//!                    255ths (zero for every other policy, and in states
+//!                    saved before it existed, where it was reserved)
 //!     -- version 2 only --
 //! 84  bitmap     ceil(samples / 64) u64 words: bit i % 64 of word i / 64 is
 //!                    set when sample i was served in `epoch`
@@ -87,6 +90,8 @@ pub struct Fingerprint {
     pub policy: u8,
     pub drop_last: bool,
     pub run_length: u32,
+    /// The tiered policy's pinned share (0 for the others).
+    pub pinned_share: u8,
 }
 
 fn policy_code(p: Policy) -> u8 {
@@ -96,6 +101,7 @@ fn policy_code(p: Policy) -> u8 {
         Policy::Direct => 2,
         Policy::ChunkShuffle => 3,
         Policy::Sequential => 4,
+        Policy::Tiered => 5,
     }
 }
 
@@ -124,6 +130,11 @@ impl Fingerprint {
             policy: policy_code(plan.policy),
             drop_last: plan.drop_last,
             run_length: plan.run_length,
+            pinned_share: if plan.policy == Policy::Tiered {
+                plan.pinned_share
+            } else {
+                0
+            },
         }
     }
 
@@ -169,6 +180,12 @@ impl Fingerprint {
             s.run_length.to_string(),
             n.run_length.to_string(),
         );
+        cmp(
+            &mut plan,
+            "pinned share (255ths, from the tier's limit)",
+            s.pinned_share.to_string(),
+            n.pinned_share.to_string(),
+        );
         (data, plan)
     }
 
@@ -213,6 +230,7 @@ impl Fingerprint {
             world: self.world,
             drop_last: self.drop_last,
             run_length: self.run_length,
+            pinned_share: self.pinned_share,
         })
     }
 
@@ -452,7 +470,12 @@ fn encode(c: &Checkpoint) -> Vec<u8> {
     // A run length is 1..=64 (checked when the plan is made): fits a byte.
     put(
         80,
-        &[f.policy, f.drop_last as u8, f.run_length.saturating_sub(1) as u8, 0],
+        &[
+            f.policy,
+            f.drop_last as u8,
+            f.run_length.saturating_sub(1) as u8,
+            f.pinned_share,
+        ],
     );
     for (i, w) in words.iter().enumerate() {
         put(84 + 8 * i, &w.to_le_bytes());
@@ -505,7 +528,8 @@ fn decode(b: &[u8]) -> Result<Checkpoint, String> {
             "loader state is damaged: crc32c {computed:#010x}, the state says {stored:#010x}"
         ));
     }
-    if b[81] > 1 || b[82] as u32 >= brand_plan::MAX_RUN_LENGTH || b[83] != 0 {
+    let pins = b[80] == policy_code(Policy::Tiered);
+    if b[81] > 1 || b[82] as u32 >= brand_plan::MAX_RUN_LENGTH || (b[83] != 0 && !pins) {
         return Err("loader state has invalid flag bytes".to_string());
     }
     let state = LoaderState {
@@ -524,6 +548,7 @@ fn decode(b: &[u8]) -> Result<Checkpoint, String> {
         policy: b[80],
         drop_last: b[81] == 1,
         run_length: b[82] as u32 + 1,
+        pinned_share: b[83],
     };
     let bitmap = (version == VERSION_BITMAP)
         .then(|| bitmap_of(&b[84..len - 4], &f, state))
@@ -574,6 +599,7 @@ mod tests {
             policy: 2,
             drop_last: true,
             run_length: 3,
+            pinned_share: 0,
         }
     }
 
@@ -597,6 +623,34 @@ mod tests {
         assert_eq!(u64_at(&b, 32), 1000);
         assert_eq!((b[80], b[81]), (2, 1));
         assert_eq!(decode(&b), Ok(c));
+    }
+
+    #[test]
+    fn a_tiered_state_keeps_its_pinned_share_and_no_other_policy_has_one() {
+        let tiered = Fingerprint {
+            policy: policy_code(Policy::Tiered),
+            pinned_share: 77,
+            ..fp()
+        };
+        let c = Checkpoint {
+            state: LoaderState { epoch: 1, served: 9 },
+            fingerprint: tiered,
+            bitmap: None,
+        };
+        let mut b = encode(&c);
+        assert_eq!(b[83], 77);
+        assert_eq!(decode(&b), Ok(c));
+        let other = Fingerprint {
+            pinned_share: 78,
+            ..tiered
+        };
+        let why = tiered.mismatch(&other).unwrap_or_default();
+        assert!(why.contains("pinned share"), "{why}");
+        // A pinned share under another policy is not a state this library wrote.
+        b[80] = 2;
+        let crc = crc32c::crc32c(&b[..84]);
+        b[84..].copy_from_slice(&crc.to_le_bytes());
+        assert!(decode(&b).is_err());
     }
 
     /// Samples 0, 63, 64 and 999 of 1000 (16 words) served.

@@ -11,7 +11,7 @@
 //! ```toml
 //! batch_size = 256      # 1..=1048576
 //! memory = "10%"        # per rank: "10%" (0-100000 %), bytes ("4GiB", ≥ 1) or "N slots" (≥ 1)
-//! policy = "brand"      # brand, brand-random, direct, chunk-shuffle, sequential
+//! policy = "brand"      # brand, brand-random, direct, chunk-shuffle, sequential, tiered
 //! seed = 0              # 0..=2^63-1 (a TOML integer)
 //! rank = 0              # 0..world
 //! world = 1             # 1..=65536
@@ -260,6 +260,15 @@ impl LoaderConfig {
             }
         }
         Ok(())
+    }
+
+    /// Decides what a tiered plan pins of `ds` from its tier's limit
+    /// (`brand_io::IoConfig::pinned_share`); other policies pin nothing.
+    pub fn pin(&mut self, ds: &brand_format::Dataset) {
+        self.plan.pinned_share = match self.plan.policy {
+            brand_plan::Policy::Tiered => self.io.pinned_share(ds),
+            _ => 0,
+        };
     }
 
     /// Rejects settings that cannot work, before anything is opened: every

@@ -126,8 +126,10 @@ impl Loader {
                 "run_length = \"auto\" is decided by the reader that opens the dataset (brand_reader::decide): a loader takes a number",
             ));
         }
+        let mut cfg = cfg.clone();
+        cfg.pin(&ds);
         let planner = Planner::new(&ds.index, &cfg.plan)?;
-        Self::open_planned(ds, cfg, planner, resume.into())
+        Self::open_planned(ds, &cfg, planner, resume.into())
     }
 
     /// [`open`](Self::open) with the plan already made (an open makes one
@@ -161,7 +163,12 @@ impl Loader {
         cfg.check()?;
         brand_format::buffer::size_recycling(memory_bound.unwrap_or(0).saturating_add(cfg.readahead_bytes));
         // Registered buffers are read-ahead memory.
-        let engine = cfg.io.engine_config(&ds, cfg.readahead_bytes);
+        let mut engine = cfg.io.engine_config(&ds, cfg.readahead_bytes);
+        if let Some(tier) = engine.tier.as_mut()
+            && cfg.plan.policy == brand_plan::Policy::Tiered
+        {
+            tier.pinned_share = Some(cfg.plan.pinned_share);
+        }
         let reads = ReadSession::open(ds.clone(), engine, cfg.io.read_gap)?;
         let metrics = Metrics {
             read_gap: match reads.gap() {

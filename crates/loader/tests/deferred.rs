@@ -33,6 +33,7 @@ fn config(policy: Policy, gap: ReadGapSetting, rank: u32, world: u32) -> LoaderC
             world,
             drop_last: false,
             run_length: 1,
+            pinned_share: 0,
         },
         batch_size: 8,
         readahead_bytes: 8 << 20,

@@ -23,6 +23,7 @@ fn config(rank: u32, world: u32, slots: u64) -> LoaderConfig {
             world,
             drop_last: false,
             run_length: 1,
+            pinned_share: 0,
         },
         batch_size: 4,
         readahead_bytes: 64 << 10,

@@ -208,6 +208,7 @@ fn plan_cfg(policy: Policy, memory: Memory, rank: u32, world: u32) -> PlanConfig
         world,
         drop_last: false,
         run_length: 1,
+        pinned_share: 0,
     }
 }
 

@@ -34,6 +34,7 @@ fn config(memory: Memory, rank: u32, world: u32, readahead: u64) -> LoaderConfig
             world,
             drop_last: false,
             run_length: 1,
+            pinned_share: 0,
         },
         batch_size: 8,
         readahead_bytes: readahead,

@@ -24,15 +24,22 @@ pub enum Policy {
     ChunkShuffle,
     /// Chunks in order, samples in order.
     Sequential,
+    /// For a local tier smaller than the dataset (`brand_format::pin`): the
+    /// samples of the chunks the tier pins served at random over the whole
+    /// epoch, read record by record from the tier; the other chunks read
+    /// whole from the store into a shuffle buffer of the budget's size
+    /// (few, large requests: the store sees each byte once an epoch).
+    Tiered,
 }
 
 impl Policy {
-    pub const ALL: [Policy; 5] = [
+    pub const ALL: [Policy; 6] = [
         Policy::Brand,
         Policy::BrandRandom,
         Policy::Direct,
         Policy::ChunkShuffle,
         Policy::Sequential,
+        Policy::Tiered,
     ];
 
     pub fn name(self) -> &'static str {
@@ -42,6 +49,7 @@ impl Policy {
             Policy::Direct => "direct",
             Policy::ChunkShuffle => "chunk-shuffle",
             Policy::Sequential => "sequential",
+            Policy::Tiered => "tiered",
         }
     }
 
@@ -177,6 +185,12 @@ pub struct PlanConfig {
     /// request by definition, chunk-shuffle and sequential whole chunks.
     #[serde(default = "one")]
     pub run_length: u32,
+    /// The `tiered` policy: the share of the chunks its tier pins, in
+    /// 255ths ([`brand_format::pin`]); decided from the tier's limit when
+    /// a reader opens (`brand_io::IoConfig::pinned_share`), 0 without a
+    /// tier. Other policies ignore it.
+    #[serde(default)]
+    pub pinned_share: u8,
 }
 
 /// Longest run: a chunk.
@@ -197,6 +211,7 @@ impl PlanConfig {
             world: 1,
             drop_last: false,
             run_length: 1,
+            pinned_share: 0,
         }
     }
 }

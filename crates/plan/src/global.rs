@@ -46,7 +46,9 @@ impl GlobalEpoch {
         let (served, reads) = match shared.config.policy {
             // Everything stays in memory: serve the permutation itself and
             // let the rank plans read each chunk once when memory is cold.
-            Policy::Brand | Policy::BrandRandom if g.holds_all => (permutation(seed, epoch, n), Vec::new()),
+            Policy::Brand | Policy::BrandRandom | Policy::Tiered if g.holds_all => {
+                (permutation(seed, epoch, n), Vec::new())
+            }
             Policy::Brand | Policy::BrandRandom => {
                 brand_epoch(&shared.config, epoch, n, k, g.group_size as u32, |_| true)
             }
@@ -64,6 +66,7 @@ impl GlobalEpoch {
                 (served, reads)
             }
             Policy::ChunkShuffle => chunk_shuffle_epoch(seed, epoch, n, k, g.world_slots),
+            Policy::Tiered => tiered_epoch(seed, epoch, n, k, g.world_slots, shared.config.pinned_share),
             Policy::Sequential => {
                 let served = (0..n as u32).collect();
                 let reads = (0..g.chunks)
@@ -277,6 +280,67 @@ fn chunk_shuffle_epoch(seed: u64, epoch: u64, n: u64, k: u32, slots: u64) -> (Ve
         }
         Prng::stream(seed, &[domain::WINDOW, epoch, window]).shuffle(&mut served[start..]);
         window += 1;
+    }
+    (served, reads)
+}
+
+/// The `tiered` policy (`brand_format::pin`): the pinned chunks' samples,
+/// in a random order of their own, are spread uniformly over the epoch,
+/// each read alone just before its serve (from the local tier); the other
+/// chunks are read whole, in a shuffled order, into a buffer of `slots`
+/// samples from which a uniformly random one is served. At each position
+/// the next serve is pinned with the probability of the pinned share of
+/// what is left, so both kinds are spread evenly. A streamed chunk is read
+/// only when a streamed sample is to be served and it fits, so what is
+/// held never exceeds `slots` (at least one chunk).
+fn tiered_epoch(seed: u64, epoch: u64, n: u64, k: u32, slots: u64, share: u8) -> (Vec<u32>, Vec<GlobalRead>) {
+    let chunks = n.div_ceil(k as u64);
+    let pinned = brand_format::pin::pinned(chunks, share);
+    let mut pinned_samples: Vec<u32> = (0..chunks as u32)
+        .filter(|&c| pinned[c as usize])
+        .flat_map(|c| c * k..c * k + chunk_records(n, k, c as u64))
+        .collect();
+    Prng::stream(seed, &[domain::EPOCH, epoch]).shuffle(&mut pinned_samples);
+    let streamed: Vec<u32> = Prng::stream(seed, &[domain::CHUNK_ORDER, epoch])
+        .permutation(chunks as usize)
+        .into_iter()
+        .filter(|&c| !pinned[c as usize])
+        .collect();
+    let mut rng = Prng::stream(seed, &[domain::TIERED, epoch]);
+    let mut served = Vec::with_capacity(n as usize);
+    let mut reads = Vec::new();
+    let mut buffer: Vec<u32> = Vec::with_capacity(slots.min(n) as usize);
+    let (mut next_pinned, mut next_chunk) = (0usize, 0usize);
+    let mut streamed_left = n - pinned_samples.len() as u64;
+    for time in 0..n as u32 {
+        let pinned_left = (pinned_samples.len() - next_pinned) as u64;
+        if rng.below(pinned_left + streamed_left) < pinned_left {
+            let x = pinned_samples[next_pinned];
+            next_pinned += 1;
+            reads.push(GlobalRead {
+                time,
+                chunk: x / k,
+                mask: 1u64 << (x % k),
+            });
+            served.push(x);
+            continue;
+        }
+        while let Some(&c) = streamed.get(next_chunk) {
+            let records = chunk_records(n, k, c as u64);
+            if !buffer.is_empty() && buffer.len() as u64 + records as u64 > slots {
+                break;
+            }
+            reads.push(GlobalRead {
+                time,
+                chunk: c,
+                mask: low_bits(records),
+            });
+            buffer.extend(c * k..c * k + records);
+            next_chunk += 1;
+        }
+        let i = rng.below(buffer.len() as u64) as usize;
+        served.push(buffer.swap_remove(i));
+        streamed_left -= 1;
     }
     (served, reads)
 }

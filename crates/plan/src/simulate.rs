@@ -368,7 +368,9 @@ pub fn simulate_with(index: &Index, config: &PlanConfig, options: &SimOptions) -
         epochs.push(r);
     }
     if let Some(model) = options.tier {
-        let kept = simulate_kept(index, &chunk_reads, options.epochs, model);
+        let pinned = (config.policy == crate::Policy::Tiered)
+            .then(|| brand_format::pin::pinned(index.chunk_count(), config.pinned_share));
+        let kept = simulate_kept(index, &chunk_reads, options.epochs, model, pinned.as_deref());
         let by_plan = simulate_tier(index, &chunk_reads, options.epochs, model);
         for ((r, k), p) in epochs.iter_mut().zip(kept).zip(by_plan) {
             r.tier = Some(k);

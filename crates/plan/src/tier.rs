@@ -70,9 +70,16 @@ pub struct ChunkRead {
 
 /// Runs `reads` through the tier as built, starting empty: a chunk read
 /// while there is room is fetched whole and kept for good; once full, a
-/// read of a chunk not kept costs what it costs without a tier. One
+/// read of a chunk not kept costs what it costs without a tier. With
+/// `pinned` (the tiered policy) only those chunks are taken in. One
 /// [`TierEpoch`] per epoch in `0..epochs`.
-pub fn simulate_kept(index: &Index, reads: &[ChunkRead], epochs: u64, model: TierModel) -> Vec<TierEpoch> {
+pub fn simulate_kept(
+    index: &Index,
+    reads: &[ChunkRead],
+    epochs: u64,
+    model: TierModel,
+    pinned: Option<&[bool]>,
+) -> Vec<TierEpoch> {
     let mut out = vec![TierEpoch::default(); epochs as usize];
     let mut held = std::collections::HashSet::new();
     let mut held_bytes = 0u64;
@@ -83,7 +90,9 @@ pub fn simulate_kept(index: &Index, reads: &[ChunkRead], epochs: u64, model: Tie
         let len = index.chunk_padded_len(r.chunk);
         if held.contains(&r.chunk) {
             e.hits += 1;
-        } else if held_bytes + len <= model.limit_bytes {
+        } else if held_bytes + len <= model.limit_bytes
+            && pinned.is_none_or(|p| p.get(r.chunk as usize).copied().unwrap_or(false))
+        {
             held.insert(r.chunk);
             held_bytes += len;
             e.misses += 1;
@@ -208,7 +217,7 @@ mod tests {
         let ix = index(4);
         // Room for two: 0 and 2 are kept; 1 and 3 pass, every time.
         let seq = reads(&[(0, 0), (0, 2), (0, 1), (0, 0), (1, 3), (1, 2), (1, 1), (1, 0)]);
-        let t = simulate_kept(&ix, &seq, 2, model(2));
+        let t = simulate_kept(&ix, &seq, 2, model(2), None);
         assert_eq!((t[0].misses, t[0].hits, t[0].passed), (2, 1, 1));
         assert_eq!((t[1].misses, t[1].hits, t[1].passed), (0, 2, 2));
         assert_eq!(t[0].bytes_fetched, 2 * 4096 + 1000);
@@ -216,8 +225,14 @@ mod tests {
         assert_eq!(t[1].held_bytes, 2 * 4096);
         assert!(t.iter().all(|e| e.evictions == 0));
         // As large as the dataset: each chunk once, then nothing, as eviction by the plan.
-        let all = simulate_kept(&ix, &seq, 2, model(4));
+        let all = simulate_kept(&ix, &seq, 2, model(4), None);
         assert_eq!(all, simulate_tier(&ix, &seq, 2, model(4)));
+        // Only chunks 1 and 3 pinned: 0 and 2 pass though there is room.
+        let pins = [false, true, false, true];
+        let t = simulate_kept(&ix, &seq, 2, model(4), Some(&pins));
+        assert_eq!((t[0].misses, t[0].hits, t[0].passed), (1, 0, 3));
+        assert_eq!((t[1].misses, t[1].hits, t[1].passed), (1, 1, 2));
+        assert_eq!(t[1].held_bytes, 2 * 4096);
     }
 
     /// On random sequences: every read is a hit, a miss or passed; a chunk
@@ -231,7 +246,7 @@ mod tests {
             let n = 1 + rng.below(60) as usize;
             let seq: Vec<ChunkRead> = (0..n).map(|i| read((i * 3 / n) as u64, rng.below(12))).collect();
             for cap in 0..=12u64 {
-                let t = simulate_kept(&ix, &seq, 3, model(cap));
+                let t = simulate_kept(&ix, &seq, 3, model(cap), None);
                 let (hits, misses, passed): (u64, u64, u64) = t
                     .iter()
                     .fold((0, 0, 0), |a, e| (a.0 + e.hits, a.1 + e.misses, a.2 + e.passed));

@@ -29,6 +29,7 @@ fn config(policy: Policy, rank_slots: u64, world: u32, seed: u64, drop_last: boo
         world,
         drop_last,
         run_length: 1,
+        pinned_share: 0,
     }
 }
 
@@ -166,12 +167,14 @@ struct Case {
     policy: Policy,
     epoch: u64,
     run_length: u32,
+    pinned_share: u8,
 }
 
 impl Case {
     fn config(&self) -> PlanConfig {
         PlanConfig {
             run_length: self.run_length,
+            pinned_share: self.pinned_share,
             ..config(self.policy, self.rank_slots, self.world, self.seed, self.drop_last)
         }
     }
@@ -194,9 +197,11 @@ fn case() -> impl Strategy<Value = Case> {
         0u64..4,
         // Record by record (the paper), or in runs of neighbours.
         prop_oneof![Just(1u32), 2u32..=64],
+        // The tiered policy's pinned share: none, all, or some.
+        prop_oneof![Just(0u8), Just(255u8), any::<u8>()],
     )
         .prop_map(
-            |(samples, chunk_size, fraction, world, seed, drop_last, policy, epoch, run_length)| {
+            |(samples, chunk_size, fraction, world, seed, drop_last, policy, epoch, run_length, pinned_share)| {
                 let one_chunk = samples.min(chunk_size as u64);
                 Case {
                     samples,
@@ -209,6 +214,7 @@ fn case() -> impl Strategy<Value = Case> {
                     policy,
                     epoch,
                     run_length,
+                    pinned_share,
                 }
             },
         )
@@ -586,6 +592,67 @@ fn simulate_metrics_tell_policies_apart() {
     assert!(table.contains("brand") && table.lines().count() >= 5, "{table}");
     let json = serde_json::to_value(&brand).expect("serialisable");
     assert_eq!(json["epochs"][1]["requests"], 20_000);
+}
+
+/// Tiered: a pinned sample is read alone just before its serve; the rest
+/// are read as whole chunks, each once, never more than the budget held;
+/// the pinned samples spread over the whole epoch, so its order spreads
+/// chunk-mates more than chunk-shuffle's windows of the same budget.
+#[test]
+fn tiered_reads_pinned_records_alone_and_the_rest_whole_within_its_budget() {
+    let (n, k, slots) = (20_000u64, 64u32, 2_000u64);
+    let index = synthetic_index(n, k, 10, 210);
+    let chunks = n.div_ceil(k as u64);
+    for share in [0u8, 77, 128, 255] {
+        let mut cfg = config(Policy::Tiered, slots, 1, 4, false);
+        cfg.pinned_share = share;
+        let p = planner(layout(n, k), &cfg);
+        let global = p.global_epoch(1);
+        let pinned = brand_format::pin::pinned(chunks, share);
+        let mut whole = vec![0u32; chunks as usize];
+        for r in global.reads() {
+            if pinned[r.chunk as usize] {
+                assert_eq!(r.mask.count_ones(), 1, "share {share}: a pinned read is one record");
+                let sample = r.chunk as u64 * k as u64 + r.mask.trailing_zeros() as u64;
+                assert_eq!(global.served()[r.time as usize] as u64, sample, "served at its read");
+            } else {
+                let records = (n - r.chunk as u64 * k as u64).min(k as u64) as u32;
+                assert_eq!(
+                    r.mask,
+                    u64::MAX >> (64 - records),
+                    "share {share}: chunk {} read whole",
+                    r.chunk
+                );
+                whole[r.chunk as usize] += 1;
+            }
+        }
+        for c in 0..chunks as usize {
+            assert_eq!(whole[c], u32::from(!pinned[c]), "share {share}: chunk {c}");
+        }
+        assert!(
+            global.peak_resident() <= slots,
+            "share {share}: {}",
+            global.peak_resident()
+        );
+        let mut memory = vec![RankMemory::new()];
+        check_epoch(&p, 1, &mut memory, Start::Cold { position: 0 });
+    }
+    let run = |policy, share| {
+        let mut cfg = config(policy, slots, 1, 4, false);
+        cfg.pinned_share = share;
+        simulate(&index, &cfg, 2).expect("simulate").epochs[1]
+            .chunk_mate_dispersion
+            .expect("pairs")
+    };
+    let (windows, buffer, pinned) = (
+        run(Policy::ChunkShuffle, 0),
+        run(Policy::Tiered, 0),
+        run(Policy::Tiered, 77),
+    );
+    // 10 % of the samples in memory: windows ≈ 0.1, a buffer ≈ 0.3; 30 %
+    // pinned adds ≈ 0.3 of full spread.
+    assert!(buffer > 2.0 * windows, "buffer {buffer} against windows {windows}");
+    assert!(pinned > buffer + 0.2, "30 % pinned {pinned} against none {buffer}");
 }
 
 #[test]

@@ -64,5 +64,6 @@ pub fn decide(ds: &Arc<Dataset>, cfg: &LoaderConfig, opening: Opening) -> Result
     };
     cfg.run_length = RunLength::Records(runs);
     cfg.plan.run_length = runs;
+    cfg.pin(ds);
     Ok(cfg)
 }

@@ -132,6 +132,9 @@ impl std::fmt::Display for TierLimit {
 pub struct TierSettings {
     pub dir: PathBuf,
     pub limit: TierLimit,
+    /// Take in only the chunks this share pins (`brand_format::pin`, the
+    /// tiered policy); `None`: any chunk while there is room.
+    pub pinned_share: Option<u8>,
 }
 
 /// Why a chunk was not taken in.

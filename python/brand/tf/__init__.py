@@ -120,7 +120,7 @@ class BrandDataset(dataset_ops.DatasetSource):
         epoch may be shorter, batches never span epochs). Whole batches are
         much cheaper than per-sample elements plus `.batch()`.
       memory: the loader's memory budget per input pipeline ("10%", "4GiB").
-      policy: brand, brand-random, direct, chunk-shuffle or sequential.
+      policy: brand, brand-random, direct, chunk-shuffle, sequential or tiered.
       seed: the order's seed; with `epoch` it fixes every epoch's order.
       epoch: the first epoch to emit.
       epochs: how many consecutive epochs to emit, each in its own order
