@@ -18,6 +18,7 @@
 
 use brand_format::extents::ReadGap;
 use brand_format::ids::IdMap;
+use brand_plan::{PlanConfig, Policy};
 
 /// The fewest bytes of a plan read a start splits: a local device reads a
 /// smaller one in about the time of a request, so no wait is saved.
@@ -27,10 +28,12 @@ const SPLIT_MIN_BYTES: u64 = 1 << 20;
 /// (its first fill: later refills are read ahead of their serves, and split
 /// would cost a request for each record they merge); none without
 /// read-ahead (reads are then issued one at a time as the consumer reaches
-/// them) or with runs of records (read in one request by choice). A loader
-/// and a multi-node owner split by this and [`worth_splitting`].
-pub fn split_budget(readahead_bytes: u64, run_length: u32, memory_bytes: u64) -> u64 {
-    if readahead_bytes == 0 || run_length > 1 {
+/// them), with runs of records (read in one request by choice) or under
+/// the tiered policy (whole chunks by design, few requests: its plan grows
+/// its buffer from one chunk at a start instead). A loader and a multi-node
+/// owner split by this and [`worth_splitting`].
+pub fn split_budget(readahead_bytes: u64, plan: &PlanConfig, memory_bytes: u64) -> u64 {
+    if readahead_bytes == 0 || plan.run_length > 1 || plan.policy == Policy::Tiered {
         0
     } else {
         memory_bytes
@@ -130,9 +133,19 @@ mod tests {
 
     #[test]
     fn a_start_splits_large_reads_of_single_records_up_to_a_memory_with_read_ahead() {
-        assert_eq!(split_budget(64 << 20, 1, 500 << 20), 500 << 20);
-        assert_eq!(split_budget(0, 1, 500 << 20), 0, "read-ahead off");
-        assert_eq!(split_budget(64 << 20, 4, 500 << 20), 0, "runs of records");
+        let plan = |run_length, policy| PlanConfig {
+            run_length,
+            policy,
+            ..PlanConfig::new(brand_plan::Memory::Percent(10.0))
+        };
+        assert_eq!(split_budget(64 << 20, &plan(1, Policy::Brand), 500 << 20), 500 << 20);
+        assert_eq!(split_budget(0, &plan(1, Policy::Brand), 500 << 20), 0, "read-ahead off");
+        assert_eq!(
+            split_budget(64 << 20, &plan(4, Policy::Brand), 500 << 20),
+            0,
+            "runs of records"
+        );
+        assert_eq!(split_budget(64 << 20, &plan(1, Policy::Tiered), 500 << 20), 0, "tiered");
         let gap = ReadGap::Bytes(80 << 10);
         assert!(worth_splitting(gap, 2 << 20));
         assert!(!worth_splitting(gap, (80 << 10) * 16 - 1), "fewer than 16 gaps' worth");

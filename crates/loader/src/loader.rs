@@ -528,7 +528,7 @@ impl Loader {
     fn defers(&self, bytes: u64) -> bool {
         let budget = split_budget(
             self.cfg.readahead_bytes,
-            self.cfg.plan.run_length,
+            &self.cfg.plan,
             self.memory_bound.unwrap_or(u64::MAX),
         );
         self.deferred_bytes < budget && worth_splitting(self.reads.gap(), bytes)

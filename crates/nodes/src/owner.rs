@@ -126,7 +126,7 @@ impl Owner {
         // (see `first_fill`) as a loader alone splits its own.
         let first_fill = FirstFill::new(split_budget(
             self.readahead_bytes,
-            self.planner.config().run_length,
+            self.planner.config(),
             self.planner.geometry().rank_memory_bytes,
         ));
         let mut p = Progress::new(

@@ -292,7 +292,10 @@ fn chunk_shuffle_epoch(seed: u64, epoch: u64, n: u64, k: u32, slots: u64) -> (Ve
 /// the next serve is pinned with the probability of the pinned share of
 /// what is left, so both kinds are spread evenly. A streamed chunk is read
 /// only when a streamed sample is to be served and it fits, so what is
-/// held never exceeds `slots` (at least one chunk).
+/// held never exceeds `slots` (at least one chunk). The buffer grows from
+/// one chunk at the epoch's start by two slots per streamed serve: a
+/// start's first batch waits for a few chunks, not a memory's worth
+/// (these reads are whole, never split record by record).
 fn tiered_epoch(seed: u64, epoch: u64, n: u64, k: u32, slots: u64, share: u8) -> (Vec<u32>, Vec<GlobalRead>) {
     let chunks = n.div_ceil(k as u64);
     let pinned = brand_format::pin::pinned(chunks, share);
@@ -311,10 +314,11 @@ fn tiered_epoch(seed: u64, epoch: u64, n: u64, k: u32, slots: u64, share: u8) ->
     let mut reads = Vec::new();
     let mut buffer: Vec<u32> = Vec::with_capacity(slots.min(n) as usize);
     let (mut next_pinned, mut next_chunk) = (0usize, 0usize);
-    let mut streamed_left = n - pinned_samples.len() as u64;
+    let streamed_samples = n - pinned_samples.len() as u64;
+    let mut streamed_served = 0u64;
     for time in 0..n as u32 {
         let pinned_left = (pinned_samples.len() - next_pinned) as u64;
-        if rng.below(pinned_left + streamed_left) < pinned_left {
+        if rng.below(pinned_left + streamed_samples - streamed_served) < pinned_left {
             let x = pinned_samples[next_pinned];
             next_pinned += 1;
             reads.push(GlobalRead {
@@ -325,9 +329,10 @@ fn tiered_epoch(seed: u64, epoch: u64, n: u64, k: u32, slots: u64, share: u8) ->
             served.push(x);
             continue;
         }
+        let room = slots.min(k as u64 + 2 * streamed_served);
         while let Some(&c) = streamed.get(next_chunk) {
             let records = chunk_records(n, k, c as u64);
-            if !buffer.is_empty() && buffer.len() as u64 + records as u64 > slots {
+            if !buffer.is_empty() && buffer.len() as u64 + records as u64 > room {
                 break;
             }
             reads.push(GlobalRead {
@@ -340,7 +345,7 @@ fn tiered_epoch(seed: u64, epoch: u64, n: u64, k: u32, slots: u64, share: u8) ->
         }
         let i = rng.below(buffer.len() as u64) as usize;
         served.push(buffer.swap_remove(i));
-        streamed_left -= 1;
+        streamed_served += 1;
     }
     (served, reads)
 }

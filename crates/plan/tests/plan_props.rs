@@ -634,6 +634,19 @@ fn tiered_reads_pinned_records_alone_and_the_rest_whole_within_its_budget() {
             "share {share}: {}",
             global.peak_resident()
         );
+        // The buffer grows from one chunk: the first batch of 256 waits for
+        // the chunks of at most 64 + 3 × 256 samples, not the budget's 2,000.
+        let early = global
+            .reads()
+            .iter()
+            .filter(|r| r.time < 256 && r.mask.count_ones() > 1)
+            .count();
+        if share < 255 {
+            assert!(
+                (1..=14).contains(&early),
+                "share {share}: {early} chunks before the first batch"
+            );
+        }
         let mut memory = vec![RankMemory::new()];
         check_epoch(&p, 1, &mut memory, Start::Cold { position: 0 });
     }
