@@ -1499,6 +1499,13 @@ fn read_tiered_and_stderr(f: &Fixture, tier: &std::path::Path, extra: &[&str]) -
     f.read_and_stderr(&args)
 }
 
+/// `brand simulate` of the fixture's local copy at 10 % memory, as JSON.
+fn simulate_local(f: &Fixture, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec!["simulate", s(&f.local), "--memory", "10%", "--json"];
+    args.extend_from_slice(extra);
+    serde_json::from_slice(&common::ok(&args).stdout).expect("json")
+}
+
 fn sum_of(epochs: &[serde_json::Value], key: &str) -> u64 {
     epochs.iter().map(|e| metric(e, key)).sum()
 }
@@ -1568,18 +1575,7 @@ fn a_tier_smaller_than_the_dataset_keeps_its_share_and_the_store_serves_the_rest
     // As `brand simulate` predicts: the bytes exactly (the same chunks kept,
     // the same reads passed), the GETs at most (neighbours waiting together merge).
     let stats = f.server.stats();
-    let sim = common::ok(&[
-        "simulate",
-        s(&f.local),
-        "--memory",
-        "10%",
-        "--epochs",
-        "3",
-        "--disk-cache-limit",
-        "30%",
-        "--json",
-    ]);
-    let sim: serde_json::Value = serde_json::from_slice(&sim.stdout).expect("json");
+    let sim = simulate_local(&f, &["--epochs", "3", "--disk-cache-limit", "30%"]);
     let predicted = |key: &str| -> u64 {
         sim["epochs"]
             .as_array()
@@ -1638,20 +1634,10 @@ fn the_tiered_policy_pins_its_share_on_the_tier_and_reads_the_rest_whole_once_an
     args.extend_from_slice(&tiered);
     let epochs = read_tiered(&f, &tier, &args);
     assert_exactly_once(&epochs, 3);
-    let sim = common::ok(&[
-        "simulate",
-        s(&f.local),
-        "--memory",
-        "10%",
-        "--epochs",
-        "2",
-        "--policy",
-        "tiered",
-        "--disk-cache-limit",
-        "30%",
-        "--json",
-    ]);
-    let sim: serde_json::Value = serde_json::from_slice(&sim.stdout).expect("json");
+    let sim = simulate_local(
+        &f,
+        &["--epochs", "2", "--policy", "tiered", "--disk-cache-limit", "30%"],
+    );
     let warm = &sim["epochs"][1]["tier"];
     let field = |key: &str| warm[key].as_u64().expect(key);
     // Only the pinned chunks are taken in: all of them, nothing else.

@@ -42,6 +42,9 @@
 //! * Resume: [`Planner::seek`] recomputes the global epoch from metadata,
 //!   re-reads what the protocol holds at that position for this rank, then
 //!   continues exactly as an uninterrupted run: same serves, same reads.
+//! * Ranges: [`GlobalEpoch::range_plan`] plans global positions
+//!   `[from, to)` alone for a world of one (a split of the epoch), its
+//!   reads cut down to the samples it serves.
 
 mod brand;
 mod config;
@@ -345,6 +348,13 @@ impl GlobalEpoch {
     /// `rank`'s events, starting as `start` says.
     pub fn rank_plan(self: &Arc<Self>, rank: u32, start: Start) -> Result<EpochPlan> {
         EpochPlan::new(self.clone(), rank, start)
+    }
+
+    /// The events of global positions `[from, to)` alone, for a world of
+    /// one (see [`EpochPlan`]'s ranges): one epoch computed once serves
+    /// every range of it.
+    pub fn range_plan(self: &Arc<Self>, from: u64, to: u64) -> Result<EpochPlan> {
+        EpochPlan::range(self.clone(), from, to)
     }
 }
 

@@ -223,6 +223,95 @@ impl EpochPlan {
         Ok(plan)
     }
 
+    /// A world of one's plan of global positions `[from, to)` of the epoch
+    /// alone: a split of it served by whoever opens it (tf.data service, a
+    /// Ray read task). Its serves are the epoch's at those positions; its
+    /// reads are the epoch's cut down to the samples served in the range,
+    /// after the records read before `from` for them, merged by chunk (as
+    /// a cold resume at `from` re-reads them). So the ranges of any
+    /// partition of `[0, N)` serve the epoch's order and read each sample
+    /// once between them. In resident mode, where the protocol makes no
+    /// reads, a range reads each chunk's records it serves when it first
+    /// serves one of them.
+    pub(super) fn range(global: Arc<GlobalEpoch>, from: u64, to: u64) -> Result<Self> {
+        let geo = global.shared.geometry;
+        if geo.world != 1 {
+            return Err(Error::config(format!(
+                "a range of an epoch is planned for a world of one (its ranges are its shards), not {}",
+                geo.world
+            )));
+        }
+        let n = geo.samples;
+        if from > to || to > n {
+            return Err(Error::config(format!(
+                "range [{from}, {to}) of an epoch of {n} positions"
+            )));
+        }
+        let mut plan = EpochPlan {
+            rank: 0,
+            world: 1,
+            samples: n,
+            k: geo.chunk_size,
+            steps: to,
+            next_step: from,
+            served_limit: to,
+            holds_all: false,
+            project: true,
+            warm_reads: Vec::new(),
+            cursor: 0,
+            queue: VecDeque::new(),
+            restore_reads: 0,
+            epoch: global.epoch(),
+            streamed: None,
+            own: None,
+            global: Some(global),
+        };
+        if geo.holds_all {
+            let reads = plan.first_serve_reads(from, to);
+            let g = plan.global_epoch();
+            let own = Own {
+                served: g.served()[from as usize..to as usize].to_vec(),
+                first_step: from,
+                reads,
+                memory: g.shared.memory.clone(),
+            };
+            own.memory.add(own.heap_bytes());
+            plan.own = Some(own);
+            plan.global = None;
+        } else {
+            plan.cursor = plan
+                .global_epoch()
+                .reads()
+                .partition_point(|r| u64::from(r.time) < from);
+            if from > 0 {
+                plan.restore(from);
+            }
+            plan.cut_out_own();
+        }
+        Ok(plan)
+    }
+
+    /// For a range in resident mode: each chunk's records served in
+    /// `[from, to)`, read just before the first of them is served.
+    fn first_serve_reads(&self, from: u64, to: u64) -> Vec<GlobalRead> {
+        let served = &self.global_epoch().served()[from as usize..to as usize];
+        let mut wanted: std::collections::HashMap<u32, u64> = std::collections::HashMap::new();
+        for &y in served {
+            *wanted.entry(y / self.k).or_default() |= 1u64 << (y % self.k);
+        }
+        let mut reads = Vec::with_capacity(wanted.len());
+        for (t, &y) in (from..to).zip(served) {
+            if let Some(mask) = wanted.remove(&(y / self.k)) {
+                reads.push(GlobalRead {
+                    time: t as u32,
+                    chunk: y / self.k,
+                    mask,
+                });
+            }
+        }
+        reads
+    }
+
     fn global_epoch(&self) -> &GlobalEpoch {
         match &self.global {
             Some(g) => g,

@@ -317,6 +317,43 @@ proptest! {
         }
     }
 
+    /// Any partition of an epoch into ranges (a world of one's splits):
+    /// the ranges together serve the epoch's order, each sample read once
+    /// between them, each range's reads before its serves and within the
+    /// world's slots, nothing held at a range's end.
+    #[test]
+    fn ranges_of_an_epoch_serve_its_order_and_read_each_sample_once(
+        c in case(), cuts in prop::collection::vec(0.0f64..1.0, 0..6),
+    ) {
+        let c = Case { world: 1, drop_last: false, ..c };
+        let p = c.planner();
+        let global = p.global_epoch(c.epoch);
+        let n = c.samples;
+        let mut points: Vec<u64> = cuts.iter().map(|x| (x * n as f64) as u64).collect();
+        points.extend([0, n]);
+        points.sort_unstable();
+        points.dedup();
+        let (mut served, mut records) = (Vec::new(), 0u64);
+        for w in points.windows(2) {
+            let events: Vec<Event> = global.range_plan(w[0], w[1]).expect("a range").collect();
+            records += events
+                .iter()
+                .map(|e| match *e {
+                    Event::Read { mask, .. } => u64::from(mask.count_ones()),
+                    Event::Serve { .. } => 0,
+                })
+                .sum::<u64>();
+            let mut memory = RankMemory::new();
+            let serves = memory.run(&events, c.chunk_size);
+            prop_assert_eq!(memory.residency.held, 0, "range {:?} ends holding samples", w);
+            prop_assert!(memory.residency.peak <= p.geometry().world_slots);
+            served.extend(serves.into_iter().map(|(position, sample, _)| (position, sample)));
+        }
+        let epoch: Vec<(u64, u64)> = global.served().iter().enumerate().map(|(q, &y)| (q as u64, y as u64)).collect();
+        prop_assert_eq!(served, epoch);
+        prop_assert_eq!(records, n, "each sample read once between the ranges");
+    }
+
     #[test]
     fn global_order_does_not_depend_on_world_size(
         samples in 1u64..1500, chunk_size in 1u32..=64, fraction in 0.0f64..1.0,
