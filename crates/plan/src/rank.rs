@@ -175,7 +175,7 @@ impl EpochPlan {
             )));
         }
         let (rank, world) = (rank as u64, geo.world as u64);
-        let (n, k) = (geo.samples, geo.chunk_size);
+        let n = geo.samples;
         let from = match start {
             Start::Continue => 0,
             Start::Cold { position } => position,
@@ -187,16 +187,41 @@ impl EpochPlan {
             )));
         }
         let served_limit = geo.positions.min(n);
-        let mut plan = EpochPlan {
+        let first_step = if from <= rank { 0 } else { (from - rank).div_ceil(world) }.min(geo.steps);
+        let project = !geo.holds_all && (world > 1 || served_limit < n);
+        let mut plan = Self::unread(global, rank, first_step..geo.steps, served_limit, project);
+        if plan.holds_all {
+            if let Start::Cold { position } = start {
+                plan.warm_reads = plan.warm_up_reads(position);
+            }
+        } else {
+            plan.start_at(from);
+        }
+        Ok(plan)
+    }
+
+    /// `rank`'s plan of `global` for its steps `steps`, serving global
+    /// positions below `served_limit`, its reads cut down to its serves if
+    /// `project` (resident mode otherwise, if the epoch is resident):
+    /// nothing placed yet.
+    fn unread(
+        global: Arc<GlobalEpoch>,
+        rank: u64,
+        steps: std::ops::Range<u64>,
+        served_limit: u64,
+        project: bool,
+    ) -> Self {
+        let geo = global.shared.geometry;
+        EpochPlan {
             rank,
-            world,
-            samples: n,
-            k,
-            steps: geo.steps,
-            next_step: if from <= rank { 0 } else { (from - rank).div_ceil(world) }.min(geo.steps),
+            world: geo.world as u64,
+            samples: geo.samples,
+            k: geo.chunk_size,
+            steps: steps.end,
+            next_step: steps.start,
             served_limit,
-            holds_all: geo.holds_all,
-            project: !geo.holds_all && (world > 1 || served_limit < n),
+            holds_all: geo.holds_all && !project,
+            project,
             warm_reads: Vec::new(),
             cursor: 0,
             queue: VecDeque::new(),
@@ -205,22 +230,23 @@ impl EpochPlan {
             streamed: None,
             own: None,
             global: Some(global),
-        };
-        if plan.holds_all {
-            if let Start::Cold { position } = start {
-                plan.warm_reads = plan.warm_up_reads(position);
-            }
-        } else {
-            let reads = plan.global_epoch().reads();
-            plan.cursor = reads.partition_point(|r| u64::from(r.time) < from);
-            if from > 0 {
-                plan.restore(from);
-            }
-            if plan.project {
-                plan.cut_out_own();
-            }
         }
-        Ok(plan)
+    }
+
+    /// Outside resident mode, at global position `from`: the reads from
+    /// there on, after what the protocol holds there for this plan's
+    /// serves; cut down to them if the plan projects.
+    fn start_at(&mut self, from: u64) {
+        self.cursor = self
+            .global_epoch()
+            .reads()
+            .partition_point(|r| u64::from(r.time) < from);
+        if from > 0 {
+            self.restore(from);
+        }
+        if self.project {
+            self.cut_out_own();
+        }
     }
 
     /// A world of one's plan of global positions `[from, to)` of the epoch
@@ -247,46 +273,12 @@ impl EpochPlan {
                 "range [{from}, {to}) of an epoch of {n} positions"
             )));
         }
-        let mut plan = EpochPlan {
-            rank: 0,
-            world: 1,
-            samples: n,
-            k: geo.chunk_size,
-            steps: to,
-            next_step: from,
-            served_limit: to,
-            holds_all: false,
-            project: true,
-            warm_reads: Vec::new(),
-            cursor: 0,
-            queue: VecDeque::new(),
-            restore_reads: 0,
-            epoch: global.epoch(),
-            streamed: None,
-            own: None,
-            global: Some(global),
-        };
+        let mut plan = Self::unread(global, 0, from..to, to, true);
         if geo.holds_all {
             let reads = plan.first_serve_reads(from, to);
-            let g = plan.global_epoch();
-            let own = Own {
-                served: g.served()[from as usize..to as usize].to_vec(),
-                first_step: from,
-                reads,
-                memory: g.shared.memory.clone(),
-            };
-            own.memory.add(own.heap_bytes());
-            plan.own = Some(own);
-            plan.global = None;
+            plan.keep_own(reads);
         } else {
-            plan.cursor = plan
-                .global_epoch()
-                .reads()
-                .partition_point(|r| u64::from(r.time) < from);
-            if from > 0 {
-                plan.restore(from);
-            }
-            plan.cut_out_own();
+            plan.start_at(from);
         }
         Ok(plan)
     }
@@ -322,18 +314,24 @@ impl EpochPlan {
     /// Keeps only this rank's samples and reads, and lets the world's epoch
     /// go (freed unless another rank of this process plans from it).
     fn cut_out_own(&mut self) {
-        let g = self.global_epoch();
-        let served = g.served();
-        let steps: Vec<u32> = (self.next_step..self.steps)
-            .map(|i| served[((self.rank + i * self.world) % self.samples) as usize])
-            .collect();
         let mine = self.mine(0);
-        let mut reads: Vec<GlobalRead> = g.reads()[self.cursor..]
+        let reads: Vec<GlobalRead> = self.global_epoch().reads()[self.cursor..]
             .iter()
             .filter_map(|r| {
                 let mask = self.mask_for_rank(r, &mine);
                 (mask != 0).then_some(GlobalRead { mask, ..*r })
             })
+            .collect();
+        self.keep_own(reads);
+    }
+
+    /// Keeps this plan's samples by step and `reads` (its own), and lets
+    /// the world's epoch go.
+    fn keep_own(&mut self, mut reads: Vec<GlobalRead>) {
+        let g = self.global_epoch();
+        let served = g.served();
+        let steps: Vec<u32> = (self.next_step..self.steps)
+            .map(|i| served[((self.rank + i * self.world) % self.samples) as usize])
             .collect();
         reads.shrink_to_fit();
         let memory = g.shared.memory.clone();
